@@ -1,0 +1,142 @@
+#include "lora_trainer/util.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+static void write_all(int fd, const std::string& path, const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t n = ::write(fd, data, size);
+    if (n < 0) throw UserError("could not write " + path + ": " + std::strerror(errno));
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void write_file_atomic(const std::string& path, const std::string& contents) {
+  fs::path target(path);
+  if (target.has_parent_path()) fs::create_directories(target.parent_path());
+  std::random_device rd;
+  std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw UserError("could not create " + tmp + ": " + std::strerror(errno));
+  try {
+    write_all(fd, tmp, contents.data(), contents.size());
+    if (::fsync(fd) != 0) throw UserError("could not fsync " + tmp + ": " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    throw UserError("could not rename " + tmp + " to " + path + ": " + std::strerror(errno));
+  }
+  fsync_dir(target.has_parent_path() ? target.parent_path().string() : ".");
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError("could not read " + path + ": " + std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+static size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string closest_match(const std::string& name, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::string::npos;
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(name, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  // Accept up to a third of the name's length in edits (a typo, a wrong section), at least 2.
+  size_t limit = std::max<size_t>(2, name.size() / 3);
+  return best_d <= limit ? best : std::string();
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
+  return out;
+}
+
+uint64_t fnv1a64(const void* data, size_t size, uint64_t h) {
+  auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < size; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+Progress::Progress(std::string label, uint64_t total, std::string unit)
+    : label_(std::move(label)), unit_(std::move(unit)), total_(total), tty_(::isatty(2)),
+      start_(std::chrono::steady_clock::now()), last_draw_(start_) {}
+
+void Progress::update(uint64_t done) {
+  auto now = std::chrono::steady_clock::now();
+  double pct = total_ ? 100.0 * double(done) / double(total_) : 100.0;
+  double secs = std::chrono::duration<double>(now - start_).count();
+  if (tty_) {
+    if (now - last_draw_ < std::chrono::milliseconds(200) && done < total_) return;
+    last_draw_ = now;
+    std::fprintf(stderr, "\r%s: %5.1f%% (%llu/%llu%s%s) %.0fs   ", label_.c_str(), pct,
+                 (unsigned long long)done, (unsigned long long)total_, unit_.empty() ? "" : " ",
+                 unit_.c_str(), secs);
+    std::fflush(stderr);
+  } else {
+    uint64_t decile = total_ ? (done * 10) / total_ : 10;
+    if (decile <= last_decile_ || decile >= 10) return;
+    last_decile_ = decile;
+    std::fprintf(stderr, "%s: %3llu%% (%.0fs)\n", label_.c_str(), (unsigned long long)decile * 10, secs);
+  }
+}
+
+void Progress::finish() {
+  if (finished_) return;
+  finished_ = true;
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  std::fprintf(stderr, "%s%s: done (%llu%s%s) in %.1fs\n", tty_ ? "\r" : "", label_.c_str(),
+               (unsigned long long)total_, unit_.empty() ? "" : " ", unit_.c_str(), secs);
+}
+
+Progress::~Progress() {}
+
+}  // namespace lt

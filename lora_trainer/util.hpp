@@ -1,0 +1,61 @@
+// Small shared pieces with no torch dependency: the user-facing error type, atomic file writes,
+// closest-name suggestions, a terminal progress line and a wall clock.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace lt {
+
+// An error caused by the user's input (a config key, a file, a checkpoint). The launcher prints its
+// message and exits with status 2, never a stack trace. The message says what was wrong and what to do.
+class UserError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Writes `contents` to `path` through a temporary file in the same directory, fsyncs and renames, so
+// `path` is either the old file or the complete new one.
+void write_file_atomic(const std::string& path, const std::string& contents);
+
+// Reads a whole file; UserError naming the file if it cannot be read.
+std::string read_file(const std::string& path);
+
+// fsyncs a directory so that renames inside it are durable.
+void fsync_dir(const std::string& dir);
+
+// The candidate closest to `name` by edit distance, or "" when none is reasonably close.
+std::string closest_match(const std::string& name, const std::vector<std::string>& candidates);
+
+// ", "-joined list, for error messages.
+std::string join(const std::vector<std::string>& items, const std::string& sep = ", ");
+
+// 64-bit FNV-1a over raw bytes: the per-tensor digest shown by `inspect`.
+uint64_t fnv1a64(const void* data, size_t size, uint64_t seed = 1469598103934665603ULL);
+std::string hex64(uint64_t v);
+
+// A one-line progress display on stderr for long work (tokenizing, loading). Redraws at most a few
+// times per second when stderr is a terminal, and prints a line every ~10% otherwise.
+class Progress {
+ public:
+  Progress(std::string label, uint64_t total, std::string unit = "");
+  void update(uint64_t done);
+  void finish();
+  ~Progress();
+
+ private:
+  std::string label_, unit_;
+  uint64_t total_, last_decile_ = 0;
+  bool tty_, finished_ = false;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+inline double now_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace lt
