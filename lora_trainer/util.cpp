@@ -125,6 +125,7 @@ void Progress::update(uint64_t done) {
     uint64_t decile = total_ ? (done * 10) / total_ : 10;
     if (decile <= last_decile_ || decile >= 10) return;
     last_decile_ = decile;
+    if (secs < 2.0) return;  // short work needs no progress lines
     std::fprintf(stderr, "%s: %3llu%% (%.0fs)\n", label_.c_str(), (unsigned long long)decile * 10, secs);
   }
 }

@@ -1,0 +1,326 @@
+#include "lora_trainer/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "lora_trainer/util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+namespace {
+
+struct DtypeInfo {
+  torch::ScalarType torch_type;
+  const char* name;
+  hid_t (*h5_type)();
+};
+
+hid_t t_f32() { return H5T_NATIVE_FLOAT; }
+hid_t t_f64() { return H5T_NATIVE_DOUBLE; }
+hid_t t_u16() { return H5T_NATIVE_UINT16; }
+hid_t t_i64() { return H5T_NATIVE_INT64; }
+hid_t t_i32() { return H5T_NATIVE_INT32; }
+hid_t t_i16() { return H5T_NATIVE_INT16; }
+hid_t t_u8() { return H5T_NATIVE_UINT8; }
+hid_t t_i8() { return H5T_NATIVE_INT8; }
+
+const std::vector<DtypeInfo>& dtypes() {
+  static const std::vector<DtypeInfo> table = {
+      {torch::kFloat32, "float32", t_f32}, {torch::kFloat64, "float64", t_f64},
+      {torch::kBFloat16, "bfloat16", t_u16}, {torch::kFloat16, "float16", t_u16},
+      {torch::kInt64, "int64", t_i64},     {torch::kInt32, "int32", t_i32},
+      {torch::kInt16, "int16", t_i16},     {torch::kUInt8, "uint8", t_u8},
+      {torch::kInt8, "int8", t_i8},        {torch::kBool, "bool", t_u8},
+  };
+  return table;
+}
+
+const DtypeInfo& info_for(torch::ScalarType t) {
+  for (const auto& d : dtypes())
+    if (d.torch_type == t) return d;
+  throw std::logic_error(std::string("checkpoint: unsupported dtype ") + c10::toString(t));
+}
+
+const DtypeInfo* info_for(const std::string& name) {
+  for (const auto& d : dtypes())
+    if (name == d.name) return &d;
+  return nullptr;
+}
+
+// RAII for HDF5 ids.
+struct H5Id {
+  hid_t id = -1;
+  herr_t (*closer)(hid_t) = nullptr;
+  H5Id(hid_t i, herr_t (*c)(hid_t)) : id(i), closer(c) {}
+  ~H5Id() {
+    if (id >= 0 && closer) closer(id);
+  }
+  H5Id(const H5Id&) = delete;
+  operator hid_t() const { return id; }
+};
+
+void quiet_hdf5() {
+  static bool done = false;
+  if (!done) {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors are reported by us, with context
+    done = true;
+  }
+}
+
+void h5check(herr_t rc, const std::string& what) {
+  if (rc < 0) throw UserError("HDF5: " + what + " failed (disk full, or a damaged file?)");
+}
+
+void write_string_attr(hid_t obj, const char* key, const std::string& value) {
+  H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type, std::max<size_t>(1, value.size()));
+  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5Id attr(H5Acreate2(obj, key, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  h5check(attr.id, std::string("creating attribute ") + key);
+  h5check(H5Awrite(attr, type, value.c_str()), std::string("writing attribute ") + key);
+}
+
+std::string read_string_attr(hid_t obj, const char* key) {
+  if (H5Aexists(obj, key) <= 0) return "";
+  H5Id attr(H5Aopen(obj, key, H5P_DEFAULT), H5Aclose);
+  H5Id type(H5Aget_type(attr), H5Tclose);
+  size_t n = H5Tget_size(type);
+  std::string out(n, '\0');
+  H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(mem, n);
+  h5check(H5Aread(attr, mem, out.data()), std::string("reading attribute ") + key);
+  out.erase(std::find(out.begin(), out.end(), '\0'), out.end());
+  return out;
+}
+
+void write_h5(const std::string& path, const NamedTensors& tensors) {
+  quiet_hdf5();
+  H5Id file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  h5check(file.id, "creating " + path);
+  H5Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl, 1);
+  for (const auto& [name, tensor] : tensors) {
+    auto t = tensor.detach().to(torch::kCPU).contiguous();
+    const DtypeInfo& di = info_for(t.scalar_type());
+    std::vector<hsize_t> dims(t.sizes().begin(), t.sizes().end());
+    H5Id space(t.dim() == 0 ? H5Screate(H5S_SCALAR) : H5Screate_simple(t.dim(), dims.data(), nullptr), H5Sclose);
+    H5Id ds(H5Dcreate2(file, name.c_str(), di.h5_type(), space, lcpl, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+    h5check(ds.id, "creating dataset " + name + " in " + path);
+    if (t.numel() > 0) h5check(H5Dwrite(ds, di.h5_type(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()),
+                               "writing " + name + " to " + path);
+    write_string_attr(ds, "dtype", di.name);
+  }
+  h5check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flushing " + path);
+}
+
+void fsync_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+herr_t collect_dataset(hid_t group, const char* name, const H5L_info_t*, void* out) {
+  H5O_info_t oinfo;
+  if (H5Oget_info_by_name(group, name, &oinfo, H5P_DEFAULT) >= 0 && oinfo.type == H5O_TYPE_DATASET)
+    static_cast<std::vector<std::string>*>(out)->push_back(name);
+  return 0;
+}
+
+torch::Tensor read_dataset(hid_t file, const std::string& name, const std::string& path) {
+  H5Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
+  h5check(ds.id, "opening " + name + " in " + path);
+  std::string dtype = read_string_attr(ds, "dtype");
+  const DtypeInfo* di = info_for(dtype);
+  if (!di) throw UserError(path + ": tensor " + name + " has unknown dtype \"" + dtype + "\"");
+  H5Id space(H5Dget_space(ds), H5Sclose);
+  int rank = H5Sget_simple_extent_ndims(space);
+  std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
+  if (rank > 0) H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  std::vector<int64_t> shape(dims.begin(), dims.end());
+  auto t = torch::empty(shape, torch::TensorOptions().dtype(di->torch_type));
+  if (t.numel() > 0) h5check(H5Dread(ds, di->h5_type(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()),
+                             "reading " + name + " from " + path);
+  return t;
+}
+
+std::string shape_str(at::IntArrayRef s) {
+  std::string out = "(";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + ")";
+}
+
+}  // namespace
+
+std::string dtype_name(torch::ScalarType t) { return info_for(t).name; }
+
+void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata) {
+  fs::path final_dir(dir);
+  fs::create_directories(final_dir.parent_path());
+  std::random_device rd;
+  std::string tag = std::to_string(::getpid()) + "-" + std::to_string(rd());
+  fs::path tmp = final_dir.parent_path() / ("." + final_dir.filename().string() + ".tmp-" + tag);
+  fs::create_directories(tmp);
+  try {
+    write_h5((tmp / "state.h5").string(), tensors);
+    fsync_file((tmp / "state.h5").string());
+    nlohmann::json meta = metadata;
+    meta["format_version"] = kCheckpointFormatVersion;
+    write_file_atomic((tmp / "metadata.json").string(), meta.dump(2) + "\n");
+    fsync_dir(tmp.string());
+    if (fs::exists(final_dir)) {
+      fs::path old = final_dir.parent_path() / ("." + final_dir.filename().string() + ".old-" + tag);
+      fs::rename(final_dir, old);
+      fs::rename(tmp, final_dir);
+      fs::remove_all(old);
+    } else {
+      fs::rename(tmp, final_dir);
+    }
+    fsync_dir(final_dir.parent_path().string());
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp);
+    throw UserError("could not save checkpoint " + dir + ": " + e.what());
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+bool is_checkpoint(const std::string& dir) {
+  return fs::exists(fs::path(dir) / "metadata.json") && fs::exists(fs::path(dir) / "state.h5");
+}
+
+nlohmann::json read_checkpoint_metadata(const std::string& dir) {
+  if (!fs::is_directory(dir)) throw UserError("checkpoint " + dir + " does not exist");
+  if (!is_checkpoint(dir))
+    throw UserError(dir + " is not a complete checkpoint (no metadata.json/state.h5): an interrupted save, or "
+                    "a job directory? `lora_trainer checkpoints NAME OUT_DIR` lists the checkpoints");
+  nlohmann::json meta;
+  try {
+    meta = nlohmann::json::parse(read_file((fs::path(dir) / "metadata.json").string()));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw UserError(dir + "/metadata.json is not valid JSON: " + e.what());
+  }
+  int version = meta.value("format_version", 0);
+  if (version != kCheckpointFormatVersion)
+    throw UserError(dir + ": checkpoint format version " + std::to_string(version) + ", this build reads " +
+                    std::to_string(kCheckpointFormatVersion));
+  return meta;
+}
+
+NamedTensors read_checkpoint_tensors(const std::string& dir) {
+  quiet_hdf5();
+  read_checkpoint_metadata(dir);
+  std::string path = (fs::path(dir) / "state.h5").string();
+  H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  h5check(file.id, "opening " + path);
+  std::vector<std::string> names;
+  h5check(H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names), "listing " + path);
+  std::sort(names.begin(), names.end());
+  NamedTensors out;
+  for (const auto& n : names) out.emplace_back(n, read_dataset(file, n, path));
+  return out;
+}
+
+void load_checkpoint_into(const std::string& dir, const NamedTensors& into,
+                          const std::vector<std::string>& prefixes) {
+  auto selected = [&](const std::string& name) {
+    if (prefixes.empty()) return true;
+    for (const auto& p : prefixes)
+      if (name.rfind(p, 0) == 0) return true;
+    return false;
+  };
+  NamedTensors stored = read_checkpoint_tensors(dir);
+  std::map<std::string, torch::Tensor> by_name;
+  for (auto& [n, t] : stored)
+    if (selected(n)) by_name[n] = t;
+  std::vector<std::string> problems;
+  for (const auto& [name, target] : into) {
+    if (!selected(name)) continue;
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      problems.push_back("missing " + name);
+      continue;
+    }
+    const auto& src = it->second;
+    if (src.sizes() != target.sizes())
+      problems.push_back(name + ": shape " + shape_str(src.sizes()) + " in the checkpoint, " +
+                         shape_str(target.sizes()) + " expected");
+    else if (src.scalar_type() != target.scalar_type())
+      problems.push_back(name + ": dtype " + dtype_name(src.scalar_type()) + " in the checkpoint, " +
+                         dtype_name(target.scalar_type()) + " expected");
+    by_name.erase(it);
+  }
+  for (const auto& [name, t] : by_name) problems.push_back("unexpected " + name);
+  if (!problems.empty()) {
+    std::string msg = "checkpoint " + dir + " does not match this job's state (" +
+                      std::to_string(problems.size()) + " problems): ";
+    for (size_t i = 0; i < problems.size() && i < 12; ++i) msg += (i ? "; " : "") + problems[i];
+    if (problems.size() > 12) msg += "; ...";
+    msg += ". Is it the right checkpoint for this model size (architecture/*) and phase?";
+    throw UserError(msg);
+  }
+  torch::NoGradGuard ng;
+  std::map<std::string, torch::Tensor> all(stored.begin(), stored.end());
+  for (const auto& [name, target] : into)
+    if (selected(name)) target.copy_(all.at(name));
+}
+
+nlohmann::json inspect_checkpoint(const std::string& dir) {
+  nlohmann::json out;
+  out["path"] = dir;
+  out["metadata"] = read_checkpoint_metadata(dir);
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const auto& [name, t] : read_checkpoint_tensors(dir)) {
+    auto c = t.contiguous();
+    tensors.push_back({{"name", name},
+                       {"dtype", dtype_name(c.scalar_type())},
+                       {"shape", c.sizes().vec()},
+                       {"fnv1a64", hex64(fnv1a64(c.data_ptr(), c.numel() * c.element_size()))}});
+  }
+  out["tensors"] = tensors;
+  return out;
+}
+
+std::optional<std::string> read_latest(const std::string& job_dir) {
+  fs::path p = fs::path(job_dir) / "latest";
+  if (!fs::exists(p)) return std::nullopt;
+  std::string s = read_file(p.string());
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  if (s.empty()) return std::nullopt;
+  return s;
+}
+
+void write_latest(const std::string& job_dir, const std::string& suffix) {
+  write_file_atomic((fs::path(job_dir) / "latest").string(), suffix + "\n");
+}
+
+std::vector<std::string> list_checkpoints(const std::string& job_dir) {
+  std::vector<std::string> out;
+  if (!fs::is_directory(job_dir)) return out;
+  for (auto it = fs::recursive_directory_iterator(job_dir); it != fs::recursive_directory_iterator(); ++it) {
+    if (!it->is_directory()) continue;
+    if (it->path().filename().string().rfind(".", 0) == 0) {  // temporaries of a save in progress
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (is_checkpoint(it->path().string())) {
+      out.push_back(fs::relative(it->path(), job_dir).string());
+      it.disable_recursion_pending();
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace lt

@@ -1,0 +1,57 @@
+// The on-disk checkpoint format: files and metadata, nothing about trainers.
+//
+// A checkpoint is a directory holding
+//   state.h5       one HDF5 dataset per tensor, at its name ("params/h.0.attn.c_attn.weight",
+//                  "optim/exp_avg/...", "rng/cpu"); each has a string attribute "dtype" (float32,
+//                  bfloat16, int64, ...). bfloat16 and float16 are stored as uint16 bit patterns, so
+//                  every dtype round-trips bit for bit.
+//   metadata.json  {"format_version", "step", "tokens", "kind", ...}; written last.
+// It is built in a hidden temporary directory beside its final place and renamed into place only when
+// complete, so a crash mid-save never leaves a directory that looks like a checkpoint. A job's
+// directory also holds `latest`, a text file naming the newest complete checkpoint's suffix.
+// checkpoints/README.md describes the layout for users.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lora_trainer/lora.hpp"
+
+namespace lt {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// Writes tensors and metadata to `dir` atomically (replacing an existing checkpoint there).
+void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata);
+
+// True when `dir` holds a complete checkpoint.
+bool is_checkpoint(const std::string& dir);
+
+// UserError naming the directory when it is not a complete checkpoint.
+nlohmann::json read_checkpoint_metadata(const std::string& dir);
+
+// Every tensor in the checkpoint, on the CPU, sorted by name.
+NamedTensors read_checkpoint_tensors(const std::string& dir);
+
+// Copies the checkpoint's tensors into `into` (same names, shapes and dtypes required; `into` may live
+// on any device). Only names starting with one of `prefixes` are compared (all when empty). Every
+// mismatch is listed in one UserError.
+void load_checkpoint_into(const std::string& dir, const NamedTensors& into,
+                          const std::vector<std::string>& prefixes = {});
+
+// Metadata plus, per tensor, dtype, shape and a 64-bit FNV-1a digest of its bytes.
+nlohmann::json inspect_checkpoint(const std::string& dir);
+
+// <job_dir>/latest
+std::optional<std::string> read_latest(const std::string& job_dir);
+void write_latest(const std::string& job_dir, const std::string& suffix);
+
+// Suffixes of the complete checkpoints under a job directory, e.g. {"ntoks/4096", "best", "final/8192"}.
+std::vector<std::string> list_checkpoints(const std::string& job_dir);
+
+std::string dtype_name(torch::ScalarType t);
+
+}  // namespace lt

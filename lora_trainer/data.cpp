@@ -1,0 +1,195 @@
+#include "lora_trainer/data.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+
+#include "lora_trainer/util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+std::string style_name(DatasetStyle s) { return s == DatasetStyle::PMD ? "pmd" : "padded"; }
+
+std::vector<Sampling> parse_samplings(const nlohmann::json& v) {
+  std::vector<Sampling> out;
+  for (const auto& s : v) {
+    Sampling x;
+    x.name = s.at("name").get<std::string>();
+    x.rate = s.at("rate").get<double>();
+    x.style = s.value("style", std::string("pmd")) == "padded" ? DatasetStyle::PADDED : DatasetStyle::PMD;
+    out.push_back(x);
+  }
+  return out;
+}
+
+TokenFile::TokenFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0)
+    throw UserError("cannot open token file " + path + ": " + std::strerror(errno) +
+                    " (tokenize the dataset first: `lora_trainer tokenize`, or `bash datasets/prepare.sh`)");
+  struct stat st {};
+  ::fstat(fd, &st);
+  bytes_ = static_cast<size_t>(st.st_size);
+  if (bytes_ % 4 != 0) {
+    ::close(fd);
+    throw UserError(path + " is " + std::to_string(bytes_) +
+                    " bytes, not a multiple of 4: not a uint32 token file (re-run the tokenize step)");
+  }
+  n_ = bytes_ / 4;
+  if (bytes_ > 0) {
+    void* p = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      throw UserError("cannot map " + path + ": " + std::strerror(errno));
+    }
+    data_ = static_cast<const uint32_t*>(p);
+  }
+  ::close(fd);
+}
+
+TokenFile::~TokenFile() {
+  if (data_) ::munmap(const_cast<uint32_t*>(data_), bytes_);
+}
+
+static nlohmann::json read_meta(const std::string& dir, const std::string& name) {
+  fs::path meta = fs::path(dir) / name / "meta.json";
+  if (!fs::exists(meta)) {
+    std::string hint = fs::exists(fs::path(dir)) ? "" : " (data/dir \"" + dir + "\" does not exist)";
+    throw UserError("dataset \"" + name + "\": " + meta.string() + " not found" + hint +
+                    ". Tokenize it with `lora_trainer tokenize --name " + name + " --data-dir " + dir +
+                    " INPUT...`, or fix the name in training/dataset");
+  }
+  try {
+    return nlohmann::json::parse(read_file(meta.string()));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw UserError(meta.string() + ": not valid JSON (" + e.what() + "); re-run the tokenize step");
+  }
+}
+
+PmdDataset::PmdDataset(const std::string& dir, const std::string& name) {
+  name_ = name;
+  meta_ = read_meta(dir, name);
+  if (meta_.value("style", std::string("pmd")) != "pmd")
+    throw UserError("dataset \"" + name + "\" is of style " + meta_.value("style", std::string("?")) +
+                    ", but training/dataset samples it as \"pmd\"; set \"style\" in the sampling");
+  train_ = std::make_unique<TokenFile>((fs::path(dir) / name / "train.bin").string());
+  val_ = std::make_unique<TokenFile>((fs::path(dir) / name / "val.bin").string());
+}
+
+uint64_t PmdDataset::num_samples(Split split, int64_t T) const {
+  uint64_t n = file(split).size();
+  return n >= static_cast<uint64_t>(T) + 1 ? (n - 1) / static_cast<uint64_t>(T) : 0;
+}
+
+void PmdDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const {
+  const TokenFile& f = file(split);
+  uint64_t n = num_samples(split, T);
+  if (n == 0)
+    throw UserError(f.path() + " holds " + std::to_string(f.size()) + " tokens, fewer than block_size + 1 = " +
+                    std::to_string(T + 1) + "; use more text or a smaller architecture/block_size");
+  const uint32_t* w = f.data() + (index % n) * static_cast<uint64_t>(T);
+  for (int64_t t = 0; t < T; ++t) {
+    inputs[t] = w[t];
+    targets[t] = w[t + 1];
+  }
+}
+
+const Dataset& DataCatalog::get(const Sampling& s) {
+  std::string key = style_name(s.style) + ":" + s.name;
+  auto it = open_.find(key);
+  if (it != open_.end()) return *it->second;
+  if (s.style == DatasetStyle::PADDED)
+    throw UserError("dataset \"" + s.name + "\": style \"padded\" is not supported yet; use \"pmd\"");
+  auto ds = std::make_unique<PmdDataset>(dir_, s.name);
+  const Dataset& ref = *ds;
+  open_[key] = std::move(ds);
+  return ref;
+}
+
+uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+MixtureSampler::MixtureSampler(DataCatalog& catalog, std::vector<Sampling> samplings, int64_t block_size,
+                               uint64_t seed, uint64_t stream)
+    : samplings_(std::move(samplings)), T_(block_size), seed_(seed), stream_(stream) {
+  double acc = 0;
+  for (const auto& s : samplings_) {
+    datasets_.push_back(&catalog.get(s));
+    acc += s.rate;
+    cumulative_.push_back(acc);
+    if (datasets_.back()->num_samples(Split::Train, T_) == 0)
+      datasets_.back()->sample(Split::Train, 0, T_, nullptr, nullptr);  // throws the explanatory error
+  }
+  for (auto& c : cumulative_) c /= acc;
+}
+
+Batch MixtureSampler::rows(uint64_t first, int64_t count) const {
+  auto inputs = torch::empty({count, T_}, torch::kLong);
+  auto targets = torch::empty({count, T_}, torch::kLong);
+  Batch b;
+  for (int64_t r = 0; r < count; ++r) {
+    uint64_t g = first + static_cast<uint64_t>(r);
+    uint64_t h1 = mix64(mix64(seed_ ^ mix64(stream_ + 0x51ED)) ^ g);
+    uint64_t h2 = mix64(h1 ^ 0xA5A5A5A5DEADBEEFULL);
+    double u = static_cast<double>(h1 >> 11) * 0x1.0p-53;
+    size_t d = 0;
+    while (d + 1 < cumulative_.size() && u >= cumulative_[d]) ++d;
+    const Dataset& ds = *datasets_[d];
+    ds.sample(Split::Train, h2 % ds.num_samples(Split::Train, T_), T_, inputs[r].data_ptr<int64_t>(),
+              targets[r].data_ptr<int64_t>());
+    b.source.push_back(static_cast<int>(d));
+  }
+  b.inputs = inputs;
+  b.targets = targets;
+  return b;
+}
+
+Batch MixtureSampler::next(int64_t count) {
+  Batch b = rows(cursor_, count);
+  cursor_ += static_cast<uint64_t>(count);
+  return b;
+}
+
+std::vector<int64_t> largest_remainder(const std::vector<double>& weights, int64_t total) {
+  double sum = std::accumulate(weights.begin(), weights.end(), 0.0);
+  std::vector<int64_t> parts(weights.size(), 0);
+  std::vector<std::pair<double, size_t>> rema;
+  int64_t assigned = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    double exact = sum > 0 ? weights[i] / sum * static_cast<double>(total) : 0.0;
+    parts[i] = static_cast<int64_t>(std::floor(exact));
+    assigned += parts[i];
+    rema.emplace_back(exact - std::floor(exact), i);
+  }
+  // Ties go to the earlier index, so the split is deterministic.
+  std::stable_sort(rema.begin(), rema.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  for (size_t k = 0; assigned < total && k < rema.size(); ++k, ++assigned) parts[rema[k].second] += 1;
+  return parts;
+}
+
+Batch validation_rows(const Dataset& ds, int64_t T, uint64_t first, int64_t count) {
+  Batch b;
+  b.inputs = torch::empty({count, T}, torch::kLong);
+  b.targets = torch::empty({count, T}, torch::kLong);
+  uint64_t n = ds.num_samples(Split::Val, T);
+  for (int64_t r = 0; r < count; ++r) {
+    uint64_t idx = n ? (first + static_cast<uint64_t>(r)) % n : 0;
+    ds.sample(Split::Val, idx, T, b.inputs[r].data_ptr<int64_t>(), b.targets[r].data_ptr<int64_t>());
+    b.source.push_back(0);
+  }
+  return b;
+}
+
+}  // namespace lt

@@ -1,0 +1,131 @@
+// Token datasets and the deterministic mixture sampler.
+//
+// A dataset is a directory `<data/dir>/<name>/` holding
+//   train.bin, val.bin   flat little-endian uint32 token ids (PMD style)
+//   meta.json            {"style": "pmd", "tokenizer": ..., "vocab_size": ..., "eot_id": ..., token counts}
+// A sample is a window of block_size + 1 tokens at a block-aligned offset: inputs are its first T
+// tokens, targets the last T.
+//
+// Sampling is counter-based: global row g of a stage is drawn from hash(seed, stage, g), so a data
+// position is one integer (the cursor: rows drawn so far). A resumed run restores the cursor and sees
+// exactly the rows an uninterrupted run sees; ranks take disjoint row ranges of the same sequence.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+namespace lt {
+
+enum class DatasetStyle { PMD, PADDED };
+enum class Split { Train, Val };
+
+struct Sampling {
+  std::string name;
+  double rate = 1.0;
+  DatasetStyle style = DatasetStyle::PMD;
+};
+
+// From a checked config value (OptType::Samplings).
+std::vector<Sampling> parse_samplings(const nlohmann::json& v);
+std::string style_name(DatasetStyle s);
+
+// A read-only memory-mapped file of uint32 tokens.
+class TokenFile {
+ public:
+  explicit TokenFile(const std::string& path);
+  ~TokenFile();
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+  uint64_t size() const { return n_; }
+  const uint32_t* data() const { return data_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint32_t* data_ = nullptr;
+  uint64_t n_ = 0;
+  size_t bytes_ = 0;
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  // Number of distinct samples of length T (+1 for the shifted target) in a split.
+  virtual uint64_t num_samples(Split split, int64_t T) const = 0;
+  // Writes sample `index` into inputs[0..T) and targets[0..T); targets < 0 are ignored by the loss.
+  virtual void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const = 0;
+  const std::string& name() const { return name_; }
+  const nlohmann::json& meta() const { return meta_; }
+
+ protected:
+  std::string name_;
+  nlohmann::json meta_;
+};
+
+class PmdDataset : public Dataset {
+ public:
+  PmdDataset(const std::string& dir, const std::string& name);
+  uint64_t num_samples(Split split, int64_t T) const override;
+  void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const override;
+
+ private:
+  const TokenFile& file(Split s) const { return s == Split::Train ? *train_ : *val_; }
+  std::unique_ptr<TokenFile> train_, val_;
+};
+
+// Opens datasets by name under one data directory, once each.
+class DataCatalog {
+ public:
+  explicit DataCatalog(std::string data_dir) : dir_(std::move(data_dir)) {}
+  const Dataset& get(const Sampling& s);
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  std::map<std::string, std::unique_ptr<Dataset>> open_;
+};
+
+struct Batch {
+  torch::Tensor inputs;   // (B, T) int64
+  torch::Tensor targets;  // (B, T) int64, -1 where ignored
+  std::vector<int> source;  // index into the stage's samplings, per row
+};
+
+// Draws rows of one stage's mixture.
+class MixtureSampler {
+ public:
+  MixtureSampler(DataCatalog& catalog, std::vector<Sampling> samplings, int64_t block_size, uint64_t seed,
+                 uint64_t stream);
+  // Rows [first, first + count) of the stage's row sequence; does not move the cursor.
+  Batch rows(uint64_t first, int64_t count) const;
+  // The next `count` rows; advances the cursor.
+  Batch next(int64_t count);
+  uint64_t cursor() const { return cursor_; }
+  void set_cursor(uint64_t c) { cursor_ = c; }
+  const std::vector<Sampling>& samplings() const { return samplings_; }
+  const Dataset& dataset(size_t i) const { return *datasets_[i]; }
+
+ private:
+  std::vector<Sampling> samplings_;
+  std::vector<const Dataset*> datasets_;
+  std::vector<double> cumulative_;
+  int64_t T_;
+  uint64_t seed_, stream_, cursor_ = 0;
+};
+
+// `total` split over `weights` by the largest-remainder method: the parts sum to `total`.
+std::vector<int64_t> largest_remainder(const std::vector<double>& weights, int64_t total);
+
+// The fixed validation rows of one dataset: samples 0..rows-1 of its val split (wrapping).
+Batch validation_rows(const Dataset& ds, int64_t block_size, uint64_t first, int64_t count);
+
+// splitmix64: the counter-based hash behind sampling.
+uint64_t mix64(uint64_t x);
+
+}  // namespace lt

@@ -1,0 +1,88 @@
+// Jobs: a named, restorable unit of work, and the registry that maps job kinds to classes.
+//
+// A job's files live under one output root:
+//   <out>/checkpoints/<project>/<group>/<name>/<suffix>/   checkpoints (checkpoint.hpp), and `latest`
+//   <out>/runs/<project>/<group>/<name>/                   config.json, metrics.jsonl, reports
+// Running a job whose `latest` exists continues from it; a finished job says so and does nothing.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lora_trainer/config.hpp"
+
+namespace lt {
+
+struct JobSpec {
+  std::string name;               // the run's name, given on the command line
+  std::string project = "general";
+  std::string group = "default";
+  std::string kind;               // the registered job class ("train", "lora/train", ...)
+  json to_json() const;
+  static JobSpec from_json(const json& j);
+};
+
+class RestoreableJob {
+ public:
+  RestoreableJob(JobSpec spec, Config cfg, std::string out_dir);
+  virtual ~RestoreableJob() = default;
+
+  virtual void run() = 0;
+  // True when the job has reached its end (its final checkpoint exists or its counters say so).
+  virtual bool done() const = 0;
+  // Restores the whole state from a checkpoint: `path` is a checkpoint directory, or a suffix relative
+  // to this job's checkpoint directory ("ntoks/4096").
+  virtual void restore_from_path(const std::string& path) = 0;
+  // Restores from `latest` when it exists; returns the suffix restored, or "" when there was none.
+  std::string restore_latest();
+
+  const JobSpec& spec() const { return spec_; }
+  const Config& config() const { return cfg_; }
+  const std::string& out_dir() const { return out_dir_; }
+  std::string job_dir() const;   // <out>/checkpoints/<project>/<group>/<name>
+  std::string run_dir() const;   // <out>/runs/<project>/<group>/<name>
+  std::string checkpoint_path(const std::string& suffix_or_path) const;
+
+ protected:
+  JobSpec spec_;
+  Config cfg_;
+  std::string out_dir_;
+};
+
+struct JobClass {
+  std::string kind;
+  std::string description;
+  std::function<ConfigSchema()> schema;
+  std::function<std::unique_ptr<RestoreableJob>(JobSpec, Config, std::string)> make;
+};
+
+class JobRegistry {
+ public:
+  void add(JobClass c);
+  const JobClass& find(const std::string& kind) const;  // UserError with the known kinds
+  const std::vector<JobClass>& all() const { return classes_; }
+
+ private:
+  std::vector<JobClass> classes_;
+};
+
+// The registry with every built-in job (registry.cpp).
+const JobRegistry& job_registry();
+
+// Reads the kind ("job/kind") from a config file, builds that job's Config (defaults < file <
+// overrides) and the job.
+std::unique_ptr<RestoreableJob> make_job(const std::string& name, const std::string& config_path,
+                                         const std::string& out_dir, const std::vector<std::string>& overrides);
+
+// Rebuilds the job saved in a checkpoint: its saved config, `overrides` on top, the class by its
+// recorded kind, then restores the checkpoint's state into it. `name` "" keeps the saved name.
+std::unique_ptr<RestoreableJob> from_checkpoint_path(const std::string& checkpoint, const std::string& name,
+                                                     const std::string& out_dir,
+                                                     const std::vector<std::string>& overrides);
+
+// Options every job has: job/kind, job/project, job/group.
+void add_job_options(ConfigSchema& s, const std::string& kind);
+
+}  // namespace lt

@@ -1,0 +1,145 @@
+#include "lora_trainer/lora.hpp"
+
+#include <ATen/autocast_mode.h>
+
+#include "lora_trainer/util.hpp"
+
+namespace lt {
+
+static std::string strip_weight(const std::string& base_name) {
+  const std::string suffix = ".weight";
+  if (base_name.size() > suffix.size() &&
+      base_name.compare(base_name.size() - suffix.size(), suffix.size(), suffix) == 0)
+    return base_name.substr(0, base_name.size() - suffix.size());
+  return base_name;
+}
+
+std::string LoraParams::a_name(const std::string& base_name) { return strip_weight(base_name) + ".lora_A"; }
+std::string LoraParams::b_name(const std::string& base_name) { return strip_weight(base_name) + ".lora_B"; }
+
+NamedTensors LoraParams::named() const {
+  NamedTensors out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    out.emplace_back(a_name(names[i]), A[i]);
+    out.emplace_back(b_name(names[i]), B[i]);
+  }
+  return out;
+}
+
+std::vector<bool> param_filter(const NamedTensors& params, const std::vector<std::string>& target_modules) {
+  if (target_modules.empty())
+    throw UserError("optimization/lora/target_modules is empty: name at least one parameter substring");
+  std::vector<bool> mask(params.size(), false);
+  std::vector<bool> used(target_modules.size(), false);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].second.dim() != 2) continue;
+    for (size_t t = 0; t < target_modules.size(); ++t) {
+      if (params[i].first.find(target_modules[t]) != std::string::npos) {
+        mask[i] = true;
+        used[t] = true;
+      }
+    }
+  }
+  for (size_t t = 0; t < target_modules.size(); ++t) {
+    if (used[t]) continue;
+    std::vector<std::string> names;
+    for (const auto& p : params)
+      if (p.second.dim() == 2) names.push_back(p.first);
+    throw UserError("optimization/lora/target_modules: \"" + target_modules[t] +
+                    "\" matches no 2-D parameter. Targets are substrings of these names: " + join(names));
+  }
+  return mask;
+}
+
+LoraParams inject_lora_params(const NamedTensors& params, const std::vector<bool>& mask, int64_t rank,
+                              torch::Generator generator) {
+  TORCH_CHECK(params.size() == mask.size(), "inject_lora_params: mask size differs from params");
+  if (rank <= 0) throw UserError("optimization/lora/rank must be > 0, got " + std::to_string(rank));
+  LoraParams out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!mask[i]) continue;
+    const auto& W = params[i].second;  // (out, in)
+    int64_t out_f = W.size(0), in_f = W.size(1);
+    if (rank > std::min(in_f, out_f))
+      throw UserError("optimization/lora/rank " + std::to_string(rank) + " exceeds the size of " +
+                      params[i].first + " (" + std::to_string(out_f) + " x " + std::to_string(in_f) + ")");
+    auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(W.device());
+    torch::Tensor A = torch::empty({in_f, rank}, opts.device(torch::kCPU));
+    A.normal_(0.0, 1.0 / static_cast<double>(rank), generator);  // on CPU: the same values on any device
+    out.names.push_back(params[i].first);
+    out.A.push_back(A.to(W.device()));
+    out.B.push_back(torch::zeros({rank, out_f}, opts));
+  }
+  return out;
+}
+
+torch::Tensor merge_lora_params(const torch::Tensor& base, const torch::Tensor& A, const torch::Tensor& B,
+                                double alpha, int64_t rank) {
+  torch::NoGradGuard ng;
+  auto delta = torch::mm(A.to(torch::kFloat32), B.to(torch::kFloat32)).t();  // (out, in)
+  return (base.to(torch::kFloat32) + (alpha / static_cast<double>(rank)) * delta).to(base.dtype());
+}
+
+NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora, double alpha, int64_t rank) {
+  NamedTensors out;
+  for (const auto& [name, t] : base) {
+    auto it = std::find(lora.names.begin(), lora.names.end(), name);
+    if (it == lora.names.end()) {
+      out.emplace_back(name, t);
+    } else {
+      size_t i = static_cast<size_t>(it - lora.names.begin());
+      out.emplace_back(name, merge_lora_params(t, lora.A[i], lora.B[i], alpha, rank));
+    }
+  }
+  return out;
+}
+
+int64_t count_lora_params(const LoraParams& lora) {
+  int64_t n = 0;
+  for (size_t i = 0; i < lora.names.size(); ++i) n += lora.A[i].numel() + lora.B[i].numel();
+  return n;
+}
+
+static void for_each_adaptable(torch::nn::Module& root,
+                               const std::function<void(const std::string&, LoraAdaptable&)>& fn) {
+  for (const auto& item : root.named_modules()) {
+    auto* adaptable = dynamic_cast<LoraAdaptable*>(item.value().get());
+    if (adaptable) fn(item.key(), *adaptable);
+  }
+}
+
+void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, int64_t rank) {
+  std::vector<bool> attached(lora.names.size(), false);
+  for_each_adaptable(root, [&](const std::string& module_name, LoraAdaptable& layer) {
+    std::string weight_name = module_name.empty() ? "weight" : module_name + ".weight";
+    for (size_t i = 0; i < lora.names.size(); ++i) {
+      if (lora.names[i] == weight_name) {
+        layer.set_lora(lora.A[i], lora.B[i], alpha / static_cast<double>(rank));
+        attached[i] = true;
+      }
+    }
+  });
+  for (size_t i = 0; i < lora.names.size(); ++i)
+    TORCH_CHECK(attached[i], "attach_lora: no adaptable layer owns ", lora.names[i],
+                " (only layers implementing LoraAdaptable can take adapters)");
+}
+
+void detach_lora(torch::nn::Module& root) {
+  for_each_adaptable(root, [](const std::string&, LoraAdaptable& layer) { layer.set_lora({}, {}, 0.0); });
+}
+
+torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x) {
+  if (!W.defined() || W.scalar_type() == x.scalar_type()) return W;
+  bool autocast = x.is_cuda() ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+  return autocast ? W : W.to(x.scalar_type());
+}
+
+torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b,
+                          const torch::Tensor& A, const torch::Tensor& B, double scale) {
+  auto y = torch::linear(x, weight_for(W, x), weight_for(b, x));
+  if (!A.defined()) return y;
+  // (x A) B costs 2 r (in + out) per row instead of forming the (out, in) merged weight.
+  return y + torch::matmul(torch::matmul(x, weight_for(A, x)), weight_for(B, x)) * scale;
+}
+
+}  // namespace lt

@@ -1,0 +1,71 @@
+// Low-rank adapters (LoRA), generic over any LibTorch module tree.
+//
+// A targeted weight W keeps its name and stays where it is (frozen, bf16); its adapter is a pair
+//   A: (in, r), normal with std 1/r        B: (r, out), zeros
+// and the effective weight is W_eff = W + (alpha / r) * (A B)^T in LibTorch's (out, in) layout.
+// In training the adapted layer computes x W^T + b + (alpha / r) (x A) B and never forms W_eff.
+//
+// This file depends on LibTorch alone: `param_filter` and `inject_lora_params` work on any
+// `named_parameters()` list; a layer takes an adapter by implementing `LoraAdaptable`.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace lt {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// A layer whose 2-D `weight` can carry an adapter.
+class LoraAdaptable {
+ public:
+  virtual ~LoraAdaptable() = default;
+  // A: (in, r), B: (r, out), scale = alpha / r. Undefined tensors remove the adapter.
+  virtual void set_lora(torch::Tensor A, torch::Tensor B, double scale) = 0;
+};
+
+// The adapters of one model, in the order of the base parameters they adapt.
+struct LoraParams {
+  std::vector<std::string> names;  // base parameter names ("h.0.attn.c_attn.weight")
+  std::vector<torch::Tensor> A;    // (in, r) each
+  std::vector<torch::Tensor> B;    // (r, out) each
+  // "h.0.attn.c_attn.weight" -> "h.0.attn.c_attn.lora_A" / ".lora_B": the names used in checkpoints.
+  static std::string a_name(const std::string& base_name);
+  static std::string b_name(const std::string& base_name);
+  NamedTensors named() const;  // A and B interleaved, in order
+};
+
+// Which parameters get adapters: 2-D weights whose name contains any of `target_modules`.
+// A target that matches no 2-D parameter is a UserError listing the parameter names.
+std::vector<bool> param_filter(const NamedTensors& params, const std::vector<std::string>& target_modules);
+
+// Creates f32 A/B for every masked parameter, deterministically from `generator`.
+LoraParams inject_lora_params(const NamedTensors& params, const std::vector<bool>& mask, int64_t rank,
+                              torch::Generator generator);
+
+// W + (alpha / rank) (A B)^T, computed in f32 and cast back to W's dtype.
+// base: (out, in), A: (in, r), B: (r, out).
+torch::Tensor merge_lora_params(const torch::Tensor& base, const torch::Tensor& A, const torch::Tensor& B,
+                                double alpha, int64_t rank);
+// Every parameter of `base`, with the adapted ones merged.
+NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora, double alpha, int64_t rank);
+
+// Number of trainable adapter values.
+int64_t count_lora_params(const LoraParams& lora);
+
+// Hands each adapter to the layer that owns its base weight (found by name in `root`'s module tree).
+void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, int64_t rank);
+void detach_lora(torch::nn::Module& root);
+
+// W as it should enter a matmul with x: unchanged under autocast (which casts both), else cast to x's
+// dtype, so a bf16-frozen weight works in an f32 forward too.
+torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x);
+
+// x: (..., in), W: (out, in), b: (out) or undefined, A: (in, r), B: (r, out) or undefined.
+torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b,
+                          const torch::Tensor& A, const torch::Tensor& B, double scale);
+
+}  // namespace lt

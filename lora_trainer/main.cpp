@@ -1,0 +1,164 @@
+// The launcher: `lora_trainer <subcommand>`. Parses arguments and calls the library; nothing else.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/job.hpp"
+#include "lora_trainer/tokenize.hpp"
+#include "lora_trainer/util.hpp"
+
+namespace fs = std::filesystem;
+using namespace lt;
+
+namespace {
+
+int cmd_jobs() {
+  for (const auto& c : job_registry().all()) std::printf("%-28s %s\n", c.kind.c_str(), c.description.c_str());
+  return 0;
+}
+
+int cmd_configure(const std::string& kind, const std::string& out, const std::vector<std::string>& overrides) {
+  const JobClass& cls = job_registry().find(kind);
+  Config cfg(cls.schema());
+  for (const auto& o : overrides) cfg.apply_override(o);
+  write_file_atomic(out, cfg.to_json().dump(2) + "\n");
+  std::printf("wrote %s (%zu keys, job/kind %s)\n", out.c_str(), cfg.schema().options().size(), kind.c_str());
+  return 0;
+}
+
+void run_or_continue(RestoreableJob& job, const std::string& restore) {
+  std::string latest = job.restore_latest();
+  if (!latest.empty()) {
+    std::printf("continuing %s from its latest checkpoint %s\n", job.spec().name.c_str(), latest.c_str());
+  } else if (!restore.empty()) {
+    std::printf("restoring %s from %s\n", job.spec().name.c_str(), restore.c_str());
+    job.restore_from_path(restore);
+  }
+  job.run();
+}
+
+int cmd_checkpoints(const std::string& name, const std::string& out) {
+  fs::path root = fs::path(out) / "checkpoints";
+  int found = 0;
+  if (fs::is_directory(root)) {
+    for (auto& project : fs::directory_iterator(root)) {
+      if (!project.is_directory()) continue;
+      for (auto& group : fs::directory_iterator(project)) {
+        fs::path job_dir = group.path() / name;
+        if (!fs::is_directory(job_dir)) continue;
+        auto latest = read_latest(job_dir.string());
+        std::printf("%s\n", job_dir.string().c_str());
+        for (const auto& suffix : list_checkpoints(job_dir.string())) {
+          auto meta = read_checkpoint_metadata((job_dir / suffix).string());
+          std::printf("  %-28s kind %-6s step %8lld  tokens %12lld%s\n", suffix.c_str(),
+                      meta.value("kind", std::string("?")).c_str(), (long long)meta.value("step", int64_t(0)),
+                      (long long)meta.value("tokens", int64_t(0)), latest && *latest == suffix ? "  (latest)" : "");
+          ++found;
+        }
+      }
+    }
+  }
+  if (!found) {
+    std::fprintf(stderr, "no checkpoints of job \"%s\" under %s\n", name.c_str(), root.string().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"lora_trainer: train a GPT in two phases (full parameters, then LoRA adapters), with restorable jobs.\n"
+               "Docs: docs/cli.md, docs/config.md, checkpoints/README.md"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "help for every subcommand");
+
+  auto* jobs = app.add_subcommand("jobs", "list the registered job kinds");
+
+  std::string kind, out_json;
+  std::vector<std::string> overrides;
+  auto* configure = app.add_subcommand("configure", "write a config with every key of JOB at its default");
+  configure->add_option("JOB", kind, "job kind (see `jobs`)")->required();
+  configure->add_option("OUT", out_json, "config file to write (JSON)")->required();
+  configure->add_option("overrides", overrides, "key=value settings (e.g. training/batch_size=32)");
+
+  std::string name, config_path, out_dir, restore, checkpoint;
+  auto* run = app.add_subcommand("run", "run a job; re-running continues from its latest checkpoint");
+  run->add_option("NAME", name, "the run's name (its checkpoint directory)")->required();
+  run->add_option("CONFIG", config_path, "config file (JSON; `configure` writes one)")->required()->check(CLI::ExistingFile);
+  run->add_option("OUT_DIR", out_dir, "output root: checkpoints/ and runs/ go below it")->required();
+  run->add_option("--restore", restore, "start from this checkpoint directory (ignored when the job has a `latest`)");
+  run->add_option("overrides", overrides, "key=value settings over the config file");
+
+  auto* checkpoints = app.add_subcommand("checkpoints", "list the checkpoints of a job");
+  checkpoints->add_option("NAME", name, "the run's name")->required();
+  checkpoints->add_option("OUT_DIR", out_dir, "output root")->required();
+
+  auto* restore_cmd = app.add_subcommand("restore", "rebuild a job from a checkpoint's saved config and resume it");
+  restore_cmd->add_option("NAME", name, "name for the resumed run")->required();
+  restore_cmd->add_option("CHECKPOINT", checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
+  restore_cmd->add_option("OUT_DIR", out_dir, "output root")->required();
+  restore_cmd->add_option("overrides", overrides, "key=value settings over the saved config");
+
+  auto* inspect = app.add_subcommand("inspect", "print a checkpoint's metadata and per-tensor digests as JSON");
+  inspect->add_option("CHECKPOINT", checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
+
+  TokenizeOptions tok;
+  std::string ds_name, data_dir = "datasets/data";
+  auto* tokenize = app.add_subcommand("tokenize", "turn text files/directories into a PMD token dataset");
+  tokenize->add_option("INPUT", tok.inputs, "text files or directories")->required();
+  tokenize->add_option("--name", ds_name, "dataset name (a directory under --data-dir)")->required();
+  tokenize->add_option("--data-dir", data_dir, "data directory (config key data/dir)")->capture_default_str();
+  tokenize->add_option("--tokenizer", tok.tokenizer, "gpt2 or byte")->capture_default_str()->check(CLI::IsMember({"gpt2", "byte"}));
+  tokenize->add_option("--tokenizer-dir", tok.tokenizer_dir, "directory with encoder.json and vocab.bpe");
+  tokenize->add_option("--val-fraction", tok.val_fraction, "share of documents for validation")->capture_default_str();
+  tokenize->add_option("--ext", tok.extensions, "only files ending in these (e.g. --ext .py)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+
+  try {
+    if (*jobs) return cmd_jobs();
+    if (*configure) return cmd_configure(kind, out_json, overrides);
+    if (*run) {
+      auto job = make_job(name, config_path, out_dir, overrides);
+      run_or_continue(*job, restore);
+      return 0;
+    }
+    if (*checkpoints) return cmd_checkpoints(name, out_dir);
+    if (*restore_cmd) {
+      auto job = from_checkpoint_path(checkpoint, name, out_dir, overrides);
+      job->run();
+      return 0;
+    }
+    if (*inspect) {
+      std::cout << inspect_checkpoint(checkpoint).dump(2) << "\n";
+      return 0;
+    }
+    if (*tokenize) {
+      tok.out_dir = (fs::path(data_dir) / ds_name).string();
+      auto r = tokenize_to_pmd(tok);
+      std::printf("dataset %s: %llu documents (%llu validation), %llu bytes -> %llu train + %llu val tokens\n",
+                  tok.out_dir.c_str(), (unsigned long long)r.documents, (unsigned long long)r.val_documents,
+                  (unsigned long long)r.bytes, (unsigned long long)r.train_tokens, (unsigned long long)r.val_tokens);
+      return 0;
+    }
+  } catch (const UserError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "internal error (please report): %s\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

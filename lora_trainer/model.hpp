@@ -1,0 +1,113 @@
+// The GPT: token + position embeddings, pre-norm blocks (causal self-attention, GELU MLP), a final
+// layer norm and an output head tied to the token embedding.
+//
+// Shapes: B = batch rows, T = time (<= block_size), C = d_model, V = vocab_size, H = n_head.
+//
+// Parameter names (`named_parameters()`), stable and used to pick LoRA targets and in checkpoints:
+//   wte.weight (V, C)   wpe.weight (block_size, C)
+//   h.<i>.ln_1.{weight,bias} (C)
+//   h.<i>.attn.c_attn.{weight (3C, C), bias (3C)}   h.<i>.attn.c_proj.{weight (C, C), bias (C)}
+//   h.<i>.ln_2.{weight,bias} (C)
+//   h.<i>.mlp.c_fc.{weight (4C, C), bias (4C)}      h.<i>.mlp.c_proj.{weight (C, 4C), bias (C)}
+//   ln_f.{weight,bias} (C)
+// The residual stream is f32 whatever the parameters' dtype, so a bf16-frozen base works unchanged.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "lora_trainer/lora.hpp"
+
+namespace lt {
+
+class Config;
+
+struct GPTOptions {
+  int64_t vocab_size = 50257;
+  int64_t block_size = 256;
+  int64_t n_layer = 6;
+  int64_t n_head = 6;
+  int64_t d_model = 384;
+  double dropout = 0.0;
+  static GPTOptions from_config(const Config& cfg);
+};
+
+// A linear layer y = x W^T + b that can carry a LoRA adapter (lora.hpp).
+class LinearImpl : public torch::nn::Module, public LoraAdaptable {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features);
+  torch::Tensor forward(const torch::Tensor& x);  // x: (..., in) -> (..., out)
+  void set_lora(torch::Tensor A, torch::Tensor B, double scale) override;
+  torch::Tensor weight, bias;
+
+ private:
+  torch::Tensor lora_A_, lora_B_;
+  double lora_scale_ = 0.0;
+};
+TORCH_MODULE(Linear);
+
+// Layer norm computed in f32 whatever the input's and parameters' dtypes.
+class LayerNormImpl : public torch::nn::Module {
+ public:
+  explicit LayerNormImpl(int64_t dim);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(LayerNorm);
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GPTOptions& o);
+  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+  Linear c_attn{nullptr}, c_proj{nullptr};
+
+ private:
+  int64_t n_head_;
+  double dropout_;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const GPTOptions& o);
+  torch::Tensor forward(const torch::Tensor& x);
+  Linear c_fc{nullptr}, c_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GPTOptions& o);
+  torch::Tensor forward(const torch::Tensor& x);
+  LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  CausalSelfAttention attn{nullptr};
+  MLP mlp{nullptr};
+  double dropout;
+};
+TORCH_MODULE(Block);
+
+class GPTImpl : public torch::nn::Module {
+ public:
+  explicit GPTImpl(const GPTOptions& o);
+  // idx: (B, T) int64 token ids -> logits (B, T, V)
+  torch::Tensor forward(const torch::Tensor& idx);
+  // Sum of the cross-entropy over positions whose target is >= 0, and their count.
+  // idx, targets: (B, T) int64; targets < 0 are ignored (padding).
+  std::pair<torch::Tensor, int64_t> loss_sum(const torch::Tensor& idx, const torch::Tensor& targets);
+  // GPT-2 initialisation (normal 0.02; residual projections 0.02 / sqrt(2 n_layer)), from `gen`.
+  void init_weights(torch::Generator gen);
+  const GPTOptions& options() const { return opts_; }
+
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  LayerNorm ln_f{nullptr};
+
+ private:
+  torch::Tensor hidden(const torch::Tensor& idx);  // (B, T) -> (B, T, C) after ln_f, f32
+  GPTOptions opts_;
+};
+TORCH_MODULE(GPT);
+
+// named_parameters() as an ordered vector: the single source of parameter identity.
+NamedTensors named_params(torch::nn::Module& m);
+
+}  // namespace lt

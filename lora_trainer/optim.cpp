@@ -1,0 +1,110 @@
+#include "lora_trainer/optim.hpp"
+
+#include <cmath>
+
+namespace lt {
+
+AdamW::AdamW(NamedTensors params, AdamWOptions opts) : params_(std::move(params)), o_(opts) {
+  for (const auto& [name, p] : params_) {
+    m_.push_back(torch::zeros_like(p, torch::kFloat32));
+    v_.push_back(torch::zeros_like(p, torch::kFloat32));
+    decay_.push_back(p.dim() >= 2);
+  }
+}
+
+std::vector<std::string> AdamW::param_names() const {
+  std::vector<std::string> out;
+  for (const auto& p : params_) out.push_back(p.first);
+  return out;
+}
+
+void AdamW::zero_grad() {
+  for (auto& p : params_)
+    if (p.second.grad().defined()) p.second.mutable_grad() = torch::Tensor();
+}
+
+void AdamW::step(double lr) {
+  torch::NoGradGuard ng;
+  ++t_;
+  const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t_));
+  const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t_));
+  const double step_size = lr / bc1;
+  const double inv_sqrt_bc2 = 1.0 / std::sqrt(bc2);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i].second;
+    const auto& g = p.grad();
+    if (!g.defined()) continue;
+    if (decay_[i] && o_.weight_decay != 0) p.mul_(1.0 - lr * o_.weight_decay);
+    m_[i].mul_(o_.beta1).add_(g, 1.0 - o_.beta1);
+    v_[i].mul_(o_.beta2).addcmul_(g, g, 1.0 - o_.beta2);
+    auto denom = (v_[i].sqrt() * inv_sqrt_bc2).add_(o_.eps);
+    p.addcdiv_(m_[i], denom, -step_size);
+  }
+}
+
+NamedTensors AdamW::state() const {
+  NamedTensors out;
+  for (size_t i = 0; i < params_.size(); ++i) out.emplace_back("optim/exp_avg/" + params_[i].first, m_[i]);
+  for (size_t i = 0; i < params_.size(); ++i) out.emplace_back("optim/exp_avg_sq/" + params_[i].first, v_[i]);
+  out.emplace_back("optim/step", torch::tensor(t_, torch::kLong));
+  return out;
+}
+
+void AdamW::load_state(const NamedTensors& state) {
+  torch::NoGradGuard ng;
+  auto current = this->state();
+  TORCH_CHECK(current.size() == state.size(), "AdamW::load_state: size mismatch");
+  for (size_t i = 0; i + 1 < current.size(); ++i) current[i].second.copy_(state[i].second);
+  t_ = state.back().second.item<int64_t>();
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t b = 0;
+  for (size_t i = 0; i < m_.size(); ++i) b += (m_[i].numel() + v_[i].numel()) * 4;
+  return b;
+}
+
+double clip_grad_norm(const NamedTensors& params, double max_norm) {
+  torch::NoGradGuard ng;
+  std::vector<torch::Tensor> sq;
+  for (const auto& p : params)
+    if (p.second.grad().defined()) sq.push_back(p.second.grad().to(torch::kFloat32).pow(2).sum());
+  if (sq.empty()) return 0.0;
+  double norm = std::sqrt(torch::stack(sq).sum().item<double>());
+  if (max_norm > 0 && norm > max_norm) {
+    double scale = max_norm / (norm + 1e-6);
+    for (const auto& p : params)
+      if (p.second.grad().defined()) p.second.grad().mul_(scale);
+  }
+  return norm;
+}
+
+Schedule Schedule::make(const std::string& kind, double lr, double min_lr_ratio, int64_t total_steps,
+                        double warmup_pct, double decay_pct) {
+  Schedule s;
+  s.kind = kind;
+  s.lr = lr;
+  s.min_lr = lr * min_lr_ratio;
+  s.total_steps = std::max<int64_t>(1, total_steps);
+  s.warmup_steps = static_cast<int64_t>(std::floor(warmup_pct * static_cast<double>(s.total_steps)));
+  s.decay_steps = kind == "wsd" ? static_cast<int64_t>(std::floor(decay_pct * static_cast<double>(s.total_steps))) : 0;
+  return s;
+}
+
+double Schedule::at(int64_t step) const {
+  if (warmup_steps > 0 && step < warmup_steps)
+    return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  if (kind == "constant") return lr;
+  if (kind == "cosine") {
+    int64_t span = std::max<int64_t>(1, total_steps - warmup_steps);
+    double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(span));
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+  }
+  // wsd
+  int64_t decay_start = total_steps - decay_steps;
+  if (decay_steps <= 0 || step < decay_start) return lr;
+  double progress = static_cast<double>(step - decay_start + 1) / static_cast<double>(decay_steps);
+  return lr + (min_lr - lr) * std::min(1.0, progress);
+}
+
+}  // namespace lt

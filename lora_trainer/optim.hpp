@@ -1,0 +1,63 @@
+// The optimizer (AdamW over an explicit, ordered, named parameter list), global-norm clipping and the
+// learning-rate schedules.
+//
+// The state is keyed by parameter name, never by position or tensor address, so a checkpoint stores
+// `optim/exp_avg/<name>` and `optim/exp_avg_sq/<name>` and loading checks that the names match.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "lora_trainer/lora.hpp"
+
+namespace lt {
+
+class Config;
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+// Decoupled-weight-decay Adam. Weight decay applies to parameters of 2 or more dimensions (matrices
+// and embeddings), not to biases and layer-norm gains, as in GPT-2/nanoGPT practice.
+class AdamW {
+ public:
+  AdamW(NamedTensors params, AdamWOptions opts);
+  void step(double lr);  // uses each parameter's .grad(); a parameter without a gradient is skipped
+  void zero_grad();
+  int64_t steps_taken() const { return t_; }
+  const NamedTensors& params() const { return params_; }
+  std::vector<std::string> param_names() const;
+  // optim/exp_avg/<name>, optim/exp_avg_sq/<name> and optim/step, in parameter order.
+  NamedTensors state() const;
+  // Copies the tensors of state() back in (the caller verified names, shapes and dtypes).
+  void load_state(const NamedTensors& state);
+  int64_t state_bytes() const;
+
+ private:
+  NamedTensors params_;
+  AdamWOptions o_;
+  std::vector<torch::Tensor> m_, v_;
+  std::vector<bool> decay_;
+  int64_t t_ = 0;
+};
+
+// Scales all gradients so that their global L2 norm is at most max_norm; returns the norm before.
+double clip_grad_norm(const NamedTensors& params, double max_norm);
+
+// lr(step) for step in [0, total_steps).
+//   constant: warmup then flat.
+//   wsd:      linear warmup over warmup_pct, flat, then linear decay to min_lr over the last decay_pct.
+//   cosine:   linear warmup, then cosine from lr to min_lr.
+struct Schedule {
+  std::string kind = "wsd";
+  double lr = 3e-4, min_lr = 0.0;
+  int64_t total_steps = 1, warmup_steps = 0, decay_steps = 0;
+  double at(int64_t step) const;
+  static Schedule make(const std::string& kind, double lr, double min_lr_ratio, int64_t total_steps,
+                       double warmup_pct, double decay_pct);
+};
+
+}  // namespace lt

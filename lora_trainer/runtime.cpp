@@ -1,0 +1,109 @@
+#include "lora_trainer/runtime.hpp"
+
+#include <dlfcn.h>
+
+#include <ATen/autocast_mode.h>
+#include <fstream>
+#include <thread>
+
+#include "lora_trainer/config.hpp"
+#include "lora_trainer/util.hpp"
+
+#ifdef LT_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
+namespace lt {
+
+void add_runtime_options(ConfigSchema& s) {
+  s.add("runtime/device", OptType::String, "auto", "cpu, cuda, or auto (cuda when available)",
+        check_one_of({"auto", "cpu", "cuda"}));
+  s.add("runtime/precision", OptType::String, "auto",
+        "bf16 (f32 weights, bf16 autocast), f32, or auto (bf16 where the device has fast bf16)",
+        check_one_of({"auto", "bf16", "f32"}));
+  s.add("runtime/threads", OptType::Int, 0, "CPU threads for torch; 0 = every core", check_nonnegative());
+}
+
+bool cpu_has_fast_bf16() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) == 0)
+      return line.find(" amx_bf16") != std::string::npos || line.find(" avx512_bf16") != std::string::npos;
+  }
+  return false;
+}
+
+// OpenBLAS starts one thread per core by default; with torch's own threads on top, small matmuls
+// collapse from oversubscription. Torch parallelises around BLAS, so BLAS gets one thread.
+static void limit_blas_threads() {
+  using SetThreads = void (*)(int);
+  if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(1);
+}
+
+Runtime Runtime::from_config(const Config& cfg) {
+  Runtime rt;
+  std::string dev = cfg.get_string("runtime/device");
+  bool cuda = torch::cuda::is_available();
+  if (dev == "cuda" && !cuda)
+    throw UserError("runtime/device=cuda, but no CUDA device is available to this build; use runtime/device=cpu");
+  rt.device = (dev == "cuda" || (dev == "auto" && cuda)) ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  std::string prec = cfg.get_string("runtime/precision");
+  if (prec == "auto") rt.bf16_autocast = rt.device.is_cuda() || cpu_has_fast_bf16();
+  else rt.bf16_autocast = prec == "bf16";
+  int64_t threads = cfg.get_int("runtime/threads");
+  rt.threads = threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(rt.threads);
+  limit_blas_threads();
+  return rt;
+}
+
+std::string Runtime::describe() const {
+  return std::string(device.is_cuda() ? "cuda" : "cpu") + ", " + std::to_string(threads) + " threads, " +
+         (bf16_autocast ? "bf16 autocast" : "f32");
+}
+
+AutocastGuard::AutocastGuard(const Runtime& rt) : active_(rt.bf16_autocast), cuda_(rt.device.is_cuda()) {
+  if (!active_) return;
+  if (cuda_) {
+    prev_enabled_ = at::autocast::is_enabled();
+    at::autocast::set_enabled(true);
+    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+  } else {
+    prev_enabled_ = at::autocast::is_cpu_enabled();
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  }
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  if (cuda_) at::autocast::set_enabled(prev_enabled_);
+  else at::autocast::set_cpu_enabled(prev_enabled_);
+}
+
+torch::Tensor rng_state(const Runtime& rt) {
+  auto cpu = at::detail::getDefaultCPUGenerator().get_state();
+  if (!rt.device.is_cuda()) return cpu;
+#ifdef LT_WITH_CUDA
+  auto gpu = at::cuda::detail::getDefaultCUDAGenerator().get_state();
+  return torch::cat({cpu, gpu});
+#else
+  return cpu;
+#endif
+}
+
+void set_rng_state(const Runtime& rt, const torch::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  int64_t cpu_size = gen.get_state().numel();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state.slice(0, 0, cpu_size).contiguous());
+#ifdef LT_WITH_CUDA
+  if (rt.device.is_cuda() && state.numel() > cpu_size)
+    at::cuda::detail::getDefaultCUDAGenerator().set_state(state.slice(0, cpu_size).contiguous());
+#endif
+}
+
+}  // namespace lt

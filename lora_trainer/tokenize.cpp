@@ -1,0 +1,133 @@
+#include "lora_trainer/tokenize.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "lora_trainer/tokenizer.hpp"
+#include "lora_trainer/util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+static bool wanted(const fs::path& p, const std::vector<std::string>& exts) {
+  if (exts.empty()) return true;
+  std::string s = p.string();
+  for (const auto& e : exts)
+    if (s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0) return true;
+  return false;
+}
+
+static std::vector<std::string> collect(const TokenizeOptions& o) {
+  std::vector<std::string> files;
+  for (const auto& in : o.inputs) {
+    if (fs::is_directory(in)) {
+      for (auto& e : fs::recursive_directory_iterator(in, fs::directory_options::skip_permission_denied))
+        if (e.is_regular_file() && wanted(e.path(), o.extensions)) files.push_back(e.path().string());
+    } else if (fs::is_regular_file(in)) {
+      files.push_back(in);
+    } else {
+      throw UserError("tokenize: input " + in + " is neither a file nor a directory");
+    }
+  }
+  std::sort(files.begin(), files.end());
+  files.erase(std::unique(files.begin(), files.end()), files.end());
+  if (files.empty()) throw UserError("tokenize: no input files found (check the paths and --ext filters)");
+  return files;
+}
+
+class TokenWriter {
+ public:
+  explicit TokenWriter(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp-tokenize") {
+    out_.open(tmp_, std::ios::binary | std::ios::trunc);
+    if (!out_) throw UserError("tokenize: cannot write " + tmp_);
+  }
+  void write(const std::vector<uint32_t>& ids, size_t from = 0, size_t to = SIZE_MAX) {
+    to = std::min(to, ids.size());
+    if (from >= to) return;
+    // Token files are little-endian uint32, written as the host's memory: hosts are x86-64/aarch64.
+    out_.write(reinterpret_cast<const char*>(ids.data() + from), static_cast<std::streamsize>((to - from) * 4));
+    count_ += to - from;
+  }
+  void commit() {
+    out_.close();
+    if (!out_) throw UserError("tokenize: writing " + tmp_ + " failed (disk full?)");
+    fs::rename(tmp_, path_);
+  }
+  ~TokenWriter() {
+    if (out_.is_open()) {
+      out_.close();
+      std::error_code ec;
+      fs::remove(tmp_, ec);
+    }
+  }
+  uint64_t count() const { return count_; }
+
+ private:
+  std::string path_, tmp_;
+  std::ofstream out_;
+  uint64_t count_ = 0;
+};
+
+TokenizeResult tokenize_to_pmd(const TokenizeOptions& o) {
+  if (!(o.val_fraction > 0 && o.val_fraction < 1))
+    throw UserError("tokenize: --val-fraction must be between 0 and 1 (exclusive)");
+  auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
+  auto files = collect(o);
+  fs::create_directories(o.out_dir);
+  fs::remove(fs::path(o.out_dir) / "meta.json");  // the dataset is incomplete until meta.json is back
+  uint64_t total_bytes = 0;
+  for (const auto& f : files) total_bytes += fs::file_size(f);
+
+  TokenizeResult r;
+  r.documents = files.size();
+  TokenWriter train((fs::path(o.out_dir) / "train.bin").string());
+  TokenWriter val((fs::path(o.out_dir) / "val.bin").string());
+  Progress progress("tokenize " + fs::path(o.out_dir).filename().string(), total_bytes, "bytes");
+  const double f = o.val_fraction;
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::string text = read_file(files[i]);
+    r.bytes += text.size();
+    std::vector<uint32_t> ids = tok->encode(text);
+    ids.push_back(tok->eot_id());
+    if (files.size() == 1) {
+      size_t n_val = std::max<size_t>(1, static_cast<size_t>(std::floor(ids.size() * f)));
+      train.write(ids, 0, ids.size() - n_val);
+      val.write(ids, ids.size() - n_val);
+      r.val_documents = 1;
+    } else if (std::floor((i + 1) * f) > std::floor(i * f) || (i + 1 == files.size() && r.val_documents == 0)) {
+      val.write(ids);
+      ++r.val_documents;
+    } else {
+      train.write(ids);
+    }
+    progress.update(r.bytes);
+  }
+  progress.finish();
+  r.train_tokens = train.count();
+  r.val_tokens = val.count();
+  if (r.val_tokens == 0 || r.train_tokens == 0)
+    throw UserError("tokenize: the split left " + std::string(r.val_tokens == 0 ? "validation" : "training") +
+                    " empty; add documents or change --val-fraction");
+  train.commit();
+  val.commit();
+  nlohmann::json meta = {{"style", "pmd"},
+                         {"tokenizer", tok->name()},
+                         {"vocab_size", tok->vocab_size()},
+                         {"eot_id", tok->eot_id()},
+                         {"documents", r.documents},
+                         {"val_documents", r.val_documents},
+                         {"bytes", r.bytes},
+                         {"train_tokens", r.train_tokens},
+                         {"val_tokens", r.val_tokens},
+                         {"val_fraction", f}};
+  write_file_atomic((fs::path(o.out_dir) / "meta.json").string(), meta.dump(2) + "\n");
+  return r;
+}
+
+}  // namespace lt

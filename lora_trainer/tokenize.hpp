@@ -1,0 +1,29 @@
+// The tokenize job: text files or directories -> a PMD dataset directory (train.bin, val.bin,
+// meta.json; see data.hpp). Each file is one document, followed by the end-of-text token. Documents
+// are taken in sorted path order and every k-th one (k = 1 / val_fraction, at least one) goes to validation,
+// so the split is deterministic; a single document is split by tokens instead (its last val_fraction).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lt {
+
+struct TokenizeOptions {
+  std::vector<std::string> inputs;      // files and/or directories (recursed)
+  std::vector<std::string> extensions;  // keep only files with these endings (e.g. ".py"); empty = all
+  std::string out_dir;                  // the dataset directory to write
+  std::string tokenizer = "gpt2";
+  std::string tokenizer_dir;            // "" = default_gpt2_dir()
+  double val_fraction = 0.05;
+};
+
+struct TokenizeResult {
+  uint64_t documents = 0, val_documents = 0, bytes = 0, train_tokens = 0, val_tokens = 0;
+};
+
+// Writes atomically: files appear under their final names only when complete, meta.json last.
+TokenizeResult tokenize_to_pmd(const TokenizeOptions& opts);
+
+}  // namespace lt

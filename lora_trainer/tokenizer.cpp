@@ -1,0 +1,484 @@
+// The "byte" and "gpt2" tokenizers (see tokenizer.hpp).
+//
+// gpt2 reproduces the ids of the reference encoder in the npm package gpt-3-encoder (Encoder.js, run by
+// Node.js), quirks included, so that `tests/tools/tokenizer_reference.js` is an exact oracle:
+//  - Pre-tokenisation uses Encoder.js's JavaScript regex
+//      /'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+/gu
+//    through PCRE2. JavaScript's \s is not PCRE's (JS has U+FEFF, PCRE has U+0085 and U+180E), so it is
+//    spelled out. PCRE2 10.42 knows Unicode 14 while Node 20 (ICU 78) knows Unicode 17, so \p{L} and
+//    \p{N} are widened by the code points assigned since; nothing changed category the other way.
+//  - Encoder.js looks merge ranks up by the JavaScript string of the pair array, "left,right". A pair
+//    whose parts contain commas can therefore hit another merge's rank: (`",` , `"`) is read as the
+//    merge (`"` , `,"`). Such pairs are added to the merge table with that rank, as the reference does.
+//  - Among pairs of equal rank (only such aliased pairs can tie) the reference merges the last one.
+//  - Input that is not valid UTF-8 is first decoded the way Node decodes a Buffer (WHATWG: each
+//    maximal invalid subsequence becomes U+FFFD), so ids equal the reference's on the same file read
+//    with fs.readFileSync(file, 'utf8'). decode() of such ids gives the U+FFFD bytes, not the original.
+#include "lora_trainer/tokenizer.hpp"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "lora_trainer/util.hpp"
+
+namespace lt {
+namespace {
+
+// ---------------------------------------------------------------------------------------------------
+// byte
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  std::vector<uint32_t> encode(std::string_view text) const override {
+    return std::vector<uint32_t>(reinterpret_cast<const unsigned char*>(text.data()),
+                                 reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+  }
+  std::string decode(const std::vector<uint32_t>& ids) const override {
+    std::string out;
+    out.reserve(ids.size());
+    for (uint32_t id : ids) {
+      if (id < 256) out.push_back(static_cast<char>(id));
+      else if (id != eot_id()) throw UserError("token id " + std::to_string(id) +
+                                               " is outside the byte tokenizer's vocabulary (257)");
+    }
+    return out;
+  }
+  uint32_t vocab_size() const override { return 257; }
+  uint32_t eot_id() const override { return 256; }
+  std::string name() const override { return "byte"; }
+};
+
+// ---------------------------------------------------------------------------------------------------
+// UTF-8 helpers
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+// Length of the valid UTF-8 sequence starting at s[i], or 0 if the bytes there are not one. The
+// second-byte bounds exclude overlongs, surrogates and code points above U+10FFFF (WHATWG / Unicode).
+size_t utf8_sequence_length(std::string_view s, size_t i, size_t* valid_prefix) {
+  const auto b = static_cast<unsigned char>(s[i]);
+  *valid_prefix = 1;
+  if (b < 0x80) return 1;
+  size_t need;
+  unsigned char lo = 0x80, hi = 0xBF;
+  if (b >= 0xC2 && b <= 0xDF) {
+    need = 1;
+  } else if (b >= 0xE0 && b <= 0xEF) {
+    need = 2;
+    if (b == 0xE0) lo = 0xA0;
+    if (b == 0xED) hi = 0x9F;
+  } else if (b >= 0xF0 && b <= 0xF4) {
+    need = 3;
+    if (b == 0xF0) lo = 0x90;
+    if (b == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  for (size_t k = 1; k <= need; ++k) {
+    if (i + k >= s.size()) return 0;
+    const auto c = static_cast<unsigned char>(s[i + k]);
+    if (c < lo || c > hi) return 0;
+    lo = 0x80;
+    hi = 0xBF;
+    *valid_prefix = k + 1;
+  }
+  return need + 1;
+}
+
+// Replaces each maximal invalid subsequence by U+FFFD, as Node's (WHATWG) UTF-8 decoder does: a lead
+// byte and the continuation bytes that were acceptable so far become one U+FFFD; the byte that broke
+// the sequence is examined again as a possible lead byte.
+std::string sanitize_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 16);
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t prefix;
+    size_t len = utf8_sequence_length(s, i, &prefix);
+    if (len > 0) {
+      out.append(s.data() + i, len);
+      i += len;
+    } else {
+      append_utf8(out, 0xFFFD);
+      i += prefix;
+    }
+  }
+  return out;
+}
+
+bool is_valid_utf8(std::string_view s) {
+  size_t i = 0, prefix;
+  while (i < s.size()) {
+    // ASCII runs dominate real text; skip them 8 bytes at a time.
+    while (i + 8 <= s.size()) {
+      uint64_t w;
+      std::memcpy(&w, s.data() + i, 8);
+      if (w & 0x8080808080808080ULL) break;
+      i += 8;
+    }
+    if (i >= s.size()) break;
+    size_t len = utf8_sequence_length(s, i, &prefix);
+    if (len == 0) return false;
+    i += len;
+  }
+  return true;
+}
+
+// GPT-2's reversible byte -> code point table: printable Latin-1 bytes map to themselves, the other
+// 68 bytes to U+0100.. in byte order, so every byte string is a printable token string.
+std::vector<uint32_t> bytes_to_unicode() {
+  std::vector<uint32_t> table(256, 0);
+  std::vector<bool> printable(256, false);
+  for (int b = '!'; b <= '~'; ++b) printable[b] = true;
+  for (int b = 0xA1; b <= 0xAC; ++b) printable[b] = true;
+  for (int b = 0xAE; b <= 0xFF; ++b) printable[b] = true;
+  uint32_t next = 256;
+  for (int b = 0; b < 256; ++b) table[b] = printable[b] ? static_cast<uint32_t>(b) : next++;
+  return table;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The pre-tokenisation pattern
+
+// JavaScript's \s: WhiteSpace (TAB, VT, FF, ZWNBSP and the Zs category) plus LineTerminator.
+constexpr const char* kJsSpace =
+    "\\t\\n\\x{0B}\\f\\r \\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}"
+    "\\x{3000}\\x{FEFF}";
+// Letters (\p{L}) assigned in Unicode 15.0-17.0, which Node 20 (ICU 78) knows and PCRE2 10.42 does not.
+constexpr const char* kNewLetters =
+    "\\x{88F}\\x{C5C}\\x{CDC}\\x{1C89}-\\x{1C8A}\\x{A7CB}-\\x{A7CF}\\x{A7D2}\\x{A7D4}\\x{A7DA}-\\x{A7DC}"
+    "\\x{A7F1}\\x{105C0}-\\x{105F3}\\x{10940}-\\x{10959}\\x{10D4A}-\\x{10D65}\\x{10D6F}-\\x{10D85}"
+    "\\x{10EC2}-\\x{10EC7}\\x{1123F}-\\x{11240}\\x{11380}-\\x{11389}\\x{1138B}\\x{1138E}"
+    "\\x{11390}-\\x{113B5}\\x{113B7}\\x{113D1}\\x{113D3}\\x{11BC0}-\\x{11BE0}\\x{11DB0}-\\x{11DDB}"
+    "\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}\\x{1342F}\\x{13441}-\\x{13446}"
+    "\\x{13460}-\\x{143FA}\\x{16100}-\\x{1611D}\\x{16D40}-\\x{16D6C}\\x{16EA0}-\\x{16EB8}"
+    "\\x{16EBB}-\\x{16ED3}\\x{16FF2}-\\x{16FF3}\\x{187F8}-\\x{187FF}\\x{18CFF}\\x{18D09}-\\x{18D1E}"
+    "\\x{18D80}-\\x{18DF2}\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}"
+    "\\x{1E4D0}-\\x{1E4EB}\\x{1E5D0}-\\x{1E5ED}\\x{1E5F0}\\x{1E6C0}-\\x{1E6DE}\\x{1E6E0}-\\x{1E6E2}"
+    "\\x{1E6E4}-\\x{1E6E5}\\x{1E6E7}-\\x{1E6ED}\\x{1E6F0}-\\x{1E6F4}\\x{1E6FE}-\\x{1E6FF}"
+    "\\x{2B739}-\\x{2B73F}\\x{2CEA2}-\\x{2CEAD}\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{33479}";
+// Numbers (\p{N}) assigned in Unicode 15.0-17.0.
+constexpr const char* kNewNumbers =
+    "\\x{10D40}-\\x{10D49}\\x{116D0}-\\x{116E3}\\x{11BF0}-\\x{11BF9}\\x{11DE0}-\\x{11DE9}"
+    "\\x{11F50}-\\x{11F59}\\x{16130}-\\x{16139}\\x{16D70}-\\x{16D79}\\x{16FF4}-\\x{16FF6}"
+    "\\x{1CCF0}-\\x{1CCF9}\\x{1D2C0}-\\x{1D2D3}\\x{1E4F0}-\\x{1E4F9}\\x{1E5F1}-\\x{1E5FA}";
+
+std::string gpt2_pattern() {
+  const std::string s = kJsSpace;
+  const std::string l = std::string("\\p{L}") + kNewLetters;
+  const std::string n = std::string("\\p{N}") + kNewNumbers;
+  return "'s|'t|'re|'ve|'m|'ll|'d| ?[" + l + "]+| ?[" + n + "]+| ?[^" + s + l + n + "]+|[" + s +
+         "]+(?![^" + s + "])|[" + s + "]+";
+}
+
+// ---------------------------------------------------------------------------------------------------
+// gpt2
+
+struct PcreCodeDeleter {
+  void operator()(pcre2_code* c) const { pcre2_code_free(c); }
+};
+struct PcreMatchDataDeleter {
+  void operator()(pcre2_match_data* m) const { pcre2_match_data_free(m); }
+};
+
+class Gpt2Tokenizer final : public Tokenizer {
+ public:
+  explicit Gpt2Tokenizer(const std::string& dir) {
+    load_vocab(dir);
+    compile_pattern();
+  }
+
+  std::vector<uint32_t> encode(std::string_view text) const override;
+
+  std::string decode(const std::vector<uint32_t>& ids) const override {
+    std::string out;
+    for (uint32_t id : ids) {
+      if (id >= id_bytes_.size())
+        throw UserError("token id " + std::to_string(id) + " is outside the gpt2 vocabulary (" +
+                        std::to_string(id_bytes_.size()) + ")");
+      out += id_bytes_[id];
+    }
+    return out;
+  }
+
+  uint32_t vocab_size() const override { return static_cast<uint32_t>(id_bytes_.size()); }
+  uint32_t eot_id() const override { return eot_id_; }
+  std::string name() const override { return "gpt2"; }
+
+ private:
+  struct Merge {
+    uint32_t rank;
+    uint32_t result;
+  };
+  using WordCache = std::unordered_map<std::string, std::vector<uint32_t>>;
+  static constexpr size_t kMaxCachedWords = size_t{1} << 20;  // bounds memory on huge corpora
+  static constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
+
+  static uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t{a} << 32) | b; }
+
+  void load_vocab(const std::string& dir);
+  void compile_pattern();
+  void bpe(std::string_view word, std::vector<uint32_t>& out) const;
+  void encode_word(std::string_view word, WordCache& cache, std::vector<uint32_t>& out) const;
+
+  std::vector<std::string> id_bytes_;  // id -> the raw bytes it stands for
+  uint32_t byte_id_[256] = {};         // the id of each single byte
+  std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> rank and merged id
+  uint32_t eot_id_ = 0;
+  std::unique_ptr<pcre2_code, PcreCodeDeleter> re_;
+  // Shared word -> ids cache. encode() holds the lock for the whole call; a concurrent call that
+  // finds it taken uses a private cache instead of waiting.
+  mutable std::mutex cache_mutex_;
+  mutable WordCache cache_;
+};
+
+std::string missing_file_message(const std::string& path) {
+  return "GPT-2 tokenizer file not found: " + path +
+         "\nRun `bash datasets/fetch_tokenizer.sh` (from the repository) to fetch it, or set "
+         "LORA_TRAINER_TOKENIZER_DIR to a directory holding encoder.json and vocab.bpe.";
+}
+
+void Gpt2Tokenizer::load_vocab(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string encoder_path = (fs::path(dir) / "encoder.json").string();
+  const std::string vocab_path = (fs::path(dir) / "vocab.bpe").string();
+  for (const auto& p : {encoder_path, vocab_path})
+    if (!fs::is_regular_file(p)) throw UserError(missing_file_message(p));
+
+  // encoder.json keys are byte strings written through the byte -> code point table.
+  const std::vector<uint32_t> byte_to_cp = bytes_to_unicode();
+  std::unordered_map<uint32_t, unsigned char> cp_to_byte;
+  for (int b = 0; b < 256; ++b) cp_to_byte[byte_to_cp[b]] = static_cast<unsigned char>(b);
+  auto corrupt = [](const std::string& path, const std::string& why) {
+    return UserError(path + " is not a valid GPT-2 tokenizer file (" + why +
+                     "); delete it and run `bash datasets/fetch_tokenizer.sh`");
+  };
+
+  nlohmann::json encoder;
+  try {
+    encoder = nlohmann::json::parse(read_file(encoder_path));
+  } catch (const nlohmann::json::exception& e) {
+    throw corrupt(encoder_path, e.what());
+  }
+  if (!encoder.is_object() || encoder.empty()) throw corrupt(encoder_path, "not a JSON object");
+  std::unordered_map<std::string, uint32_t> token_id;  // token string (as in the files) -> id
+  id_bytes_.assign(encoder.size(), std::string());
+  std::vector<bool> seen(encoder.size(), false);
+  for (const auto& [token, value] : encoder.items()) {
+    if (!value.is_number_unsigned() || value.get<uint64_t>() >= encoder.size())
+      throw corrupt(encoder_path, "id of \"" + token + "\" is not in 0.." +
+                                      std::to_string(encoder.size() - 1));
+    const auto id = value.get<uint32_t>();
+    if (seen[id]) throw corrupt(encoder_path, "id " + std::to_string(id) + " is used twice");
+    seen[id] = true;
+    token_id.emplace(token, id);
+    std::string bytes;
+    for (size_t i = 0; i < token.size();) {
+      size_t prefix, len = utf8_sequence_length(token, i, &prefix);
+      if (len == 0) throw corrupt(encoder_path, "invalid UTF-8 in a token");
+      uint32_t cp = static_cast<unsigned char>(token[i]) & (0xFF >> (len == 1 ? 1 : len + 1));
+      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(token[i + k]) & 0x3F);
+      auto it = cp_to_byte.find(cp);
+      if (it == cp_to_byte.end()) throw corrupt(encoder_path, "token \"" + token + "\" is not byte-encoded");
+      bytes.push_back(static_cast<char>(it->second));
+      i += len;
+    }
+    id_bytes_[id] = std::move(bytes);
+  }
+  for (int b = 0; b < 256; ++b) {
+    std::string single;
+    append_utf8(single, byte_to_cp[b]);
+    auto it = token_id.find(single);
+    if (it == token_id.end()) throw corrupt(encoder_path, "byte " + std::to_string(b) + " has no token");
+    byte_id_[b] = it->second;
+  }
+  auto eot = token_id.find("<|endoftext|>");
+  if (eot == token_id.end()) throw corrupt(encoder_path, "no <|endoftext|> token");
+  eot_id_ = eot->second;
+
+  // Like Encoder.js: drop the first line (#version) and the last (empty after the final newline);
+  // a later merge with the same "left,right" string overrides an earlier one.
+  const std::string bpe = read_file(vocab_path);
+  std::vector<std::string_view> lines;
+  for (size_t start = 0;;) {
+    size_t end = bpe.find('\n', start);
+    if (end == std::string::npos) {
+      lines.emplace_back(bpe.data() + start, bpe.size() - start);
+      break;
+    }
+    lines.emplace_back(bpe.data() + start, end - start);
+    start = end + 1;
+  }
+  if (lines.size() < 2 || lines[0].substr(0, 8) != "#version")
+    throw corrupt(vocab_path, "first line is not \"#version ...\"");
+  std::unordered_map<std::string, uint32_t> rank_of_key;  // "left,right" -> rank
+  for (size_t i = 1; i + 1 < lines.size(); ++i) {
+    std::string_view line = lines[i];
+    size_t sp = line.find(' ');
+    if (sp == std::string_view::npos || sp == 0 || sp + 1 >= line.size() ||
+        line.find(' ', sp + 1) != std::string_view::npos)
+      throw corrupt(vocab_path, "line " + std::to_string(i + 1) + " is not \"left right\"");
+    std::string left(line.substr(0, sp)), right(line.substr(sp + 1));
+    if (!token_id.count(left + right))
+      throw corrupt(vocab_path, "merge on line " + std::to_string(i + 1) + " makes a token missing from encoder.json");
+    rank_of_key[left + "," + right] = static_cast<uint32_t>(i - 1);
+  }
+  // Every way to cut a key at a comma into two tokens is a pair the reference finds at that rank.
+  for (const auto& [key, rank] : rank_of_key) {
+    for (size_t p = key.find(','); p != std::string::npos; p = key.find(',', p + 1)) {
+      if (p == 0 || p + 1 >= key.size()) continue;
+      std::string left = key.substr(0, p), right = key.substr(p + 1);
+      auto l = token_id.find(left), r = token_id.find(right), m = token_id.find(left + right);
+      if (l == token_id.end() || r == token_id.end() || m == token_id.end()) continue;
+      merges_[pair_key(l->second, r->second)] = Merge{rank, m->second};
+    }
+  }
+}
+
+void Gpt2Tokenizer::compile_pattern() {
+  const std::string pattern = gpt2_pattern();
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  re_.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                          PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr));
+  if (!re_) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(error, msg, sizeof msg);
+    throw std::runtime_error("gpt2 pre-tokenisation pattern does not compile at offset " +
+                             std::to_string(offset) + ": " + reinterpret_cast<char*>(msg));
+  }
+  // JIT is an optimisation only: without it (a PCRE2 built without JIT) the interpreter gives the
+  // same matches.
+  pcre2_jit_compile(re_.get(), PCRE2_JIT_COMPLETE);
+}
+
+// Encoder.js's bpe(): repeatedly take the lowest-ranked adjacent pair (the last one on a tie) and
+// merge every occurrence of it, left to right, until no pair has a rank.
+void Gpt2Tokenizer::bpe(std::string_view word, std::vector<uint32_t>& out) const {
+  std::vector<uint32_t> sym(word.size());
+  for (size_t i = 0; i < word.size(); ++i) sym[i] = byte_id_[static_cast<unsigned char>(word[i])];
+  while (sym.size() > 1) {
+    uint32_t best_rank = kNoRank, left = 0, right = 0, merged = 0;
+    for (size_t i = 0; i + 1 < sym.size(); ++i) {
+      auto it = merges_.find(pair_key(sym[i], sym[i + 1]));
+      if (it != merges_.end() && it->second.rank <= best_rank) {
+        best_rank = it->second.rank;
+        left = sym[i];
+        right = sym[i + 1];
+        merged = it->second.result;
+      }
+    }
+    if (best_rank == kNoRank) break;
+    size_t w = 0;
+    for (size_t i = 0; i < sym.size();) {
+      if (i + 1 < sym.size() && sym[i] == left && sym[i + 1] == right) {
+        sym[w++] = merged;
+        i += 2;
+      } else {
+        sym[w++] = sym[i++];
+      }
+    }
+    sym.resize(w);
+  }
+  out.insert(out.end(), sym.begin(), sym.end());
+}
+
+void Gpt2Tokenizer::encode_word(std::string_view word, WordCache& cache,
+                                std::vector<uint32_t>& out) const {
+  if (word.size() == 1) {
+    out.push_back(byte_id_[static_cast<unsigned char>(word[0])]);
+    return;
+  }
+  std::string key(word);
+  auto it = cache.find(key);
+  if (it != cache.end()) {
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return;
+  }
+  const size_t before = out.size();
+  bpe(word, out);
+  if (cache.size() >= kMaxCachedWords) cache.clear();
+  cache.emplace(std::move(key), std::vector<uint32_t>(out.begin() + before, out.end()));
+}
+
+std::vector<uint32_t> Gpt2Tokenizer::encode(std::string_view text) const {
+  std::string cleaned;
+  if (!is_valid_utf8(text)) {
+    cleaned = sanitize_utf8(text);
+    text = cleaned;
+  }
+  std::unique_ptr<pcre2_match_data, PcreMatchDataDeleter> md(
+      pcre2_match_data_create_from_pattern(re_.get(), nullptr));
+  if (!md) throw std::bad_alloc();
+
+  std::unique_lock<std::mutex> lock(cache_mutex_, std::try_to_lock);
+  WordCache private_cache;
+  WordCache& cache = lock.owns_lock() ? cache_ : private_cache;
+
+  std::vector<uint32_t> ids;
+  ids.reserve(text.size() / 3);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  PCRE2_SIZE pos = 0;
+  while (pos < text.size()) {
+    // The text is valid UTF-8 by now; without NO_UTF_CHECK PCRE2 would re-check the whole rest of
+    // the subject on every call, which is quadratic.
+    int rc = pcre2_match(re_.get(), subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) break;  // cannot happen: every character matches some alternative
+    if (rc < 0) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(rc, msg, sizeof msg);
+      throw std::runtime_error(std::string("gpt2 pre-tokenisation failed: ") +
+                               reinterpret_cast<char*>(msg));
+    }
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
+    if (ov[1] <= pos) break;  // no alternative matches empty; guards against looping forever
+    encode_word(text.substr(ov[0], ov[1] - ov[0]), cache, ids);
+    pos = ov[1];
+  }
+  return ids;
+}
+
+}  // namespace
+
+std::string default_gpt2_dir() {
+  const char* env = std::getenv("LORA_TRAINER_TOKENIZER_DIR");
+  return env && *env ? std::string(env) : std::string("datasets/tokenizer/gpt2");
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& gpt2_dir) {
+  if (name == "byte") return std::make_unique<ByteTokenizer>();
+  if (name == "gpt2") return std::make_unique<Gpt2Tokenizer>(gpt2_dir);
+  const std::vector<std::string> known = {"byte", "gpt2"};
+  std::string msg = "unknown tokenizer \"" + name + "\"; known tokenizers: " + join(known);
+  const std::string guess = closest_match(name, known);
+  if (!guess.empty()) msg += " (did you mean \"" + guess + "\"?)";
+  throw UserError(msg);
+}
+
+}  // namespace lt

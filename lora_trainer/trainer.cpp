@@ -1,0 +1,359 @@
+#include "lora_trainer/trainer.hpp"
+
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+std::atomic<bool> BaseTrainer::stop_requested{false};
+
+static const json kDefaultDataset = json::array({{{"name", "english"}, {"rate", 1}, {"style", "pmd"}}});
+
+void add_trainer_options(ConfigSchema& s) {
+  add_runtime_options(s);
+  s.add("training/seed", OptType::Int, 0, "seed for initialisation, data order and dropout", check_nonnegative());
+  s.add("training/batch_size", OptType::Int, 16, "global batch in rows of block_size tokens", check_positive());
+  s.add("training/per_device_batch_size", OptType::Int, -1,
+        "rows per forward/backward (micro-batch); batch_size / this = gradient-accumulation steps; -1 = batch_size",
+        check_positive_or_minus_one());
+  s.add("training/tokens", OptType::Int, 4194304, "token budget of the run", check_positive());
+  s.add("training/dataset", OptType::Samplings, kDefaultDataset,
+        "datasets of the run with sampling rates (summing to 1); names are directories under data/dir");
+  s.add("training/warmup_pct", OptType::Float, 0.01, "fraction of steps of linear warmup", check_range(0, 1));
+  s.add("training/decay_pct", OptType::Float, 0.1, "fraction of steps of final decay (wsd)", check_range(0, 1));
+  s.add("training/schedule", OptType::String, "wsd", "learning-rate schedule: constant, wsd or cosine",
+        check_one_of({"constant", "wsd", "cosine"}));
+  s.add("training/validation", OptType::Bool, true, "run validation every logging/validation_interval steps");
+  s.add("training/validation_steps", OptType::Int, 64, "validation rows per dataset", check_positive());
+  s.add("optimization/lr", OptType::Float, 6e-4, "peak learning rate", check_positive());
+  s.add("optimization/min_lr_ratio", OptType::Float, 0.1, "final lr as a fraction of the peak (wsd, cosine)",
+        check_range(0, 1));
+  s.add("optimization/weight_decay", OptType::Float, 0.1, "AdamW decoupled weight decay (matrices only)",
+        check_nonnegative());
+  s.add("optimization/beta1", OptType::Float, 0.9, "AdamW beta1", check_range(0, 0.999999));
+  s.add("optimization/beta2", OptType::Float, 0.95, "AdamW beta2", check_range(0, 0.999999));
+  s.add("optimization/eps", OptType::Float, 1e-8, "AdamW epsilon", check_positive());
+  s.add("optimization/grad_clip", OptType::Float, 1.0, "global gradient-norm clip; 0 = off", check_nonnegative());
+  s.add("architecture/block_size", OptType::Int, 256, "context length T in tokens", check_positive());
+  s.add("architecture/n_layers", OptType::Int, 6, "transformer blocks", check_positive());
+  s.add("architecture/n_heads", OptType::Int, 6, "attention heads (must divide d_model)", check_positive());
+  s.add("architecture/d_model", OptType::Int, 384, "residual width C", check_positive());
+  s.add("architecture/vocab_size", OptType::Int, 50257, "vocabulary size V (>= the tokenizer's)", check_positive());
+  s.add("architecture/dropout", OptType::Float, 0.0, "dropout probability", check_range(0, 0.9));
+  s.add("data/dir", OptType::String, "datasets/data", "directory holding one sub-directory per tokenized dataset");
+  s.add("logging/report_interval", OptType::Int, 10, "steps between metrics lines", check_positive());
+  s.add("logging/checkpoint_interval", OptType::Int, 200, "steps between periodic checkpoints", check_positive());
+  s.add("logging/validation_interval", OptType::Int, 200, "steps between validations", check_positive());
+}
+
+ConfigSchema BaseTrainer::schema() {
+  ConfigSchema s;
+  add_job_options(s, "train");
+  add_trainer_options(s);
+  return s;
+}
+
+BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir)
+    : RestoreableJob(std::move(spec), std::move(cfg), std::move(out_dir)) {
+  rt_ = Runtime::from_config(cfg_);
+  seed_ = static_cast<uint64_t>(cfg_.get_int("training/seed"));
+  batch_size_ = cfg_.get_int("training/batch_size");
+  block_size_ = cfg_.get_int("architecture/block_size");
+  int64_t micro = cfg_.get_int("training/per_device_batch_size");
+  micro_batch_ = micro < 0 ? batch_size_ : micro;
+  if (batch_size_ % micro_batch_ != 0)
+    throw UserError("training/batch_size (" + std::to_string(batch_size_) +
+                    ") must be a multiple of training/per_device_batch_size (" + std::to_string(micro_batch_) + ")");
+  torch::manual_seed(seed_);
+  model_ = GPT(GPTOptions::from_config(cfg_));
+  auto gen = at::detail::createCPUGenerator(seed_);
+  model_->init_weights(gen);
+  model_->to(rt_.device);
+  catalog_ = std::make_unique<DataCatalog>(cfg_.get_string("data/dir"));
+  plan_stages({cfg_.get_int("training/tokens")}, {parse_samplings(cfg_.get("training/dataset"))});
+  build_optimizer(named_params(*model_));
+}
+
+void BaseTrainer::build_optimizer(NamedTensors params) {
+  AdamWOptions o;
+  o.beta1 = cfg_.get_double("optimization/beta1");
+  o.beta2 = cfg_.get_double("optimization/beta2");
+  o.eps = cfg_.get_double("optimization/eps");
+  o.weight_decay = cfg_.get_double("optimization/weight_decay");
+  optimizer_ = std::make_unique<AdamW>(std::move(params), o);
+}
+
+void BaseTrainer::plan_stages(const std::vector<int64_t>& tokens, const std::vector<std::vector<Sampling>>& datasets) {
+  stages_.clear();
+  samplers_.clear();
+  int64_t step = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    Stage s;
+    s.tokens = tokens[i];
+    s.samplings = datasets.at(i);
+    int64_t steps = tokens[i] / tokens_per_step();
+    if (steps <= 0)
+      throw UserError("stage " + std::to_string(i) + ": a budget of " + std::to_string(tokens[i]) +
+                      " tokens is less than one step (batch_size x block_size = " + std::to_string(tokens_per_step()) +
+                      " tokens); raise the token budget or lower training/batch_size");
+    s.first_step = step;
+    s.end_step = step + steps;
+    step = s.end_step;
+    stages_.push_back(std::move(s));
+    samplers_.emplace_back();
+  }
+  total_steps_ = step;
+  schedule_ = Schedule::make(cfg_.get_string("training/schedule"), cfg_.get_double("optimization/lr"),
+                             cfg_.get_double("optimization/min_lr_ratio"), total_steps_,
+                             cfg_.get_double("training/warmup_pct"), cfg_.get_double("training/decay_pct"));
+}
+
+int BaseTrainer::current_stage() const {
+  for (size_t i = 0; i < stages_.size(); ++i)
+    if (step_ < stages_[i].end_step) return static_cast<int>(i);
+  return static_cast<int>(stages_.size()) - 1;
+}
+
+MixtureSampler& BaseTrainer::sampler(int stage) {
+  auto& s = samplers_.at(static_cast<size_t>(stage));
+  if (!s) {
+    s = std::make_unique<MixtureSampler>(*catalog_, stages_[stage].samplings, block_size_, seed_,
+                                         static_cast<uint64_t>(stage));
+    for (size_t i = 0; i < stages_[stage].samplings.size(); ++i) {
+      int64_t vocab = s->dataset(i).meta().value("vocab_size", int64_t(0));
+      if (vocab > model_->options().vocab_size)
+        throw UserError("dataset \"" + stages_[stage].samplings[i].name + "\" was tokenized with a vocabulary of " +
+                        std::to_string(vocab) + " ids, but architecture/vocab_size is " +
+                        std::to_string(model_->options().vocab_size) + "; raise architecture/vocab_size");
+    }
+    // A sampler made mid-stage (after a restore) starts at the stage's position.
+    s->set_cursor(static_cast<uint64_t>(std::max<int64_t>(0, step_ - stages_[stage].first_step) * batch_size_));
+  }
+  return *s;
+}
+
+StepResult BaseTrainer::train_step() {
+  TORCH_CHECK(step_ < total_steps_, "train_step past the end of training");
+  before_step();
+  double t0 = now_seconds();
+  model_->train();
+  MixtureSampler& data = sampler(current_stage());
+  Batch batch = data.next(batch_size_);
+  const int64_t n_valid = batch.targets.ge(0).sum().item<int64_t>();
+  optimizer_->zero_grad();
+  double loss = 0.0;
+  for (int64_t first = 0; first < batch_size_; first += micro_batch_) {
+    auto in = batch.inputs.slice(0, first, first + micro_batch_).to(rt_.device);
+    auto tgt = batch.targets.slice(0, first, first + micro_batch_).to(rt_.device);
+    AutocastGuard autocast(rt_);
+    auto [loss_sum, count] = model_->loss_sum(in, tgt);
+    auto scaled = loss_sum / static_cast<double>(std::max<int64_t>(1, n_valid));
+    scaled.backward();
+    loss += scaled.item<double>();
+  }
+  StepResult r;
+  r.grad_norm = clip_grad_norm(trainable(), cfg_.get_double("optimization/grad_clip"));
+  r.lr = current_lr();
+  optimizer_->step(r.lr);
+  ++step_;
+  tokens_ += tokens_per_step();
+  r.step = step_;
+  r.loss = loss;
+  r.seconds = now_seconds() - t0;
+  after_step(r);
+  return r;
+}
+
+ValResult BaseTrainer::validate() {
+  torch::NoGradGuard ng;
+  model_->eval();
+  ValResult out;
+  const Stage& stage = stages_[static_cast<size_t>(current_stage())];
+  MixtureSampler& data = sampler(current_stage());
+  double total_loss = 0;
+  const int64_t rows = cfg_.get_int("training/validation_steps");
+  for (size_t d = 0; d < stage.samplings.size(); ++d) {
+    double ds_loss = 0;
+    int64_t ds_tokens = 0;
+    for (int64_t first = 0; first < rows; first += micro_batch_) {
+      int64_t n = std::min(micro_batch_, rows - first);
+      Batch b = validation_rows(data.dataset(d), block_size_, static_cast<uint64_t>(first), n);
+      AutocastGuard autocast(rt_);
+      auto [loss_sum, count] = model_->loss_sum(b.inputs.to(rt_.device), b.targets.to(rt_.device));
+      ds_loss += loss_sum.item<double>();
+      ds_tokens += count;
+    }
+    out.per_dataset.emplace_back(stage.samplings[d].name, ds_loss / std::max<int64_t>(1, ds_tokens));
+    total_loss += ds_loss;
+    out.tokens += ds_tokens;
+  }
+  out.loss = total_loss / static_cast<double>(std::max<int64_t>(1, out.tokens));
+  model_->train();
+  return out;
+}
+
+NamedTensors BaseTrainer::state_tensors() {
+  NamedTensors out;
+  for (auto& [name, t] : named_params(*model_)) out.emplace_back("params/" + name, t);
+  for (auto& kv : optimizer_->state()) out.push_back(kv);
+  out.emplace_back("rng/generators", rng_state(rt_));
+  return out;
+}
+
+json BaseTrainer::checkpoint_metadata() const {
+  json cursors = json::object();
+  for (size_t i = 0; i < samplers_.size(); ++i)
+    if (samplers_[i]) cursors[std::to_string(i)] = samplers_[i]->cursor();
+  json m = {{"kind", state_kind()},
+            {"step", step_},
+            {"tokens", tokens_},
+            {"total_steps", total_steps_},
+            {"finished", step_ >= total_steps_},
+            {"best_score", best_score_ ? json(*best_score_) : json(nullptr)},
+            {"trainable_params", optimizer_->param_names()},
+            {"data", {{"stage", current_stage()}, {"cursors", cursors}}},
+            {"job", spec_.to_json()},
+            {"config", cfg_.to_json()}};
+  for (auto& [k, v] : extra_metadata().items()) m[k] = v;
+  return m;
+}
+
+void BaseTrainer::save(const std::string& suffix, bool update_latest) {
+  std::string dir = (fs::path(job_dir()) / suffix).string();
+  save_checkpoint(dir, state_tensors(), checkpoint_metadata());
+  if (update_latest) write_latest(job_dir(), suffix);
+}
+
+void BaseTrainer::restore_from_path(const std::string& path) {
+  std::string dir = checkpoint_path(path);
+  json meta = read_checkpoint_metadata(dir);
+  if (meta.value("kind", std::string()) != state_kind())
+    throw UserError(dir + " holds a \"" + meta.value("kind", std::string("?")) + "\" state; job kind " + spec_.kind +
+                    " expects \"" + state_kind() + "\"");
+  auto names = meta.value("trainable_params", std::vector<std::string>());
+  if (names != optimizer_->param_names())
+    throw UserError(dir + ": its trainable parameters (" + std::to_string(names.size()) +
+                    ") differ from this job's (" + std::to_string(optimizer_->param_names().size()) +
+                    "); is it a checkpoint of this model (architecture/*)?");
+  NamedTensors into = state_tensors();  // "rng/generators" is a fresh copy: loading fills it, then we apply it
+  load_checkpoint_into(dir, into);
+  for (auto& [n, t] : into)
+    if (n == "rng/generators") set_rng_state(rt_, t);
+  step_ = meta.at("step").get<int64_t>();
+  tokens_ = meta.at("tokens").get<int64_t>();
+  best_score_ = meta["best_score"].is_number() ? std::optional<double>(meta["best_score"].get<double>()) : std::nullopt;
+  restore_extra(meta);
+  for (auto& s : samplers_) s.reset();
+  for (auto& [k, v] : meta["data"]["cursors"].items()) {
+    size_t i = std::stoul(k);
+    if (i < samplers_.size() && i == static_cast<size_t>(current_stage())) sampler(static_cast<int>(i)).set_cursor(v.get<uint64_t>());
+  }
+  truncate_metrics_after(step_);
+}
+
+void BaseTrainer::log_event(json event) {
+  fs::create_directories(run_dir());
+  std::ofstream out(fs::path(run_dir()) / "metrics.jsonl", std::ios::app);
+  out << event.dump() << "\n";
+}
+
+void BaseTrainer::truncate_metrics_after(int64_t step) {
+  fs::path p = fs::path(run_dir()) / "metrics.jsonl";
+  if (!fs::exists(p)) return;
+  std::istringstream in(read_file(p.string()));
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    auto j = json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("step", int64_t(0)) > step) continue;
+    kept += line + "\n";
+  }
+  write_file_atomic(p.string(), kept);
+}
+
+void BaseTrainer::report(const StepResult& r, double mean_loss, double tok_per_s) {
+  std::printf("step %6lld/%lld | tokens %10lld | loss %.4f | lr %.2e | grad %.3f | %.0f tok/s\n",
+              (long long)r.step, (long long)total_steps_, (long long)tokens_, mean_loss, r.lr, r.grad_norm, tok_per_s);
+  std::fflush(stdout);
+  log_event({{"event", "train"}, {"step", r.step}, {"tokens", tokens_}, {"loss", mean_loss}, {"lr", r.lr},
+             {"grad_norm", r.grad_norm}, {"tok_per_s", tok_per_s}, {"stage", current_stage()}});
+}
+
+extern "C" void lt_on_signal(int) { BaseTrainer::stop_requested.store(true); }
+
+void BaseTrainer::run() {
+  fs::create_directories(run_dir());
+  write_file_atomic((fs::path(run_dir()) / "config.json").string(), cfg_.to_json().dump(2) + "\n");
+  if (done()) {
+    std::printf("job %s already finished at step %lld (%lld tokens); checkpoints in %s\n", spec_.name.c_str(),
+                (long long)step_, (long long)tokens_, job_dir().c_str());
+    return;
+  }
+  int64_t n_params = 0;
+  for (auto& [n, t] : named_params(*model_)) n_params += t.numel();
+  std::printf("job %s (%s): %.2fM parameters, %s, step %lld of %lld (%lld tokens per step)\n", spec_.name.c_str(),
+              spec_.kind.c_str(), n_params / 1e6, rt_.describe().c_str(), (long long)step_, (long long)total_steps_,
+              (long long)tokens_per_step());
+  std::fflush(stdout);
+  stop_requested = false;
+  auto prev_int = std::signal(SIGINT, lt_on_signal);
+  auto prev_term = std::signal(SIGTERM, lt_on_signal);
+  const int64_t report_every = cfg_.get_int("logging/report_interval");
+  const int64_t ckpt_every = cfg_.get_int("logging/checkpoint_interval");
+  const int64_t val_every = cfg_.get_int("logging/validation_interval");
+  const bool validation = cfg_.get_bool("training/validation");
+  double window_loss = 0, window_time = 0;
+  int64_t window_steps = 0;
+  while (step_ < total_steps_) {
+    StepResult r = train_step();
+    window_loss += r.loss;
+    window_time += r.seconds;
+    ++window_steps;
+    if (step_ % report_every == 0 || step_ == total_steps_) {
+      report(r, window_loss / window_steps, window_steps * tokens_per_step() / std::max(1e-9, window_time));
+      window_loss = window_time = 0;
+      window_steps = 0;
+    }
+    if (validation && (step_ % val_every == 0 || step_ == total_steps_)) {
+      ValResult v = validate();
+      std::string per;
+      json per_json = json::object();
+      for (auto& [n, l] : v.per_dataset) {
+        per += " " + n + "=" + std::to_string(l).substr(0, 6);
+        per_json[n] = l;
+      }
+      std::printf("  validation at step %lld: loss %.4f (ppl %.1f)%s\n", (long long)step_, v.loss, std::exp(v.loss),
+                  per.c_str());
+      log_event({{"event", "val"}, {"step", step_}, {"tokens", tokens_}, {"loss", v.loss}, {"per_dataset", per_json}});
+      if (!best_score_ || v.loss < *best_score_) {
+        best_score_ = v.loss;
+        save("best", false);
+      }
+    }
+    if (step_ < total_steps_ && (step_ % ckpt_every == 0 || stop_requested)) {
+      save("ntoks/" + std::to_string(tokens_));
+      if (stop_requested) {
+        std::printf("stopped by signal after step %lld; checkpoint %s/ntoks/%lld saved.\n"
+                    "Resume with the same `lora_trainer run %s ...` command (it continues from `latest`).\n",
+                    (long long)step_, job_dir().c_str(), (long long)tokens_, spec_.name.c_str());
+        std::signal(SIGINT, prev_int);
+        std::signal(SIGTERM, prev_term);
+        return;
+      }
+    }
+  }
+  save("final/" + std::to_string(tokens_));
+  std::signal(SIGINT, prev_int);
+  std::signal(SIGTERM, prev_term);
+  std::printf("finished: %lld steps, %lld tokens; final checkpoint %s/final/%lld\n", (long long)step_,
+              (long long)tokens_, job_dir().c_str(), (long long)tokens_);
+}
+
+}  // namespace lt

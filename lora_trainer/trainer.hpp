@@ -1,0 +1,115 @@
+// BaseTrainer: the step / validate / checkpoint loop of a restorable training job.
+//
+// One step consumes one global batch of `training/batch_size` rows of `architecture/block_size`
+// tokens, split into micro-batches of `training/per_device_batch_size` rows (gradient accumulation),
+// then clips the global gradient norm and takes an AdamW step:
+//   total_steps = training/tokens / (batch_size * block_size)
+// Training may be split into stages (a token budget and a dataset mixture each); the base trainer has
+// one, subclasses (LoRA, continual benchmarks) more. Everything the next step depends on — weights,
+// optimizer moments, step, tokens, data cursor, RNG — is in the checkpoint, so a resumed run is
+// bit-identical to an uninterrupted one.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lora_trainer/data.hpp"
+#include "lora_trainer/job.hpp"
+#include "lora_trainer/model.hpp"
+#include "lora_trainer/optim.hpp"
+#include "lora_trainer/runtime.hpp"
+
+namespace lt {
+
+struct StepResult {
+  int64_t step = 0;     // the step just taken (1-based count after it)
+  double loss = 0.0;    // token-weighted mean over the global batch
+  double grad_norm = 0.0;
+  double lr = 0.0;
+  double seconds = 0.0;
+};
+
+struct ValResult {
+  double loss = 0.0;  // token-weighted over every dataset
+  std::vector<std::pair<std::string, double>> per_dataset;
+  int64_t tokens = 0;
+};
+
+struct Stage {
+  int64_t tokens = 0;
+  std::vector<Sampling> samplings;
+  int64_t first_step = 0, end_step = 0;  // [first_step, end_step)
+};
+
+class BaseTrainer : public RestoreableJob {
+ public:
+  static ConfigSchema schema();
+  BaseTrainer(JobSpec spec, Config cfg, std::string out_dir);
+
+  void run() override;
+  bool done() const override { return step_ >= total_steps_; }
+  void restore_from_path(const std::string& path) override;
+
+  StepResult train_step();
+  // Token-weighted loss on `training/validation_steps` rows of every dataset of the current stage.
+  ValResult validate();
+  // Saves a checkpoint under job_dir()/suffix; `latest` follows unless told not to.
+  void save(const std::string& suffix, bool update_latest = true);
+
+  int64_t step() const { return step_; }
+  int64_t tokens() const { return tokens_; }
+  int64_t total_steps() const { return total_steps_; }
+  int64_t tokens_per_step() const { return batch_size_ * block_size_; }
+  GPT& model() { return model_; }
+  AdamW& optimizer() { return *optimizer_; }
+  const Runtime& runtime() const { return rt_; }
+  const std::vector<Stage>& stages() const { return stages_; }
+  int current_stage() const;
+
+  // Every tensor a checkpoint of this state holds, by name.
+  virtual NamedTensors state_tensors();
+  virtual std::string state_kind() const { return "plain"; }
+
+  // Set by SIGINT/SIGTERM; the loop saves and exits after the step in flight.
+  static std::atomic<bool> stop_requested;
+
+ protected:
+  // Splits token budgets into consecutive stages of whole steps.
+  void plan_stages(const std::vector<int64_t>& tokens, const std::vector<std::vector<Sampling>>& datasets);
+  MixtureSampler& sampler(int stage);
+  // Hooks for subclasses.
+  virtual void before_step() {}
+  virtual void after_step(const StepResult&) {}
+  virtual nlohmann::json extra_metadata() const { return nlohmann::json::object(); }
+  virtual void restore_extra(const nlohmann::json& meta) {}
+  // The learning rate for the step about to be taken.
+  virtual double current_lr() const { return schedule_.at(step_); }
+  // (Re)builds the optimizer over `params`; they must already require gradients.
+  void build_optimizer(NamedTensors params);
+  // Trainable parameters in their fixed order (the optimizer's order).
+  const NamedTensors& trainable() const { return optimizer_->params(); }
+  void log_event(nlohmann::json event);
+  void report(const StepResult& r, double mean_loss, double tok_per_s);
+  nlohmann::json checkpoint_metadata() const;
+  void truncate_metrics_after(int64_t step);
+
+  Runtime rt_;
+  GPT model_{nullptr};
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<DataCatalog> catalog_;
+  std::vector<Stage> stages_;
+  std::vector<std::unique_ptr<MixtureSampler>> samplers_;
+  Schedule schedule_;
+  int64_t batch_size_, micro_batch_, block_size_, total_steps_ = 0;
+  int64_t step_ = 0, tokens_ = 0;
+  std::optional<double> best_score_;
+  uint64_t seed_;
+};
+
+// The plain trainer's stage plan: one stage, training/tokens over training/dataset.
+void add_trainer_options(ConfigSchema& s);
+
+}  // namespace lt
