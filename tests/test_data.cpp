@@ -1,0 +1,115 @@
+// Data: PMD windows, mixture frequencies, largest-remainder splits and the resumable cursor.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+
+#include "lora_trainer/data.hpp"
+#include "fixtures.hpp"
+
+using namespace lt;
+
+static void write_tokens(const std::string& path, const std::vector<uint32_t>& ids) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 4));
+}
+
+static void make_counting_dataset(const std::string& dir, const std::string& name, uint32_t n, uint32_t base) {
+  std::filesystem::create_directories(dir + "/" + name);
+  std::vector<uint32_t> ids(n);
+  for (uint32_t i = 0; i < n; ++i) ids[i] = base + i;
+  write_tokens(dir + "/" + name + "/train.bin", ids);
+  write_tokens(dir + "/" + name + "/val.bin", std::vector<uint32_t>(ids.begin(), ids.begin() + 100));
+  write_file_atomic(dir + "/" + name + "/meta.json", R"({"style":"pmd","vocab_size":100000})");
+}
+
+TEST_CASE("a PMD sample is a block-aligned window with shifted targets", "[data]") {
+  test::TempDir dir;
+  make_counting_dataset(dir.str(), "count", 1000, 0);
+  PmdDataset ds(dir.str(), "count");
+  const int64_t T = 8;
+  CHECK(ds.num_samples(Split::Train, T) == (1000 - 1) / 8);
+  std::vector<int64_t> in(T), tgt(T);
+  ds.sample(Split::Train, 3, T, in.data(), tgt.data());
+  for (int64_t t = 0; t < T; ++t) {
+    CHECK(in[t] == 24 + t);
+    CHECK(tgt[t] == 25 + t);
+  }
+}
+
+TEST_CASE("the mixture draws datasets at their rates", "[data]") {
+  test::TempDir dir;
+  make_counting_dataset(dir.str(), "a", 5000, 0);
+  make_counting_dataset(dir.str(), "b", 5000, 50000);
+  DataCatalog cat(dir.str());
+  MixtureSampler s(cat, {{"a", 0.2, DatasetStyle::PMD}, {"b", 0.8, DatasetStyle::PMD}}, 16, 7, 0);
+  Batch b = s.next(4000);
+  int from_b = 0;
+  for (int64_t r = 0; r < 4000; ++r) {
+    bool is_b = b.inputs[r][0].item<int64_t>() >= 50000;
+    CHECK(is_b == (b.source[static_cast<size_t>(r)] == 1));
+    from_b += is_b;
+  }
+  // Binomial(4000, 0.8): sd ~ 25; allow 5 sd.
+  CHECK(std::abs(from_b - 3200) < 125);
+}
+
+TEST_CASE("the cursor reproduces the same rows after a restore", "[data]") {
+  test::TempDir dir;
+  make_counting_dataset(dir.str(), "a", 5000, 0);
+  make_counting_dataset(dir.str(), "b", 5000, 50000);
+  DataCatalog cat(dir.str());
+  std::vector<Sampling> mix = {{"a", 0.5, DatasetStyle::PMD}, {"b", 0.5, DatasetStyle::PMD}};
+  MixtureSampler straight(cat, mix, 16, 3, 1);
+  straight.next(10);
+  straight.next(10);
+  Batch third = straight.next(10);
+
+  MixtureSampler resumed(cat, mix, 16, 3, 1);
+  resumed.set_cursor(20);
+  CHECK(torch::equal(resumed.next(10).inputs, third.inputs));
+  // A different seed or stage gives different rows.
+  MixtureSampler other(cat, mix, 16, 4, 1);
+  other.set_cursor(20);
+  CHECK_FALSE(torch::equal(other.next(10).inputs, third.inputs));
+}
+
+TEST_CASE("largest remainder parts sum to the total", "[data]") {
+  CHECK(largest_remainder({1, 1, 1}, 10) == std::vector<int64_t>{4, 3, 3});
+  CHECK(largest_remainder({0.5, 0.25, 0.25}, 8) == std::vector<int64_t>{4, 2, 2});
+  for (int total : {0, 1, 7, 33, 100}) {
+    auto p = largest_remainder({0.1, 0.3, 0.6}, total);
+    CHECK(p[0] + p[1] + p[2] == total);
+  }
+}
+
+TEST_CASE("a missing dataset names the path and the command that makes it", "[data]") {
+  test::TempDir dir;
+  DataCatalog cat(dir.str());
+  CHECK_THROWS_WITH(cat.get({"nope", 1.0, DatasetStyle::PMD}),
+                    Catch::Matchers::Contains("nope/meta.json") && Catch::Matchers::Contains("lora_trainer tokenize"));
+}
+
+TEST_CASE("a dataset shorter than one window is a clear error", "[data]") {
+  test::TempDir dir;
+  make_counting_dataset(dir.str(), "short", 10, 0);
+  DataCatalog cat(dir.str());
+  CHECK_THROWS_WITH(MixtureSampler(cat, {{"short", 1.0, DatasetStyle::PMD}}, 64, 0, 0),
+                    Catch::Matchers::Contains("fewer than block_size + 1"));
+}
+
+TEST_CASE("tokenize writes train/val splits with end-of-text after each document", "[data]") {
+  test::TempDir dir;
+  test::make_byte_dataset(dir.str(), "gen", 1, 8, 200);
+  auto meta = nlohmann::json::parse(read_file(dir / "gen/meta.json"));
+  CHECK(meta["documents"] == 8);
+  CHECK(meta["val_documents"] == 2);
+  CHECK(meta["eot_id"] == 256);
+  TokenFile val(dir / "gen/val.bin");
+  TokenFile train(dir / "gen/train.bin");
+  CHECK(val.size() == meta["val_tokens"].get<uint64_t>());
+  CHECK(train.size() + val.size() == meta["bytes"].get<uint64_t>() + 8);  // one EOT per document
+  int eots = 0;
+  for (uint64_t i = 0; i < train.size(); ++i) eots += train.data()[i] == 256;
+  CHECK(eots == 6);
+  CHECK(train.data()[train.size() - 1] == 256);
+}
