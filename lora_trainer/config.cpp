@@ -1,5 +1,6 @@
 #include "lora_trainer/config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -45,6 +46,12 @@ ConfigSchema& ConfigSchema::add(std::string path, OptType type, json default_val
     }
   }
   options_.push_back({std::move(path), type, std::move(default_value), std::move(doc), std::move(check)});
+  return *this;
+}
+
+ConfigSchema& ConfigSchema::remove(const std::string& path) {
+  options_.erase(std::remove_if(options_.begin(), options_.end(), [&](const OptionSpec& o) { return o.path == path; }),
+                 options_.end());
   return *this;
 }
 

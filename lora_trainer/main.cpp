@@ -7,6 +7,7 @@
 
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/job.hpp"
+#include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/tokenize.hpp"
 #include "lora_trainer/util.hpp"
 
@@ -106,6 +107,11 @@ int main(int argc, char** argv) {
   auto* inspect = app.add_subcommand("inspect", "print a checkpoint's metadata and per-tensor digests as JSON");
   inspect->add_option("CHECKPOINT", checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
 
+  std::string export_out;
+  auto* export_cmd = app.add_subcommand("export", "write a weights-only plain checkpoint with the adapters merged in");
+  export_cmd->add_option("CHECKPOINT", checkpoint, "checkpoint directory (plain or LoRA)")->required()->check(CLI::ExistingDirectory);
+  export_cmd->add_option("OUT", export_out, "directory to write (usable with `run ... --restore OUT`)")->required();
+
   TokenizeOptions tok;
   std::string ds_name, data_dir = "datasets/data";
   auto* tokenize = app.add_subcommand("tokenize", "turn text files/directories into a PMD token dataset");
@@ -140,6 +146,10 @@ int main(int argc, char** argv) {
     }
     if (*inspect) {
       std::cout << inspect_checkpoint(checkpoint).dump(2) << "\n";
+      return 0;
+    }
+    if (*export_cmd) {
+      export_merged(checkpoint, export_out);
       return 0;
     }
     if (*tokenize) {

@@ -1,5 +1,6 @@
 // The built-in jobs, by kind. The one place that knows every job class.
 #include "lora_trainer/job.hpp"
+#include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/trainer.hpp"
 
 namespace lt {
@@ -10,6 +11,10 @@ const JobRegistry& job_registry() {
     r.add({"train", "full-parameter GPT training on a dataset mixture (the base trainer)", &BaseTrainer::schema,
            [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
              return std::make_unique<BaseTrainer>(std::move(spec), std::move(cfg), std::move(out));
+           }});
+    r.add({"lora/train", "two phases: full-parameter training, then LoRA adapters on a frozen bf16 base",
+           &LoRATrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
+             return std::make_unique<LoRATrainer>(std::move(spec), std::move(cfg), std::move(out));
            }});
     return r;
   }();

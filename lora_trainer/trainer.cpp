@@ -1,5 +1,7 @@
 #include "lora_trainer/trainer.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -61,7 +63,14 @@ ConfigSchema BaseTrainer::schema() {
   return s;
 }
 
+static StagePlan single_stage(const Config& cfg) {
+  return {{cfg.get_int("training/tokens")}, {parse_samplings(cfg.get("training/dataset"))}};
+}
+
 BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir)
+    : BaseTrainer(spec, cfg, out_dir, single_stage(cfg)) {}
+
+BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan)
     : RestoreableJob(std::move(spec), std::move(cfg), std::move(out_dir)) {
   rt_ = Runtime::from_config(cfg_);
   seed_ = static_cast<uint64_t>(cfg_.get_int("training/seed"));
@@ -78,30 +87,30 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir)
   model_->init_weights(gen);
   model_->to(rt_.device);
   catalog_ = std::make_unique<DataCatalog>(cfg_.get_string("data/dir"));
-  plan_stages({cfg_.get_int("training/tokens")}, {parse_samplings(cfg_.get("training/dataset"))});
-  build_optimizer(named_params(*model_));
+  plan_stages(plan);
+  build_optimizer(named_params(*model_), cfg_.get_double("optimization/weight_decay"));
 }
 
-void BaseTrainer::build_optimizer(NamedTensors params) {
+void BaseTrainer::build_optimizer(NamedTensors params, double weight_decay) {
   AdamWOptions o;
   o.beta1 = cfg_.get_double("optimization/beta1");
   o.beta2 = cfg_.get_double("optimization/beta2");
   o.eps = cfg_.get_double("optimization/eps");
-  o.weight_decay = cfg_.get_double("optimization/weight_decay");
+  o.weight_decay = weight_decay;
   optimizer_ = std::make_unique<AdamW>(std::move(params), o);
 }
 
-void BaseTrainer::plan_stages(const std::vector<int64_t>& tokens, const std::vector<std::vector<Sampling>>& datasets) {
+void BaseTrainer::plan_stages(const StagePlan& plan) {
   stages_.clear();
   samplers_.clear();
   int64_t step = 0;
-  for (size_t i = 0; i < tokens.size(); ++i) {
+  for (size_t i = 0; i < plan.tokens.size(); ++i) {
     Stage s;
-    s.tokens = tokens[i];
-    s.samplings = datasets.at(i);
-    int64_t steps = tokens[i] / tokens_per_step();
+    s.tokens = plan.tokens[i];
+    s.samplings = plan.datasets.at(i);
+    int64_t steps = s.tokens / tokens_per_step();
     if (steps <= 0)
-      throw UserError("stage " + std::to_string(i) + ": a budget of " + std::to_string(tokens[i]) +
+      throw UserError("stage " + std::to_string(i) + ": a budget of " + std::to_string(s.tokens) +
                       " tokens is less than one step (batch_size x block_size = " + std::to_string(tokens_per_step()) +
                       " tokens); raise the token budget or lower training/batch_size");
     s.first_step = step;
@@ -116,11 +125,7 @@ void BaseTrainer::plan_stages(const std::vector<int64_t>& tokens, const std::vec
                              cfg_.get_double("training/warmup_pct"), cfg_.get_double("training/decay_pct"));
 }
 
-int BaseTrainer::current_stage() const {
-  for (size_t i = 0; i < stages_.size(); ++i)
-    if (step_ < stages_[i].end_step) return static_cast<int>(i);
-  return static_cast<int>(stages_.size()) - 1;
-}
+int BaseTrainer::current_stage() const { return stage_of(step_); }
 
 MixtureSampler& BaseTrainer::sampler(int stage) {
   auto& s = samplers_.at(static_cast<size_t>(stage));
@@ -172,30 +177,53 @@ StepResult BaseTrainer::train_step() {
   return r;
 }
 
+int BaseTrainer::trained_stage() const {
+  return step_ == 0 ? 0 : stage_of(step_ - 1);
+}
+
+int BaseTrainer::stage_of(int64_t step) const {
+  for (size_t i = 0; i < stages_.size(); ++i)
+    if (step < stages_[i].end_step) return static_cast<int>(i);
+  return static_cast<int>(stages_.size()) - 1;
+}
+
 ValResult BaseTrainer::validate() {
   torch::NoGradGuard ng;
   model_->eval();
   ValResult out;
-  const Stage& stage = stages_[static_cast<size_t>(current_stage())];
-  MixtureSampler& data = sampler(current_stage());
-  double total_loss = 0;
+  // Every dataset of the plan is measured (so forgetting shows); the score is over the datasets of the
+  // stage just trained.
+  const Stage& scored = stages_[static_cast<size_t>(trained_stage())];
+  std::vector<Sampling> all;
+  for (const auto& st : stages_)
+    for (const auto& smp : st.samplings)
+      if (std::none_of(all.begin(), all.end(), [&](const Sampling& x) { return x.name == smp.name && x.style == smp.style; }))
+        all.push_back(smp);
+  double scored_loss = 0;
+  int64_t scored_tokens = 0;
   const int64_t rows = cfg_.get_int("training/validation_steps");
-  for (size_t d = 0; d < stage.samplings.size(); ++d) {
+  for (const auto& smp : all) {
+    const Dataset& ds = catalog_->get(smp);
     double ds_loss = 0;
     int64_t ds_tokens = 0;
     for (int64_t first = 0; first < rows; first += micro_batch_) {
       int64_t n = std::min(micro_batch_, rows - first);
-      Batch b = validation_rows(data.dataset(d), block_size_, static_cast<uint64_t>(first), n);
+      Batch b = validation_rows(ds, block_size_, static_cast<uint64_t>(first), n);
       AutocastGuard autocast(rt_);
       auto [loss_sum, count] = model_->loss_sum(b.inputs.to(rt_.device), b.targets.to(rt_.device));
       ds_loss += loss_sum.item<double>();
       ds_tokens += count;
     }
-    out.per_dataset.emplace_back(stage.samplings[d].name, ds_loss / std::max<int64_t>(1, ds_tokens));
-    total_loss += ds_loss;
-    out.tokens += ds_tokens;
+    out.per_dataset.emplace_back(smp.name, ds_loss / static_cast<double>(std::max<int64_t>(1, ds_tokens)));
+    bool in_scored = std::any_of(scored.samplings.begin(), scored.samplings.end(),
+                                 [&](const Sampling& x) { return x.name == smp.name && x.style == smp.style; });
+    if (in_scored) {
+      scored_loss += ds_loss;
+      scored_tokens += ds_tokens;
+    }
   }
-  out.loss = total_loss / static_cast<double>(std::max<int64_t>(1, out.tokens));
+  out.loss = scored_loss / static_cast<double>(std::max<int64_t>(1, scored_tokens));
+  out.tokens = scored_tokens;
   model_->train();
   return out;
 }
@@ -218,11 +246,12 @@ json BaseTrainer::checkpoint_metadata() const {
             {"total_steps", total_steps_},
             {"finished", step_ >= total_steps_},
             {"best_score", best_score_ ? json(*best_score_) : json(nullptr)},
+            {"best_stage", best_stage_},
             {"trainable_params", optimizer_->param_names()},
             {"data", {{"stage", current_stage()}, {"cursors", cursors}}},
             {"job", spec_.to_json()},
             {"config", cfg_.to_json()}};
-  for (auto& [k, v] : extra_metadata().items()) m[k] = v;
+  m.update(extra_metadata());
   return m;
 }
 
@@ -235,6 +264,10 @@ void BaseTrainer::save(const std::string& suffix, bool update_latest) {
 void BaseTrainer::restore_from_path(const std::string& path) {
   std::string dir = checkpoint_path(path);
   json meta = read_checkpoint_metadata(dir);
+  if (meta.value("weights_only", false)) {
+    load_weights_from(dir);
+    return;
+  }
   if (meta.value("kind", std::string()) != state_kind())
     throw UserError(dir + " holds a \"" + meta.value("kind", std::string("?")) + "\" state; job kind " + spec_.kind +
                     " expects \"" + state_kind() + "\"");
@@ -254,6 +287,7 @@ void BaseTrainer::restore_from_path(const std::string& path) {
   step_ = meta.at("step").get<int64_t>();
   tokens_ = meta.at("tokens").get<int64_t>();
   best_score_ = meta["best_score"].is_number() ? std::optional<double>(meta["best_score"].get<double>()) : std::nullopt;
+  best_stage_ = meta.value("best_stage", 0);
   restore_extra(meta);
   for (auto& s : samplers_) s.reset();
   for (auto& [k, v] : meta["data"]["cursors"].items()) {
@@ -261,6 +295,19 @@ void BaseTrainer::restore_from_path(const std::string& path) {
     if (i < samplers_.size() && i == static_cast<size_t>(current_stage())) sampler(static_cast<int>(i)).set_cursor(v.get<uint64_t>());
   }
   truncate_metrics_after(step_);
+}
+
+void BaseTrainer::load_weights_from(const std::string& dir) {
+  json meta = read_checkpoint_metadata(dir);
+  if (meta.value("kind", std::string()) != "plain")
+    throw UserError(dir + " holds a \"" + meta.value("kind", std::string("?")) +
+                    "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
+  NamedTensors into;
+  for (auto& [name, t] : named_params(*model_)) into.emplace_back("params/" + name, t);
+  load_checkpoint_into(dir, into, {"params/"});
+  std::printf("initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", dir.c_str(),
+              (long long)meta.value("step", int64_t(0)), meta.value("job", json::object()).value("name", std::string("?")).c_str(),
+              (long long)step_);
 }
 
 void BaseTrainer::log_event(json event) {
@@ -333,11 +380,12 @@ void BaseTrainer::run() {
         per += " " + n + "=" + std::to_string(l).substr(0, 6);
         per_json[n] = l;
       }
-      std::printf("  validation at step %lld: loss %.4f (ppl %.1f)%s\n", (long long)step_, v.loss, std::exp(v.loss),
+      std::printf("  validation at step %lld: stage %d loss %.4f (ppl %.1f) |%s\n", (long long)step_, trained_stage(), v.loss, std::exp(v.loss),
                   per.c_str());
       log_event({{"event", "val"}, {"step", step_}, {"tokens", tokens_}, {"loss", v.loss}, {"per_dataset", per_json}});
-      if (!best_score_ || v.loss < *best_score_) {
+      if (!best_score_ || v.loss < *best_score_ || best_stage_ != trained_stage()) {
         best_score_ = v.loss;
+        best_stage_ = trained_stage();
         save("best", false);
       }
     }

@@ -33,7 +33,7 @@ struct StepResult {
 };
 
 struct ValResult {
-  double loss = 0.0;  // token-weighted over every dataset
+  double loss = 0.0;  // token-weighted over the datasets of the stage just trained
   std::vector<std::pair<std::string, double>> per_dataset;
   int64_t tokens = 0;
 };
@@ -44,17 +44,27 @@ struct Stage {
   int64_t first_step = 0, end_step = 0;  // [first_step, end_step)
 };
 
+// Token budgets and dataset mixtures of consecutive stages.
+struct StagePlan {
+  std::vector<int64_t> tokens;
+  std::vector<std::vector<Sampling>> datasets;
+};
+
 class BaseTrainer : public RestoreableJob {
  public:
   static ConfigSchema schema();
+  // One stage: training/tokens over training/dataset.
   BaseTrainer(JobSpec spec, Config cfg, std::string out_dir);
 
   void run() override;
   bool done() const override { return step_ >= total_steps_; }
+  // A full state restores everything (weights, optimizer, counters, data position, RNG); a
+  // weights-only checkpoint (`export`) initialises the weights and leaves the counters at zero.
   void restore_from_path(const std::string& path) override;
 
   StepResult train_step();
-  // Token-weighted loss on `training/validation_steps` rows of every dataset of the current stage.
+  // Loss on `training/validation_steps` rows of every dataset of the plan; the score (`loss`) is
+  // token-weighted over the datasets of the stage just trained.
   ValResult validate();
   // Saves a checkpoint under job_dir()/suffix; `latest` follows unless told not to.
   void save(const std::string& suffix, bool update_latest = true);
@@ -67,7 +77,9 @@ class BaseTrainer : public RestoreableJob {
   AdamW& optimizer() { return *optimizer_; }
   const Runtime& runtime() const { return rt_; }
   const std::vector<Stage>& stages() const { return stages_; }
-  int current_stage() const;
+  int current_stage() const;  // the stage of the step about to be taken
+  int trained_stage() const;  // the stage of the step just taken
+  int stage_of(int64_t step) const;
 
   // Every tensor a checkpoint of this state holds, by name.
   virtual NamedTensors state_tensors();
@@ -77,8 +89,10 @@ class BaseTrainer : public RestoreableJob {
   static std::atomic<bool> stop_requested;
 
  protected:
+  // For subclasses with their own stages.
+  BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan);
   // Splits token budgets into consecutive stages of whole steps.
-  void plan_stages(const std::vector<int64_t>& tokens, const std::vector<std::vector<Sampling>>& datasets);
+  void plan_stages(const StagePlan& plan);
   MixtureSampler& sampler(int stage);
   // Hooks for subclasses.
   virtual void before_step() {}
@@ -87,13 +101,16 @@ class BaseTrainer : public RestoreableJob {
   virtual void restore_extra(const nlohmann::json& meta) {}
   // The learning rate for the step about to be taken.
   virtual double current_lr() const { return schedule_.at(step_); }
-  // (Re)builds the optimizer over `params`; they must already require gradients.
-  void build_optimizer(NamedTensors params);
+  // (Re)builds the optimizer over `params` (which must require gradients) with the configured betas
+  // and epsilon and the given weight decay.
+  void build_optimizer(NamedTensors params, double weight_decay);
   // Trainable parameters in their fixed order (the optimizer's order).
   const NamedTensors& trainable() const { return optimizer_->params(); }
   void log_event(nlohmann::json event);
   void report(const StepResult& r, double mean_loss, double tok_per_s);
   nlohmann::json checkpoint_metadata() const;
+  // Loads only the model's parameters ("params/*") from a checkpoint; step and tokens stay as they are.
+  void load_weights_from(const std::string& dir);
   void truncate_metrics_after(int64_t step);
 
   Runtime rt_;
@@ -105,11 +122,13 @@ class BaseTrainer : public RestoreableJob {
   Schedule schedule_;
   int64_t batch_size_, micro_batch_, block_size_, total_steps_ = 0;
   int64_t step_ = 0, tokens_ = 0;
-  std::optional<double> best_score_;
+  std::optional<double> best_score_;  // of stage best_stage_: `best` is the best of the latest stage
+  int best_stage_ = 0;
   uint64_t seed_;
 };
 
-// The plain trainer's stage plan: one stage, training/tokens over training/dataset.
+// Options of every trainer (runtime, optimizer, model, data, logging) and the plain trainer's
+// training/tokens and training/dataset.
 void add_trainer_options(ConfigSchema& s);
 
 }  // namespace lt

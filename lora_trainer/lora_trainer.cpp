@@ -1,0 +1,228 @@
+#include "lora_trainer/lora_trainer.hpp"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+static const char* kPreLoraCheckpoint = "pre_lora_checkpoint";
+
+LoraConfig LoraConfig::from_config(const Config& cfg) {
+  LoraConfig c;
+  c.rank = cfg.get_int("optimization/lora/rank");
+  c.alpha = cfg.get_double("optimization/lora/alpha");
+  c.target_modules = cfg.get("optimization/lora/target_modules").get<std::vector<std::string>>();
+  return c;
+}
+
+ConfigSchema LoRATrainer::schema() {
+  ConfigSchema s;
+  add_job_options(s, "lora/train");
+  add_trainer_options(s);
+  s.remove("training/tokens").remove("training/dataset");  // the phases below replace them
+  auto stage = [](const char* name) { return json::array({json::array({{{"name", name}, {"rate", 1}, {"style", "pmd"}}})}); };
+  s.add("training/pre_lora_tokens", OptType::IntList, json::array({2097152}),
+        "token budget of each pre-LoRA (full-parameter) stage; [] starts in the LoRA phase", check_positive_list());
+  s.add("training/pre_lora_dataset", OptType::SamplingStages, stage("english"),
+        "dataset mixture of each pre-LoRA stage (one list of samplings per budget)");
+  s.add("training/post_lora_tokens", OptType::IntList, json::array({524288}),
+        "token budget of each post-LoRA (adapter) stage", check_positive_list());
+  s.add("training/post_lora_dataset", OptType::SamplingStages, stage("code"),
+        "dataset mixture of each post-LoRA stage (one list of samplings per budget)");
+  s.add("optimization/lora/rank", OptType::Int, 16, "adapter rank r", check_positive());
+  s.add("optimization/lora/alpha", OptType::Float, 16.0, "adapter scale numerator: W + (alpha/r) A B", check_positive());
+  s.add("optimization/lora/target_modules", OptType::StringList,
+        json::array({"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}),
+        "substrings of parameter names whose 2-D weights get adapters (default: every linear layer of the blocks)");
+  s.add("optimization/lora/lr", OptType::Float, 1e-3, "peak learning rate of the LoRA phase", check_positive());
+  s.add("optimization/lora/schedule", OptType::String, "wsd", "LoRA-phase schedule: constant, wsd or cosine",
+        check_one_of({"constant", "wsd", "cosine"}));
+  s.add("optimization/lora/warmup_pct", OptType::Float, 0.05, "LoRA-phase warmup fraction", check_range(0, 1));
+  s.add("optimization/lora/decay_pct", OptType::Float, 0.1, "LoRA-phase final decay fraction (wsd)", check_range(0, 1));
+  s.add("optimization/lora/weight_decay", OptType::Float, 0.0, "AdamW weight decay on the adapters", check_nonnegative());
+  return s;
+}
+
+StagePlan lora_stage_plan(const Config& cfg, int64_t* pre_lora_stages) {
+  auto pre_tokens = cfg.get("training/pre_lora_tokens").get<std::vector<int64_t>>();
+  auto post_tokens = cfg.get("training/post_lora_tokens").get<std::vector<int64_t>>();
+  const json& pre_data = cfg.get("training/pre_lora_dataset");
+  const json& post_data = cfg.get("training/post_lora_dataset");
+  if (pre_tokens.size() != pre_data.size())
+    throw UserError("training/pre_lora_tokens has " + std::to_string(pre_tokens.size()) +
+                    " stages but training/pre_lora_dataset has " + std::to_string(pre_data.size()) +
+                    "; give one dataset mixture per token budget (both [] to skip phase one)");
+  if (post_tokens.size() != post_data.size())
+    throw UserError("training/post_lora_tokens has " + std::to_string(post_tokens.size()) +
+                    " stages but training/post_lora_dataset has " + std::to_string(post_data.size()) +
+                    "; give one dataset mixture per token budget");
+  if (post_tokens.empty())
+    throw UserError("training/post_lora_tokens is empty: a LoRA job needs at least one post-LoRA stage "
+                    "(for full-parameter training alone use the `train` job)");
+  StagePlan plan;
+  for (size_t i = 0; i < pre_tokens.size(); ++i) {
+    plan.tokens.push_back(pre_tokens[i]);
+    plan.datasets.push_back(parse_samplings(pre_data[i]));
+  }
+  for (size_t i = 0; i < post_tokens.size(); ++i) {
+    plan.tokens.push_back(post_tokens[i]);
+    plan.datasets.push_back(parse_samplings(post_data[i]));
+  }
+  *pre_lora_stages = static_cast<int64_t>(pre_tokens.size());
+  return plan;
+}
+
+static StagePlan plan_of(const Config& cfg) {
+  int64_t n_pre = 0;
+  return lora_stage_plan(cfg, &n_pre);
+}
+
+LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
+    : BaseTrainer(std::move(spec), cfg, std::move(out_dir), plan_of(cfg)) {
+  lora_cfg_ = LoraConfig::from_config(cfg_);
+  int64_t n_pre = 0;
+  lora_stage_plan(cfg_, &n_pre);
+  boundary_step_ = n_pre > 0 ? stages_[static_cast<size_t>(n_pre - 1)].end_step : 0;
+  // Validate the targets now, not at the boundary hours later.
+  param_filter(named_params(*model_), lora_cfg_.target_modules);
+  schedule_ = Schedule::make(cfg_.get_string("training/schedule"), cfg_.get_double("optimization/lr"),
+                             cfg_.get_double("optimization/min_lr_ratio"), boundary_step_,
+                             cfg_.get_double("training/warmup_pct"), cfg_.get_double("training/decay_pct"));
+  lora_schedule_ = Schedule::make(cfg_.get_string("optimization/lora/schedule"), cfg_.get_double("optimization/lora/lr"),
+                                  cfg_.get_double("optimization/min_lr_ratio"), total_steps_ - boundary_step_,
+                                  cfg_.get_double("optimization/lora/warmup_pct"),
+                                  cfg_.get_double("optimization/lora/decay_pct"));
+}
+
+void LoRATrainer::before_step() {
+  if (!in_lora_ && step_ >= boundary_step_) transition_to_lora(*this, true);
+}
+
+double LoRATrainer::current_lr() const {
+  return in_lora_ ? lora_schedule_.at(step_ - boundary_step_) : schedule_.at(step_);
+}
+
+NamedTensors LoRATrainer::state_tensors() {
+  NamedTensors out = BaseTrainer::state_tensors();
+  if (in_lora_)
+    for (auto& [n, t] : lora_.named()) out.emplace_back("lora/" + n, t);
+  return out;
+}
+
+json LoRATrainer::extra_metadata() const {
+  return {{"lora",
+           {{"rank", lora_cfg_.rank},
+            {"alpha", lora_cfg_.alpha},
+            {"boundary_step", boundary_step_},
+            {"in_lora_phase", in_lora_},
+            {"targets", lora_.names}}}};
+}
+
+NamedTensors LoRATrainer::merged_params() {
+  NamedTensors f32;
+  for (auto& [n, t] : named_params(*model_)) f32.emplace_back(n, t.to(torch::kFloat32));
+  return in_lora_ ? merge_lora_params(f32, lora_, lora_cfg_.alpha, lora_cfg_.rank) : f32;
+}
+
+void transition_to_lora(LoRATrainer& t, bool save_pre_lora_checkpoint) {
+  TORCH_CHECK(!t.in_lora_, "transition_to_lora: already in the LoRA phase");
+  if (save_pre_lora_checkpoint && t.boundary_step_ > 0 && t.step_ == t.boundary_step_ &&
+      !is_checkpoint((fs::path(t.job_dir()) / kPreLoraCheckpoint).string()))
+    t.save(kPreLoraCheckpoint);
+
+  // Freeze the base: bf16, no gradients, and (below) no optimizer state.
+  t.model_->to(torch::kBFloat16);
+  for (auto& p : t.model_->parameters()) p.requires_grad_(false);
+
+  NamedTensors params = named_params(*t.model_);
+  std::vector<bool> mask = param_filter(params, t.lora_cfg_.target_modules);
+  auto gen = at::detail::createCPUGenerator(mix64(t.seed_ ^ 0x4C6F5241ULL));  // "LoRA"
+  t.lora_ = inject_lora_params(params, mask, t.lora_cfg_.rank, gen);
+  for (auto& a : t.lora_.A) a.requires_grad_(true);
+  for (auto& b : t.lora_.B) b.requires_grad_(true);
+  attach_lora(*t.model_, t.lora_, t.lora_cfg_.alpha, t.lora_cfg_.rank);
+  t.build_optimizer(t.lora_.named(), t.cfg_.get_double("optimization/lora/weight_decay"));
+  t.in_lora_ = true;
+
+  int64_t frozen = 0;
+  for (auto& [n, p] : params) frozen += p.numel();
+  const int64_t trainable = count_lora_params(t.lora_);
+  std::printf("transition to LoRA at step %lld (%lld tokens): %zu adapted weights, rank %lld, alpha %g; "
+              "trainable %lld (%.2f%%), frozen %lld (bf16)\n",
+              (long long)t.step_, (long long)t.tokens_, t.lora_.names.size(), (long long)t.lora_cfg_.rank,
+              t.lora_cfg_.alpha, (long long)trainable, 100.0 * trainable / std::max<int64_t>(1, frozen + trainable),
+              (long long)frozen);
+  std::fflush(stdout);
+  t.log_event({{"event", "transition"}, {"step", t.step_}, {"tokens", t.tokens_}, {"trainable_params", trainable},
+               {"frozen_params", frozen}, {"adapted", t.lora_.names}});
+}
+
+void LoRATrainer::restore_from_path(const std::string& path) {
+  std::string dir = checkpoint_path(path);
+  json meta = read_checkpoint_metadata(dir);
+  const std::string kind = meta.value("kind", std::string("?"));
+  const int64_t step = meta.value("step", int64_t(0));
+  if (meta.value("weights_only", false) || (kind == "plain" && boundary_step_ == 0)) {
+    // Skip phase one: another job's weights become this job's base; our counters stay at zero.
+    if (in_lora_ || step_ != 0)
+      throw UserError("a pretrained base can only be loaded before training starts; " + dir + " came too late");
+    load_weights_from(dir);
+    return;
+  }
+  if (kind == "lora") {
+    if (step < boundary_step_)
+      throw UserError(dir + " is a LoRA state at step " + std::to_string(step) + ", before this job's LoRA boundary (step " +
+                      std::to_string(boundary_step_) + "): it belongs to a job with other training/pre_lora_tokens");
+    if (!in_lora_) transition_to_lora(*this, false);  // the LoRA template; the load overwrites it
+  } else if (kind == "plain") {
+    if (step > boundary_step_)
+      throw UserError(dir + " is a plain state at step " + std::to_string(step) + ", past this job's LoRA boundary (step " +
+                      std::to_string(boundary_step_) +
+                      "). To use it as a pretrained base, set training/pre_lora_tokens and training/pre_lora_dataset to []");
+    if (in_lora_) throw UserError("cannot restore the plain state " + dir + " into a job already in its LoRA phase");
+  }
+  BaseTrainer::restore_from_path(dir);
+}
+
+void export_merged(const std::string& checkpoint, const std::string& out) {
+  json meta = read_checkpoint_metadata(checkpoint);
+  NamedTensors stored = read_checkpoint_tensors(checkpoint);
+  std::map<std::string, torch::Tensor> lora;
+  NamedTensors params;
+  for (auto& [n, t] : stored) {
+    if (n.rfind("lora/", 0) == 0) lora[n.substr(5)] = t;
+    if (n.rfind("params/", 0) == 0) params.emplace_back(n, t.to(torch::kFloat32));
+  }
+  if (params.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
+  int merged = 0;
+  if (!lora.empty()) {
+    if (!meta.contains("lora")) throw UserError(checkpoint + ": adapters without lora metadata (rank, alpha)");
+    double alpha = meta["lora"].at("alpha").get<double>();
+    int64_t rank = meta["lora"].at("rank").get<int64_t>();
+    for (auto& [n, t] : params) {
+      std::string base = n.substr(7);
+      auto a = lora.find(LoraParams::a_name(base)), b = lora.find(LoraParams::b_name(base));
+      if (a == lora.end() || b == lora.end()) continue;
+      t = merge_lora_params(t, a->second, b->second, alpha, rank);
+      ++merged;
+    }
+  }
+  json out_meta = {{"kind", "plain"},
+                   {"weights_only", true},
+                   {"step", meta.value("step", int64_t(0))},
+                   {"tokens", meta.value("tokens", int64_t(0))},
+                   {"exported_from", fs::absolute(checkpoint).string()},
+                   {"merged_adapters", merged},
+                   {"job", meta.value("job", json::object())},
+                   {"config", meta.value("config", json::object())}};
+  save_checkpoint(out, params, out_meta);
+  std::printf("exported %s -> %s (%zu tensors, %d adapters merged, float32)\n", checkpoint.c_str(), out.c_str(),
+              params.size(), merged);
+}
+
+}  // namespace lt

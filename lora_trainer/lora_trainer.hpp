@@ -1,0 +1,79 @@
+// LoRATrainer: two phases in one job.
+//
+//   phase 1 (pre-LoRA)   full-parameter training over the stages of training/pre_lora_tokens and
+//                        training/pre_lora_dataset, with optimization/lr and training/schedule.
+//   boundary             the sum of the pre-LoRA budgets. Reaching it saves `pre_lora_checkpoint`
+//                        (a plain state) and calls transition_to_lora.
+//   phase 2 (post-LoRA)  only the adapters train, over the stages of training/post_lora_tokens and
+//                        training/post_lora_dataset, with optimization/lora/* (its own lr, schedule,
+//                        weight decay; AdamW as in phase 1). The step counter runs on across phases.
+//
+// Empty pre-LoRA lists start the job in phase 2: give it a pretrained base with
+// `run ... --restore <plain checkpoint>` (its weights become the frozen base; this job's counters
+// start at zero).
+#pragma once
+
+#include <string>
+
+#include "lora_trainer/lora.hpp"
+#include "lora_trainer/trainer.hpp"
+
+namespace lt {
+
+struct LoraConfig {
+  int64_t rank = 16;
+  double alpha = 16.0;
+  std::vector<std::string> target_modules;
+  static LoraConfig from_config(const Config& cfg);
+};
+
+class LoRATrainer : public BaseTrainer {
+ public:
+  static ConfigSchema schema();
+  LoRATrainer(JobSpec spec, Config cfg, std::string out_dir);
+
+  // Reads the checkpoint's step and kind from its metadata: a LoRA state (past the boundary) is loaded
+  // into a LoRA template (transitioning first); a plain state at or before the boundary is loaded as
+  // plain (pre_lora_checkpoint included) and the transition follows at the boundary; a plain state of
+  // another job given to a job without phase 1 becomes the frozen base (skip phase one).
+  void restore_from_path(const std::string& path) override;
+
+  NamedTensors state_tensors() override;
+  std::string state_kind() const override { return in_lora_ ? "lora" : "plain"; }
+
+  bool in_lora_phase() const { return in_lora_; }
+  int64_t boundary_step() const { return boundary_step_; }
+  const LoraConfig& lora_config() const { return lora_cfg_; }
+  const LoraParams& lora_params() const { return lora_; }
+
+  // The model's parameters with the adapters merged in (f32): what `export` writes.
+  NamedTensors merged_params();
+
+ protected:
+  void before_step() override;
+  double current_lr() const override;
+  nlohmann::json extra_metadata() const override;
+
+ private:
+  friend void transition_to_lora(LoRATrainer& trainer, bool save_pre_lora_checkpoint);
+  LoraConfig lora_cfg_;
+  LoraParams lora_;
+  bool in_lora_ = false;
+  int64_t boundary_step_ = 0;
+  Schedule lora_schedule_;
+};
+
+// Freezes the base as bf16 (no gradients, no optimizer state), selects targets with param_filter,
+// creates adapters with inject_lora_params (on the trainer's device, deterministic from the seed),
+// attaches them, and rebuilds the optimizer over the adapters only. Saves `pre_lora_checkpoint` first
+// when asked (and when phase 1 ran). Logs count_lora_params and the frozen/trainable totals.
+void transition_to_lora(LoRATrainer& trainer, bool save_pre_lora_checkpoint = true);
+
+// The stages of both phases, from the config (UserError when token and dataset lists differ in length).
+StagePlan lora_stage_plan(const Config& cfg, int64_t* pre_lora_stages);
+
+// Writes a weights-only plain checkpoint of `checkpoint` with any adapters merged in; it initialises
+// another job (`run ... --restore OUT`), e.g. as the pretrained base of a LoRA job.
+void export_merged(const std::string& checkpoint, const std::string& out);
+
+}  // namespace lt
