@@ -46,6 +46,7 @@ std::string tiny_config(const test::TempDir& dir, const std::vector<std::string>
   test::make_byte_dataset(dir / "data", "gen", 1);
   std::vector<std::string> args = {"configure", "train", dir / "tiny.json"};
   for (const auto& o : test::tiny_overrides(dir / "data")) args.push_back(o);
+  args.push_back("training/tokens=1280");
   args.push_back(R"(training/dataset=[{"name":"gen","rate":1}])");
   for (const auto& o : extra) args.push_back(o);
   Result r = launch(args);
@@ -161,4 +162,19 @@ TEST_CASE("launcher: SIGINT saves a checkpoint and the re-run ends as an uninter
   auto b = state_digests(job + "/final/25600");
   REQUIRE(a.size() > 10);
   CHECK(a == b);
+}
+
+TEST_CASE("launcher: the LoRA job is listed and `configure` shows every LoRA key with its default", "[launcher]") {
+  test::TempDir dir;
+  CHECK_THAT(launch({"jobs"}).out, Contains("lora/train"));
+  REQUIRE(launch({"configure", "lora/train", dir / "lora.json"}).code == 0);
+  auto j = nlohmann::json::parse(read_file(dir / "lora.json"));
+  CHECK(j["job"]["kind"] == "lora/train");
+  CHECK(j["optimization"]["lora"]["rank"] == 16);
+  CHECK(j["optimization"]["lora"]["alpha"] == 16.0);
+  CHECK(j["optimization"]["lora"]["target_modules"].size() == 4);
+  CHECK(j["optimization"]["lora"].contains("lr"));
+  CHECK(j["training"]["pre_lora_tokens"].is_array());
+  CHECK(j["training"]["post_lora_dataset"][0][0]["name"] == "code");
+  CHECK_FALSE(j["training"].contains("tokens"));  // replaced by the phases' budgets
 }

@@ -14,6 +14,7 @@ std::unique_ptr<BaseTrainer> make_trainer(const std::string& name, const std::st
                                           const std::vector<std::string>& extra = {}) {
   Config c(BaseTrainer::schema());
   for (const auto& o : test::tiny_overrides(data)) c.apply_override(o);
+  c.apply_override("training/tokens=1280");
   c.apply_override(R"(training/dataset=[{"name":"gen","rate":0.5},{"name":"gen2","rate":0.5}])");
   for (const auto& o : extra) c.apply_override(o);
   JobSpec s;

@@ -1,0 +1,265 @@
+// LoRA: the adapter helpers, the transition, and the two-phase trainer's restore in every phase.
+#include <catch2/catch.hpp>
+
+#include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/lora_trainer.hpp"
+#include "fixtures.hpp"
+
+using namespace lt;
+using Catch::Matchers::Contains;
+
+namespace {
+
+GPT tiny_gpt() {
+  GPTOptions o;
+  o.vocab_size = 257;
+  o.block_size = 16;
+  o.n_layer = 2;
+  o.n_head = 2;
+  o.d_model = 32;
+  GPT m(o);
+  m->init_weights(at::detail::createCPUGenerator(3));
+  return m;
+}
+
+struct Data {
+  test::TempDir dir;
+  Data() {
+    test::make_byte_dataset(dir / "data", "gen", 1);
+    test::make_byte_dataset(dir / "data", "gen2", 2);
+  }
+};
+
+// 5 full steps on "gen", then 5 LoRA steps on "gen2" (128 tokens a step).
+std::unique_ptr<LoRATrainer> make_lora(const Data& d, const std::string& name, std::vector<std::string> extra = {}) {
+  Config c(LoRATrainer::schema());
+  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
+  c.apply_override("training/pre_lora_tokens=[640]");
+  c.apply_override(R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}]])");
+  c.apply_override("training/post_lora_tokens=[640]");
+  c.apply_override(R"(training/post_lora_dataset=[[{"name":"gen2","rate":1}]])");
+  c.apply_override("optimization/lora/rank=4");
+  for (const auto& o : extra) c.apply_override(o);
+  JobSpec s;
+  s.name = name;
+  return std::make_unique<LoRATrainer>(s, std::move(c), d.dir / "out");
+}
+
+NamedTensors snapshot(const NamedTensors& in) {
+  NamedTensors out;
+  for (const auto& [n, t] : in) out.emplace_back(n, t.detach().clone());
+  return out;
+}
+
+void require_equal_states(LoRATrainer& a, LoRATrainer& b) {
+  auto sa = a.state_tensors(), sb = b.state_tensors();
+  REQUIRE(sa.size() == sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) {
+    INFO(sa[i].first);
+    REQUIRE(sa[i].first == sb[i].first);
+    CHECK(torch::equal(sa[i].second, sb[i].second));
+  }
+}
+
+torch::Tensor logits_of(GPT& m, const torch::Tensor& idx) {
+  torch::NoGradGuard ng;
+  m->eval();
+  return m->forward(idx).to(torch::kFloat32);
+}
+
+}  // namespace
+
+TEST_CASE("param_filter picks the 2-D weights whose names contain a target", "[lora]") {
+  GPT m = tiny_gpt();
+  auto params = named_params(*m);
+  auto mask = param_filter(params, {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"});
+  std::vector<std::string> picked;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (mask[i]) picked.push_back(params[i].first);
+  CHECK(picked == std::vector<std::string>{"h.0.attn.c_attn.weight", "h.0.attn.c_proj.weight", "h.0.mlp.c_fc.weight",
+                                           "h.0.mlp.c_proj.weight", "h.1.attn.c_attn.weight", "h.1.attn.c_proj.weight",
+                                           "h.1.mlp.c_fc.weight", "h.1.mlp.c_proj.weight"});
+  CHECK_THROWS_WITH(param_filter(params, {"attn.c_attn", "q_proj"}),
+                    Contains("\"q_proj\" matches no 2-D parameter") && Contains("h.0.attn.c_attn.weight"));
+  CHECK_THROWS_WITH(param_filter(params, {"ln_1"}), Contains("\"ln_1\" matches no 2-D parameter"));
+}
+
+TEST_CASE("inject_lora_params: A (in x r) ~ N(0, 1/r), B (r x out) = 0, reproducible", "[lora]") {
+  GPT m = tiny_gpt();
+  auto params = named_params(*m);
+  auto mask = param_filter(params, {"mlp.c_fc"});
+  auto lora = inject_lora_params(params, mask, 8, at::detail::createCPUGenerator(5));
+  REQUIRE(lora.names.size() == 2);
+  CHECK(lora.A[0].sizes() == torch::IntArrayRef({32, 8}));
+  CHECK(lora.B[0].sizes() == torch::IntArrayRef({8, 128}));
+  CHECK(lora.A[0].scalar_type() == torch::kFloat32);
+  CHECK(torch::count_nonzero(lora.B[0]).item<int64_t>() == 0);
+  auto all_a = torch::cat({lora.A[0].flatten(), lora.A[1].flatten()});
+  CHECK(all_a.std().item<double>() == Approx(1.0 / 8).epsilon(0.15));
+  auto again = inject_lora_params(params, mask, 8, at::detail::createCPUGenerator(5));
+  CHECK(torch::equal(again.A[1], lora.A[1]));
+  CHECK(count_lora_params(lora) == 2 * (32 * 8 + 8 * 128));
+  CHECK(LoraParams::a_name("h.0.mlp.c_fc.weight") == "h.0.mlp.c_fc.lora_A");
+}
+
+TEST_CASE("merged and unmerged forward agree (f32, |diff| < 1e-4)", "[lora]") {
+  GPT adapted = tiny_gpt(), merged = tiny_gpt();
+  auto params = named_params(*adapted);
+  auto lora = inject_lora_params(params, param_filter(params, {"attn", "mlp"}), 4, at::detail::createCPUGenerator(1));
+  for (auto& b : lora.B) b.normal_(0.0, 0.05);  // non-zero adapters
+  attach_lora(*adapted, lora, 16.0, 4);
+  {
+    torch::NoGradGuard ng;
+    auto target = named_params(*merged);
+    auto values = merge_lora_params(params, lora, 16.0, 4);
+    for (size_t i = 0; i < target.size(); ++i) target[i].second.copy_(values[i].second);
+  }
+  auto idx = torch::randint(0, 257, {2, 16}, torch::kLong);
+  auto a = logits_of(adapted, idx), m = logits_of(merged, idx);
+  CHECK((a - m).abs().max().item<double>() < 1e-4);
+  detach_lora(*adapted);
+  CHECK((logits_of(adapted, idx) - m).abs().max().item<double>() > 1e-3);  // the adapters did matter
+}
+
+TEST_CASE("with B = 0 the transition keeps the output, up to the bf16 cast of the base", "[lora]") {
+  Data d;
+  auto t = make_lora(d, "b0", {"runtime/precision=f32"});
+  for (int i = 0; i < 5; ++i) t->train_step();
+  auto idx = torch::randint(0, 257, {2, 32}, torch::kLong);
+  auto before = logits_of(t->model(), idx);
+  // The same weights rounded to bf16, no adapters: what the frozen base computes.
+  GPT rounded(t->model()->options());
+  {
+    torch::NoGradGuard ng;
+    auto dst = named_params(*rounded), src = named_params(*t->model());
+    for (size_t i = 0; i < dst.size(); ++i) dst[i].second.copy_(src[i].second.to(torch::kBFloat16).to(torch::kFloat32));
+  }
+  auto expected = logits_of(rounded, idx);
+  transition_to_lora(*t);
+  REQUIRE(t->in_lora_phase());
+  auto after = logits_of(t->model(), idx);
+  CHECK((after - expected).abs().max().item<double>() < 1e-5);  // B = 0: adapters add exactly nothing
+  CHECK((after - before).abs().max().item<double>() < 0.05);    // bf16 rounding of the base only
+}
+
+TEST_CASE("after one LoRA step only the adapters changed and the optimizer holds only them", "[lora]") {
+  Data d;
+  auto t = make_lora(d, "only");
+  for (int i = 0; i < 5; ++i) t->train_step();
+  transition_to_lora(*t);
+  auto base = snapshot(named_params(*t->model()));
+  auto A = snapshot(t->lora_params().named());
+  t->train_step();
+  auto base_after = named_params(*t->model());
+  for (size_t i = 0; i < base.size(); ++i) {
+    INFO(base[i].first);
+    CHECK(base_after[i].second.scalar_type() == torch::kBFloat16);
+    CHECK_FALSE(base_after[i].second.requires_grad());
+    CHECK(torch::equal(base[i].second, base_after[i].second));
+  }
+  auto after = t->lora_params().named();
+  for (size_t i = 0; i < after.size(); i += 2) CHECK(torch::equal(A[i].second, after[i].second));  // B was 0: dA = 0
+  for (size_t i = 1; i < after.size(); i += 2) CHECK_FALSE(torch::equal(A[i].second, after[i].second));  // B moved
+  t->train_step();
+  CHECK_FALSE(torch::equal(A[0].second, t->lora_params().A[0]));  // and now A moves too
+  std::vector<std::string> adapter_names;
+  for (auto& [n, x] : t->lora_params().named()) adapter_names.push_back(n);
+  CHECK(t->optimizer().param_names() == adapter_names);
+  CHECK(t->optimizer().state().size() == 2 * adapter_names.size() + 1);
+}
+
+TEST_CASE("a run crosses the boundary; resume in phase 1, at the boundary and in phase 2 is bit-identical", "[lora]") {
+  Data d;
+  auto straight = make_lora(d, "straight");
+  REQUIRE(straight->total_steps() == 10);
+  REQUIRE(straight->boundary_step() == 5);
+  std::vector<double> losses;
+  for (int i = 0; i < 10; ++i) losses.push_back(straight->train_step().loss);
+  CHECK(straight->in_lora_phase());
+  CHECK(is_checkpoint(straight->job_dir() + "/pre_lora_checkpoint"));
+
+  auto resume_from = [&](const std::string& name, int steps_before, const std::string& suffix) {
+    {
+      auto first = make_lora(d, name);
+      for (int i = 0; i < steps_before; ++i) REQUIRE(first->train_step().loss == losses[static_cast<size_t>(i)]);
+      if (suffix.rfind("ntoks/", 0) == 0) first->save(suffix);
+    }
+    auto resumed = make_lora(d, name);
+    resumed->restore_from_path(suffix);
+    for (int64_t i = resumed->step(); i < 10; ++i) {
+      INFO(name << " step " << i);
+      REQUIRE(resumed->train_step().loss == losses[static_cast<size_t>(i)]);
+    }
+    require_equal_states(*straight, *resumed);
+  };
+  SECTION("mid phase 1") { resume_from("p1", 3, "ntoks/384"); }
+  SECTION("pre_lora_checkpoint restores as plain, then transitions") { resume_from("boundary", 6, "pre_lora_checkpoint"); }
+  SECTION("mid phase 2") { resume_from("p2", 8, "ntoks/1024"); }
+}
+
+TEST_CASE("restoring final gives the finished state", "[lora]") {
+  Data d;
+  auto a = make_lora(d, "fin");
+  a->run();
+  auto b = make_lora(d, "fin");
+  CHECK(b->restore_latest() == "final/1280");
+  CHECK(b->done());
+  CHECK(b->in_lora_phase());
+  require_equal_states(*a, *b);
+}
+
+TEST_CASE("restore refuses checkpoints of the wrong phase with a clear reason", "[lora]") {
+  Data d;
+  auto a = make_lora(d, "src");
+  for (int i = 0; i < 4; ++i) a->train_step();
+  a->save("ntoks/512");
+  auto later = make_lora(d, "dst", {"training/pre_lora_tokens=[256]"});  // boundary at step 2
+  CHECK_THROWS_WITH(later->restore_from_path(a->job_dir() + "/ntoks/512"),
+                    Contains("plain state at step 4, past this job's LoRA boundary (step 2)"));
+  auto mismatch = [&] { make_lora(d, "bad", {R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}],[{"name":"gen","rate":1}]])"}); };
+  CHECK_THROWS_WITH(mismatch(), Contains("training/pre_lora_tokens has 1 stages but training/pre_lora_dataset has 2"));
+}
+
+TEST_CASE("skip phase one: a plain checkpoint of another job becomes the frozen base", "[lora]") {
+  Data d;
+  auto pre = make_lora(d, "pretrain");
+  for (int i = 0; i < 6; ++i) pre->train_step();  // writes pre_lora_checkpoint at step 5
+  auto ft = make_lora(d, "finetune", {"training/pre_lora_tokens=[]", "training/pre_lora_dataset=[]"});
+  CHECK(ft->boundary_step() == 0);
+  CHECK(ft->total_steps() == 5);
+  ft->restore_from_path(pre->job_dir() + "/pre_lora_checkpoint");
+  CHECK(ft->step() == 0);
+  CHECK(ft->tokens() == 0);
+  auto base = read_checkpoint_tensors(pre->job_dir() + "/pre_lora_checkpoint");
+  ft->run();
+  CHECK(ft->step() == 5);
+  CHECK(ft->in_lora_phase());
+  std::map<std::string, torch::Tensor> stored(base.begin(), base.end());
+  for (auto& [n, t] : named_params(*ft->model())) {
+    INFO(n);
+    CHECK(torch::equal(t, stored.at("params/" + n).to(torch::kBFloat16)));
+  }
+}
+
+TEST_CASE("export merges the adapters: the exported model computes what base + adapters compute", "[lora]") {
+  Data d;
+  auto a = make_lora(d, "exp", {"runtime/precision=f32"});
+  a->run();
+  std::string out = d.dir / "exported";
+  export_merged(a->job_dir() + "/final/1280", out);
+  auto meta = read_checkpoint_metadata(out);
+  CHECK(meta["weights_only"] == true);
+  CHECK(meta["merged_adapters"] == 8);
+  // The export initialises a plain job (and would equally be the base of a LoRA job).
+  Config c(BaseTrainer::schema());
+  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
+  c.apply_override("runtime/precision=f32");
+  c.apply_override(R"(training/dataset=[{"name":"gen","rate":1}])");
+  JobSpec s;
+  s.name = "from_export";
+  BaseTrainer plain(s, std::move(c), d.dir / "out");
+  plain.restore_from_path(out);
+  CHECK(plain.step() == 0);
+  auto idx = torch::randint(0, 257, {2, 32}, torch::kLong);
+  CHECK((logits_of(plain.model(), idx) - logits_of(a->model(), idx)).abs().max().item<double>() < 1e-4);
+}
