@@ -18,7 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lora_trainer/lora.hpp"
+#include "lora_trainer/named_tensors.hpp"
 
 namespace lt {
 

@@ -273,12 +273,4 @@ json Config::to_json() const {
   return out;
 }
 
-std::string Config::describe() const {
-  std::ostringstream ss;
-  for (const auto& o : schema_.options())
-    ss << o.path << " (" << opt_type_name(o.type) << ", default " << o.default_value.dump()
-       << "): " << o.doc << "\n";
-  return ss.str();
-}
-
 }  // namespace lt

@@ -85,9 +85,6 @@ class Config {
   json flat() const { return values_; }
   const ConfigSchema& schema() const { return schema_; }
 
-  // A short description of every option, for `configure --help`-style listings and docs.
-  std::string describe() const;
-
  private:
   const OptionSpec& spec_or_throw(const std::string& path, const std::string& source) const;
   ConfigSchema schema_;

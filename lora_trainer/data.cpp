@@ -65,7 +65,7 @@ static nlohmann::json read_meta(const std::string& dir, const std::string& name)
     std::string hint = fs::exists(fs::path(dir)) ? "" : " (data/dir \"" + dir + "\" does not exist)";
     throw UserError("dataset \"" + name + "\": " + meta.string() + " not found" + hint +
                     ". Tokenize it with `lora_trainer tokenize --name " + name + " --data-dir " + dir +
-                    " INPUT...`, or fix the name in training/dataset");
+                    " INPUT...`, or fix the dataset name in the config");
   }
   try {
     return nlohmann::json::parse(read_file(meta.string()));

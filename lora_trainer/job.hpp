@@ -68,20 +68,6 @@ class JobRegistry {
   std::vector<JobClass> classes_;
 };
 
-// The registry with every built-in job (registry.cpp).
-const JobRegistry& job_registry();
-
-// Reads the kind ("job/kind") from a config file, builds that job's Config (defaults < file <
-// overrides) and the job.
-std::unique_ptr<RestoreableJob> make_job(const std::string& name, const std::string& config_path,
-                                         const std::string& out_dir, const std::vector<std::string>& overrides);
-
-// Rebuilds the job saved in a checkpoint: its saved config, `overrides` on top, the class by its
-// recorded kind, then restores the checkpoint's state into it. `name` "" keeps the saved name.
-std::unique_ptr<RestoreableJob> from_checkpoint_path(const std::string& checkpoint, const std::string& name,
-                                                     const std::string& out_dir,
-                                                     const std::vector<std::string>& overrides);
-
 // Options every job has: job/kind, job/project, job/group.
 void add_job_options(ConfigSchema& s, const std::string& kind);
 

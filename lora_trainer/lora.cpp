@@ -108,6 +108,31 @@ static void for_each_adaptable(torch::nn::Module& root,
   }
 }
 
+std::vector<std::string> adaptable_weights(torch::nn::Module& root) {
+  std::vector<std::string> out;
+  for_each_adaptable(root, [&](const std::string& module_name, LoraAdaptable&) {
+    out.push_back(module_name.empty() ? "weight" : module_name + ".weight");
+  });
+  return out;
+}
+
+void check_lora_targets(torch::nn::Module& root, const NamedTensors& params, const std::vector<bool>& mask,
+                        int64_t rank) {
+  auto adaptable = adaptable_weights(root);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!mask[i]) continue;
+    const auto& name = params[i].first;
+    if (std::find(adaptable.begin(), adaptable.end(), name) == adaptable.end())
+      throw UserError("optimization/lora/target_modules selects " + name +
+                      ", which is not a linear layer's weight and cannot take an adapter. Adaptable weights: " +
+                      join(adaptable));
+    const auto& W = params[i].second;
+    if (rank > std::min(W.size(0), W.size(1)))
+      throw UserError("optimization/lora/rank " + std::to_string(rank) + " exceeds the smaller side of " + name + " (" +
+                      std::to_string(W.size(0)) + " x " + std::to_string(W.size(1)) + ")");
+  }
+}
+
 void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, int64_t rank) {
   std::vector<bool> attached(lora.names.size(), false);
   for_each_adaptable(root, [&](const std::string& module_name, LoraAdaptable& layer) {

@@ -15,9 +15,9 @@
 
 #include <torch/torch.h>
 
-namespace lt {
+#include "lora_trainer/named_tensors.hpp"
 
-using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+namespace lt {
 
 // A layer whose 2-D `weight` can carry an adapter.
 class LoraAdaptable {
@@ -55,6 +55,13 @@ NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora,
 
 // Number of trainable adapter values.
 int64_t count_lora_params(const LoraParams& lora);
+
+// Names of the weights in `root` that can take an adapter (owned by a LoraAdaptable layer).
+std::vector<std::string> adaptable_weights(torch::nn::Module& root);
+
+// UserError unless every name is an adaptable weight, and rank fits each of them.
+void check_lora_targets(torch::nn::Module& root, const NamedTensors& params, const std::vector<bool>& mask,
+                        int64_t rank);
 
 // Hands each adapter to the layer that owns its base weight (found by name in `root`'s module tree).
 void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, int64_t rank);

@@ -89,7 +89,8 @@ LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
   lora_stage_plan(cfg_, &n_pre);
   boundary_step_ = n_pre > 0 ? stages_[static_cast<size_t>(n_pre - 1)].end_step : 0;
   // Validate the targets now, not at the boundary hours later.
-  param_filter(named_params(*model_), lora_cfg_.target_modules);
+  auto params = named_params(*model_);
+  check_lora_targets(*model_, params, param_filter(params, lora_cfg_.target_modules), lora_cfg_.rank);
   schedule_ = Schedule::make(cfg_.get_string("training/schedule"), cfg_.get_double("optimization/lr"),
                              cfg_.get_double("optimization/min_lr_ratio"), boundary_step_,
                              cfg_.get_double("training/warmup_pct"), cfg_.get_double("training/decay_pct"));
@@ -123,15 +124,9 @@ json LoRATrainer::extra_metadata() const {
             {"targets", lora_.names}}}};
 }
 
-NamedTensors LoRATrainer::merged_params() {
-  NamedTensors f32;
-  for (auto& [n, t] : named_params(*model_)) f32.emplace_back(n, t.to(torch::kFloat32));
-  return in_lora_ ? merge_lora_params(f32, lora_, lora_cfg_.alpha, lora_cfg_.rank) : f32;
-}
-
-void transition_to_lora(LoRATrainer& t, bool save_pre_lora_checkpoint) {
+void transition_to_lora(LoRATrainer& t, bool at_boundary) {
   TORCH_CHECK(!t.in_lora_, "transition_to_lora: already in the LoRA phase");
-  if (save_pre_lora_checkpoint && t.boundary_step_ > 0 && t.step_ == t.boundary_step_ &&
+  if (at_boundary && t.boundary_step_ > 0 && t.step_ == t.boundary_step_ &&
       !is_checkpoint((fs::path(t.job_dir()) / kPreLoraCheckpoint).string()))
     t.save(kPreLoraCheckpoint);
 
@@ -148,6 +143,7 @@ void transition_to_lora(LoRATrainer& t, bool save_pre_lora_checkpoint) {
   attach_lora(*t.model_, t.lora_, t.lora_cfg_.alpha, t.lora_cfg_.rank);
   t.build_optimizer(t.lora_.named(), t.cfg_.get_double("optimization/lora/weight_decay"));
   t.in_lora_ = true;
+  if (!at_boundary) return;
 
   int64_t frozen = 0;
   for (auto& [n, p] : params) frozen += p.numel();

@@ -46,16 +46,13 @@ class LoRATrainer : public BaseTrainer {
   const LoraConfig& lora_config() const { return lora_cfg_; }
   const LoraParams& lora_params() const { return lora_; }
 
-  // The model's parameters with the adapters merged in (f32): what `export` writes.
-  NamedTensors merged_params();
-
  protected:
   void before_step() override;
   double current_lr() const override;
   nlohmann::json extra_metadata() const override;
 
  private:
-  friend void transition_to_lora(LoRATrainer& trainer, bool save_pre_lora_checkpoint);
+  friend void transition_to_lora(LoRATrainer& trainer, bool at_boundary);
   LoraConfig lora_cfg_;
   LoraParams lora_;
   bool in_lora_ = false;
@@ -65,9 +62,10 @@ class LoRATrainer : public BaseTrainer {
 
 // Freezes the base as bf16 (no gradients, no optimizer state), selects targets with param_filter,
 // creates adapters with inject_lora_params (on the trainer's device, deterministic from the seed),
-// attaches them, and rebuilds the optimizer over the adapters only. Saves `pre_lora_checkpoint` first
-// when asked (and when phase 1 ran). Logs count_lora_params and the frozen/trainable totals.
-void transition_to_lora(LoRATrainer& trainer, bool save_pre_lora_checkpoint = true);
+// attaches them, and rebuilds the optimizer over the adapters only. At the boundary (`at_boundary`)
+// it first saves `pre_lora_checkpoint` (when phase 1 ran) and afterwards reports count_lora_params and
+// the frozen/trainable totals; a restore calls it only to build the LoRA template, silently.
+void transition_to_lora(LoRATrainer& trainer, bool at_boundary = true);
 
 // The stages of both phases, from the config (UserError when token and dataset lists differ in length).
 StagePlan lora_stage_plan(const Config& cfg, int64_t* pre_lora_stages);

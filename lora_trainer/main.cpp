@@ -8,6 +8,7 @@
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/job.hpp"
 #include "lora_trainer/lora_trainer.hpp"
+#include "lora_trainer/registry.hpp"
 #include "lora_trainer/tokenize.hpp"
 #include "lora_trainer/util.hpp"
 
@@ -63,8 +64,8 @@ int cmd_checkpoints(const std::string& name, const std::string& out) {
     }
   }
   if (!found) {
-    std::fprintf(stderr, "no checkpoints of job \"%s\" under %s\n", name.c_str(), root.string().c_str());
-    return 1;
+    std::fprintf(stderr, "error: no checkpoints of job \"%s\" under %s\n", name.c_str(), root.string().c_str());
+    return 2;
   }
   return 0;
 }
@@ -86,22 +87,22 @@ int main(int argc, char** argv) {
   configure->add_option("OUT", out_json, "config file to write (JSON)")->required();
   configure->add_option("overrides", overrides, "key=value settings (e.g. training/batch_size=32)");
 
-  std::string name, config_path, out_dir = ".", restore, checkpoint;
+  std::string name, config_path, out_dir, restore, checkpoint;
   auto* run = app.add_subcommand("run", "run a job; re-running continues from its latest checkpoint");
   run->add_option("NAME", name, "the run's name (its checkpoint directory)")->required();
   run->add_option("CONFIG", config_path, "config file (JSON; `configure` writes one)")->required()->check(CLI::ExistingFile);
-  run->add_option("OUT_DIR", out_dir, "output root: checkpoints/ and runs/ go below it")->capture_default_str();
+  run->add_option("OUT_DIR", out_dir, "output root: checkpoints/ and runs/ go below it (. = this directory)")->required();
   run->add_option("--restore", restore, "start from this checkpoint directory (ignored when the job has a `latest`)");
   run->add_option("overrides", overrides, "key=value settings over the config file");
 
   auto* checkpoints = app.add_subcommand("checkpoints", "list the checkpoints of a job");
   checkpoints->add_option("NAME", name, "the run's name")->required();
-  checkpoints->add_option("OUT_DIR", out_dir, "output root")->capture_default_str();
+  checkpoints->add_option("OUT_DIR", out_dir, "output root")->required();
 
   auto* restore_cmd = app.add_subcommand("restore", "rebuild a job from a checkpoint's saved config and resume it");
   restore_cmd->add_option("NAME", name, "name for the resumed run")->required();
   restore_cmd->add_option("CHECKPOINT", checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
-  restore_cmd->add_option("OUT_DIR", out_dir, "output root")->capture_default_str();
+  restore_cmd->add_option("OUT_DIR", out_dir, "output root")->required();
   restore_cmd->add_option("overrides", overrides, "key=value settings over the saved config");
 
   auto* inspect = app.add_subcommand("inspect", "print a checkpoint's metadata and per-tensor digests as JSON");
@@ -133,6 +134,9 @@ int main(int argc, char** argv) {
   try {
     if (*jobs) return cmd_jobs();
     if (*configure) return cmd_configure(kind, out_json, overrides);
+    if ((*run || *restore_cmd) && out_dir.find('=') != std::string::npos)
+      throw UserError("OUT_DIR \"" + out_dir + "\" looks like a key=value override: give the output directory " +
+                      "first (`.` for this directory), then the overrides");
     if (*run) {
       auto job = make_job(name, config_path, out_dir, overrides);
       run_or_continue(*job, restore);

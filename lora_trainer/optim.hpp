@@ -10,11 +10,9 @@
 
 #include <torch/torch.h>
 
-#include "lora_trainer/lora.hpp"
+#include "lora_trainer/named_tensors.hpp"
 
 namespace lt {
-
-class Config;
 
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;

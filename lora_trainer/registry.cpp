@@ -1,7 +1,9 @@
-// The built-in jobs, by kind. The one place that knows every job class.
-#include "lora_trainer/job.hpp"
+#include "lora_trainer/registry.hpp"
+
+#include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/trainer.hpp"
+#include "lora_trainer/util.hpp"
 
 namespace lt {
 
@@ -19,6 +21,66 @@ const JobRegistry& job_registry() {
     return r;
   }();
   return registry;
+}
+
+static json parse_config_file(const std::string& path) {
+  std::string text = read_file(path);
+  try {
+    json j = json::parse(text);
+    if (!j.is_object()) throw UserError(path + ": a config must be a JSON object");
+    return j;
+  } catch (const json::parse_error& e) {
+    throw UserError(path + ": not valid JSON: " + e.what());
+  }
+}
+
+static std::string kind_of(const json& nested, const std::string& source) {
+  if (nested.contains("job") && nested["job"].is_object() && nested["job"].contains("kind")) {
+    if (!nested["job"]["kind"].is_string()) throw UserError(source + ": job/kind must be a string");
+    return nested["job"]["kind"].get<std::string>();
+  }
+  throw UserError(source + ": no job/kind; write a config with `lora_trainer configure JOB " + source + "`");
+}
+
+std::unique_ptr<RestoreableJob> make_job(const std::string& name, const std::string& config_path,
+                                         const std::string& out_dir, const std::vector<std::string>& overrides) {
+  json nested = parse_config_file(config_path);
+  // A job/kind override picks the class too; its value is parsed like any override's.
+  std::string kind;
+  for (const auto& o : overrides) {
+    if (o.rfind("job/kind=", 0) != 0) continue;
+    json v = json::parse(o.substr(9), nullptr, false);
+    kind = (!v.is_discarded() && v.is_string()) ? v.get<std::string>() : o.substr(9);
+  }
+  if (kind.empty()) kind = kind_of(nested, config_path);
+  const JobClass& cls = job_registry().find(kind);
+  Config cfg(cls.schema());
+  cfg.merge_json(nested, config_path);
+  for (const auto& o : overrides) cfg.apply_override(o);
+  JobSpec spec;
+  spec.name = name;
+  return cls.make(spec, std::move(cfg), out_dir);
+}
+
+std::unique_ptr<RestoreableJob> from_checkpoint_path(const std::string& checkpoint, const std::string& name,
+                                                     const std::string& out_dir,
+                                                     const std::vector<std::string>& overrides) {
+  json meta = read_checkpoint_metadata(checkpoint);
+  if (!meta.contains("config") || !meta.contains("job"))
+    throw UserError(checkpoint + ": metadata has no saved config/job; it cannot be restored as a job");
+  std::string kind = kind_of(meta["config"], checkpoint + "/metadata.json");
+  const JobClass& cls = job_registry().find(kind);
+  Config cfg(cls.schema());
+  cfg.merge_json(meta["config"], checkpoint + "/metadata.json");
+  for (const auto& o : overrides) cfg.apply_override(o);
+  if (cfg.get_string("job/kind") != kind)
+    throw UserError("job/kind cannot change on restore: " + checkpoint + " is a " + kind +
+                    " state. To start a job of another kind from its weights, use `run NAME CONFIG OUT_DIR --restore`");
+  JobSpec spec = JobSpec::from_json(meta["job"]);
+  if (!name.empty()) spec.name = name;
+  auto job = cls.make(spec, std::move(cfg), out_dir);
+  job->restore_from_path(checkpoint);
+  return job;
 }
 
 }  // namespace lt

@@ -28,15 +28,15 @@ static std::vector<std::string> collect(const TokenizeOptions& o) {
   for (const auto& in : o.inputs) {
     if (fs::is_directory(in)) {
       for (auto& e : fs::recursive_directory_iterator(in, fs::directory_options::skip_permission_denied))
-        if (e.is_regular_file() && wanted(e.path(), o.extensions)) files.push_back(e.path().string());
+        if (e.is_regular_file() && wanted(e.path(), o.extensions)) files.push_back(fs::canonical(e.path()).string());
     } else if (fs::is_regular_file(in)) {
-      files.push_back(in);
+      files.push_back(fs::canonical(in).string());
     } else {
       throw UserError("tokenize: input " + in + " is neither a file nor a directory");
     }
   }
   std::sort(files.begin(), files.end());
-  files.erase(std::unique(files.begin(), files.end()), files.end());
+  files.erase(std::unique(files.begin(), files.end()), files.end());  // symlinks are read once
   if (files.empty()) throw UserError("tokenize: no input files found (check the paths and --ext filters)");
   return files;
 }

@@ -88,6 +88,8 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const St
   model_->to(rt_.device);
   catalog_ = std::make_unique<DataCatalog>(cfg_.get_string("data/dir"));
   plan_stages(plan);
+  for (const auto& stage : stages_)  // a missing dataset is found now, not at its stage
+    for (const auto& s : stage.samplings) catalog_->get(s);
   build_optimizer(named_params(*model_), cfg_.get_double("optimization/weight_decay"));
 }
 
@@ -334,7 +336,7 @@ void BaseTrainer::report(const StepResult& r, double mean_loss, double tok_per_s
               (long long)r.step, (long long)total_steps_, (long long)tokens_, mean_loss, r.lr, r.grad_norm, tok_per_s);
   std::fflush(stdout);
   log_event({{"event", "train"}, {"step", r.step}, {"tokens", tokens_}, {"loss", mean_loss}, {"lr", r.lr},
-             {"grad_norm", r.grad_norm}, {"tok_per_s", tok_per_s}, {"stage", current_stage()}});
+             {"grad_norm", r.grad_norm}, {"tok_per_s", tok_per_s}, {"stage", trained_stage()}});
 }
 
 extern "C" void lt_on_signal(int) { BaseTrainer::stop_requested.store(true); }

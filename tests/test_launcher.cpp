@@ -111,6 +111,9 @@ TEST_CASE("launcher: user mistakes exit 2 with a message, never a crash", "[laun
   Result badkind = launch({"configure", "trian", dir / "c.json"});
   CHECK(badkind.code == 2);
   CHECK_THAT(badkind.out, Contains("did you mean \"train\""));
+  Result swapped = launch({"run", "x", cfg, "training/batch_size=2"});
+  CHECK(swapped.code == 2);
+  CHECK_THAT(swapped.out, Contains("looks like a key=value override"));
   Result nosub = launch({});
   CHECK(nosub.code == 2);
   Result help = launch({"--help"});
@@ -177,4 +180,53 @@ TEST_CASE("launcher: the LoRA job is listed and `configure` shows every LoRA key
   CHECK(j["training"]["pre_lora_tokens"].is_array());
   CHECK(j["training"]["post_lora_dataset"][0][0]["name"] == "code");
   CHECK_FALSE(j["training"].contains("tokens"));  // replaced by the phases' budgets
+}
+
+TEST_CASE("launcher: restore rebuilds a job from a checkpoint's saved config, overrides on top", "[launcher]") {
+  test::TempDir dir;
+  std::string cfg = tiny_config(dir, {"logging/checkpoint_interval=4"});
+  REQUIRE(launch({"run", "orig", cfg, dir / "out"}).code == 0);
+  std::string ck = dir / "out/checkpoints/general/default/orig/ntoks/512";
+  REQUIRE(is_checkpoint(ck));
+  // The config file is gone: everything comes from the checkpoint.
+  std::filesystem::remove(cfg);
+  Result r = launch({"restore", "copy", ck, dir / "out2", "logging/report_interval=2"});
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("step 4 of 10") && Contains("finished: 10 steps"));
+  auto saved = nlohmann::json::parse(read_file(dir / "out2/runs/general/default/copy/config.json"));
+  CHECK(saved["logging"]["report_interval"] == 2);
+  CHECK(saved["architecture"]["d_model"] == 32);
+  // It continues the original exactly: the same final weights.
+  auto a = state_digests(dir / "out/checkpoints/general/default/orig/final/1280");
+  auto b = state_digests(dir / "out2/checkpoints/general/default/copy/final/1280");
+  CHECK(a == b);
+}
+
+TEST_CASE("launcher: skip phase one from a pretrained checkpoint, then export", "[launcher]") {
+  test::TempDir dir;
+  std::string cfg = tiny_config(dir);
+  REQUIRE(launch({"run", "pre", cfg, dir / "out"}).code == 0);
+  std::string base = dir / "out/checkpoints/general/default/pre/final/1280";
+  std::vector<std::string> args = {"configure", "lora/train", dir / "ft.json"};
+  for (const auto& o : test::tiny_overrides(dir / "data")) args.push_back(o);
+  for (std::string o : {"training/pre_lora_tokens=[]", "training/pre_lora_dataset=[]", "training/post_lora_tokens=[640]",
+                        R"(training/post_lora_dataset=[[{"name":"gen","rate":1}]])", "optimization/lora/rank=4"})
+    args.push_back(o);
+  REQUIRE(launch(args).code == 0);
+  Result ft = launch({"run", "ft", dir / "ft.json", dir / "out", "--restore", base});
+  INFO(ft.out);
+  REQUIRE(ft.code == 0);
+  CHECK_THAT(ft.out, Contains("initialised weights from") && Contains("step 0 of 5") && Contains("transition to LoRA at step 0"));
+  std::string final_ck = dir / "out/checkpoints/general/default/ft/final/640";
+  auto meta = read_checkpoint_metadata(final_ck);
+  CHECK(meta["kind"] == "lora");
+  CHECK(meta["step"] == 5);
+  // Again: finished, and --restore is not applied a second time.
+  CHECK_THAT(launch({"run", "ft", dir / "ft.json", dir / "out", "--restore", base}).out, Contains("already finished"));
+  Result ex = launch({"export", final_ck, dir / "merged"});
+  REQUIRE(ex.code == 0);
+  CHECK(read_checkpoint_metadata(dir / "merged")["merged_adapters"] == 8);
+  // A checkpoint that does not exist is a user error.
+  CHECK(launch({"run", "ft2", dir / "ft.json", dir / "out", "--restore", dir / "nowhere"}).code == 2);
 }

@@ -1,0 +1,15 @@
+// An ordered list of (name, tensor): the form in which parameters, optimizer state and checkpoints
+// travel between the parts of the library. Order is meaningful; names are the identity.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace lt {
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+}  // namespace lt
