@@ -103,6 +103,15 @@ OptCheck check_positive_list() {
   };
 }
 
+OptCheck check_each_one_of(std::vector<std::string> allowed) {
+  return [allowed](const json& v) {
+    for (const auto& e : v)
+      if (std::find(allowed.begin(), allowed.end(), e.get<std::string>()) == allowed.end())
+        return "has unknown element \"" + e.get<std::string>() + "\"; known: " + join(allowed);
+    return std::string();
+  };
+}
+
 static bool is_integral(const json& v) {
   if (v.is_number_integer()) return true;
   if (v.is_number_float()) {

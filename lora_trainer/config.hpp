@@ -61,6 +61,7 @@ OptCheck check_range(double lo, double hi);  // inclusive
 OptCheck check_one_of(std::vector<std::string> allowed);
 OptCheck check_positive_or_minus_one();
 OptCheck check_positive_list();  // every element of an IntList > 0
+OptCheck check_each_one_of(std::vector<std::string> allowed);  // every element of a StringList
 
 class Config {
  public:

@@ -102,13 +102,73 @@ void PmdDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inputs,
   }
 }
 
+PaddedDataset::PaddedDataset(const std::string& dir, const std::string& name) {
+  name_ = name;
+  meta_ = read_meta(dir, name);
+  if (meta_.value("style", std::string("pmd")) != "padded")
+    throw UserError("dataset \"" + name + "\" is of style " + meta_.value("style", std::string("pmd")) +
+                    ", but the config samples it as \"padded\"; fix \"style\" in the sampling");
+  pad_id_ = meta_.value("pad_id", 0u);
+  fs::path base = fs::path(dir) / name;
+  nlohmann::json shape;
+  try {
+    shape = nlohmann::json::parse(read_file((base / "shape.json").string()));
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError((base / "shape.json").string() + ": " + e.what() + "; re-run the tokenize step");
+  }
+  for (auto [split, part] : {std::pair<const char*, Part*>{"train", &train_}, {"val", &val_}}) {
+    auto dims = shape.value(split, std::vector<uint64_t>());
+    if (dims.size() != 2 || dims[0] == 0 || dims[1] == 0)
+      throw UserError((base / "shape.json").string() + ": \"" + split + "\" must be [rows, length] with both > 0");
+    part->rows = dims[0];
+    part->length = dims[1];
+    part->tokens = std::make_unique<TokenFile>((base / (std::string(split) + ".tokens.bin")).string());
+    if (part->tokens->size() != part->rows * part->length)
+      throw UserError(part->tokens->path() + " holds " + std::to_string(part->tokens->size()) + " tokens, shape.json says " +
+                      std::to_string(part->rows) + " x " + std::to_string(part->length) + "; re-run the tokenize step");
+    std::string mask = read_file((base / (std::string(split) + ".mask.bin")).string());
+    if (mask.size() != part->rows * part->length)
+      throw UserError((base / (std::string(split) + ".mask.bin")).string() + " has " + std::to_string(mask.size()) +
+                      " entries, expected rows x length; re-run the tokenize step");
+    part->mask.assign(mask.begin(), mask.end());
+  }
+}
+
+PaddedDataset::~PaddedDataset() = default;
+
+uint64_t PaddedDataset::num_samples(Split split, int64_t) const { return part(split).rows; }
+
+void PaddedDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const {
+  const Part& p = part(split);
+  const uint64_t row = index % p.rows, L = p.length, W = static_cast<uint64_t>(T) + 1;
+  const uint32_t* tok = p.tokens->data() + row * L;
+  const uint8_t* mask = p.mask.data() + row * L;
+  // Window position w in [0, W) maps to row position w - (W - L) when W > L (extra left padding),
+  // else to w + (L - W) (the row's last W positions).
+  auto at = [&](uint64_t w, bool* counts) -> int64_t {
+    if (W > L && w < W - L) {
+      *counts = false;
+      return pad_id_;
+    }
+    uint64_t pos = W > L ? w - (W - L) : w + (L - W);
+    *counts = mask[pos] != 0;
+    return tok[pos];
+  };
+  for (uint64_t t = 0; t < W - 1; ++t) {
+    bool c_in = false, c_out = false;
+    inputs[t] = at(t, &c_in);
+    int64_t next = at(t + 1, &c_out);
+    targets[t] = c_out ? next : -1;
+  }
+}
+
 const Dataset& DataCatalog::get(const Sampling& s) {
   std::string key = style_name(s.style) + ":" + s.name;
   auto it = open_.find(key);
   if (it != open_.end()) return *it->second;
-  if (s.style == DatasetStyle::PADDED)
-    throw UserError("dataset \"" + s.name + "\": style \"padded\" is not supported yet; use \"pmd\"");
-  auto ds = std::make_unique<PmdDataset>(dir_, s.name);
+  std::unique_ptr<Dataset> ds;
+  if (s.style == DatasetStyle::PADDED) ds = std::make_unique<PaddedDataset>(dir_, s.name);
+  else ds = std::make_unique<PmdDataset>(dir_, s.name);
   const Dataset& ref = *ds;
   open_[key] = std::move(ds);
   return ref;

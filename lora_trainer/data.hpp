@@ -1,10 +1,14 @@
 // Token datasets and the deterministic mixture sampler.
 //
-// A dataset is a directory `<data/dir>/<name>/` holding
-//   train.bin, val.bin   flat little-endian uint32 token ids (PMD style)
-//   meta.json            {"style": "pmd", "tokenizer": ..., "vocab_size": ..., "eot_id": ..., token counts}
-// A sample is a window of block_size + 1 tokens at a block-aligned offset: inputs are its first T
-// tokens, targets the last T.
+// A dataset is a directory `<data/dir>/<name>/` of one of two styles:
+//   PMD     train.bin, val.bin: flat little-endian uint32 token ids. A sample is a window of
+//           block_size + 1 tokens at a block-aligned offset: inputs are its first T tokens, targets
+//           the last T.
+//   PADDED  {train,val}.tokens.bin: an (N, L) uint32 matrix of left-padded rows; {train,val}.mask.bin:
+//           (N, L) uint8, 1 where the token counts in the loss (e.g. a completion, not its prompt);
+//           shape.json {"train": [N, L], "val": [N, L]}. A sample is one row, its last T + 1
+//           positions (left-padded further when L < T + 1); targets whose mask is 0 are ignored.
+//   meta.json  {"style": "pmd"|"padded", "tokenizer", "vocab_size", "eot_id", counts} for both.
 //
 // Sampling is counter-based: global row g of a stage is drawn from hash(seed, stage, g), so a data
 // position is one integer (the cursor: rows drawn so far). A resumed run restores the cursor and sees
@@ -77,6 +81,24 @@ class PmdDataset : public Dataset {
  private:
   const TokenFile& file(Split s) const { return s == Split::Train ? *train_ : *val_; }
   std::unique_ptr<TokenFile> train_, val_;
+};
+
+class PaddedDataset : public Dataset {
+ public:
+  PaddedDataset(const std::string& dir, const std::string& name);
+  ~PaddedDataset() override;
+  uint64_t num_samples(Split split, int64_t T) const override;
+  void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const override;
+
+ private:
+  struct Part {
+    std::unique_ptr<TokenFile> tokens;
+    std::vector<uint8_t> mask;
+    uint64_t rows = 0, length = 0;
+  };
+  const Part& part(Split s) const { return s == Split::Train ? train_ : val_; }
+  Part train_, val_;
+  uint32_t pad_id_ = 0;
 };
 
 // Opens datasets by name under one data directory, once each.

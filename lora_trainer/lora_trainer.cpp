@@ -2,8 +2,10 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 
 #include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/report.hpp"
 #include "lora_trainer/util.hpp"
 
 namespace fs = std::filesystem;
@@ -183,6 +185,80 @@ void LoRATrainer::restore_from_path(const std::string& path) {
     if (in_lora_) throw UserError("cannot restore the plain state " + dir + " into a job already in its LoRA phase");
   }
   BaseTrainer::restore_from_path(dir);
+}
+
+void LoRATrainer::run() {
+  BaseTrainer::run();
+  if (!done()) return;
+  std::string text = report();
+  std::printf("%s", text.c_str());
+  std::fflush(stdout);
+}
+
+std::string LoRATrainer::report() {
+  auto metrics = read_metrics(run_dir());
+  double tps[2] = {0, 0};
+  int n_tps[2] = {0, 0};
+  const json* before = nullptr;
+  const json* after = nullptr;
+  const json* transition = nullptr;
+  for (const auto& e : metrics) {
+    std::string ev = e.value("event", std::string());
+    int64_t step = e.value("step", int64_t(0));
+    if (ev == "train") {
+      int phase = step > boundary_step_ ? 1 : 0;
+      tps[phase] += e.value("tok_per_s", 0.0);
+      ++n_tps[phase];
+    } else if (ev == "val") {
+      if (step <= boundary_step_) before = &e;
+      after = &e;
+    } else if (ev == "transition") {
+      transition = &e;
+    }
+  }
+  std::string svg = (fs::path(run_dir()) / "loss.svg").string();
+  write_loss_plot(metrics, {{boundary_step_, "LoRA from here"}}, "job " + spec_.name + ": loss", svg);
+
+  std::ostringstream r;
+  char line[256];
+  r << "\n== report: job " << spec_.name << " (" << spec_.kind << ") ==\n";
+  std::snprintf(line, sizeof line, "phase 1 (full parameters): steps 1-%lld, %lld tokens, %.0f tok/s\n",
+                (long long)boundary_step_, (long long)(boundary_step_ * tokens_per_step()), n_tps[0] ? tps[0] / n_tps[0] : 0.0);
+  r << (boundary_step_ > 0 ? line : "phase 1: skipped (pretrained base)\n");
+  std::snprintf(line, sizeof line, "phase 2 (LoRA): steps %lld-%lld, %lld tokens, %.0f tok/s\n", (long long)boundary_step_ + 1,
+                (long long)total_steps_, (long long)((total_steps_ - boundary_step_) * tokens_per_step()),
+                n_tps[1] ? tps[1] / n_tps[1] : 0.0);
+  r << line;
+  if (transition) {
+    int64_t tr = transition->value("trainable_params", int64_t(0)), fr = transition->value("frozen_params", int64_t(0));
+    std::snprintf(line, sizeof line, "parameters in phase 2: %lld trainable (adapters, %.2f%%), %lld frozen (bf16 base)\n",
+                  (long long)tr, 100.0 * tr / std::max<int64_t>(1, tr + fr), (long long)fr);
+    r << line;
+  }
+  if (after) {
+    r << "validation perplexity:";
+    for (auto& [name, ppl] : (*after)["perplexity"].items()) r << "  " << name;
+    r << "\n";
+    auto row = [&](const char* label, const json* e) {
+      if (!e) return;
+      std::snprintf(line, sizeof line, "  %-26s", (std::string(label) + " (step " + std::to_string(e->value("step", 0)) + ")").c_str());
+      r << line;
+      for (auto& [name, ppl] : (*after)["perplexity"].items()) {
+        if ((*e)["perplexity"].contains(name)) std::snprintf(line, sizeof line, "  %.1f", (*e)["perplexity"][name].get<double>());
+        else std::snprintf(line, sizeof line, "  -");
+        r << line;
+      }
+      r << "\n";
+    };
+    if (boundary_step_ > 0) row("before LoRA", before);
+    row("after LoRA", after);
+  } else {
+    r << "validation perplexity: none recorded (training/validation is off)\n";
+  }
+  r << "checkpoints: " << job_dir() << "\n";
+  r << "metrics: " << (fs::path(run_dir()) / "metrics.jsonl").string() << "\nplot: " << svg << "\n";
+  write_file_atomic((fs::path(run_dir()) / "report.md").string(), r.str());
+  return r.str();
 }
 
 void export_merged(const std::string& checkpoint, const std::string& out) {

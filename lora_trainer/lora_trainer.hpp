@@ -37,6 +37,11 @@ class LoRATrainer : public BaseTrainer {
   // plain (pre_lora_checkpoint included) and the transition follows at the boundary; a plain state of
   // another job given to a job without phase 1 becomes the frozen base (skip phase one).
   void restore_from_path(const std::string& path) override;
+  // BaseTrainer::run, then (when finished) the report: per-phase speed, parameter counts, validation
+  // perplexity per dataset before and after the LoRA phase, printed and written to report.md beside
+  // loss.svg (the loss curves with the boundary marked) in the run directory.
+  void run() override;
+  std::string report();
 
   NamedTensors state_tensors() override;
   std::string state_kind() const override { return in_lora_ ? "lora" : "plain"; }

@@ -1,11 +1,15 @@
 // The launcher: `lora_trainer <subcommand>`. Parses arguments and calls the library; nothing else.
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 
 #include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/generate.hpp"
+#include "lora_trainer/tokenizer.hpp"
+#include "lora_trainer/trainer.hpp"
 #include "lora_trainer/job.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/registry.hpp"
@@ -70,6 +74,50 @@ int cmd_checkpoints(const std::string& name, const std::string& out) {
   return 0;
 }
 
+// A job rebuilt from a checkpoint for reading only: nothing is written under `out`.
+std::unique_ptr<RestoreableJob> load_for_reading(const std::string& checkpoint, const std::vector<std::string>& overrides,
+                                                 BaseTrainer** trainer) {
+  auto job = from_checkpoint_path(checkpoint, "", "/nonexistent-lora-trainer-out", overrides);
+  *trainer = dynamic_cast<BaseTrainer*>(job.get());
+  if (!*trainer) throw UserError(checkpoint + " is not a checkpoint of a training job");
+  return job;
+}
+
+int cmd_eval(const std::string& checkpoint, const std::vector<std::string>& names, int64_t rows, bool as_json,
+             const std::vector<std::string>& overrides) {
+  BaseTrainer* t = nullptr;
+  auto job = load_for_reading(checkpoint, overrides, &t);
+  std::vector<Sampling> datasets;
+  if (names.empty()) datasets = t->plan_datasets();
+  for (const auto& n : names) datasets.push_back({n, 1.0, DatasetStyle::PMD});
+  auto results = t->evaluate(datasets, rows > 0 ? rows : t->config().get_int("training/validation_steps"));
+  nlohmann::json out = {{"checkpoint", checkpoint}, {"step", t->step()}, {"kind", t->state_kind()}};
+  for (const auto& e : results)
+    out["datasets"][e.name] = {{"loss", e.loss}, {"perplexity", std::exp(e.loss)}, {"tokens", e.tokens}};
+  if (as_json) {
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::printf("%s (step %lld, %s state)\n%-20s %10s %12s %10s\n", checkpoint.c_str(), (long long)t->step(),
+                t->state_kind().c_str(), "dataset", "loss", "perplexity", "tokens");
+    for (const auto& e : results)
+      std::printf("%-20s %10.4f %12.2f %10lld\n", e.name.c_str(), e.loss, std::exp(e.loss), (long long)e.tokens);
+  }
+  return 0;
+}
+
+int cmd_sample(const std::string& checkpoint, const std::string& prompt, std::string tokenizer_name,
+               const GenerateOptions& opts, const std::vector<std::string>& overrides) {
+  BaseTrainer* t = nullptr;
+  auto job = load_for_reading(checkpoint, overrides, &t);
+  if (tokenizer_name == "auto") tokenizer_name = t->model()->options().vocab_size == 257 ? "byte" : "gpt2";
+  auto tok = make_tokenizer(tokenizer_name);
+  GenerateOptions o = opts;
+  o.stop_id = tok->eot_id();
+  auto ids = generate(t->model(), t->runtime(), tok->encode(prompt), o);
+  std::printf("%s%s\n", prompt.c_str(), tok->decode(ids).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -113,6 +161,29 @@ int main(int argc, char** argv) {
   export_cmd->add_option("CHECKPOINT", checkpoint, "checkpoint directory (plain or LoRA)")->required()->check(CLI::ExistingDirectory);
   export_cmd->add_option("OUT", export_out, "directory to write (usable with `run ... --restore OUT`)")->required();
 
+  std::vector<std::string> eval_datasets;
+  int64_t eval_rows = 0;
+  bool eval_json = false;
+  auto* eval_cmd = app.add_subcommand("eval", "held-out loss and perplexity of a checkpoint (plain or LoRA) on datasets");
+  eval_cmd->add_option("CHECKPOINT", checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
+  eval_cmd->add_option("--dataset", eval_datasets, "dataset names under data/dir (default: every dataset of the job)");
+  eval_cmd->add_option("--rows", eval_rows, "validation rows per dataset (default: training/validation_steps)");
+  eval_cmd->add_flag("--json", eval_json, "print JSON");
+  eval_cmd->add_option("overrides", overrides, "key=value settings over the saved config (e.g. data/dir=...)");
+
+  std::string prompt, sample_tokenizer = "auto";
+  GenerateOptions gen;
+  auto* sample_cmd = app.add_subcommand("sample", "generate text from a checkpoint");
+  sample_cmd->add_option("CHECKPOINT", checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
+  sample_cmd->add_option("--prompt", prompt, "text to continue")->required();
+  sample_cmd->add_option("--tokens", gen.max_new_tokens, "tokens to generate")->capture_default_str()->check(CLI::PositiveNumber);
+  sample_cmd->add_option("--temperature", gen.temperature, "softmax temperature; 0 = greedy")->capture_default_str()->check(CLI::NonNegativeNumber);
+  sample_cmd->add_option("--top-k", gen.top_k, "sample from the k most likely tokens; 0 = all")->capture_default_str()->check(CLI::NonNegativeNumber);
+  sample_cmd->add_option("--seed", gen.seed, "random seed")->capture_default_str();
+  sample_cmd->add_option("--tokenizer", sample_tokenizer, "auto (byte when the vocabulary is 257), gpt2 or byte")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "gpt2", "byte"}));
+  sample_cmd->add_option("overrides", overrides, "key=value settings over the saved config (e.g. runtime/threads=1)");
+
   TokenizeOptions tok;
   std::string ds_name, data_dir = "datasets/data";
   auto* tokenize = app.add_subcommand("tokenize", "turn text files/directories into a PMD token dataset");
@@ -123,6 +194,11 @@ int main(int argc, char** argv) {
   tokenize->add_option("--tokenizer-dir", tok.tokenizer_dir, "directory with encoder.json and vocab.bpe");
   tokenize->add_option("--val-fraction", tok.val_fraction, "share of documents for validation")->capture_default_str();
   tokenize->add_option("--ext", tok.extensions, "only files ending in these (e.g. --ext .py)");
+  std::string tok_format = "text";
+  tokenize->add_option("--format", tok_format,
+                       "text: each file a document -> PMD; jsonl: {\"prompt\",\"completion\"} records -> PADDED")
+      ->capture_default_str()->check(CLI::IsMember({"text", "jsonl"}));
+  tokenize->add_option("--length", tok.length, "jsonl: row length in tokens (0 = the longest record)")->capture_default_str();
 
   try {
     app.parse(argc, argv);
@@ -152,13 +228,15 @@ int main(int argc, char** argv) {
       std::cout << inspect_checkpoint(checkpoint).dump(2) << "\n";
       return 0;
     }
+    if (*eval_cmd) return cmd_eval(checkpoint, eval_datasets, eval_rows, eval_json, overrides);
+    if (*sample_cmd) return cmd_sample(checkpoint, prompt, sample_tokenizer, gen, overrides);
     if (*export_cmd) {
       export_merged(checkpoint, export_out);
       return 0;
     }
     if (*tokenize) {
       tok.out_dir = (fs::path(data_dir) / ds_name).string();
-      auto r = tokenize_to_pmd(tok);
+      auto r = tok_format == "jsonl" ? tokenize_jsonl_to_padded(tok) : tokenize_to_pmd(tok);
       std::printf("dataset %s: %llu documents (%llu validation), %llu bytes -> %llu train + %llu val tokens\n",
                   tok.out_dir.c_str(), (unsigned long long)r.documents, (unsigned long long)r.val_documents,
                   (unsigned long long)r.bytes, (unsigned long long)r.train_tokens, (unsigned long long)r.val_tokens);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -126,6 +127,77 @@ TokenizeResult tokenize_to_pmd(const TokenizeOptions& o) {
                          {"train_tokens", r.train_tokens},
                          {"val_tokens", r.val_tokens},
                          {"val_fraction", f}};
+  write_file_atomic((fs::path(o.out_dir) / "meta.json").string(), meta.dump(2) + "\n");
+  return r;
+}
+
+TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& o) {
+  if (!(o.val_fraction > 0 && o.val_fraction < 1))
+    throw UserError("tokenize: --val-fraction must be between 0 and 1 (exclusive)");
+  auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
+  struct Row {
+    std::vector<uint32_t> ids;
+    std::vector<uint8_t> mask;
+  };
+  std::vector<Row> rows;
+  TokenizeResult r;
+  for (const auto& file : collect(o)) {
+    std::istringstream in(read_file(file));
+    std::string line;
+    for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      auto where = file + ":" + std::to_string(line_no);
+      if (j.is_discarded() || !j.is_object()) throw UserError(where + ": not a JSON object");
+      if (!j.contains("prompt") || !j["prompt"].is_string() || !j.contains("completion") || !j["completion"].is_string())
+        throw UserError(where + ": a record needs string fields \"prompt\" and \"completion\"");
+      Row row;
+      auto p = tok->encode(j["prompt"].get<std::string>());
+      auto c = tok->encode(j["completion"].get<std::string>());
+      c.push_back(tok->eot_id());
+      row.ids = p;
+      row.ids.insert(row.ids.end(), c.begin(), c.end());
+      row.mask.assign(p.size(), 0);
+      row.mask.insert(row.mask.end(), c.size(), 1);
+      r.bytes += line.size();
+      rows.push_back(std::move(row));
+    }
+  }
+  if (rows.size() < 2) throw UserError("tokenize: need at least 2 JSONL records (one for validation)");
+  uint64_t L = static_cast<uint64_t>(o.length);
+  if (L == 0)
+    for (const auto& row : rows) L = std::max<uint64_t>(L, row.ids.size());
+  fs::create_directories(o.out_dir);
+  fs::remove(fs::path(o.out_dir) / "meta.json");
+  std::string bufs[2][2];  // [train/val][tokens/mask]
+  uint64_t counts[2] = {0, 0};
+  const double f = o.val_fraction;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    bool val = std::floor((i + 1) * f) > std::floor(i * f) || (i + 1 == rows.size() && counts[1] == 0);
+    auto& row = rows[i];
+    size_t n = row.ids.size(), keep = std::min<size_t>(n, L), pad = L - keep;
+    std::vector<uint32_t> ids(pad, tok->eot_id());
+    std::vector<uint8_t> mask(pad, 0);
+    ids.insert(ids.end(), row.ids.end() - keep, row.ids.end());
+    mask.insert(mask.end(), row.mask.end() - keep, row.mask.end());
+    bufs[val][0].append(reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
+    bufs[val][1].append(reinterpret_cast<const char*>(mask.data()), mask.size());
+    ++counts[val];
+    (val ? r.val_tokens : r.train_tokens) += keep;
+  }
+  r.documents = rows.size();
+  r.val_documents = counts[1];
+  const char* split[2] = {"train", "val"};
+  for (int s = 0; s < 2; ++s) {
+    write_file_atomic((fs::path(o.out_dir) / (std::string(split[s]) + ".tokens.bin")).string(), bufs[s][0]);
+    write_file_atomic((fs::path(o.out_dir) / (std::string(split[s]) + ".mask.bin")).string(), bufs[s][1]);
+  }
+  nlohmann::json shape = {{"train", {counts[0], L}}, {"val", {counts[1], L}}};
+  write_file_atomic((fs::path(o.out_dir) / "shape.json").string(), shape.dump() + "\n");
+  nlohmann::json meta = {{"style", "padded"},        {"tokenizer", tok->name()}, {"vocab_size", tok->vocab_size()},
+                         {"eot_id", tok->eot_id()},  {"pad_id", tok->eot_id()},  {"records", r.documents},
+                         {"val_records", r.val_documents}, {"length", L},        {"train_tokens", r.train_tokens},
+                         {"val_tokens", r.val_tokens}, {"val_fraction", f}};
   write_file_atomic((fs::path(o.out_dir) / "meta.json").string(), meta.dump(2) + "\n");
   return r;
 }

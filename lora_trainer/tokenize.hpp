@@ -17,6 +17,7 @@ struct TokenizeOptions {
   std::string tokenizer = "gpt2";
   std::string tokenizer_dir;            // "" = default_gpt2_dir()
   double val_fraction = 0.05;
+  int64_t length = 0;                   // padded: row length L; 0 = the longest record
 };
 
 struct TokenizeResult {
@@ -25,5 +26,11 @@ struct TokenizeResult {
 
 // Writes atomically: files appear under their final names only when complete, meta.json last.
 TokenizeResult tokenize_to_pmd(const TokenizeOptions& opts);
+
+// JSONL records {"prompt": str, "completion": str} -> a PADDED dataset (data.hpp): each row is
+// prompt + completion + end-of-text, left-padded (pad = end-of-text, mask 0) to `length`; only the
+// completion and its end-of-text count in the loss. A longer record keeps its last `length` tokens.
+// Every k-th record (k = 1 / val_fraction, at least one) goes to validation.
+TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& opts);
 
 }  // namespace lt

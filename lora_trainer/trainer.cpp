@@ -50,6 +50,10 @@ void add_trainer_options(ConfigSchema& s) {
   s.add("architecture/d_model", OptType::Int, 384, "residual width C", check_positive());
   s.add("architecture/vocab_size", OptType::Int, 50257, "vocabulary size V (>= the tokenizer's)", check_positive());
   s.add("architecture/dropout", OptType::Float, 0.0, "dropout probability", check_range(0, 0.9));
+  s.add("eval/evaluations", OptType::StringList, json::array({"perplexity"}),
+        "evaluations at every validation and stage boundary: \"perplexity\" = held-out loss and perplexity of "
+        "every dataset of the plan ([] = only the datasets of the current stage)",
+        check_each_one_of({"perplexity"}));
   s.add("data/dir", OptType::String, "datasets/data", "directory holding one sub-directory per tokenized dataset");
   s.add("logging/report_interval", OptType::Int, 10, "steps between metrics lines", check_positive());
   s.add("logging/checkpoint_interval", OptType::Int, 200, "steps between periodic checkpoints", check_positive());
@@ -88,8 +92,6 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const St
   model_->to(rt_.device);
   catalog_ = std::make_unique<DataCatalog>(cfg_.get_string("data/dir"));
   plan_stages(plan);
-  for (const auto& stage : stages_)  // a missing dataset is found now, not at its stage
-    for (const auto& s : stage.samplings) catalog_->get(s);
   build_optimizer(named_params(*model_), cfg_.get_double("optimization/weight_decay"));
 }
 
@@ -189,44 +191,60 @@ int BaseTrainer::stage_of(int64_t step) const {
   return static_cast<int>(stages_.size()) - 1;
 }
 
-ValResult BaseTrainer::validate() {
-  torch::NoGradGuard ng;
-  model_->eval();
-  ValResult out;
-  // Every dataset of the plan is measured (so forgetting shows); the score is over the datasets of the
-  // stage just trained.
-  const Stage& scored = stages_[static_cast<size_t>(trained_stage())];
+static bool same_dataset(const Sampling& a, const Sampling& b) { return a.name == b.name && a.style == b.style; }
+
+std::vector<Sampling> BaseTrainer::plan_datasets() const {
   std::vector<Sampling> all;
   for (const auto& st : stages_)
     for (const auto& smp : st.samplings)
-      if (std::none_of(all.begin(), all.end(), [&](const Sampling& x) { return x.name == smp.name && x.style == smp.style; }))
+      if (std::none_of(all.begin(), all.end(), [&](const Sampling& x) { return same_dataset(x, smp); }))
         all.push_back(smp);
-  double scored_loss = 0;
-  int64_t scored_tokens = 0;
-  const int64_t rows = cfg_.get_int("training/validation_steps");
-  for (const auto& smp : all) {
+  return all;
+}
+
+void BaseTrainer::check_datasets() {
+  for (const auto& s : plan_datasets()) catalog_->get(s);
+}
+
+std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& datasets, int64_t rows) {
+  torch::NoGradGuard ng;
+  const bool was_training = model_->is_training();
+  model_->eval();
+  std::vector<DatasetEval> out;
+  for (const auto& smp : datasets) {
     const Dataset& ds = catalog_->get(smp);
-    double ds_loss = 0;
-    int64_t ds_tokens = 0;
+    DatasetEval e;
+    e.name = smp.name;
+    double loss_sum_total = 0;
     for (int64_t first = 0; first < rows; first += micro_batch_) {
       int64_t n = std::min(micro_batch_, rows - first);
       Batch b = validation_rows(ds, block_size_, static_cast<uint64_t>(first), n);
       AutocastGuard autocast(rt_);
       auto [loss_sum, count] = model_->loss_sum(b.inputs.to(rt_.device), b.targets.to(rt_.device));
-      ds_loss += loss_sum.item<double>();
-      ds_tokens += count;
+      loss_sum_total += loss_sum.item<double>();
+      e.tokens += count;
     }
-    out.per_dataset.emplace_back(smp.name, ds_loss / static_cast<double>(std::max<int64_t>(1, ds_tokens)));
-    bool in_scored = std::any_of(scored.samplings.begin(), scored.samplings.end(),
-                                 [&](const Sampling& x) { return x.name == smp.name && x.style == smp.style; });
-    if (in_scored) {
-      scored_loss += ds_loss;
-      scored_tokens += ds_tokens;
-    }
+    e.loss = loss_sum_total / static_cast<double>(std::max<int64_t>(1, e.tokens));
+    out.push_back(e);
   }
-  out.loss = scored_loss / static_cast<double>(std::max<int64_t>(1, scored_tokens));
-  out.tokens = scored_tokens;
-  model_->train();
+  if (was_training) model_->train();
+  return out;
+}
+
+ValResult BaseTrainer::validate() {
+  const Stage& scored = stages_[static_cast<size_t>(trained_stage())];
+  auto evals = cfg_.get("eval/evaluations");
+  bool perplexity = std::find(evals.begin(), evals.end(), json("perplexity")) != evals.end();
+  ValResult out;
+  out.per_dataset = evaluate(perplexity ? plan_datasets() : scored.samplings, cfg_.get_int("training/validation_steps"));
+  double loss = 0;
+  for (const auto& e : out.per_dataset) {
+    if (std::none_of(scored.samplings.begin(), scored.samplings.end(), [&](const Sampling& x) { return x.name == e.name; }))
+      continue;
+    loss += e.loss * static_cast<double>(e.tokens);
+    out.tokens += e.tokens;
+  }
+  out.loss = loss / static_cast<double>(std::max<int64_t>(1, out.tokens));
   return out;
 }
 
@@ -296,7 +314,6 @@ void BaseTrainer::restore_from_path(const std::string& path) {
     size_t i = std::stoul(k);
     if (i < samplers_.size() && i == static_cast<size_t>(current_stage())) sampler(static_cast<int>(i)).set_cursor(v.get<uint64_t>());
   }
-  truncate_metrics_after(step_);
 }
 
 void BaseTrainer::load_weights_from(const std::string& dir) {
@@ -355,6 +372,8 @@ void BaseTrainer::run() {
               spec_.kind.c_str(), n_params / 1e6, rt_.describe().c_str(), (long long)step_, (long long)total_steps_,
               (long long)tokens_per_step());
   std::fflush(stdout);
+  check_datasets();  // a missing dataset is found now, not at its stage
+  truncate_metrics_after(step_);  // a resumed run drops the lines of steps it will redo
   stop_requested = false;
   auto prev_int = std::signal(SIGINT, lt_on_signal);
   auto prev_term = std::signal(SIGTERM, lt_on_signal);
@@ -374,17 +393,22 @@ void BaseTrainer::run() {
       window_loss = window_time = 0;
       window_steps = 0;
     }
-    if (validation && (step_ % val_every == 0 || step_ == total_steps_)) {
+    const bool stage_end = step_ == stages_[static_cast<size_t>(trained_stage())].end_step;
+    if (validation && (step_ % val_every == 0 || stage_end)) {
       ValResult v = validate();
       std::string per;
-      json per_json = json::object();
-      for (auto& [n, l] : v.per_dataset) {
-        per += " " + n + "=" + std::to_string(l).substr(0, 6);
-        per_json[n] = l;
+      json per_json = json::object(), ppl_json = json::object();
+      for (const auto& e : v.per_dataset) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, " %s %.4f (ppl %.1f)", e.name.c_str(), e.loss, std::exp(e.loss));
+        per += buf;
+        per_json[e.name] = e.loss;
+        ppl_json[e.name] = std::exp(e.loss);
       }
-      std::printf("  validation at step %lld: stage %d loss %.4f (ppl %.1f) |%s\n", (long long)step_, trained_stage(), v.loss, std::exp(v.loss),
+      std::printf("  validation at step %lld (stage %d): loss %.4f |%s\n", (long long)step_, trained_stage(), v.loss,
                   per.c_str());
-      log_event({{"event", "val"}, {"step", step_}, {"tokens", tokens_}, {"loss", v.loss}, {"per_dataset", per_json}});
+      log_event({{"event", "val"}, {"step", step_}, {"tokens", tokens_}, {"stage", trained_stage()}, {"loss", v.loss},
+                 {"per_dataset", per_json}, {"perplexity", ppl_json}, {"stage_end", stage_end}});
       if (!best_score_ || v.loss < *best_score_ || best_stage_ != trained_stage()) {
         best_score_ = v.loss;
         best_stage_ = trained_stage();

@@ -32,9 +32,15 @@ struct StepResult {
   double seconds = 0.0;
 };
 
+struct DatasetEval {
+  std::string name;
+  double loss = 0.0;  // mean cross-entropy per target token (nats); perplexity = exp(loss)
+  int64_t tokens = 0;
+};
+
 struct ValResult {
   double loss = 0.0;  // token-weighted over the datasets of the stage just trained
-  std::vector<std::pair<std::string, double>> per_dataset;
+  std::vector<DatasetEval> per_dataset;
   int64_t tokens = 0;
 };
 
@@ -63,9 +69,17 @@ class BaseTrainer : public RestoreableJob {
   void restore_from_path(const std::string& path) override;
 
   StepResult train_step();
-  // Loss on `training/validation_steps` rows of every dataset of the plan; the score (`loss`) is
-  // token-weighted over the datasets of the stage just trained.
+  // Held-out loss of the model (base + adapters in the LoRA phase) on the first `rows` validation
+  // samples of each dataset.
+  std::vector<DatasetEval> evaluate(const std::vector<Sampling>& datasets, int64_t rows);
+  // Every distinct dataset of the plan, in order of first use.
+  std::vector<Sampling> plan_datasets() const;
+  // The periodic validation: `training/validation_steps` rows of the datasets of the stage just
+  // trained (of every dataset of the plan when eval/evaluations has "perplexity"); the score (`loss`)
+  // is token-weighted over the datasets of the stage just trained.
   ValResult validate();
+  // Opens every dataset of the plan (UserError naming a missing one).
+  void check_datasets();
   // Saves a checkpoint under job_dir()/suffix; `latest` follows unless told not to.
   void save(const std::string& suffix, bool update_latest = true);
 

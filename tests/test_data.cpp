@@ -113,3 +113,64 @@ TEST_CASE("tokenize writes train/val splits with end-of-text after each document
   CHECK(eots == 6);
   CHECK(train.data()[train.size() - 1] == 256);
 }
+
+TEST_CASE("padded: JSONL records become left-padded rows with loss only on the completion", "[data]") {
+  test::TempDir dir;
+  std::string records;
+  for (int i = 0; i < 8; ++i)
+    records += nlohmann::json({{"prompt", "Q" + std::to_string(i) + ":"}, {"completion", " yes"}}).dump() + "\n";
+  write_file_atomic(dir / "qa.jsonl", records);
+  TokenizeOptions o;
+  o.inputs = {dir / "qa.jsonl"};
+  o.out_dir = dir / "data/qa";
+  o.tokenizer = "byte";
+  o.val_fraction = 0.25;
+  o.length = 12;
+  auto r = tokenize_jsonl_to_padded(o);
+  CHECK(r.documents == 8);
+  CHECK(r.val_documents == 2);
+  DataCatalog cat(dir / "data");
+  const Dataset& ds = cat.get({"qa", 1.0, DatasetStyle::PADDED});
+  CHECK(ds.num_samples(Split::Train, 8) == 6);
+  // Row 0 is "Q0:" + " yes" + EOT = 8 tokens, left-padded to 12 with EOT (256).
+  // With T = 11 the window is the whole row: inputs = row[0..11), targets = row[1..12) where counted.
+  std::vector<int64_t> in(11), tgt(11);
+  ds.sample(Split::Train, 0, 11, in.data(), tgt.data());
+  CHECK(std::vector<int64_t>(in.begin(), in.begin() + 5) == std::vector<int64_t>{256, 256, 256, 256, 'Q'});
+  // Targets: padding and the prompt are ignored; " yes" and EOT count.
+  CHECK(std::vector<int64_t>(tgt.begin(), tgt.end()) ==
+        std::vector<int64_t>{-1, -1, -1, -1, -1, -1, ' ', 'y', 'e', 's', 256});
+  // A longer window pads further on the left, all ignored.
+  std::vector<int64_t> in2(15), tgt2(15);
+  ds.sample(Split::Train, 0, 15, in2.data(), tgt2.data());
+  CHECK(tgt2.back() == 256);
+  CHECK(std::count(tgt2.begin(), tgt2.end(), -1) == 15 - 5);
+  // Asking for it as PMD is a clear error.
+  CHECK_THROWS_WITH(cat.get({"qa", 1.0, DatasetStyle::PMD}), Catch::Matchers::Contains("of style padded"));
+}
+
+TEST_CASE("padded and PMD datasets mix in one stage", "[data]") {
+  test::TempDir dir;
+  make_counting_dataset(dir / "data", "count", 5000, 0);
+  std::string records;
+  for (int i = 0; i < 8; ++i) records += R"({"prompt":"p","completion":"c"})" "\n";
+  write_file_atomic(dir / "qa.jsonl", records);
+  TokenizeOptions o;
+  o.inputs = {dir / "qa.jsonl"};
+  o.out_dir = dir / "data/qa";
+  o.tokenizer = "byte";
+  o.val_fraction = 0.25;
+  tokenize_jsonl_to_padded(o);
+  DataCatalog cat(dir / "data");
+  MixtureSampler s(cat, {{"count", 0.5, DatasetStyle::PMD}, {"qa", 0.5, DatasetStyle::PADDED}}, 8, 1, 0);
+  Batch b = s.next(64);
+  int padded_rows = 0;
+  for (int64_t r = 0; r < 64; ++r) {
+    bool is_padded = b.source[static_cast<size_t>(r)] == 1;
+    padded_rows += is_padded;
+    int64_t ignored = b.targets[r].lt(0).sum().item<int64_t>();
+    CHECK(ignored == (is_padded ? 6 : 0));  // "p","c",EOT in 9 positions: only "c" and EOT count
+  }
+  CHECK(padded_rows > 16);
+  CHECK(padded_rows < 48);
+}

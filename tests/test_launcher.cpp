@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <sstream>
 #include <thread>
 
 #include "lora_trainer/checkpoint.hpp"
@@ -59,6 +60,14 @@ std::map<std::string, std::string> state_digests(const std::string& ckpt) {
   std::map<std::string, std::string> out;
   const nlohmann::json info = inspect_checkpoint(ckpt);
   for (const auto& t : info["tensors"]) out[t["name"].get<std::string>()] = t["fnv1a64"].get<std::string>();
+  return out;
+}
+
+std::vector<nlohmann::json> read_metrics_lines(const std::string& run_dir) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(read_file(run_dir + "/metrics.jsonl"));
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
   return out;
 }
 
@@ -123,7 +132,7 @@ TEST_CASE("launcher: user mistakes exit 2 with a message, never a crash", "[laun
 
 TEST_CASE("launcher: SIGINT saves a checkpoint and the re-run ends as an uninterrupted run", "[launcher]") {
   test::TempDir dir;
-  std::string cfg = tiny_config(dir, {"training/tokens=25600", "logging/report_interval=1"});  // 200 steps
+  std::string cfg = tiny_config(dir, {"training/tokens=12800", "logging/report_interval=1"});  // 100 steps
   Result straight = launch({"run", "straight", cfg, dir / "out"});
   REQUIRE(straight.code == 0);
 
@@ -161,8 +170,8 @@ TEST_CASE("launcher: SIGINT saves a checkpoint and the re-run ends as an uninter
   INFO(resumed.out);
   REQUIRE(resumed.code == 0);
   CHECK_THAT(resumed.out, Contains("continuing interrupted from its latest checkpoint"));
-  auto a = state_digests(dir / "out/checkpoints/general/default/straight/final/25600");
-  auto b = state_digests(job + "/final/25600");
+  auto a = state_digests(dir / "out/checkpoints/general/default/straight/final/12800");
+  auto b = state_digests(job + "/final/12800");
   REQUIRE(a.size() > 10);
   CHECK(a == b);
 }
@@ -229,4 +238,52 @@ TEST_CASE("launcher: skip phase one from a pretrained checkpoint, then export", 
   CHECK(read_checkpoint_metadata(dir / "merged")["merged_adapters"] == 8);
   // A checkpoint that does not exist is a user error.
   CHECK(launch({"run", "ft2", dir / "ft.json", dir / "out", "--restore", dir / "nowhere"}).code == 2);
+}
+
+TEST_CASE("launcher: a LoRA run ends with a report and a plot; eval and sample read its checkpoints", "[launcher]") {
+  test::TempDir dir;
+  test::make_byte_dataset(dir / "data", "gen", 1);
+  test::make_byte_dataset(dir / "data", "gen2", 2);
+  std::vector<std::string> args = {"configure", "lora/train", dir / "l.json"};
+  for (const auto& o : test::tiny_overrides(dir / "data")) args.push_back(o);
+  for (std::string o : {"training/pre_lora_tokens=[640]", R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}]])",
+                        "training/post_lora_tokens=[640]", R"(training/post_lora_dataset=[[{"name":"gen2","rate":1}]])",
+                        "optimization/lora/rank=4", "logging/report_interval=1"})
+    args.push_back(o);
+  REQUIRE(launch(args).code == 0);
+  Result run = launch({"run", "rep", dir / "l.json", dir / "out"});
+  INFO(run.out);
+  REQUIRE(run.code == 0);
+  CHECK_THAT(run.out, Contains("== report: job rep") && Contains("before LoRA (step 5)") && Contains("after LoRA (step 10)") &&
+                          Contains("4096 trainable"));
+  std::string rundir = dir / "out/runs/general/default/rep";
+  std::string svg = read_file(rundir + "/loss.svg");
+  CHECK_THAT(svg, Contains("<svg") && Contains("LoRA from here") && Contains("validation: gen2"));
+  CHECK(std::filesystem::exists(rundir + "/report.md"));
+  // Validation at the phase boundary measured every dataset.
+  bool boundary_val = false;
+  for (const auto& e : read_metrics_lines(rundir))
+    if (e["event"] == "val" && e["step"] == 5) boundary_val = e["perplexity"].contains("gen") && e["perplexity"].contains("gen2");
+  CHECK(boundary_val);
+
+  std::string ck = dir / "out/checkpoints/general/default/rep/final/1280";
+  Result ev = launch({"eval", ck, "--json", "--rows", "4"});
+  INFO(ev.out);
+  REQUIRE(ev.code == 0);
+  auto j = nlohmann::json::parse(ev.out);
+  CHECK(j["kind"] == "lora");
+  CHECK(j["datasets"]["gen2"]["perplexity"].get<double>() > 1.0);
+  CHECK(j["datasets"]["gen"]["tokens"] == 4 * 32);
+  Result pre = launch({"eval", dir / "out/checkpoints/general/default/rep/pre_lora_checkpoint", "--dataset", "gen2", "--json"});
+  REQUIRE(pre.code == 0);
+  CHECK(nlohmann::json::parse(pre.out)["kind"] == "plain");
+
+  Result s1 = launch({"sample", ck, "--prompt", "the cat", "--tokens", "20", "--seed", "3"});
+  Result s2 = launch({"sample", ck, "--prompt", "the cat", "--tokens", "20", "--seed", "3"});
+  REQUIRE(s1.code == 0);
+  CHECK(s1.out.rfind("the cat", 0) == 0);
+  CHECK(s1.out.size() > std::string("the cat").size());
+  CHECK(s1.out == s2.out);  // the seed makes it repeatable
+  // Reading a checkpoint writes nothing beside it.
+  CHECK_FALSE(std::filesystem::exists("/nonexistent-lora-trainer-out"));
 }

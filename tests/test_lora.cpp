@@ -220,8 +220,9 @@ TEST_CASE("restore refuses checkpoints of the wrong phase with a clear reason", 
                     Contains("wte.weight, which is not a linear layer's weight") && Contains("h.0.mlp.c_fc.weight"));
   CHECK_THROWS_WITH(make_lora(d, "rank", {"optimization/lora/rank=64"}),
                     Contains("optimization/lora/rank 64 exceeds the smaller side of h.0.attn.c_attn.weight (96 x 32)"));
-  CHECK_THROWS_WITH(make_lora(d, "nodata", {R"(training/post_lora_dataset=[[{"name":"absent","rate":1}]])"}),
-                    Contains("absent/meta.json"));
+  auto nodata = make_lora(d, "nodata", {R"(training/post_lora_dataset=[[{"name":"absent","rate":1}]])"});
+  CHECK_THROWS_WITH(nodata->run(), Contains("absent/meta.json"));  // before the first step, not at the boundary
+  CHECK(nodata->step() == 0);
   auto mismatch = [&] { make_lora(d, "bad", {R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}],[{"name":"gen","rate":1}]])"}); };
   CHECK_THROWS_WITH(mismatch(), Contains("training/pre_lora_tokens has 1 stages but training/pre_lora_dataset has 2"));
 }

@@ -1,0 +1,27 @@
+// Text generation from a trained model: autoregressive sampling with temperature and top-k, so a
+// person can see what each phase learned (`lora_trainer sample`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lora_trainer/model.hpp"
+#include "lora_trainer/runtime.hpp"
+
+namespace lt {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 100;
+  double temperature = 0.8;  // 0 = greedy
+  int64_t top_k = 40;        // 0 = no cut-off
+  uint64_t seed = 0;
+  int64_t stop_id = -1;      // stop after generating this id (end-of-text); -1 = never
+};
+
+// Continues `prompt` (token ids, at least one). The context is the last block_size tokens.
+// Returns only the new ids. Deterministic for a given seed.
+std::vector<uint32_t> generate(GPT& model, const Runtime& rt, const std::vector<uint32_t>& prompt,
+                               const GenerateOptions& opts);
+
+}  // namespace lt

@@ -1,0 +1,25 @@
+// Run reports: the loss curves of a run as an SVG plot, from its metrics.jsonl.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace lt {
+
+// Every event line of a run's metrics.jsonl (missing file: empty).
+std::vector<nlohmann::json> read_metrics(const std::string& run_dir);
+
+struct PlotMarker {
+  int64_t step;
+  std::string label;
+};
+
+// Writes an SVG of the training loss and of each dataset's validation loss against the step, with a
+// dashed vertical line per marker (phase or stage boundaries). Written atomically.
+void write_loss_plot(const std::vector<nlohmann::json>& metrics, const std::vector<PlotMarker>& markers,
+                     const std::string& title, const std::string& path);
+
+}  // namespace lt
