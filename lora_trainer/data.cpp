@@ -174,6 +174,21 @@ const Dataset& DataCatalog::get(const Sampling& s) {
   return ref;
 }
 
+double unigram_val_loss(const PmdDataset& ds, int64_t vocab) {
+  std::vector<double> counts(static_cast<size_t>(vocab), 1.0);
+  const TokenFile& train = ds.tokens(Split::Train);
+  for (uint64_t i = 0; i < train.size(); ++i)
+    if (train.data()[i] < counts.size()) counts[train.data()[i]] += 1.0;
+  const double total = std::accumulate(counts.begin(), counts.end(), 0.0);
+  const TokenFile& val = ds.tokens(Split::Val);
+  double nll = 0;
+  for (uint64_t i = 0; i < val.size(); ++i) {
+    uint32_t t = val.data()[i];
+    nll -= std::log((t < counts.size() ? counts[t] : 1.0) / total);
+  }
+  return val.size() ? nll / static_cast<double>(val.size()) : 0.0;
+}
+
 uint64_t mix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;

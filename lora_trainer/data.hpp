@@ -74,6 +74,7 @@ class Dataset {
 
 class PmdDataset : public Dataset {
  public:
+  const TokenFile& tokens(Split s) const { return file(s); }
   PmdDataset(const std::string& dir, const std::string& name);
   uint64_t num_samples(Split split, int64_t T) const override;
   void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const override;
@@ -146,6 +147,10 @@ std::vector<int64_t> largest_remainder(const std::vector<double>& weights, int64
 
 // The fixed validation rows of one dataset: samples 0..rows-1 of its val split (wrapping).
 Batch validation_rows(const Dataset& ds, int64_t block_size, uint64_t first, int64_t count);
+
+// The baseline a language model must beat: cross-entropy (nats per token) of the validation split
+// under the training split's unigram distribution (add-one smoothed over `vocab` ids). PMD only.
+double unigram_val_loss(const PmdDataset& ds, int64_t vocab);
 
 // splitmix64: the counter-based hash behind sampling.
 uint64_t mix64(uint64_t x);

@@ -191,6 +191,7 @@ void LoRATrainer::run() {
   BaseTrainer::run();
   if (!done()) return;
   std::string text = report();
+  if (text.empty()) return;  // no training was logged under this name (e.g. `restore` of a finished job)
   std::printf("%s", text.c_str());
   std::fflush(stdout);
 }
@@ -216,6 +217,7 @@ std::string LoRATrainer::report() {
       transition = &e;
     }
   }
+  if (n_tps[0] + n_tps[1] == 0) return "";
   std::string svg = (fs::path(run_dir()) / "loss.svg").string();
   write_loss_plot(metrics, {{boundary_step_, "LoRA from here"}}, "job " + spec_.name + ": loss", svg);
 
@@ -255,7 +257,14 @@ std::string LoRATrainer::report() {
   } else {
     r << "validation perplexity: none recorded (training/validation is off)\n";
   }
-  r << "checkpoints: " << job_dir() << "\n";
+  r << "unigram baseline perplexity (validation under the training split's token frequencies):";
+  for (const auto& smp : plan_datasets()) {
+    if (smp.style != DatasetStyle::PMD) continue;
+    const auto& ds = dynamic_cast<const PmdDataset&>(catalog_->get(smp));
+    std::snprintf(line, sizeof line, "  %s %.1f", smp.name.c_str(), std::exp(unigram_val_loss(ds, model_->options().vocab_size)));
+    r << line;
+  }
+  r << "\ncheckpoints: " << job_dir() << "\n";
   r << "metrics: " << (fs::path(run_dir()) / "metrics.jsonl").string() << "\nplot: " << svg << "\n";
   write_file_atomic((fs::path(run_dir()) / "report.md").string(), r.str());
   return r.str();

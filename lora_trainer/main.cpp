@@ -89,7 +89,10 @@ int cmd_eval(const std::string& checkpoint, const std::vector<std::string>& name
   auto job = load_for_reading(checkpoint, overrides, &t);
   std::vector<Sampling> datasets;
   if (names.empty()) datasets = t->plan_datasets();
-  for (const auto& n : names) datasets.push_back({n, 1.0, DatasetStyle::PMD});
+  for (const auto& n : names) {
+    bool padded = n.size() > 7 && n.compare(n.size() - 7, 7, ":padded") == 0;
+    datasets.push_back({padded ? n.substr(0, n.size() - 7) : n, 1.0, padded ? DatasetStyle::PADDED : DatasetStyle::PMD});
+  }
   auto results = t->evaluate(datasets, rows > 0 ? rows : t->config().get_int("training/validation_steps"));
   nlohmann::json out = {{"checkpoint", checkpoint}, {"step", t->step()}, {"kind", t->state_kind()}};
   for (const auto& e : results)
@@ -166,7 +169,7 @@ int main(int argc, char** argv) {
   bool eval_json = false;
   auto* eval_cmd = app.add_subcommand("eval", "held-out loss and perplexity of a checkpoint (plain or LoRA) on datasets");
   eval_cmd->add_option("CHECKPOINT", checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
-  eval_cmd->add_option("--dataset", eval_datasets, "dataset names under data/dir (default: every dataset of the job)");
+  eval_cmd->add_option("--dataset", eval_datasets, "dataset names under data/dir, NAME:padded for a PADDED one (default: every dataset of the job)");
   eval_cmd->add_option("--rows", eval_rows, "validation rows per dataset (default: training/validation_steps)");
   eval_cmd->add_flag("--json", eval_json, "print JSON");
   eval_cmd->add_option("overrides", overrides, "key=value settings over the saved config (e.g. data/dir=...)");
@@ -186,7 +189,7 @@ int main(int argc, char** argv) {
 
   TokenizeOptions tok;
   std::string ds_name, data_dir = "datasets/data";
-  auto* tokenize = app.add_subcommand("tokenize", "turn text files/directories into a PMD token dataset");
+  auto* tokenize = app.add_subcommand("tokenize", "turn text files/directories into a PMD dataset, or JSONL prompt/completion records into a PADDED one");
   tokenize->add_option("INPUT", tok.inputs, "text files or directories")->required();
   tokenize->add_option("--name", ds_name, "dataset name (a directory under --data-dir)")->required();
   tokenize->add_option("--data-dir", data_dir, "data directory (config key data/dir)")->capture_default_str();

@@ -131,20 +131,32 @@ void BaseTrainer::plan_stages(const StagePlan& plan) {
 
 int BaseTrainer::current_stage() const { return stage_of(step_); }
 
+const Dataset& BaseTrainer::open_dataset(const Sampling& smp) {
+  const Dataset& ds = catalog_->get(smp);
+  int64_t vocab = ds.meta().value("vocab_size", int64_t(0));
+  if (vocab > model_->options().vocab_size)
+    throw UserError("dataset \"" + smp.name + "\" was tokenized with a vocabulary of " + std::to_string(vocab) +
+                    " ids, but architecture/vocab_size is " + std::to_string(model_->options().vocab_size) +
+                    "; raise architecture/vocab_size or re-tokenize");
+  return ds;
+}
+
 MixtureSampler& BaseTrainer::sampler(int stage) {
   auto& s = samplers_.at(static_cast<size_t>(stage));
   if (!s) {
+    for (const auto& smp : stages_[stage].samplings) open_dataset(smp);
     s = std::make_unique<MixtureSampler>(*catalog_, stages_[stage].samplings, block_size_, seed_,
                                          static_cast<uint64_t>(stage));
-    for (size_t i = 0; i < stages_[stage].samplings.size(); ++i) {
-      int64_t vocab = s->dataset(i).meta().value("vocab_size", int64_t(0));
-      if (vocab > model_->options().vocab_size)
-        throw UserError("dataset \"" + stages_[stage].samplings[i].name + "\" was tokenized with a vocabulary of " +
-                        std::to_string(vocab) + " ids, but architecture/vocab_size is " +
-                        std::to_string(model_->options().vocab_size) + "; raise architecture/vocab_size");
+    // A sampler made mid-stage (after a restore) starts where the checkpoint says the stage was, which
+    // is also what the step count implies.
+    uint64_t cursor = static_cast<uint64_t>(std::max<int64_t>(0, step_ - stages_[stage].first_step) * batch_size_);
+    auto restored = restored_cursors_.find(stage);
+    if (restored != restored_cursors_.end()) {
+      TORCH_CHECK(restored->second == cursor, "restored data cursor ", restored->second, " of stage ", stage,
+                  " differs from the step's ", cursor);
+      restored_cursors_.erase(restored);
     }
-    // A sampler made mid-stage (after a restore) starts at the stage's position.
-    s->set_cursor(static_cast<uint64_t>(std::max<int64_t>(0, step_ - stages_[stage].first_step) * batch_size_));
+    s->set_cursor(cursor);
   }
   return *s;
 }
@@ -203,7 +215,7 @@ std::vector<Sampling> BaseTrainer::plan_datasets() const {
 }
 
 void BaseTrainer::check_datasets() {
-  for (const auto& s : plan_datasets()) catalog_->get(s);
+  for (const auto& s : plan_datasets()) open_dataset(s);
 }
 
 std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& datasets, int64_t rows) {
@@ -212,9 +224,10 @@ std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& data
   model_->eval();
   std::vector<DatasetEval> out;
   for (const auto& smp : datasets) {
-    const Dataset& ds = catalog_->get(smp);
+    const Dataset& ds = open_dataset(smp);
     DatasetEval e;
     e.name = smp.name;
+    e.style = smp.style;
     double loss_sum_total = 0;
     for (int64_t first = 0; first < rows; first += micro_batch_) {
       int64_t n = std::min(micro_batch_, rows - first);
@@ -239,7 +252,7 @@ ValResult BaseTrainer::validate() {
   out.per_dataset = evaluate(perplexity ? plan_datasets() : scored.samplings, cfg_.get_int("training/validation_steps"));
   double loss = 0;
   for (const auto& e : out.per_dataset) {
-    if (std::none_of(scored.samplings.begin(), scored.samplings.end(), [&](const Sampling& x) { return x.name == e.name; }))
+    if (std::none_of(scored.samplings.begin(), scored.samplings.end(), [&](const Sampling& x) { return x.name == e.name && x.style == e.style; }))
       continue;
     loss += e.loss * static_cast<double>(e.tokens);
     out.tokens += e.tokens;
@@ -309,11 +322,11 @@ void BaseTrainer::restore_from_path(const std::string& path) {
   best_score_ = meta["best_score"].is_number() ? std::optional<double>(meta["best_score"].get<double>()) : std::nullopt;
   best_stage_ = meta.value("best_stage", 0);
   restore_extra(meta);
+  // Samplers are rebuilt when next used (a checkpoint read for eval needs no training data).
   for (auto& s : samplers_) s.reset();
-  for (auto& [k, v] : meta["data"]["cursors"].items()) {
-    size_t i = std::stoul(k);
-    if (i < samplers_.size() && i == static_cast<size_t>(current_stage())) sampler(static_cast<int>(i)).set_cursor(v.get<uint64_t>());
-  }
+  restored_cursors_.clear();
+  for (auto& [k, v] : meta["data"]["cursors"].items())
+    if (std::stoi(k) == current_stage()) restored_cursors_[std::stoi(k)] = v.get<uint64_t>();
 }
 
 void BaseTrainer::load_weights_from(const std::string& dir) {
@@ -324,7 +337,7 @@ void BaseTrainer::load_weights_from(const std::string& dir) {
   NamedTensors into;
   for (auto& [name, t] : named_params(*model_)) into.emplace_back("params/" + name, t);
   load_checkpoint_into(dir, into, {"params/"});
-  std::printf("initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", dir.c_str(),
+  std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", dir.c_str(),
               (long long)meta.value("step", int64_t(0)), meta.value("job", json::object()).value("name", std::string("?")).c_str(),
               (long long)step_);
 }
@@ -407,6 +420,7 @@ void BaseTrainer::run() {
       }
       std::printf("  validation at step %lld (stage %d): loss %.4f |%s\n", (long long)step_, trained_stage(), v.loss,
                   per.c_str());
+      std::fflush(stdout);
       log_event({{"event", "val"}, {"step", step_}, {"tokens", tokens_}, {"stage", trained_stage()}, {"loss", v.loss},
                  {"per_dataset", per_json}, {"perplexity", ppl_json}, {"stage_end", stage_end}});
       if (!best_score_ || v.loss < *best_score_ || best_stage_ != trained_stage()) {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,7 @@ struct StepResult {
 
 struct DatasetEval {
   std::string name;
+  DatasetStyle style = DatasetStyle::PMD;
   double loss = 0.0;  // mean cross-entropy per target token (nats); perplexity = exp(loss)
   int64_t tokens = 0;
 };
@@ -108,6 +110,8 @@ class BaseTrainer : public RestoreableJob {
   // Splits token budgets into consecutive stages of whole steps.
   void plan_stages(const StagePlan& plan);
   MixtureSampler& sampler(int stage);
+  // Opens a dataset and checks its vocabulary fits the model.
+  const Dataset& open_dataset(const Sampling& smp);
   // Hooks for subclasses.
   virtual void before_step() {}
   virtual void after_step(const StepResult&) {}
@@ -133,6 +137,7 @@ class BaseTrainer : public RestoreableJob {
   std::unique_ptr<DataCatalog> catalog_;
   std::vector<Stage> stages_;
   std::vector<std::unique_ptr<MixtureSampler>> samplers_;
+  std::map<int, uint64_t> restored_cursors_;  // from a checkpoint, checked when the sampler is rebuilt
   Schedule schedule_;
   int64_t batch_size_, micro_batch_, block_size_, total_steps_ = 0;
   int64_t step_ = 0, tokens_ = 0;
