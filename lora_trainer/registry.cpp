@@ -1,5 +1,6 @@
 #include "lora_trainer/registry.hpp"
 
+#include "lora_trainer/benchmark.hpp"
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/trainer.hpp"
@@ -17,6 +18,16 @@ const JobRegistry& job_registry() {
     r.add({"lora/train", "two phases: full-parameter training, then LoRA adapters on a frozen bf16 base",
            &LoRATrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
              return std::make_unique<LoRATrainer>(std::move(spec), std::move(cfg), std::move(out));
+           }});
+    r.add({"continual/train/benchmark",
+           "continual-learning benchmark: stages A, B, C, ... with optional fades; forgetting matrix at each boundary",
+           &BenchmarkTrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
+             return std::make_unique<BenchmarkTrainer>(std::move(spec), std::move(cfg), std::move(out));
+           }});
+    r.add({"continual/train/benchmark_lora",
+           "the benchmark's stages as the pre-LoRA phase, then LoRA stages; forgetting matrix at every boundary",
+           &BenchmarkLoRATrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
+             return std::make_unique<BenchmarkLoRATrainer>(std::move(spec), std::move(cfg), std::move(out));
            }});
     return r;
   }();

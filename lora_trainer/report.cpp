@@ -135,4 +135,41 @@ void write_loss_plot(const std::vector<nlohmann::json>& metrics, const std::vect
   write_file_atomic(path, svg.str());
 }
 
+void write_matrix_plot(const nlohmann::json& rows, const std::string& title, const std::string& path) {
+  std::vector<std::string> cols;
+  double lo = 1e30, hi = -1e30;
+  for (const auto& row : rows)
+    for (auto& [name, loss] : row["loss"].items()) {
+      if (std::find(cols.begin(), cols.end(), name) == cols.end()) cols.push_back(name);
+      lo = std::min(lo, loss.get<double>());
+      hi = std::max(hi, loss.get<double>());
+    }
+  const double cw = 120, ch = 36, L = 170, Tm = 70;
+  const double W = L + cw * std::max<size_t>(1, cols.size()) + 30, H = Tm + ch * std::max<size_t>(1, rows.size()) + 40;
+  std::ostringstream svg;
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+      << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  svg << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">" << esc(title) << "</text>\n";
+  svg << "<text x=\"" << L + cw * cols.size() / 2 << "\" y=\"" << Tm - 30
+      << "\" text-anchor=\"middle\">dataset evaluated (held-out loss, nats per token; darker = higher)</text>\n";
+  for (size_t c = 0; c < cols.size(); ++c)
+    svg << "<text x=\"" << L + cw * (c + 0.5) << "\" y=\"" << Tm - 8 << "\" text-anchor=\"middle\">" << esc(cols[c])
+        << "</text>\n";
+  for (size_t r = 0; r < rows.size(); ++r) {
+    svg << "<text x=\"" << L - 8 << "\" y=\"" << Tm + ch * (r + 0.5) + 4 << "\" text-anchor=\"end\">after stage "
+        << rows[r]["after_stage"].get<int>() << "</text>\n";
+    for (size_t c = 0; c < cols.size(); ++c) {
+      if (!rows[r]["loss"].contains(cols[c])) continue;
+      double v = rows[r]["loss"][cols[c]].get<double>();
+      double t = hi > lo ? (v - lo) / (hi - lo) : 0.5;
+      int shade = static_cast<int>(235 - 160 * t);
+      svg << "<rect x=\"" << L + cw * c << "\" y=\"" << Tm + ch * r << "\" width=\"" << cw << "\" height=\"" << ch
+          << "\" fill=\"rgb(" << shade << "," << shade << ",255)\" stroke=\"white\"/><text x=\"" << L + cw * (c + 0.5)
+          << "\" y=\"" << Tm + ch * (r + 0.5) + 4 << "\" text-anchor=\"middle\">" << fmt(v) << "</text>\n";
+    }
+  }
+  svg << "</svg>\n";
+  write_file_atomic(path, svg.str());
+}
+
 }  // namespace lt

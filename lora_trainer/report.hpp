@@ -22,4 +22,8 @@ struct PlotMarker {
 void write_loss_plot(const std::vector<nlohmann::json>& metrics, const std::vector<PlotMarker>& markers,
                      const std::string& title, const std::string& path);
 
+// Writes an SVG heat map of the forgetting matrix: one row per finished stage ({"after_stage",
+// "loss": {dataset: nats}}), one column per dataset, each cell coloured by and labelled with its loss.
+void write_matrix_plot(const nlohmann::json& rows, const std::string& title, const std::string& path);
+
 }  // namespace lt

@@ -147,13 +147,13 @@ MixtureSampler& BaseTrainer::sampler(int stage) {
     for (const auto& smp : stages_[stage].samplings) open_dataset(smp);
     s = std::make_unique<MixtureSampler>(*catalog_, stages_[stage].samplings, block_size_, seed_,
                                          static_cast<uint64_t>(stage));
-    // A sampler made mid-stage (after a restore) starts where the checkpoint says the stage was, which
-    // is also what the step count implies.
+    // A sampler made after a restore continues where the checkpoint says it was; one made fresh
+    // starts at the stage's position by the step count (rows drawn before, e.g. in a fade, are
+    // only known from a checkpoint).
     uint64_t cursor = static_cast<uint64_t>(std::max<int64_t>(0, step_ - stages_[stage].first_step) * batch_size_);
     auto restored = restored_cursors_.find(stage);
     if (restored != restored_cursors_.end()) {
-      TORCH_CHECK(restored->second == cursor, "restored data cursor ", restored->second, " of stage ", stage,
-                  " differs from the step's ", cursor);
+      cursor = restored->second;
       restored_cursors_.erase(restored);
     }
     s->set_cursor(cursor);
@@ -161,13 +161,14 @@ MixtureSampler& BaseTrainer::sampler(int stage) {
   return *s;
 }
 
+Batch BaseTrainer::next_batch() { return sampler(current_stage()).next(batch_size_); }
+
 StepResult BaseTrainer::train_step() {
   TORCH_CHECK(step_ < total_steps_, "train_step past the end of training");
   before_step();
   double t0 = now_seconds();
   model_->train();
-  MixtureSampler& data = sampler(current_stage());
-  Batch batch = data.next(batch_size_);
+  Batch batch = next_batch();
   const int64_t n_valid = batch.targets.ge(0).sum().item<int64_t>();
   optimizer_->zero_grad();
   double loss = 0.0;
@@ -271,8 +272,10 @@ NamedTensors BaseTrainer::state_tensors() {
 
 json BaseTrainer::checkpoint_metadata() const {
   json cursors = json::object();
-  for (size_t i = 0; i < samplers_.size(); ++i)
+  for (size_t i = 0; i < samplers_.size(); ++i) {
     if (samplers_[i]) cursors[std::to_string(i)] = samplers_[i]->cursor();
+    else if (restored_cursors_.count(static_cast<int>(i))) cursors[std::to_string(i)] = restored_cursors_.at(static_cast<int>(i));
+  }
   json m = {{"kind", state_kind()},
             {"step", step_},
             {"tokens", tokens_},
@@ -325,8 +328,7 @@ void BaseTrainer::restore_from_path(const std::string& path) {
   // Samplers are rebuilt when next used (a checkpoint read for eval needs no training data).
   for (auto& s : samplers_) s.reset();
   restored_cursors_.clear();
-  for (auto& [k, v] : meta["data"]["cursors"].items())
-    if (std::stoi(k) == current_stage()) restored_cursors_[std::stoi(k)] = v.get<uint64_t>();
+  for (auto& [k, v] : meta["data"]["cursors"].items()) restored_cursors_[std::stoi(k)] = v.get<uint64_t>();
 }
 
 void BaseTrainer::load_weights_from(const std::string& dir) {
@@ -429,6 +431,7 @@ void BaseTrainer::run() {
         save("best", false);
       }
     }
+    if (stage_end) on_stage_end(trained_stage());
     if (step_ < total_steps_ && (step_ % ckpt_every == 0 || stop_requested)) {
       save("ntoks/" + std::to_string(tokens_));
       if (stop_requested) {

@@ -113,6 +113,10 @@ class BaseTrainer : public RestoreableJob {
   // Opens a dataset and checks its vocabulary fits the model.
   const Dataset& open_dataset(const Sampling& smp);
   // Hooks for subclasses.
+  // The global batch of the step about to be taken (default: the current stage's mixture).
+  virtual Batch next_batch();
+  // After the validation of a stage's last step, before any checkpoint of that step.
+  virtual void on_stage_end(int stage) {}
   virtual void before_step() {}
   virtual void after_step(const StepResult&) {}
   virtual nlohmann::json extra_metadata() const { return nlohmann::json::object(); }

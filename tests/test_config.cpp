@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "lora_trainer/config.hpp"
+#include "lora_trainer/registry.hpp"
 #include "lora_trainer/trainer.hpp"
 #include "fixtures.hpp"
 
@@ -83,4 +84,16 @@ TEST_CASE("a config file that is not JSON names the file", "[config]") {
   CHECK_THROWS_AS(c.merge_file(dir / "bad.json"), UserError);
   CHECK_THROWS_WITH(c.merge_file(dir / "bad.json"), Contains("bad.json") && Contains("not valid JSON"));
   CHECK_THROWS_WITH(c.merge_file(dir / "missing.json"), Contains("missing.json"));
+}
+
+TEST_CASE("every config shipped in configs/ builds its job", "[config]") {
+  test::TempDir out;
+  int n = 0;
+  for (auto& e : std::filesystem::recursive_directory_iterator(std::string(LT_SOURCE_DIR) + "/configs")) {
+    if (e.path().extension() != ".json") continue;
+    INFO(e.path().string());
+    CHECK_NOTHROW(make_job("check", e.path().string(), out.str(), {}));
+    ++n;
+  }
+  CHECK(n >= 3);
 }

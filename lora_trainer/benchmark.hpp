@@ -1,0 +1,74 @@
+// Continual-learning benchmark trainers: several stages (A, B, C, ...) of different data, trained one
+// after another, measuring forgetting.
+//
+//   continual/train/benchmark       stages from training/tokens + training/dataset (lists), on the
+//                                   base trainer.
+//   continual/train/benchmark_lora  the pre-LoRA stages, then transition_to_lora, then the post-LoRA
+//                                   stages (the LoRA trainer's lists and phases).
+//
+// Both add, through one mixin (ContinualTrainer<Base>):
+//   - an optional fade: over the last training/fade/overlap tokens before a boundary, each batch's
+//     rows are split between the stage being left and the next by the fade weight w (curve linear,
+//     cosine or sigmoid; largest-remainder rounding, so the parts sum to the batch). No fade crosses
+//     the LoRA switch.
+//   - an optional optimizer reset at each boundary (training/reset_optimizer).
+//   - at every stage end: held-out loss on the data of every stage (a row of the forgetting matrix:
+//     stage trained so far x dataset evaluated), saved as `boundary_<i>_<j>` (`lora_boundary_<i>_<j>`
+//     at the LoRA switch, `boundary_<i>_end` after the last stage). The matrix is kept in checkpoint
+//     metadata, so a resumed run keeps its rows.
+//   - at the end: the matrix as a table and forgetting.svg, and loss.svg with the boundaries marked.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lora_trainer/lora_trainer.hpp"
+#include "lora_trainer/trainer.hpp"
+
+namespace lt {
+
+void add_continual_options(ConfigSchema& s);
+
+// w in [0, 1] for p in [0, 1]: the share of the next stage's rows.
+double fade_curve(double p, const std::string& curve);
+
+// The fade weight of the step about to be taken, and the two stages it mixes; w = 0 outside a window.
+// A window covers the last `overlap_steps` steps before the end of `stages[i]` (i + 1 < count):
+// for the k-th of them (k = 1..n), w = curve(k / (n + 1)).
+struct FadeAt {
+  int from = 0, to = 0;
+  double weight = 0.0;
+};
+FadeAt fade_at(const std::vector<Stage>& stages, int64_t step, int64_t overlap_steps, const std::string& curve,
+               int no_fade_after_stage = -1);
+
+template <class Base>
+class ContinualTrainer : public Base {
+ public:
+  static ConfigSchema schema();
+  ContinualTrainer(JobSpec spec, Config cfg, std::string out_dir);
+
+  void run() override;
+  void restore_from_path(const std::string& path) override;
+  // Rows of the forgetting matrix: {"after_stage": i, "step": s, "loss": {dataset: nats}}.
+  const nlohmann::json& forgetting() const { return matrix_; }
+  std::string forgetting_table() const;
+
+ protected:
+  Batch next_batch() override;
+  void on_stage_end(int stage) override;
+  nlohmann::json extra_metadata() const override;
+
+ private:
+  int no_fade_after() const;
+  int64_t overlap_steps_ = 0;
+  std::string curve_;
+  bool reset_optimizer_ = false;
+  nlohmann::json matrix_ = nlohmann::json::array();
+};
+
+using BenchmarkTrainer = ContinualTrainer<BaseTrainer>;
+using BenchmarkLoRATrainer = ContinualTrainer<LoRATrainer>;
+
+}  // namespace lt
