@@ -91,17 +91,20 @@ ConfigSchema ContinualTrainer<LoRATrainer>::schema() {
 template <>
 ContinualTrainer<BaseTrainer>::ContinualTrainer(JobSpec spec, Config cfg, std::string out_dir)
     : BaseTrainer(std::move(spec), cfg, std::move(out_dir), benchmark_plan(cfg)) {
-  overlap_steps_ = cfg_.get_int("training/fade/overlap") / tokens_per_step();
-  curve_ = cfg_.get_string("training/fade/curve");
-  reset_optimizer_ = cfg_.get_bool("training/reset_optimizer");
+  read_continual_options();
 }
 
 template <>
 ContinualTrainer<LoRATrainer>::ContinualTrainer(JobSpec spec, Config cfg, std::string out_dir)
     : LoRATrainer(std::move(spec), std::move(cfg), std::move(out_dir)) {
-  overlap_steps_ = cfg_.get_int("training/fade/overlap") / tokens_per_step();
-  curve_ = cfg_.get_string("training/fade/curve");
-  reset_optimizer_ = cfg_.get_bool("training/reset_optimizer");
+  read_continual_options();
+}
+
+template <class Base>
+void ContinualTrainer<Base>::read_continual_options() {
+  overlap_steps_ = this->cfg_.get_int("training/fade/overlap") / this->tokens_per_step();
+  curve_ = this->cfg_.get_string("training/fade/curve");
+  reset_optimizer_ = this->cfg_.get_bool("training/reset_optimizer");
 }
 
 template <class Base>
@@ -135,6 +138,12 @@ void ContinualTrainer<Base>::on_stage_end(int stage) {
   this->log_event({{"event", "boundary"}, {"step", this->step_}, {"tokens", this->tokens_}, {"after_stage", stage},
                    {"loss", losses}});
   const bool last = stage + 1 == static_cast<int>(this->stages_.size());
+  // Reset before the boundary checkpoint, so that a run resumed from it starts the next stage as the
+  // uninterrupted run does.
+  if (reset_optimizer_ && !last) {
+    auto params = this->optimizer_->params();
+    this->build_optimizer(params, this->optimizer_->weight_decay());
+  }
   std::string label = std::to_string(stage) + "_" + (last ? std::string("end") : std::to_string(stage + 1));
   std::string suffix = (!last && stage == no_fade_after() ? "lora_boundary_" : "boundary_") + label;
   this->save(suffix);
@@ -146,10 +155,6 @@ void ContinualTrainer<Base>::on_stage_end(int stage) {
               }().c_str(),
               suffix.c_str());
   std::fflush(stdout);
-  if (reset_optimizer_ && !last) {
-    auto params = this->optimizer_->params();
-    this->build_optimizer(params, this->optimizer_->weight_decay());
-  }
 }
 
 template <class Base>
@@ -164,10 +169,10 @@ void ContinualTrainer<Base>::restore_from_path(const std::string& path) {
   std::string dir = this->checkpoint_path(path);
   json meta = read_checkpoint_metadata(dir);
   Base::restore_from_path(dir);  // the LoRA variant picks its phase from the metadata here
-  // A pretrained base (another job's weights) brings no matrix; our own checkpoints do.
-  matrix_ = meta.value("job", json::object()).value("name", std::string()) == this->spec_.name
-                ? meta.value("forgetting", json::array())
-                : json::array();
+  // A full restore continues the checkpoint's run and its matrix (also under a new name); weights
+  // taken as a pretrained base leave this job's counters at zero and bring no matrix.
+  const bool full_restore = this->step_ == meta.value("step", int64_t(-1)) && !meta.value("weights_only", false);
+  matrix_ = full_restore ? meta.value("forgetting", json::array()) : json::array();
 }
 
 template <class Base>

@@ -61,6 +61,7 @@ class ContinualTrainer : public Base {
   nlohmann::json extra_metadata() const override;
 
  private:
+  void read_continual_options();
   int no_fade_after() const;
   int64_t overlap_steps_ = 0;
   std::string curve_;

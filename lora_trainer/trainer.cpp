@@ -409,6 +409,7 @@ void BaseTrainer::run() {
       window_steps = 0;
     }
     const bool stage_end = step_ == stages_[static_cast<size_t>(trained_stage())].end_step;
+    if (stage_end) on_stage_end(trained_stage());  // before validation, so `best` includes its effects
     if (validation && (step_ % val_every == 0 || stage_end)) {
       ValResult v = validate();
       std::string per;
@@ -431,7 +432,6 @@ void BaseTrainer::run() {
         save("best", false);
       }
     }
-    if (stage_end) on_stage_end(trained_stage());
     if (step_ < total_steps_ && (step_ % ckpt_every == 0 || stop_requested)) {
       save("ntoks/" + std::to_string(tokens_));
       if (stop_requested) {

@@ -115,7 +115,7 @@ class BaseTrainer : public RestoreableJob {
   // Hooks for subclasses.
   // The global batch of the step about to be taken (default: the current stage's mixture).
   virtual Batch next_batch();
-  // After the validation of a stage's last step, before any checkpoint of that step.
+  // After a stage's last step, before that step's validation and periodic checkpoint.
   virtual void on_stage_end(int stage) {}
   virtual void before_step() {}
   virtual void after_step(const StepResult&) {}
@@ -141,7 +141,7 @@ class BaseTrainer : public RestoreableJob {
   std::unique_ptr<DataCatalog> catalog_;
   std::vector<Stage> stages_;
   std::vector<std::unique_ptr<MixtureSampler>> samplers_;
-  std::map<int, uint64_t> restored_cursors_;  // from a checkpoint, checked when the sampler is rebuilt
+  std::map<int, uint64_t> restored_cursors_;  // from a checkpoint, applied when the sampler is rebuilt
   Schedule schedule_;
   int64_t batch_size_, micro_batch_, block_size_, total_steps_ = 0;
   int64_t step_ = 0, tokens_ = 0;

@@ -7,7 +7,10 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include "lora_trainer/config.hpp"
+#include "lora_trainer/trainer.hpp"
 #include "lora_trainer/tokenize.hpp"
 #include "lora_trainer/util.hpp"
 
@@ -63,6 +66,17 @@ inline std::vector<std::string> tiny_overrides(const std::string& data_dir) {
           "data/dir=\"" + data_dir + "\"", "logging/report_interval=1000",
           "logging/checkpoint_interval=1000", "logging/validation_interval=1000", "training/validation_steps=4",
           "runtime/threads=2"};
+}
+
+// Both trainers hold bit-identical state: every tensor a checkpoint would store, by name and order.
+inline void require_same_state(BaseTrainer& a, BaseTrainer& b) {
+  auto sa = a.state_tensors(), sb = b.state_tensors();
+  REQUIRE(sa.size() == sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) {
+    INFO(sa[i].first);
+    REQUIRE(sa[i].first == sb[i].first);
+    CHECK(torch::equal(sa[i].second, sb[i].second));
+  }
 }
 
 }  // namespace lt::test

@@ -51,16 +51,6 @@ NamedTensors snapshot(const NamedTensors& in) {
   return out;
 }
 
-void require_equal_states(LoRATrainer& a, LoRATrainer& b) {
-  auto sa = a.state_tensors(), sb = b.state_tensors();
-  REQUIRE(sa.size() == sb.size());
-  for (size_t i = 0; i < sa.size(); ++i) {
-    INFO(sa[i].first);
-    REQUIRE(sa[i].first == sb[i].first);
-    CHECK(torch::equal(sa[i].second, sb[i].second));
-  }
-}
-
 torch::Tensor logits_of(GPT& m, const torch::Tensor& idx) {
   torch::NoGradGuard ng;
   m->eval();
@@ -190,7 +180,7 @@ TEST_CASE("a run crosses the boundary; resume in phase 1, at the boundary and in
       INFO(name << " step " << i);
       REQUIRE(resumed->train_step().loss == losses[static_cast<size_t>(i)]);
     }
-    require_equal_states(*straight, *resumed);
+    test::require_same_state(*straight, *resumed);
   };
   SECTION("mid phase 1") { resume_from("p1", 3, "ntoks/384"); }
   SECTION("pre_lora_checkpoint restores as plain, then transitions") { resume_from("boundary", 6, "pre_lora_checkpoint"); }
@@ -205,7 +195,7 @@ TEST_CASE("restoring final gives the finished state", "[lora]") {
   CHECK(b->restore_latest() == "final/1280");
   CHECK(b->done());
   CHECK(b->in_lora_phase());
-  require_equal_states(*a, *b);
+  test::require_same_state(*a, *b);
 }
 
 TEST_CASE("restore refuses checkpoints of the wrong phase with a clear reason", "[lora]") {

@@ -22,16 +22,6 @@ std::unique_ptr<BaseTrainer> make_trainer(const std::string& name, const std::st
   return std::make_unique<BaseTrainer>(s, std::move(c), out);
 }
 
-void require_same_state(BaseTrainer& a, BaseTrainer& b) {
-  auto sa = a.state_tensors(), sb = b.state_tensors();
-  REQUIRE(sa.size() == sb.size());
-  for (size_t i = 0; i < sa.size(); ++i) {
-    INFO(sa[i].first);
-    REQUIRE(sa[i].first == sb[i].first);
-    CHECK(torch::equal(sa[i].second, sb[i].second));
-  }
-}
-
 void check_resume(const std::vector<std::string>& extra, int k) {
   test::TempDir dir;
   test::make_byte_dataset(dir / "data", "gen", 1);
@@ -56,7 +46,7 @@ void check_resume(const std::vector<std::string>& extra, int k) {
     INFO("step " << i);
     CHECK(resumed->train_step().loss == losses[static_cast<size_t>(i)]);
   }
-  require_same_state(*straight, *resumed);
+  test::require_same_state(*straight, *resumed);
 }
 
 }  // namespace
