@@ -70,6 +70,6 @@ class ContinualTrainer : public Base {
 };
 
 using BenchmarkTrainer = ContinualTrainer<BaseTrainer>;
-using BenchmarkLoRATrainer = ContinualTrainer<LoRATrainer>;
+using BenchmarkLoRABaseTrainer = ContinualTrainer<LoRATrainer>;
 
 }  // namespace lt

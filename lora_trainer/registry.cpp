@@ -26,8 +26,8 @@ const JobRegistry& job_registry() {
            }});
     r.add({"continual/train/benchmark_lora",
            "the benchmark's stages as the pre-LoRA phase, then LoRA stages; forgetting matrix at every boundary",
-           &BenchmarkLoRATrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
-             return std::make_unique<BenchmarkLoRATrainer>(std::move(spec), std::move(cfg), std::move(out));
+           &BenchmarkLoRABaseTrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
+             return std::make_unique<BenchmarkLoRABaseTrainer>(std::move(spec), std::move(cfg), std::move(out));
            }});
     return r;
   }();

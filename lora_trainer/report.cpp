@@ -145,12 +145,14 @@ void write_matrix_plot(const nlohmann::json& rows, const std::string& title, con
       hi = std::max(hi, loss.get<double>());
     }
   const double cw = 120, ch = 36, L = 170, Tm = 70;
-  const double W = L + cw * std::max<size_t>(1, cols.size()) + 30, H = Tm + ch * std::max<size_t>(1, rows.size()) + 40;
+  // Wide enough for the caption whatever the number of columns.
+  const double W = std::max(L + cw * std::max<size_t>(1, cols.size()) + 30, 640.0);
+  const double H = Tm + ch * std::max<size_t>(1, rows.size()) + 40;
   std::ostringstream svg;
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   svg << "<text x=\"" << W / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">" << esc(title) << "</text>\n";
-  svg << "<text x=\"" << L + cw * cols.size() / 2 << "\" y=\"" << Tm - 30
+  svg << "<text x=\"" << W / 2 << "\" y=\"" << Tm - 30
       << "\" text-anchor=\"middle\">dataset evaluated (held-out loss, nats per token; darker = higher)</text>\n";
   for (size_t c = 0; c < cols.size(); ++c)
     svg << "<text x=\"" << L + cw * (c + 0.5) << "\" y=\"" << Tm - 8 << "\" text-anchor=\"middle\">" << esc(cols[c])

@@ -138,7 +138,7 @@ TEST_CASE("boundaries save checkpoints and the forgetting matrix; a resumed run 
 TEST_CASE("benchmark LoRA: pre-LoRA stages, the switch, LoRA stages; base bit-identical; restores in each phase", "[benchmark]") {
   Data d;
   auto make = [&](const std::string& name) {
-    Config c(BenchmarkLoRATrainer::schema());
+    Config c(BenchmarkLoRABaseTrainer::schema());
     for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
     c.apply_override("training/pre_lora_tokens=[384,384]");
     c.apply_override(R"(training/pre_lora_dataset=[[{"name":"a","rate":1}],[{"name":"b","rate":1}]])");
@@ -149,7 +149,7 @@ TEST_CASE("benchmark LoRA: pre-LoRA stages, the switch, LoRA stages; base bit-id
     c.apply_override("eval/boundary_rows=4");
     JobSpec s;
     s.name = name;
-    return std::make_unique<BenchmarkLoRATrainer>(s, std::move(c), d.dir / "out");
+    return std::make_unique<BenchmarkLoRABaseTrainer>(s, std::move(c), d.dir / "out");
   };
   auto straight = make("bl");
   std::vector<double> losses;
