@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "lora_trainer/bench.hpp"
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/generate.hpp"
 #include "lora_trainer/tokenizer.hpp"
@@ -187,6 +188,15 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"auto", "gpt2", "byte"}));
   sample_cmd->add_option("overrides", overrides, "key=value settings over the saved config (e.g. runtime/threads=1)");
 
+  BenchOptions bench;
+  auto* bench_cmd = app.add_subcommand("bench", "time phase-1 and LoRA steps of a lora/train config's model (synthetic tokens)");
+  bench_cmd->add_option("CONFIG", bench.config_path, "a lora/train config (e.g. configs/demo.json)")->required()->check(CLI::ExistingFile);
+  bench_cmd->add_option("--steps", bench.steps, "timed steps per phase")->capture_default_str()->check(CLI::PositiveNumber);
+  bench_cmd->add_option("--warmup", bench.warmup_steps, "untimed steps before them")->capture_default_str()->check(CLI::PositiveNumber);
+  bench_cmd->add_option("--out", bench.out_json, "JSON file for the figures")->capture_default_str();
+  bench_cmd->add_option("--weights-out", bench.weights_out, "also write the initial weights (torch pickle) for scripts/reference_gpt.py");
+  bench_cmd->add_option("overrides", bench.overrides, "key=value settings over the config");
+
   TokenizeOptions tok;
   std::string ds_name, data_dir = "datasets/data";
   auto* tokenize = app.add_subcommand("tokenize", "turn text files/directories into a PMD dataset, or JSONL prompt/completion records into a PADDED one");
@@ -233,6 +243,10 @@ int main(int argc, char** argv) {
     }
     if (*eval_cmd) return cmd_eval(checkpoint, eval_datasets, eval_rows, eval_json, overrides);
     if (*sample_cmd) return cmd_sample(checkpoint, prompt, sample_tokenizer, gen, overrides);
+    if (*bench_cmd) {
+      run_bench(bench);
+      return 0;
+    }
     if (*export_cmd) {
       export_merged(checkpoint, export_out);
       return 0;

@@ -7,6 +7,6 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-bash scripts/setup.sh
+bash scripts/setup.sh lora_trainer
 bash datasets/prepare.sh
 build/lora_trainer run demo configs/demo.json . "$@"

@@ -3,6 +3,7 @@
 #   1. Debian packages (only those not yet installed),
 #   2. the GPT-2 tokenizer files (datasets/fetch_tokenizer.sh),
 #   3. the build in build/ (CMake + Ninja; ccache when present), leaving build/lora_trainer.
+# Arguments, if any, are the build targets (e.g. `lora_trainer` alone); default: everything.
 # Idempotent: a second run installs nothing and rebuilds only what changed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,5 +36,9 @@ if [[ ! -f build/build.ninja ]]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
 echo "setup: building (a first build takes a few minutes)"
-cmake --build build -j "$(nproc)"
+if (($#)); then
+  cmake --build build -j "$(nproc)" --target "$@"
+else
+  cmake --build build -j "$(nproc)"
+fi
 echo "setup: ready: build/lora_trainer"

@@ -287,3 +287,33 @@ TEST_CASE("launcher: a LoRA run ends with a report and a plot; eval and sample r
   // Reading a checkpoint writes nothing beside it.
   CHECK_FALSE(std::filesystem::exists("/nonexistent-lora-trainer-out"));
 }
+
+TEST_CASE("launcher: bench reports both phases; the LoRA state is a bf16 base plus adapter-only optimizer state", "[launcher]") {
+  test::TempDir dir;
+  std::vector<std::string> args = {"configure", "lora/train", dir / "b.json"};
+  for (const auto& o : test::tiny_overrides(dir / "data")) args.push_back(o);
+  args.push_back("optimization/lora/rank=4");
+  REQUIRE(launch(args).code == 0);
+  Result r = launch({"bench", dir / "b.json", "--steps", "2", "--warmup", "1", "--out", dir / "bench.json",
+                     "--weights-out", dir / "w.pt"});
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("matmul peak") && Contains("LoRA step time / full step time"));
+  auto j = nlohmann::json::parse(read_file(dir / "bench.json"));
+  REQUIRE(j["phases"].size() == 2);
+  const auto& full = j["phases"][0];
+  const auto& lora = j["phases"][1];
+  CHECK(full["tokens_per_s"].get<double>() > 0);
+  CHECK(full["mfu"].get<double>() > 0);
+  CHECK(j["matmul_peak_gflops"].get<double>() > 0);
+  const int64_t n_params = full["state_bytes"]["weights"].get<int64_t>() / 4;  // f32 in phase 1
+  CHECK(full["state_bytes"]["optimizer"].get<int64_t>() == 8 * n_params);
+  CHECK(lora["state_bytes"]["weights"].get<int64_t>() == 2 * n_params);  // the frozen base in bf16
+  const int64_t adapter_values = lora["state_bytes"]["adapters"].get<int64_t>() / 4;
+  // 2 layers, rank 4, (in + out) summed over c_attn (32, 96), c_proj (32, 32), c_fc (32, 128), mlp.c_proj (128, 32)
+  CHECK(adapter_values == 2 * 4 * ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32)));
+  CHECK(lora["state_bytes"]["gradients"].get<int64_t>() == 4 * adapter_values);
+  CHECK(lora["state_bytes"]["optimizer"].get<int64_t>() == 8 * adapter_values);
+  CHECK(j["first_batch_check"]["loss"].get<double>() > 0);
+  CHECK(std::filesystem::file_size(dir / "w.pt") > static_cast<uintmax_t>(n_params * 4));
+}

@@ -1,0 +1,29 @@
+// The speed benchmark (`lora_trainer bench`), not to be confused with benchmark.* (the continual-
+// learning trainers): for one model size it times phase-1 (full) and phase-2 (LoRA) training steps of
+// the real LoRATrainer on synthetic tokens and reports, per phase, tokens/s, step time (median and
+// spread), peak memory, bytes of persistent state and model FLOPs utilisation against a bf16 (or f32)
+// matmul peak measured in the same run. Results print as a table and are written as JSON.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace lt {
+
+struct BenchOptions {
+  std::string config_path;             // a lora/train config: its architecture, batch and runtime keys
+  std::vector<std::string> overrides;  // key=value over it
+  int64_t warmup_steps = 3, steps = 10;
+  std::string out_json = "bench.json";
+  std::string weights_out;             // when set: the initial weights and first batch, for the reference
+};
+
+nlohmann::json run_bench(const BenchOptions& opts);
+
+// Sustained matmul rate (FLOP/s) of an n x n x n product in `dtype` on the CPU with the current
+// thread count: the best of a few timed repetitions.
+double measure_matmul_peak(int64_t n, bool bf16);
+
+}  // namespace lt

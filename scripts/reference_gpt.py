@@ -1,0 +1,169 @@
+#!/usr/bin/python3
+"""The comparison a user would make: the same GPT and the same two-phase scheme written as an ordinary
+plain-PyTorch script (Debian's python3-torch, the same LibTorch 1.13 as lora_trainer), timed the same
+way. Phase 2 applies LoRA as the reference framework does: every step it forms W + (alpha/r) (A B)^T
+and runs the layer with the merged weight.
+
+Usage: scripts/reference_gpt.py BENCH_JSON [--steps N] [--warmup N] [--out FILE]
+BENCH_JSON is what `lora_trainer bench CONFIG --weights-out W.pt --out BENCH_JSON` wrote: the resolved
+config (model, batch, optimizer, threads) and, in W.pt, the initial weights and a check batch. The
+script first checks that its loss on that batch from those weights equals lora_trainer's (within bf16
+tolerance), then times phase 1 and phase 2 and writes its figures as JSON.
+"""
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def layer_norm(x, w, b):
+    return F.layer_norm(x.float(), (x.shape[-1],), w.float(), b.float(), 1e-5)
+
+
+class GPT:
+    """Parameters in a dict named as lora_trainer names them; a functional forward."""
+
+    def __init__(self, cfg, params):
+        a = cfg["architecture"]
+        self.L, self.H, self.C, self.T = a["n_layers"], a["n_heads"], a["d_model"], a["block_size"]
+        self.p = params
+        self.lora = {}  # weight name -> (A, B)
+        self.scale = 0.0
+
+    def weight(self, name):
+        w = self.p[name]
+        if name in self.lora:  # the reference framework's way: merge every step
+            A, B = self.lora[name]
+            w = w.float() + self.scale * (A @ B).t()
+        return w
+
+    def linear(self, x, prefix):
+        return F.linear(x, self.weight(prefix + ".weight"), self.p[prefix + ".bias"])
+
+    def loss(self, idx, targets):
+        B, T = idx.shape
+        p = self.p
+        x = p["wte.weight"][idx].float() + p["wpe.weight"][:T].float()
+        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        for i in range(self.L):
+            h = f"h.{i}."
+            y = layer_norm(x, p[h + "ln_1.weight"], p[h + "ln_1.bias"])
+            qkv = self.linear(y, h + "attn.c_attn").view(B, T, 3, self.H, self.C // self.H).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.C // self.H))
+            att = torch.softmax(att.masked_fill(mask, float("-inf")).float(), -1).to(v.dtype)
+            y = (att @ v).transpose(1, 2).reshape(B, T, self.C)
+            x = x + self.linear(y, h + "attn.c_proj").float()
+            y = layer_norm(x, p[h + "ln_2.weight"], p[h + "ln_2.bias"])
+            y = F.gelu(self.linear(y, h + "mlp.c_fc"), approximate="tanh")
+            x = x + self.linear(y, h + "mlp.c_proj").float()
+        x = layer_norm(x, p["ln_f.weight"], p["ln_f.bias"])
+        logits = F.linear(x, p["wte.weight"])
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
+
+
+def make_step(model, params, cfg, lr, weight_decay):
+    t = cfg["training"]
+    o = cfg["optimization"]
+    B = t["batch_size"]
+    micro = B if t["per_device_batch_size"] < 0 else t["per_device_batch_size"]
+    decay = [q for q in params if q.dim() >= 2]
+    no_decay = [q for q in params if q.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(o["beta1"], o["beta2"]), eps=o["eps"])
+    V, T = cfg["architecture"]["vocab_size"], cfg["architecture"]["block_size"]
+
+    def step():
+        window = torch.randint(0, V, (B, T + 1))
+        opt.zero_grad(set_to_none=True)
+        n = B * T
+        total = 0.0
+        for first in range(0, B, micro):
+            chunk = window[first:first + micro]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = model.loss(chunk[:, :-1], chunk[:, 1:]) / n
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(params, o["grad_clip"])
+        opt.step()
+        return total
+
+    return step
+
+
+def timed(step, warmup, steps):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times
+
+
+def main():
+    global bf16
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bench_json")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--out", default="reference.json")
+    args = ap.parse_args()
+    bench = json.load(open(args.bench_json))
+    cfg = bench["resolved_config"]
+    check = bench.get("first_batch_check")
+    if not check:
+        sys.exit(f"{args.bench_json} has no first_batch_check: run lora_trainer bench with --weights-out")
+    torch.set_num_threads(bench["threads"])
+    bf16 = bench["precision"].startswith("bf16")
+    state = torch.load(check["weights"])
+    params = {k: v.clone().requires_grad_(True) for k, v in state.items() if not k.startswith("check/")}
+    model = GPT(cfg, params)
+
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        inputs, targets = state["check/inputs"], state["check/targets"]
+        ref_loss = (model.loss(inputs, targets) / targets.numel()).item()
+    diff = abs(ref_loss - check["loss"])
+    print(f"first-batch loss from the same weights: lora_trainer {check['loss']:.5f}, reference {ref_loss:.5f}, |diff| {diff:.2e}")
+    if diff > 0.02:
+        sys.exit("the reference does not compute what lora_trainer computes (|diff| > 0.02): not a like-for-like comparison")
+
+    tps = cfg["training"]["batch_size"] * cfg["architecture"]["block_size"]
+    result = {"first_batch_loss": ref_loss, "lora_trainer_first_batch_loss": check["loss"], "phases": []}
+    # Phase 1: every parameter trains.
+    step = make_step(model, list(params.values()), cfg, cfg["optimization"]["lr"], cfg["optimization"]["weight_decay"])
+    times = timed(step, args.warmup, args.steps)
+    result["phases"].append({"phase": "full", "tokens_per_s": tps / times[len(times) // 2], "step_s_median": times[len(times) // 2],
+                             "step_s_min": times[0], "step_s_max": times[-1]})
+    # Phase 2: freeze the base as bf16, adapters on the targets, merged every step.
+    lcfg = cfg["optimization"]["lora"]
+    r, alpha = lcfg["rank"], lcfg["alpha"]
+    for k in params:
+        params[k] = params[k].detach().to(torch.bfloat16)
+    model.p = params
+    model.scale = alpha / r
+    adapters = []
+    for k, w in params.items():
+        if w.dim() == 2 and any(t in k for t in lcfg["target_modules"]):
+            A = (torch.randn(w.shape[1], r) / r).requires_grad_(True)
+            B = torch.zeros(r, w.shape[0], requires_grad=True)
+            model.lora[k] = (A, B)
+            adapters += [A, B]
+    step = make_step(model, adapters, cfg, lcfg["lr"], lcfg["weight_decay"])
+    times = timed(step, args.warmup, args.steps)
+    result["phases"].append({"phase": "lora", "tokens_per_s": tps / times[len(times) // 2], "step_s_median": times[len(times) // 2],
+                             "step_s_min": times[0], "step_s_max": times[-1]})
+    json.dump(result, open(args.out, "w"), indent=2)
+    for ph in result["phases"]:
+        print(f"reference {ph['phase']:5s}: {ph['tokens_per_s']:8.0f} tok/s, step median {ph['step_s_median']:.3f}s")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
