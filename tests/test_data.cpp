@@ -114,19 +114,25 @@ TEST_CASE("tokenize writes train/val splits with end-of-text after each document
   CHECK(train.data()[train.size() - 1] == 256);
 }
 
-TEST_CASE("padded: JSONL records become left-padded rows with loss only on the completion", "[data]") {
-  test::TempDir dir;
-  std::string records;
-  for (int i = 0; i < 8; ++i)
-    records += nlohmann::json({{"prompt", "Q" + std::to_string(i) + ":"}, {"completion", " yes"}}).dump() + "\n";
+// Writes `records` (one JSON object a line) and tokenizes them (byte tokenizer, a quarter for
+// validation) as the PADDED dataset "qa" under dir/data.
+static TokenizeResult make_padded_qa(const test::TempDir& dir, const std::string& records, int64_t length = 0) {
   write_file_atomic(dir / "qa.jsonl", records);
   TokenizeOptions o;
   o.inputs = {dir / "qa.jsonl"};
   o.out_dir = dir / "data/qa";
   o.tokenizer = "byte";
   o.val_fraction = 0.25;
-  o.length = 12;
-  auto r = tokenize_jsonl_to_padded(o);
+  o.length = length;
+  return tokenize_jsonl_to_padded(o);
+}
+
+TEST_CASE("padded: JSONL records become left-padded rows with loss only on the completion", "[data]") {
+  test::TempDir dir;
+  std::string records;
+  for (int i = 0; i < 8; ++i)
+    records += nlohmann::json({{"prompt", "Q" + std::to_string(i) + ":"}, {"completion", " yes"}}).dump() + "\n";
+  auto r = make_padded_qa(dir, records, 12);
   CHECK(r.documents == 8);
   CHECK(r.val_documents == 2);
   DataCatalog cat(dir / "data");
@@ -154,13 +160,7 @@ TEST_CASE("padded and PMD datasets mix in one stage", "[data]") {
   make_counting_dataset(dir / "data", "count", 5000, 0);
   std::string records;
   for (int i = 0; i < 8; ++i) records += R"({"prompt":"p","completion":"c"})" "\n";
-  write_file_atomic(dir / "qa.jsonl", records);
-  TokenizeOptions o;
-  o.inputs = {dir / "qa.jsonl"};
-  o.out_dir = dir / "data/qa";
-  o.tokenizer = "byte";
-  o.val_fraction = 0.25;
-  tokenize_jsonl_to_padded(o);
+  make_padded_qa(dir, records);
   DataCatalog cat(dir / "data");
   MixtureSampler s(cat, {{"count", 0.5, DatasetStyle::PMD}, {"qa", 0.5, DatasetStyle::PADDED}}, 8, 1, 0);
   Batch b = s.next(64);
