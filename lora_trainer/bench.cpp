@@ -93,8 +93,7 @@ nlohmann::json run_bench(const BenchOptions& o) {
 
   // The job: the config's model and batch, phases sized to warmup + timed steps, synthetic data.
   std::vector<std::string> ov = o.overrides;
-  auto probe = make_job("bench", o.config_path, tmp.string(), ov);
-  const Config& pc = probe->config();
+  const Config pc = make_config(o.config_path, ov);
   if (pc.get_string("job/kind") != "lora/train")
     throw UserError(o.config_path + ": bench needs a lora/train config (its job/kind is " + pc.get_string("job/kind") + ")");
   const int64_t vocab = pc.get_int("architecture/vocab_size");
@@ -107,7 +106,6 @@ nlohmann::json run_bench(const BenchOptions& o) {
                         "training/post_lora_dataset=" + data, "training/validation=false", "logging/report_interval=1000000",
                         "logging/checkpoint_interval=1000000"})
     ov.push_back(s);
-  probe.reset();
   auto job = make_job("bench", o.config_path, tmp.string(), ov);
   auto* t = dynamic_cast<LoRATrainer*>(job.get());
   const Runtime& rt = t->runtime();

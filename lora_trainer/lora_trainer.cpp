@@ -50,7 +50,7 @@ ConfigSchema LoRATrainer::schema() {
   return s;
 }
 
-StagePlan lora_stage_plan(const Config& cfg, int64_t* pre_lora_stages) {
+StagePlan lora_stage_plan(const Config& cfg) {
   auto pre_tokens = cfg.get("training/pre_lora_tokens").get<std::vector<int64_t>>();
   auto post_tokens = cfg.get("training/post_lora_tokens").get<std::vector<int64_t>>();
   const json& pre_data = cfg.get("training/pre_lora_dataset");
@@ -75,21 +75,14 @@ StagePlan lora_stage_plan(const Config& cfg, int64_t* pre_lora_stages) {
     plan.tokens.push_back(post_tokens[i]);
     plan.datasets.push_back(parse_samplings(post_data[i]));
   }
-  *pre_lora_stages = static_cast<int64_t>(pre_tokens.size());
   return plan;
 }
 
-static StagePlan plan_of(const Config& cfg) {
-  int64_t n_pre = 0;
-  return lora_stage_plan(cfg, &n_pre);
-}
-
 LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
-    : BaseTrainer(std::move(spec), cfg, std::move(out_dir), plan_of(cfg)) {
+    : BaseTrainer(std::move(spec), cfg, std::move(out_dir), lora_stage_plan(cfg)) {
   lora_cfg_ = LoraConfig::from_config(cfg_);
-  int64_t n_pre = 0;
-  lora_stage_plan(cfg_, &n_pre);
-  boundary_step_ = n_pre > 0 ? stages_[static_cast<size_t>(n_pre - 1)].end_step : 0;
+  const size_t n_pre = cfg_.get("training/pre_lora_tokens").size();  // the plan's first stages
+  boundary_step_ = n_pre > 0 ? stages_[n_pre - 1].end_step : 0;
   // Validate the targets now, not at the boundary hours later.
   auto params = named_params(*model_);
   check_lora_targets(*model_, params, param_filter(params, lora_cfg_.target_modules), lora_cfg_.rank);

@@ -72,8 +72,9 @@ class LoRATrainer : public BaseTrainer {
 // the frozen/trainable totals; a restore calls it only to build the LoRA template, silently.
 void transition_to_lora(LoRATrainer& trainer, bool at_boundary = true);
 
-// The stages of both phases, from the config (UserError when token and dataset lists differ in length).
-StagePlan lora_stage_plan(const Config& cfg, int64_t* pre_lora_stages);
+// The stages of both phases, pre-LoRA first, from the config (UserError when token and dataset lists
+// differ in length).
+StagePlan lora_stage_plan(const Config& cfg);
 
 // Writes a weights-only plain checkpoint of `checkpoint` with any adapters merged in; it initialises
 // another job (`run ... --restore OUT`), e.g. as the pretrained base of a LoRA job.

@@ -53,8 +53,7 @@ static std::string kind_of(const json& nested, const std::string& source) {
   throw UserError(source + ": no job/kind; write a config with `lora_trainer configure JOB " + source + "`");
 }
 
-std::unique_ptr<RestoreableJob> make_job(const std::string& name, const std::string& config_path,
-                                         const std::string& out_dir, const std::vector<std::string>& overrides) {
+Config make_config(const std::string& config_path, const std::vector<std::string>& overrides) {
   json nested = parse_config_file(config_path);
   // A job/kind override picks the class too; its value is parsed like any override's.
   std::string kind;
@@ -64,10 +63,16 @@ std::unique_ptr<RestoreableJob> make_job(const std::string& name, const std::str
     kind = (!v.is_discarded() && v.is_string()) ? v.get<std::string>() : o.substr(9);
   }
   if (kind.empty()) kind = kind_of(nested, config_path);
-  const JobClass& cls = job_registry().find(kind);
-  Config cfg(cls.schema());
+  Config cfg(job_registry().find(kind).schema());
   cfg.merge_json(nested, config_path);
   for (const auto& o : overrides) cfg.apply_override(o);
+  return cfg;
+}
+
+std::unique_ptr<RestoreableJob> make_job(const std::string& name, const std::string& config_path,
+                                         const std::string& out_dir, const std::vector<std::string>& overrides) {
+  Config cfg = make_config(config_path, overrides);
+  const JobClass& cls = job_registry().find(cfg.get_string("job/kind"));
   JobSpec spec;
   spec.name = name;
   return cls.make(spec, std::move(cfg), out_dir);

@@ -12,8 +12,11 @@ namespace lt {
 
 const JobRegistry& job_registry();
 
-// Reads the kind ("job/kind") from a config file (or a job/kind override), builds that job's Config
-// (defaults < file < overrides) and the job.
+// Reads the kind ("job/kind") from a config file (or a job/kind override) and builds that job's
+// Config: defaults < file < overrides.
+Config make_config(const std::string& config_path, const std::vector<std::string>& overrides);
+
+// make_config, then the job of that kind.
 std::unique_ptr<RestoreableJob> make_job(const std::string& name, const std::string& config_path,
                                          const std::string& out_dir, const std::vector<std::string>& overrides);
 
