@@ -115,12 +115,16 @@ int ContinualTrainer<Base>::no_fade_after() const {
 }
 
 template <class Base>
-Batch ContinualTrainer<Base>::next_batch() {
+Batch ContinualTrainer<Base>::next_batch(int64_t first, int64_t count) {
   FadeAt f = fade_at(this->stages_, this->step_, overlap_steps_, curve_, no_fade_after());
-  if (f.weight <= 0.0) return this->sampler(f.from).next(this->batch_size_);
+  if (f.weight <= 0.0) return this->sampler(f.from).next_share(this->batch_size_, first, count);
+  // The global batch is the old stage's rows then the new stage's; this rank takes [first, first + count).
   auto rows = largest_remainder({1.0 - f.weight, f.weight}, this->batch_size_);
-  Batch old_rows = this->sampler(f.from).next(rows[0]);
-  Batch new_rows = this->sampler(f.to).next(rows[1]);
+  const int64_t end = first + count;
+  const int64_t old_first = std::min(first, rows[0]), old_end = std::min(end, rows[0]);
+  const int64_t new_first = std::max(first, rows[0]) - rows[0], new_end = std::max(end, rows[0]) - rows[0];
+  Batch old_rows = this->sampler(f.from).next_share(rows[0], old_first, old_end - old_first);
+  Batch new_rows = this->sampler(f.to).next_share(rows[1], new_first, new_end - new_first);
   Batch b;
   b.inputs = torch::cat({old_rows.inputs, new_rows.inputs});
   b.targets = torch::cat({old_rows.targets, new_rows.targets});
@@ -205,7 +209,7 @@ std::string ContinualTrainer<Base>::forgetting_table() const {
 template <class Base>
 void ContinualTrainer<Base>::run() {
   Base::run();
-  if (!this->done() || matrix_.empty()) return;
+  if (!this->done() || matrix_.empty() || !this->is_main()) return;
   std::vector<PlotMarker> markers;
   for (const auto& row : matrix_) {
     int stage = row["after_stage"].get<int>();

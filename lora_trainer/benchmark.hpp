@@ -56,7 +56,7 @@ class ContinualTrainer : public Base {
   std::string forgetting_table() const;
 
  protected:
-  Batch next_batch() override;
+  Batch next_batch(int64_t first, int64_t count) override;
   void on_stage_end(int stage) override;
   nlohmann::json extra_metadata() const override;
 

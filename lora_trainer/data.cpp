@@ -237,6 +237,14 @@ Batch MixtureSampler::next(int64_t count) {
   return b;
 }
 
+Batch MixtureSampler::next_share(int64_t total, int64_t first, int64_t count) {
+  TORCH_CHECK(first >= 0 && count >= 0 && first + count <= total, "next_share: rows [", first, ", ", first + count,
+              ") outside a batch of ", total);
+  Batch b = rows(cursor_ + static_cast<uint64_t>(first), count);
+  cursor_ += static_cast<uint64_t>(total);
+  return b;
+}
+
 std::vector<int64_t> largest_remainder(const std::vector<double>& weights, int64_t total) {
   double sum = std::accumulate(weights.begin(), weights.end(), 0.0);
   std::vector<int64_t> parts(weights.size(), 0);

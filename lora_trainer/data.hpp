@@ -129,6 +129,9 @@ class MixtureSampler {
   Batch rows(uint64_t first, int64_t count) const;
   // The next `count` rows; advances the cursor.
   Batch next(int64_t count);
+  // Rows [first, first + count) of the next `total` rows (one rank's share of a global batch);
+  // advances the cursor past all `total`.
+  Batch next_share(int64_t total, int64_t first, int64_t count);
   uint64_t cursor() const { return cursor_; }
   void set_cursor(uint64_t c) { cursor_ = c; }
   const std::vector<Sampling>& samplings() const { return samplings_; }

@@ -99,6 +99,11 @@ void LoRATrainer::before_step() {
   if (!in_lora_ && step_ >= boundary_step_) transition_to_lora(*this, true);
 }
 
+bool LoRATrainer::shard_optimizer_state() const {
+  const std::string mode = cfg_.get_string("distributed/shard_optimizer");
+  return in_lora_ ? mode != "none" : mode == "all";
+}
+
 double LoRATrainer::current_lr() const {
   return in_lora_ ? lora_schedule_.at(step_ - boundary_step_) : schedule_.at(step_);
 }
@@ -121,8 +126,10 @@ json LoRATrainer::extra_metadata() const {
 
 void transition_to_lora(LoRATrainer& t, bool at_boundary) {
   TORCH_CHECK(!t.in_lora_, "transition_to_lora: already in the LoRA phase");
+  // Rank 0 reads the file system for every rank: they must all take part in the save or none.
   if (at_boundary && t.boundary_step_ > 0 && t.step_ == t.boundary_step_ &&
-      !is_checkpoint((fs::path(t.job_dir()) / kPreLoraCheckpoint).string()))
+      t.dist_.broadcast_flag(!is_checkpoint((fs::path(t.job_dir()) / kPreLoraCheckpoint).string()),
+                             "deciding whether to save " + std::string(kPreLoraCheckpoint)))
     t.save(kPreLoraCheckpoint);
 
   // Freeze the base: bf16, no gradients, and (below) no optimizer state.
@@ -136,8 +143,9 @@ void transition_to_lora(LoRATrainer& t, bool at_boundary) {
   for (auto& a : t.lora_.A) a.requires_grad_(true);
   for (auto& b : t.lora_.B) b.requires_grad_(true);
   attach_lora(*t.model_, t.lora_, t.lora_cfg_.alpha, t.lora_cfg_.rank);
+  t.in_lora_ = true;  // before the optimizer: its sharding depends on the phase
+  // The adapters are identical on every rank (the same seed); their moments may be sharded.
   t.build_optimizer(t.lora_.named(), t.cfg_.get_double("optimization/lora/weight_decay"));
-  t.in_lora_ = true;
   if (!at_boundary) return;
 
   int64_t frozen = 0;
@@ -182,7 +190,7 @@ void LoRATrainer::restore_from_path(const std::string& path) {
 
 void LoRATrainer::run() {
   BaseTrainer::run();
-  if (!done()) return;
+  if (!done() || !is_main()) return;
   std::string text = report();
   if (text.empty()) return;  // no training was logged under this name (e.g. `restore` of a finished job)
   std::printf("%s", text.c_str());

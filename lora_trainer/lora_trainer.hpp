@@ -54,6 +54,8 @@ class LoRATrainer : public BaseTrainer {
  protected:
   void before_step() override;
   double current_lr() const override;
+  // distributed/shard_optimizer "lora" or "all" shard the adapters' moments; "all" phase 1's too.
+  bool shard_optimizer_state() const override;
   nlohmann::json extra_metadata() const override;
 
  private:

@@ -2,12 +2,15 @@
 #include <CLI/CLI.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 
 #include "lora_trainer/bench.hpp"
 #include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/distributed.hpp"
+#include "lora_trainer/local_ranks.hpp"
 #include "lora_trainer/generate.hpp"
 #include "lora_trainer/tokenizer.hpp"
 #include "lora_trainer/trainer.hpp"
@@ -145,6 +148,11 @@ int main(int argc, char** argv) {
   run->add_option("CONFIG", config_path, "config file (JSON; `configure` writes one)")->required()->check(CLI::ExistingFile);
   run->add_option("OUT_DIR", out_dir, "output root: checkpoints/ and runs/ go below it (. = this directory)")->required();
   run->add_option("--restore", restore, "start from this checkpoint directory (ignored when the job has a `latest`)");
+  int nproc = 1;
+  run->add_option("--nproc", nproc,
+                  "data-parallel ranks to start on this machine (c10d/Gloo; see docs/distributed.md). Ranks "
+                  "started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) need no --nproc")
+      ->capture_default_str()->check(CLI::Range(1, 1024));
   run->add_option("overrides", overrides, "key=value settings over the config file");
 
   auto* checkpoints = app.add_subcommand("checkpoints", "list the checkpoints of a job");
@@ -227,6 +235,22 @@ int main(int argc, char** argv) {
       throw UserError("OUT_DIR \"" + out_dir + "\" looks like a key=value override: give the output directory " +
                       "first (`.` for this directory), then the overrides");
     if (*run) {
+      if (nproc > 1) {
+        if (Distributed::requested_by_env())
+          throw UserError("--nproc starts its own ranks; it cannot be combined with WORLD_SIZE=" +
+                          std::string(std::getenv("WORLD_SIZE")) + " in the environment (torchrun starts them instead)");
+        Config cfg = make_config(config_path, overrides);  // a mistake is reported once, before any rank starts
+        std::vector<std::string> args = {argv[0], "run", name, config_path, out_dir};
+        if (!restore.empty()) args.insert(args.end(), {"--restore", restore});
+        args.insert(args.end(), overrides.begin(), overrides.end());
+        return run_local_ranks(nproc, args, cfg.get_double("distributed/timeout_s") + 10.0);
+      }
+      if (Distributed::requested_by_env()) {
+        Config cfg = make_config(config_path, overrides);
+        set_distributed(Distributed::from_env(cfg.get_double("distributed/timeout_s"), Runtime::from_config(cfg).device));
+        if (!distributed().is_main() && !std::freopen("/dev/null", "w", stdout))
+          throw std::runtime_error("cannot redirect the output of rank " + std::to_string(distributed().rank()));
+      }
       auto job = make_job(name, config_path, out_dir, overrides);
       run_or_continue(*job, restore);
       return 0;
@@ -260,8 +284,15 @@ int main(int argc, char** argv) {
       return 0;
     }
   } catch (const UserError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    if (distributed().active()) std::fprintf(stderr, "error (rank %d): %s\n", distributed().rank(), e.what());
+    else std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
+  } catch (const DistributedError& e) {
+    // The process group cannot be shut down cleanly with a peer gone: leave at once.
+    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(3);
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "internal error (please report): %s\n", e.what_without_backtrace());
     return 1;

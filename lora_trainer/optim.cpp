@@ -1,6 +1,8 @@
 #include "lora_trainer/optim.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 namespace lt {
 
@@ -33,7 +35,7 @@ void AdamW::step(double lr) {
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i].second;
     const auto& g = p.grad();
-    if (!g.defined()) continue;
+    if (!g.defined() || !owns(i)) continue;
     if (decay_[i] && o_.weight_decay != 0) p.mul_(1.0 - lr * o_.weight_decay);
     m_[i].mul_(o_.beta1).add_(g, 1.0 - o_.beta1);
     v_[i].mul_(o_.beta2).addcmul_(g, g, 1.0 - o_.beta2);
@@ -44,16 +46,43 @@ void AdamW::step(double lr) {
 
 NamedTensors AdamW::state() const {
   NamedTensors out;
-  for (size_t i = 0; i < params_.size(); ++i) out.emplace_back("optim/exp_avg/" + params_[i].first, m_[i]);
-  for (size_t i = 0; i < params_.size(); ++i) out.emplace_back("optim/exp_avg_sq/" + params_[i].first, v_[i]);
+  auto held = [&](size_t i, const torch::Tensor& t) {
+    return owns(i) ? t : torch::zeros_like(params_[i].second, torch::kFloat32);
+  };
+  for (size_t i = 0; i < params_.size(); ++i) out.emplace_back("optim/exp_avg/" + params_[i].first, held(i, m_[i]));
+  for (size_t i = 0; i < params_.size(); ++i) out.emplace_back("optim/exp_avg_sq/" + params_[i].first, held(i, v_[i]));
   out.emplace_back("optim/step", torch::tensor(t_, torch::kLong));
   return out;
 }
 
 int64_t AdamW::state_bytes() const {
   int64_t b = 0;
-  for (size_t i = 0; i < m_.size(); ++i) b += (m_[i].numel() + v_[i].numel()) * 4;
+  for (size_t i = 0; i < m_.size(); ++i)
+    if (owns(i)) b += (m_[i].numel() + v_[i].numel()) * 4;
   return b;
+}
+
+void AdamW::shard(int rank, int world) {
+  TORCH_CHECK(world >= 1 && rank >= 0 && rank < world, "AdamW::shard: rank ", rank, " of ", world);
+  rank_ = rank;
+  world_ = world;
+  owner_.assign(params_.size(), 0);
+  if (world == 1) {
+    owner_.clear();
+    return;
+  }
+  std::vector<size_t> order(params_.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return params_[a].second.numel() > params_[b].second.numel(); });
+  std::vector<int64_t> load(static_cast<size_t>(world), 0);
+  for (size_t i : order) {
+    int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner_[i] = r;
+    load[static_cast<size_t>(r)] += params_[i].second.numel();
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!owns(i)) m_[i] = v_[i] = torch::Tensor();  // freed: another rank keeps them
 }
 
 double clip_grad_norm(const NamedTensors& params, double max_norm) {

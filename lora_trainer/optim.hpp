@@ -34,13 +34,25 @@ class AdamW {
   // state() hands out the moment tensors themselves (a checkpoint load copies into them) and the step
   // count as a fresh scalar, which the loader hands back here.
   void set_steps_taken(int64_t t) { t_ = t; }
+  // Bytes of moments this process holds.
   int64_t state_bytes() const;
+
+  // ZeRO-1 over `world` ranks: the parameters are split among the ranks (whole tensors, largest
+  // first, each to the rank holding the fewest elements so far; the same split on every rank), and
+  // this rank keeps and updates only the moments of its own share. step() then updates only the
+  // owned parameters; the caller copies the others from their owners. state() gives zeros for the
+  // moments held elsewhere (so a sum over the ranks assembles the whole state).
+  void shard(int rank, int world);
+  bool sharded() const { return world_ > 1; }
+  bool owns(size_t i) const { return owner_.empty() || owner_[i] == rank_; }
 
  private:
   NamedTensors params_;
   AdamWOptions o_;
   std::vector<torch::Tensor> m_, v_;
   std::vector<bool> decay_;
+  std::vector<int> owner_;  // empty: not sharded
+  int rank_ = 0, world_ = 1;
   int64_t t_ = 0;
 };
 

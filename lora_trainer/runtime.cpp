@@ -22,7 +22,7 @@ void add_runtime_options(ConfigSchema& s) {
   s.add("runtime/precision", OptType::String, "auto",
         "bf16 (f32 weights, bf16 autocast), f32, or auto (bf16 where the device has fast bf16)",
         check_one_of({"auto", "bf16", "f32"}));
-  s.add("runtime/threads", OptType::Int, 0, "CPU threads for torch; 0 = every core", check_nonnegative());
+  s.add("runtime/threads", OptType::Int, 0, "CPU threads for torch; 0 = every core (shared among the ranks of this machine)", check_nonnegative());
 }
 
 bool cpu_has_fast_bf16() {
@@ -61,12 +61,19 @@ Runtime Runtime::from_config(const Config& cfg) {
   bool cuda = torch::cuda::is_available();
   if (dev == "cuda" && !cuda)
     throw UserError("runtime/device=cuda, but no CUDA device is available to this build; use runtime/device=cpu");
-  rt.device = (dev == "cuda" || (dev == "auto" && cuda)) ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  // A rank started by `run --nproc` or torchrun uses the GPU of its LOCAL_RANK.
+  const int local_rank = env_int("LOCAL_RANK", 0);
+  const int local_ranks = std::max(1, env_int("LOCAL_WORLD_SIZE", 1));
+  rt.device = (dev == "cuda" || (dev == "auto" && cuda))
+                  ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % std::max<int64_t>(1, torch::cuda::device_count())))
+                  : torch::Device(torch::kCPU);
   std::string prec = cfg.get_string("runtime/precision");
   if (prec == "auto") rt.bf16_autocast = rt.device.is_cuda() || cpu_has_fast_bf16();
   else rt.bf16_autocast = prec == "bf16";
   int64_t threads = cfg.get_int("runtime/threads");
-  rt.threads = threads > 0 ? static_cast<int>(threads) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // 0: the cores are shared among the ranks on this machine.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  rt.threads = threads > 0 ? static_cast<int>(threads) : std::max(1, cores / local_ranks);
   at::set_num_threads(rt.threads);
   limit_blas_threads();
   return rt;

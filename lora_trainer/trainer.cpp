@@ -21,10 +21,12 @@ static const json kDefaultDataset = json::array({{{"name", "english"}, {"rate", 
 
 void add_trainer_options(ConfigSchema& s) {
   add_runtime_options(s);
+  add_distributed_options(s);
   s.add("training/seed", OptType::Int, 0, "seed for initialisation, data order and dropout", check_nonnegative());
   s.add("training/batch_size", OptType::Int, 16, "global batch in rows of block_size tokens", check_positive());
   s.add("training/per_device_batch_size", OptType::Int, -1,
-        "rows per forward/backward (micro-batch); batch_size / this = gradient-accumulation steps; -1 = batch_size",
+        "rows per forward/backward (micro-batch); batch_size / (ranks x this) = gradient-accumulation steps; "
+        "-1 = batch_size / ranks",
         check_positive_or_minus_one());
   s.add("training/tokens", OptType::Int, 4194304, "token budget of the run", check_positive());
   s.add("training/dataset", OptType::Samplings, kDefaultDataset,
@@ -75,16 +77,24 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir)
     : BaseTrainer(spec, cfg, out_dir, single_stage(cfg)) {}
 
 BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan)
-    : RestoreableJob(std::move(spec), std::move(cfg), std::move(out_dir)) {
+    : RestoreableJob(std::move(spec), std::move(cfg), std::move(out_dir)), dist_(distributed()) {
   rt_ = Runtime::from_config(cfg_);
   seed_ = static_cast<uint64_t>(cfg_.get_int("training/seed"));
   batch_size_ = cfg_.get_int("training/batch_size");
   block_size_ = cfg_.get_int("architecture/block_size");
+  const int64_t ranks = dist_.world_size();
+  if (batch_size_ % ranks != 0)
+    throw UserError("training/batch_size (" + std::to_string(batch_size_) + ") must be a multiple of the number of ranks (" +
+                    std::to_string(ranks) + "): each rank takes an equal share of every batch");
+  rank_rows_ = batch_size_ / ranks;
   int64_t micro = cfg_.get_int("training/per_device_batch_size");
-  micro_batch_ = micro < 0 ? batch_size_ : micro;
-  if (batch_size_ % micro_batch_ != 0)
-    throw UserError("training/batch_size (" + std::to_string(batch_size_) +
-                    ") must be a multiple of training/per_device_batch_size (" + std::to_string(micro_batch_) + ")");
+  micro_batch_ = micro < 0 ? rank_rows_ : micro;
+  if (rank_rows_ % micro_batch_ != 0)
+    throw UserError(ranks == 1 ? "training/batch_size (" + std::to_string(batch_size_) +
+                                     ") must be a multiple of training/per_device_batch_size (" + std::to_string(micro_batch_) + ")"
+                               : "with " + std::to_string(ranks) + " ranks each takes training/batch_size / " + std::to_string(ranks) +
+                                     " = " + std::to_string(rank_rows_) + " rows a step, which must be a multiple of "
+                                     "training/per_device_batch_size (" + std::to_string(micro_batch_) + ")");
   torch::manual_seed(seed_);
   model_ = GPT(GPTOptions::from_config(cfg_));
   auto gen = at::detail::createCPUGenerator(seed_);
@@ -102,6 +112,21 @@ void BaseTrainer::build_optimizer(NamedTensors params, double weight_decay) {
   o.eps = cfg_.get_double("optimization/eps");
   o.weight_decay = weight_decay;
   optimizer_ = std::make_unique<AdamW>(std::move(params), o);
+  if (dist_.active() && shard_optimizer_state()) optimizer_->shard(dist_.rank(), dist_.world_size());
+}
+
+bool BaseTrainer::shard_optimizer_state() const { return cfg_.get_string("distributed/shard_optimizer") == "all"; }
+
+void BaseTrainer::sync_sharded_params() {
+  torch::NoGradGuard ng;
+  std::vector<torch::Tensor> params;
+  const auto& trained = trainable();
+  for (size_t i = 0; i < trained.size(); ++i) {
+    // x + 0 + ... + 0 == x exactly: the sum over the ranks hands out each owner's value unchanged.
+    if (!optimizer_->owns(i)) trained[i].second.zero_();
+    params.push_back(trained[i].second);
+  }
+  dist_.all_reduce_sum(params, "sharing the parameters updated by each rank (step " + std::to_string(step_) + ")");
 }
 
 void BaseTrainer::plan_stages(const StagePlan& plan) {
@@ -161,18 +186,28 @@ MixtureSampler& BaseTrainer::sampler(int stage) {
   return *s;
 }
 
-Batch BaseTrainer::next_batch() { return sampler(current_stage()).next(batch_size_); }
+Batch BaseTrainer::next_batch(int64_t first, int64_t count) {
+  return sampler(current_stage()).next_share(batch_size_, first, count);
+}
 
 StepResult BaseTrainer::train_step() {
   TORCH_CHECK(step_ < total_steps_, "train_step past the end of training");
   before_step();
   double t0 = now_seconds();
   model_->train();
-  Batch batch = next_batch();
-  const int64_t n_valid = batch.targets.ge(0).sum().item<int64_t>();
+  const std::string which = " of step " + std::to_string(step_ + 1);
+  if (dist_.active())  // each rank its own dropout masks, the same after a restore
+    torch::manual_seed(mix64(seed_ ^ mix64((static_cast<uint64_t>(step_) << 16) + static_cast<uint64_t>(dist_.rank()))));
+  Batch batch = next_batch(rank_rows_ * dist_.rank(), rank_rows_);
+  int64_t n_valid = batch.targets.ge(0).sum().item<int64_t>();
+  if (dist_.active()) {  // the loss is a mean over the targets of the whole global batch
+    auto count = torch::tensor({n_valid}, torch::kLong);
+    dist_.all_reduce_sum({count}, "the target count" + which);
+    n_valid = count.item<int64_t>();
+  }
   optimizer_->zero_grad();
   double loss = 0.0;
-  for (int64_t first = 0; first < batch_size_; first += micro_batch_) {
+  for (int64_t first = 0; first < rank_rows_; first += micro_batch_) {
     auto in = batch.inputs.slice(0, first, first + micro_batch_).to(rt_.device);
     auto tgt = batch.targets.slice(0, first, first + micro_batch_).to(rt_.device);
     AutocastGuard autocast(rt_);
@@ -181,10 +216,27 @@ StepResult BaseTrainer::train_step() {
     scaled.backward();
     loss += scaled.item<double>();
   }
+  stopping_ = stop_requested.load();
+  if (dist_.active()) {
+    // One sum over the ranks: the gradients (so clipping sees the global norm), the loss, and
+    // whether any rank was asked to stop (so all stop after the same step).
+    std::vector<torch::Tensor> sums;
+    for (const auto& [name, p] : trainable()) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      sums.push_back(p.grad());
+    }
+    auto extra = torch::tensor({static_cast<float>(loss), stopping_ ? 1.0f : 0.0f}, torch::kFloat32).to(rt_.device);
+    sums.push_back(extra);
+    dist_.all_reduce_sum(sums, "the gradient sum" + which);
+    auto host = extra.cpu();
+    loss = host[0].item<double>();
+    stopping_ = host[1].item<float>() > 0;
+  }
   StepResult r;
   r.grad_norm = clip_grad_norm(trainable(), cfg_.get_double("optimization/grad_clip"));
   r.lr = current_lr();
   optimizer_->step(r.lr);
+  if (optimizer_->sharded()) sync_sharded_params();
   ++step_;
   tokens_ += tokens_per_step();
   r.step = step_;
@@ -224,21 +276,32 @@ std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& data
   const bool was_training = model_->is_training();
   model_->eval();
   std::vector<DatasetEval> out;
-  for (const auto& smp : datasets) {
+  // With several ranks, micro-batch k is evaluated by rank k % ranks and the sums are reduced.
+  auto sums = torch::zeros({static_cast<int64_t>(datasets.size()), 2}, torch::kFloat64);
+  for (size_t d = 0; d < datasets.size(); ++d) {
+    const Sampling& smp = datasets[d];
     const Dataset& ds = open_dataset(smp);
-    DatasetEval e;
-    e.name = smp.name;
-    e.style = smp.style;
-    double loss_sum_total = 0;
-    for (int64_t first = 0; first < rows; first += micro_batch_) {
+    double loss_sum_total = 0, tokens = 0;
+    int64_t k = 0;
+    for (int64_t first = 0; first < rows; first += micro_batch_, ++k) {
+      if (k % dist_.world_size() != dist_.rank()) continue;
       int64_t n = std::min(micro_batch_, rows - first);
       Batch b = validation_rows(ds, block_size_, static_cast<uint64_t>(first), n);
       AutocastGuard autocast(rt_);
       auto [loss_sum, count] = model_->loss_sum(b.inputs.to(rt_.device), b.targets.to(rt_.device));
       loss_sum_total += loss_sum.item<double>();
-      e.tokens += count;
+      tokens += static_cast<double>(count);
     }
-    e.loss = loss_sum_total / static_cast<double>(std::max<int64_t>(1, e.tokens));
+    sums[static_cast<int64_t>(d)][0] = loss_sum_total;
+    sums[static_cast<int64_t>(d)][1] = tokens;
+  }
+  dist_.all_reduce_sum({sums}, "the validation loss sum");
+  for (size_t d = 0; d < datasets.size(); ++d) {
+    DatasetEval e;
+    e.name = datasets[d].name;
+    e.style = datasets[d].style;
+    e.tokens = static_cast<int64_t>(sums[static_cast<int64_t>(d)][1].item<double>());
+    e.loss = sums[static_cast<int64_t>(d)][0].item<double>() / static_cast<double>(std::max<int64_t>(1, e.tokens));
     out.push_back(e);
   }
   if (was_training) model_->train();
@@ -265,7 +328,14 @@ ValResult BaseTrainer::validate() {
 NamedTensors BaseTrainer::state_tensors() {
   NamedTensors out;
   for (auto& [name, t] : named_params(*model_)) out.emplace_back("params/" + name, t);
-  for (auto& kv : optimizer_->state()) out.push_back(kv);
+  NamedTensors optim = optimizer_->state();
+  if (optimizer_->sharded()) {  // the whole state: each rank contributes its share, zeros elsewhere
+    std::vector<torch::Tensor> moments;
+    for (auto& [n, t] : optim)
+      if (n != "optim/step") moments.push_back(t);
+    dist_.all_reduce_sum(moments, "gathering the sharded optimizer state");
+  }
+  for (auto& kv : optim) out.push_back(kv);
   out.emplace_back("rng/generators", rng_state(rt_));
   return out;
 }
@@ -284,6 +354,7 @@ json BaseTrainer::checkpoint_metadata() const {
             {"best_score", best_score_ ? json(*best_score_) : json(nullptr)},
             {"best_stage", best_stage_},
             {"trainable_params", optimizer_->param_names()},
+            {"distributed", {{"ranks", dist_.world_size()}, {"optimizer_sharded", optimizer_->sharded()}}},
             {"data", {{"stage", current_stage()}, {"cursors", cursors}}},
             {"job", spec_.to_json()},
             {"config", cfg_.to_json()}};
@@ -293,8 +364,12 @@ json BaseTrainer::checkpoint_metadata() const {
 
 void BaseTrainer::save(const std::string& suffix, bool update_latest) {
   std::string dir = (fs::path(job_dir()) / suffix).string();
-  save_checkpoint(dir, state_tensors(), checkpoint_metadata());
-  if (update_latest) write_latest(job_dir(), suffix);
+  NamedTensors tensors = state_tensors();  // on every rank: a collective when the optimizer is sharded
+  if (is_main()) {
+    save_checkpoint(dir, tensors, checkpoint_metadata());
+    if (update_latest) write_latest(job_dir(), suffix);
+  }
+  dist_.barrier("saving checkpoint " + suffix);  // the others go on once it is complete
 }
 
 void BaseTrainer::restore_from_path(const std::string& path) {
@@ -345,6 +420,7 @@ void BaseTrainer::load_weights_from(const std::string& dir) {
 }
 
 void BaseTrainer::log_event(json event) {
+  if (!is_main()) return;
   fs::create_directories(run_dir());
   std::ofstream out(fs::path(run_dir()) / "metrics.jsonl", std::ios::app);
   out << event.dump() << "\n";
@@ -352,7 +428,7 @@ void BaseTrainer::log_event(json event) {
 
 void BaseTrainer::truncate_metrics_after(int64_t step) {
   fs::path p = fs::path(run_dir()) / "metrics.jsonl";
-  if (!fs::exists(p)) return;
+  if (!is_main() || !fs::exists(p)) return;
   std::istringstream in(read_file(p.string()));
   std::string line, kept;
   while (std::getline(in, line)) {
@@ -374,8 +450,10 @@ void BaseTrainer::report(const StepResult& r, double mean_loss, double tok_per_s
 extern "C" void lt_on_signal(int) { BaseTrainer::stop_requested.store(true); }
 
 void BaseTrainer::run() {
-  fs::create_directories(run_dir());
-  write_file_atomic((fs::path(run_dir()) / "config.json").string(), cfg_.to_json().dump(2) + "\n");
+  if (is_main()) {
+    fs::create_directories(run_dir());
+    write_file_atomic((fs::path(run_dir()) / "config.json").string(), cfg_.to_json().dump(2) + "\n");
+  }
   if (done()) {
     std::printf("job %s already finished at step %lld (%lld tokens); checkpoints in %s\n", spec_.name.c_str(),
                 (long long)step_, (long long)tokens_, job_dir().c_str());
@@ -383,13 +461,16 @@ void BaseTrainer::run() {
   }
   int64_t n_params = 0;
   for (auto& [n, t] : named_params(*model_)) n_params += t.numel();
-  std::printf("job %s (%s): %.2fM parameters, %s, step %lld of %lld (%lld tokens per step)\n", spec_.name.c_str(),
-              spec_.kind.c_str(), n_params / 1e6, rt_.describe().c_str(), (long long)step_, (long long)total_steps_,
-              (long long)tokens_per_step());
+  std::printf("job %s (%s): %.2fM parameters, %s%s, step %lld of %lld (%lld tokens per step)\n", spec_.name.c_str(),
+              spec_.kind.c_str(), n_params / 1e6, rt_.describe().c_str(),
+              dist_.active() ? (" per rank, " + std::to_string(dist_.world_size()) + " ranks (" +
+                                std::to_string(rank_rows_) + " rows each a step)").c_str() : "",
+              (long long)step_, (long long)total_steps_, (long long)tokens_per_step());
   std::fflush(stdout);
   check_datasets();  // a missing dataset is found now, not at its stage
   truncate_metrics_after(step_);  // a resumed run drops the lines of steps it will redo
   stop_requested = false;
+  stopping_ = false;
   auto prev_int = std::signal(SIGINT, lt_on_signal);
   auto prev_term = std::signal(SIGTERM, lt_on_signal);
   const int64_t report_every = cfg_.get_int("logging/report_interval");
@@ -432,9 +513,11 @@ void BaseTrainer::run() {
         save("best", false);
       }
     }
-    if (step_ < total_steps_ && (step_ % ckpt_every == 0 || stop_requested)) {
+    // One process stops on a signal seen any time; ranks on the one they agreed on in the step.
+    const bool stop = dist_.active() ? stopping_ : stop_requested.load();
+    if (step_ < total_steps_ && (step_ % ckpt_every == 0 || stop)) {
       save("ntoks/" + std::to_string(tokens_));
-      if (stop_requested) {
+      if (stop) {
         std::printf("stopped by signal after step %lld; checkpoint %s/ntoks/%lld saved.\n"
                     "Resume with the same `lora_trainer run %s ...` command (it continues from `latest`).\n",
                     (long long)step_, job_dir().c_str(), (long long)tokens_, spec_.name.c_str());

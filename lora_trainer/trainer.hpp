@@ -5,7 +5,13 @@
 // then clips the global gradient norm and takes an AdamW step:
 //   total_steps = training/tokens / (batch_size * block_size)
 // Training may be split into stages (a token budget and a dataset mixture each); the base trainer has
-// one, subclasses (LoRA, continual benchmarks) more. Everything the next step depends on — weights,
+// one, subclasses (LoRA, continual benchmarks) more.
+//
+// With several ranks (distributed.hpp) each rank takes an equal, disjoint share of every global batch
+// (batch_size / ranks rows, in micro-batches of per_device_batch_size), the gradients are summed over
+// the ranks before clipping, so the step is the one a single process takes on the whole batch.
+// Rank 0 alone writes checkpoints (whole, unsharded: restorable on any number of ranks), metrics and
+// reports. Everything the next step depends on — weights,
 // optimizer moments, step, tokens, data cursor, RNG — is in the checkpoint, so a resumed run is
 // bit-identical to an uninterrupted one.
 #pragma once
@@ -18,6 +24,7 @@
 #include <vector>
 
 #include "lora_trainer/data.hpp"
+#include "lora_trainer/distributed.hpp"
 #include "lora_trainer/job.hpp"
 #include "lora_trainer/model.hpp"
 #include "lora_trainer/optim.hpp"
@@ -90,6 +97,8 @@ class BaseTrainer : public RestoreableJob {
   int64_t total_steps() const { return total_steps_; }
   int64_t tokens_per_step() const { return batch_size_ * block_size_; }
   GPT& model() { return model_; }
+  // Rank 0, or the only process: the one that writes files and prints.
+  bool is_main() const { return dist_.is_main(); }
   AdamW& optimizer() { return *optimizer_; }
   const Runtime& runtime() const { return rt_; }
   const std::vector<Stage>& stages() const { return stages_; }
@@ -101,7 +110,8 @@ class BaseTrainer : public RestoreableJob {
   virtual NamedTensors state_tensors();
   virtual std::string state_kind() const { return "plain"; }
 
-  // Set by SIGINT/SIGTERM; the loop saves and exits after the step in flight.
+  // Set by SIGINT/SIGTERM; the loop saves and exits after the step in flight (with several ranks, after
+  // the step in which any rank saw the signal).
   static std::atomic<bool> stop_requested;
 
  protected:
@@ -113,8 +123,12 @@ class BaseTrainer : public RestoreableJob {
   // Opens a dataset and checks its vocabulary fits the model.
   const Dataset& open_dataset(const Sampling& smp);
   // Hooks for subclasses.
-  // The global batch of the step about to be taken (default: the current stage's mixture).
-  virtual Batch next_batch();
+  // Rows [first, first + count) of the global batch of the step about to be taken (default: the
+  // current stage's mixture); the data cursors move past the whole global batch.
+  virtual Batch next_batch(int64_t first, int64_t count);
+  // Whether the optimizer being built keeps only this rank's share of the moments (ZeRO-1), from
+  // distributed/shard_optimizer ("all" here; the LoRA trainer adds "lora" for its adapters).
+  virtual bool shard_optimizer_state() const;
   // After a stage's last step, before that step's validation and periodic checkpoint.
   virtual void on_stage_end(int stage) {}
   virtual void before_step() {}
@@ -134,7 +148,10 @@ class BaseTrainer : public RestoreableJob {
   // Loads only the model's parameters ("params/*") from a checkpoint; step and tokens stay as they are.
   void load_weights_from(const std::string& dir);
   void truncate_metrics_after(int64_t step);
+  // After a sharded optimizer step: every rank gets each parameter from the rank that updated it.
+  void sync_sharded_params();
 
+  Distributed& dist_;
   Runtime rt_;
   GPT model_{nullptr};
   std::unique_ptr<AdamW> optimizer_;
@@ -144,6 +161,8 @@ class BaseTrainer : public RestoreableJob {
   std::map<int, uint64_t> restored_cursors_;  // from a checkpoint, applied when the sampler is rebuilt
   Schedule schedule_;
   int64_t batch_size_, micro_batch_, block_size_, total_steps_ = 0;
+  int64_t rank_rows_ = 0;  // this rank's share of the global batch
+  bool stopping_ = false;  // a signal was seen (by any rank) during the last step
   int64_t step_ = 0, tokens_ = 0;
   std::optional<double> best_score_;  // of stage best_stage_: `best` is the best of the latest stage
   int best_stage_ = 0;

@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -139,5 +142,16 @@ void Progress::finish() {
 }
 
 Progress::~Progress() {}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  long x = std::strtol(v, &end, 10);
+  if (errno != 0 || *end != '\0' || x < INT_MIN || x > INT_MAX)
+    throw UserError(std::string("environment variable ") + name + "=\"" + v + "\" is not an integer");
+  return static_cast<int>(x);
+}
 
 }  // namespace lt

@@ -37,6 +37,10 @@ std::string join(const std::vector<std::string>& items, const std::string& sep =
 uint64_t fnv1a64(const void* data, size_t size, uint64_t seed = 1469598103934665603ULL);
 std::string hex64(uint64_t v);
 
+// The integer value of environment variable `name`, or `fallback` when it is unset or empty;
+// UserError naming the variable when it is not an integer.
+int env_int(const char* name, int fallback);
+
 // A one-line progress display on stderr for long work (tokenizing, loading). Redraws at most a few
 // times per second when stderr is a terminal, and prints a line every ~10% otherwise.
 class Progress {

@@ -1,0 +1,76 @@
+// Data parallelism over LibTorch's c10d: the process group a job runs in, and its collectives.
+//
+// A job is one process (rank 0 of 1, every collective a no-op) unless it was started by torchrun's
+// environment variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), by `run --nproc N`
+// (which sets them for N local ranks), or by anything else that sets them. The ranks meet through a
+// c10d::TCPStore served by rank 0 and talk over Gloo (NCCL for CUDA tensors in a CUDA build with
+// NCCL). Gloo refuses bf16 and AVG, so every reduction is a SUM in f32 or f64.
+//
+// A collective that fails (a rank exited, or hung past distributed/timeout_s) throws DistributedError
+// naming the collective, this rank and the timeout; the launcher prints it and exits non-zero.
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <ATen/Tensor.h>
+#include <c10/core/Device.h>
+
+namespace lt {
+
+class ConfigSchema;
+
+class DistributedError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// distributed/timeout_s and distributed/shard_optimizer.
+void add_distributed_options(ConfigSchema& s);
+
+class Distributed {
+ public:
+  // This process alone.
+  Distributed();
+  ~Distributed();
+  Distributed(const Distributed&) = delete;
+  Distributed& operator=(const Distributed&) = delete;
+
+  // True when WORLD_SIZE in the environment asks for more than one rank.
+  static bool requested_by_env();
+  // Joins the group described by the environment: rendezvous at MASTER_ADDR:MASTER_PORT (rank 0
+  // serves the store), waiting at most `timeout_s` for every rank, which is also the limit on any one
+  // collective. `device` picks the backend (Gloo for CPU tensors). UserError for missing or
+  // inconsistent variables; DistributedError when the rendezvous fails.
+  static std::unique_ptr<Distributed> from_env(double timeout_s, c10::Device device);
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  bool active() const { return world_ > 1; }
+  bool is_main() const { return rank_ == 0; }
+  double timeout_s() const { return timeout_s_; }
+  std::string describe() const;
+
+  // Sums each tensor over the ranks, in place. Tensors are packed into one buffer per dtype (f32,
+  // f64 or int64; any device), so a list costs one collective per dtype. `what` names it in errors.
+  void all_reduce_sum(const std::vector<at::Tensor>& tensors, const std::string& what);
+  // Rank 0's value of `flag`, on every rank (for decisions that read files rank 0 writes).
+  bool broadcast_flag(bool flag, const std::string& what);
+  void barrier(const std::string& what);
+
+ private:
+  struct Group;
+  std::unique_ptr<Group> group_;
+  int rank_ = 0, world_ = 1;
+  double timeout_s_ = 0;
+  std::string backend_;
+  [[noreturn]] void fail(const std::string& what, const std::exception& e, double started) const;
+};
+
+// The process-wide group: a single process until set_distributed() installs one from the environment.
+Distributed& distributed();
+void set_distributed(std::unique_ptr<Distributed> d);
+
+}  // namespace lt
