@@ -25,7 +25,8 @@ std::atomic<int> g_forward_signal{0};
 
 extern "C" void lt_launcher_on_signal(int sig) { g_forward_signal.store(sig); }
 
-// A TCP port on 127.0.0.1 that nothing listens on now (rank 0 binds it a moment later).
+}  // namespace
+
 int free_port() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
@@ -43,6 +44,8 @@ int free_port() {
   close(fd);
   return port;
 }
+
+namespace {
 
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -102,13 +105,14 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
       if (rank < 0) continue;
       --running;
       const int code = exit_code_of(status);
-      if (code != 0 && first_failure < 0) {
+      if (code == 0) continue;
+      std::fprintf(stderr, "rank %d %s%s\n", rank, describe_status(status).c_str(),
+                   first_failure < 0 && running > 0 ? "; the other ranks will stop" : "");
+      // Status 3 is a rank that lost a peer: the peer's own failure, reaped a moment later, is the cause.
+      if (first_failure < 0 || (result == 3 && code != 3)) {
+        if (first_failure < 0) kill_at = now_seconds() + grace_s;
         first_failure = rank;
         result = code;
-        kill_at = now_seconds() + grace_s;
-        if (running > 0)
-          std::fprintf(stderr, "rank %d %s; waiting up to %.0f s for the other ranks to stop\n", rank,
-                       describe_status(status).c_str(), grace_s);
       }
       continue;
     }
@@ -125,7 +129,9 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
   }
   std::signal(SIGINT, prev_int);
   std::signal(SIGTERM, prev_term);
-  if (first_failure >= 0) std::fprintf(stderr, "error: rank %d of %d failed (exit status %d)\n", first_failure, nproc, result);
+  if (first_failure >= 0)
+    std::fprintf(stderr, "error: rank %d of %d failed (exit status %d)%s\n", first_failure, nproc, result,
+                 result == 3 ? ": a rank lost contact with another" : "");
   return result;
 }
 

@@ -11,8 +11,12 @@ namespace lt {
 // (127.0.0.1) and MASTER_PORT (MASTER_PORT from the environment, else a free port) set, and waits
 // for them. SIGINT and SIGTERM are passed on to every rank (they checkpoint and stop together). When
 // a rank fails, the others get `grace_s` to exit on their own (their collectives fail) and are then
-// killed. Returns 0 when every rank succeeded, else the first failing rank's exit status (128 + the
-// signal for a rank killed by one).
+// killed. Returns 0 when every rank succeeded, else the exit status of the rank that failed first
+// (128 + the signal for a rank killed by one), preferring a cause over status 3 (a rank that only
+// lost contact with a failed peer).
 int run_local_ranks(int nproc, const std::vector<std::string>& args, double grace_s);
+
+// A TCP port on 127.0.0.1 that nothing listens on at the moment of asking.
+int free_port();
 
 }  // namespace lt

@@ -13,35 +13,17 @@
 
 #include "lora_trainer/checkpoint.hpp"
 #include "fixtures.hpp"
+#include "launch.hpp"
 
 using namespace lt;
 using Catch::Matchers::Contains;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-Result launch(const std::vector<std::string>& args) {
-  std::string cmd = quote(LT_LAUNCHER);
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd += " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
+using test::Result;
+using test::launch;
+using test::read_metrics_lines;
+using test::state_digests;
 
 std::string tiny_config(const test::TempDir& dir, const std::vector<std::string>& extra = {}) {
   test::make_byte_dataset(dir / "data", "gen", 1);
@@ -53,22 +35,6 @@ std::string tiny_config(const test::TempDir& dir, const std::vector<std::string>
   Result r = launch(args);
   REQUIRE(r.code == 0);
   return dir / "tiny.json";
-}
-
-// Digests of the tensors that define the training state (weights and optimizer), by name.
-std::map<std::string, std::string> state_digests(const std::string& ckpt) {
-  std::map<std::string, std::string> out;
-  const nlohmann::json info = inspect_checkpoint(ckpt);
-  for (const auto& t : info["tensors"]) out[t["name"].get<std::string>()] = t["fnv1a64"].get<std::string>();
-  return out;
-}
-
-std::vector<nlohmann::json> read_metrics_lines(const std::string& run_dir) {
-  std::vector<nlohmann::json> out;
-  std::istringstream in(read_file(run_dir + "/metrics.jsonl"));
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
 }
 
 }  // namespace
