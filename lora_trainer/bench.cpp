@@ -9,6 +9,8 @@
 #include <fstream>
 #include <random>
 
+#include <torch/csrc/autograd/profiler_legacy.h>
+
 #include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/registry.hpp"
 #include "lora_trainer/runtime.hpp"
@@ -157,12 +159,17 @@ nlohmann::json run_bench(const BenchOptions& o) {
   for (int phase = 1; phase <= 2; ++phase) {
     PhaseTimes times;
     double first_loss = 0;
+    const bool lora = phase == 2;
+    std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
     for (int64_t i = 0; i < o.warmup_steps + o.steps; ++i) {
+      if (i == o.warmup_steps && !o.profile.empty())  // the timed steps only (profiling slows them)
+        profile = std::make_unique<torch::autograd::profiler::RecordProfile>(o.profile + (lora ? "-lora" : "-full") +
+                                                                              ".trace.json");
       StepResult r = t->train_step();
       if (i == 0) first_loss = r.loss;
       if (i >= o.warmup_steps) times.step_seconds.push_back(r.seconds);
     }
-    const bool lora = phase == 2;
+    profile.reset();
     TORCH_CHECK(t->in_lora_phase() == lora, "bench: phase bookkeeping");
     const double med = times.median();
     double flops_per_token = lora ? 4.0 * n_matmul + 6.0 * count_lora_params(t->lora_params()) + attn

@@ -18,6 +18,8 @@ struct BenchOptions {
   int64_t warmup_steps = 3, steps = 10;
   std::string out_json = "bench.json";
   std::string weights_out;             // when set: the initial weights and first batch, for the reference
+  std::string profile;                 // when set: PROFILE-full.trace.json and PROFILE-lora.trace.json, Chrome
+                                       // traces of each phase's timed steps (LibTorch's autograd profiler)
 };
 
 nlohmann::json run_bench(const BenchOptions& opts);

@@ -203,6 +203,9 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--warmup", bench.warmup_steps, "untimed steps before them")->capture_default_str()->check(CLI::PositiveNumber);
   bench_cmd->add_option("--out", bench.out_json, "JSON file for the figures")->capture_default_str();
   bench_cmd->add_option("--weights-out", bench.weights_out, "also write the initial weights (torch pickle) for scripts/reference_gpt.py");
+  bench_cmd->add_option("--profile", bench.profile,
+                        "also write PROFILE-full.trace.json and PROFILE-lora.trace.json: Chrome traces of the timed "
+                        "steps (their times are then not representative); scripts/profile_summary.py sums them by op");
   bench_cmd->add_option("overrides", bench.overrides, "key=value settings over the config");
 
   TokenizeOptions tok;
