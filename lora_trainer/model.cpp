@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "lora_trainer/config.hpp"
+#include "lora_trainer/cross_entropy.hpp"
 #include "lora_trainer/util.hpp"
 
 namespace lt {
@@ -132,12 +133,9 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
 }
 
 std::pair<torch::Tensor, int64_t> GPTImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
-  auto logits = forward(idx);  // (B, T, V)
-  auto flat_logits = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32);
+  auto logits = forward(idx);  // (B, T, V), bf16 under autocast
   auto flat_targets = targets.reshape({-1});
-  auto loss = torch::nn::functional::cross_entropy(
-      flat_logits, flat_targets,
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));
+  auto loss = cross_entropy_sum(logits.reshape({-1, logits.size(-1)}), flat_targets);
   int64_t count = flat_targets.ge(0).sum().item<int64_t>();
   return {loss, count};
 }
