@@ -59,7 +59,7 @@ class GPT:
             y = (att @ v).transpose(1, 2).reshape(B, T, self.C)
             x = x + self.linear(y, h + "attn.c_proj").float()
             y = layer_norm(x, p[h + "ln_2.weight"], p[h + "ln_2.bias"])
-            y = F.gelu(self.linear(y, h + "mlp.c_fc"), approximate="tanh")
+            y = F.gelu(self.linear(y, h + "mlp.c_fc"))
             x = x + self.linear(y, h + "mlp.c_proj").float()
         x = layer_norm(x, p["ln_f.weight"], p["ln_f.bias"])
         logits = F.linear(x, p["wte.weight"])
