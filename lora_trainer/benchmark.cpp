@@ -154,7 +154,11 @@ void ContinualTrainer<Base>::on_stage_end(int stage) {
   std::printf("  stage %d done at step %lld: held-out loss%s; saved %s\n", stage, (long long)this->step_,
               [&] {
                 std::string s;
-                for (const auto& e : evals) s += " " + e.name + " " + std::to_string(e.loss).substr(0, 6);
+                char v[32];
+                for (const auto& e : evals) {
+                  std::snprintf(v, sizeof v, " %.4f", e.loss);  // as the forgetting table rounds it
+                  s += " " + e.name + v;
+                }
                 return s;
               }().c_str(),
               suffix.c_str());
