@@ -260,6 +260,9 @@ int main(int argc, char** argv) {
     }
     if (*checkpoints) return cmd_checkpoints(name, out_dir);
     if (*restore_cmd) {
+      if (Distributed::requested_by_env())
+        throw UserError("`restore` runs as one process; for data-parallel ranks use `run NAME CONFIG OUT_DIR --restore " +
+                        checkpoint + "`");
       auto job = from_checkpoint_path(checkpoint, name, out_dir, overrides);
       job->run();
       return 0;

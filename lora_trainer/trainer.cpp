@@ -328,14 +328,7 @@ ValResult BaseTrainer::validate() {
 NamedTensors BaseTrainer::state_tensors() {
   NamedTensors out;
   for (auto& [name, t] : named_params(*model_)) out.emplace_back("params/" + name, t);
-  NamedTensors optim = optimizer_->state();
-  if (optimizer_->sharded()) {  // the whole state: each rank contributes its share, zeros elsewhere
-    std::vector<torch::Tensor> moments;
-    for (auto& [n, t] : optim)
-      if (n != "optim/step") moments.push_back(t);
-    dist_.all_reduce_sum(moments, "gathering the sharded optimizer state");
-  }
-  for (auto& kv : optim) out.push_back(kv);
+  for (auto& kv : optimizer_->state()) out.push_back(kv);
   out.emplace_back("rng/generators", rng_state(rt_));
   return out;
 }
@@ -364,7 +357,13 @@ json BaseTrainer::checkpoint_metadata() const {
 
 void BaseTrainer::save(const std::string& suffix, bool update_latest) {
   std::string dir = (fs::path(job_dir()) / suffix).string();
-  NamedTensors tensors = state_tensors();  // on every rank: a collective when the optimizer is sharded
+  NamedTensors tensors = state_tensors();
+  if (optimizer_->sharded()) {  // the whole state: each rank contributes its share of the moments, zeros elsewhere
+    std::vector<torch::Tensor> moments;
+    for (auto& [n, t] : tensors)
+      if (n.rfind("optim/exp_avg", 0) == 0) moments.push_back(t);
+    dist_.all_reduce_sum(moments, "gathering the sharded optimizer state for " + suffix);
+  }
   if (is_main()) {
     save_checkpoint(dir, tensors, checkpoint_metadata());
     if (update_latest) write_latest(job_dir(), suffix);
@@ -450,6 +449,16 @@ void BaseTrainer::report(const StepResult& r, double mean_loss, double tok_per_s
 extern "C" void lt_on_signal(int) { BaseTrainer::stop_requested.store(true); }
 
 void BaseTrainer::run() {
+  if (dist_.active()) {
+    // Every rank must continue from the same state: rank 0's step, on every rank.
+    auto s = torch::tensor({step_, step_ * step_, is_main() ? step_ : int64_t(0)}, torch::kLong);
+    dist_.all_reduce_sum({s}, "comparing the ranks' starting steps");
+    const int64_t w = dist_.world_size(), first = s[2].item<int64_t>();
+    if (s[0].item<int64_t>() != w * first || s[1].item<int64_t>() != w * first * first)
+      throw UserError("the ranks start from different steps (rank 0 at step " + std::to_string(first) + ", this rank at " +
+                      std::to_string(step_) + "): every rank must see the same checkpoints under OUT_DIR (" + out_dir_ +
+                      "); on several machines, put OUT_DIR on a shared file system");
+  }
   if (is_main()) {
     fs::create_directories(run_dir());
     write_file_atomic((fs::path(run_dir()) / "config.json").string(), cfg_.to_json().dump(2) + "\n");

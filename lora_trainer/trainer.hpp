@@ -89,7 +89,9 @@ class BaseTrainer : public RestoreableJob {
   ValResult validate();
   // Opens every dataset of the plan (UserError naming a missing one).
   void check_datasets();
-  // Saves a checkpoint under job_dir()/suffix; `latest` follows unless told not to.
+  // Saves a checkpoint under job_dir()/suffix; `latest` follows unless told not to. With several
+  // ranks every rank calls it: a sharded optimizer state is gathered, rank 0 writes, and all wait at a
+  // barrier until the checkpoint is complete.
   void save(const std::string& suffix, bool update_latest = true);
 
   int64_t step() const { return step_; }
@@ -106,7 +108,8 @@ class BaseTrainer : public RestoreableJob {
   int trained_stage() const;  // the stage of the step just taken
   int stage_of(int64_t step) const;
 
-  // Every tensor a checkpoint of this state holds, by name.
+  // Every tensor a checkpoint of this state holds, by name (with a sharded optimizer, the moments held
+  // by other ranks are zeros here; save() gathers them). No collectives: restoring reads into these.
   virtual NamedTensors state_tensors();
   virtual std::string state_kind() const { return "plain"; }
 

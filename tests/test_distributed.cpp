@@ -221,4 +221,23 @@ TEST_CASE("distributed: mistakes in the launch get a clear error and exit 2", "[
   CHECK(no_master.code == 2);
   CHECK_THAT(no_master.out, Contains("MASTER_ADDR is not set"));
   CHECK_FALSE(std::filesystem::exists(dir / "out/checkpoints"));
+  Result restore = launch({"restore", "r", dir.str(), dir / "out"}, "WORLD_SIZE=2");
+  CHECK(restore.code == 2);
+  CHECK_THAT(restore.out, Contains("`restore` runs as one process"));
+
+  // Ranks that do not see the same OUT_DIR (no shared file system): rank 0 continues a finished job,
+  // rank 1 would start afresh. Both stop before training, with a message.
+  REQUIRE(launch({"run", "job", cfg, dir / "seen"}).code == 0);
+  std::map<std::string, std::string> env = {{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                            {"MASTER_PORT", std::to_string(free_port())}};
+  env["RANK"] = "0";
+  pid_t r0 = test::spawn({"run", "job", cfg, dir / "seen"}, env, dir / "r0.log");
+  env["RANK"] = "1";
+  pid_t r1 = test::spawn({"run", "job", cfg, dir / "unseen"}, env, dir / "r1.log");
+  const int c0 = test::wait_exit(r0, 60), c1 = test::wait_exit(r1, 60);
+  INFO(read_file(dir / "r0.log") << read_file(dir / "r1.log"));
+  CHECK(c0 == 2);
+  CHECK(c1 == 2);
+  CHECK_THAT(read_file(dir / "r0.log"), Contains("the ranks start from different steps (rank 0 at step 16"));
+  CHECK_FALSE(std::filesystem::exists(dir / "unseen/checkpoints"));
 }
