@@ -89,12 +89,21 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const St
   rank_rows_ = batch_size_ / ranks;
   int64_t micro = cfg_.get_int("training/per_device_batch_size");
   micro_batch_ = micro < 0 ? rank_rows_ : micro;
+  if (ranks > 1 && micro_batch_ > rank_rows_) {
+    // More ranks than the config was written for: each rank's share is one micro-batch.
+    if (dist_.is_main())
+      std::printf("note: with %lld ranks each takes %lld rows a step, fewer than training/per_device_batch_size (%lld): "
+                  "each rank runs them as one micro-batch\n",
+                  (long long)ranks, (long long)rank_rows_, (long long)micro_batch_);
+    micro_batch_ = rank_rows_;
+  }
   if (rank_rows_ % micro_batch_ != 0)
     throw UserError(ranks == 1 ? "training/batch_size (" + std::to_string(batch_size_) +
                                      ") must be a multiple of training/per_device_batch_size (" + std::to_string(micro_batch_) + ")"
                                : "with " + std::to_string(ranks) + " ranks each takes training/batch_size / " + std::to_string(ranks) +
                                      " = " + std::to_string(rank_rows_) + " rows a step, which must be a multiple of "
-                                     "training/per_device_batch_size (" + std::to_string(micro_batch_) + ")");
+                                     "training/per_device_batch_size (" + std::to_string(micro_batch_) +
+                                     "); set it to a divisor of " + std::to_string(rank_rows_) + ", or -1");
   torch::manual_seed(seed_);
   model_ = GPT(GPTOptions::from_config(cfg_));
   auto gen = at::detail::createCPUGenerator(seed_);

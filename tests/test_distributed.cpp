@@ -214,6 +214,12 @@ TEST_CASE("distributed: mistakes in the launch get a clear error and exit 2", "[
   Result micro = launch({"run", "micro", cfg, dir / "out", "--nproc", "2", "training/per_device_batch_size=3"});
   CHECK(micro.code == 2);
   CHECK_THAT(micro.out, Contains("4 rows a step, which must be a multiple of training/per_device_batch_size (3)"));
+  // A micro-batch larger than a rank's share: the share is one micro-batch.
+  Result big = launch({"run", "big", cfg, dir / "big", "--nproc", "2", "training/per_device_batch_size=8",
+                       "training/pre_lora_tokens=[512]", "training/post_lora_tokens=[512]"});
+  INFO(big.out);
+  CHECK(big.code == 0);
+  CHECK_THAT(big.out, Contains("each takes 4 rows a step, fewer than training/per_device_batch_size (8)"));
   Result both = launch({"run", "both", cfg, dir / "out", "--nproc", "2"}, "WORLD_SIZE=2");
   CHECK(both.code == 2);
   CHECK_THAT(both.out, Contains("cannot be combined with WORLD_SIZE=2"));
