@@ -163,8 +163,13 @@ torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& W, const 
                           const torch::Tensor& A, const torch::Tensor& B, double scale) {
   auto y = torch::linear(x, weight_for(W, x), weight_for(b, x));
   if (!A.defined()) return y;
-  // (x A) B costs 2 r (in + out) per row instead of forming the (out, in) merged weight.
-  return y + torch::matmul(torch::matmul(x, weight_for(A, x)), weight_for(B, x)) * scale;
+  // (x A) B costs 2 r (in + out) per row instead of forming the (out, in) merged weight. The scale
+  // goes on B (r x out) and the sum into the second product (addmm accumulates into y), so the
+  // adapter adds no elementwise pass over the (rows x out) output.
+  auto xa = torch::matmul(x, weight_for(A, x));
+  const int64_t out = y.size(-1);
+  auto sum = torch::addmm(y.reshape({-1, out}), xa.reshape({-1, xa.size(-1)}), weight_for(B, x) * scale);
+  return sum.view(y.sizes());
 }
 
 }  // namespace lt
