@@ -28,42 +28,46 @@ void add_distributed_options(ConfigSchema& s) {
         check_one_of({"none", "lora", "all"}));
 }
 
+// The backend; each collective blocks until it is done, at most `timeout`.
 struct Distributed::Group {
   c10::Device device = c10::kCPU;
+  std::chrono::milliseconds timeout{0};
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
 #ifdef LT_WITH_NCCL
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;
 #endif
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& t) {
+  void allreduce(std::vector<at::Tensor>& t) {
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp::SUM;
 #ifdef LT_WITH_NCCL
-    if (nccl) return nccl->allreduce(t, o);
+    if (nccl) return (void)nccl->allreduce(t, o)->wait(timeout);
 #endif
-    return gloo->allreduce(t, o);
+    gloo->allreduce(t, o)->wait(timeout);
   }
-  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& t) {
+  void broadcast(std::vector<at::Tensor>& t) {
     c10d::BroadcastOptions o;
     o.rootRank = 0;
 #ifdef LT_WITH_NCCL
-    if (nccl) return nccl->broadcast(t, o);
+    if (nccl) return (void)nccl->broadcast(t, o)->wait(timeout);
 #endif
-    return gloo->broadcast(t, o);
+    gloo->broadcast(t, o)->wait(timeout);
   }
-  c10::intrusive_ptr<c10d::Work> barrier() {
+  void barrier() {
 #ifdef LT_WITH_NCCL
-    if (nccl) return nccl->barrier(c10d::BarrierOptions());
+    if (nccl) return (void)nccl->barrier(c10d::BarrierOptions())->wait(timeout);
 #endif
-    return gloo->barrier(c10d::BarrierOptions());
+    gloo->barrier(c10d::BarrierOptions())->wait(timeout);
+  }
+  bool uses_nccl() const {
+#ifdef LT_WITH_NCCL
+    return static_cast<bool>(nccl);
+#else
+    return false;
+#endif
   }
   // Where the backend wants the bytes: NCCL on this rank's GPU, Gloo in host memory.
-  c10::Device wire_device() const {
-#ifdef LT_WITH_NCCL
-    if (nccl) return device;
-#endif
-    return c10::kCPU;
-  }
+  c10::Device wire_device() const { return uses_nccl() ? device : c10::Device(c10::kCPU); }
 };
 
 Distributed::Distributed() = default;
@@ -110,6 +114,7 @@ std::unique_ptr<Distributed> Distributed::from_env(double timeout_s, c10::Device
   try {
     d->group_ = std::make_unique<Group>();
     d->group_->device = device;
+    d->group_->timeout = timeout;
     c10d::TCPStoreOptions so;
     so.port = static_cast<uint16_t>(port);
     so.isServer = d->rank_ == 0;
@@ -122,10 +127,9 @@ std::unique_ptr<Distributed> Distributed::from_env(double timeout_s, c10::Device
       auto o = c10d::ProcessGroupNCCL::Options::create();
       o->timeout = timeout;
       d->group_->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(d->group_->store, d->rank_, d->world_, o);
-      d->backend_ = "nccl";
     }
 #endif
-    if (d->backend_.empty()) {
+    if (!d->group_->uses_nccl()) {
       auto o = c10d::ProcessGroupGloo::Options::create(timeout);
       // As in PyTorch: GLOO_SOCKET_IFNAME picks the interface; a loopback master means one machine.
       const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
@@ -134,7 +138,6 @@ std::unique_ptr<Distributed> Distributed::from_env(double timeout_s, c10::Device
       else o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
       o->threads = 2;
       d->group_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(d->group_->store, d->rank_, d->world_, o);
-      d->backend_ = "gloo";
     }
   } catch (const UserError&) {
     throw;
@@ -148,11 +151,6 @@ std::unique_ptr<Distributed> Distributed::from_env(double timeout_s, c10::Device
                            std::to_string(static_cast<int>(timeout_s)) + " s).");
   }
   return d;
-}
-
-std::string Distributed::describe() const {
-  if (!active()) return "1 process";
-  return std::to_string(world_) + " ranks (" + backend_ + "), this is rank " + std::to_string(rank_);
 }
 
 void Distributed::fail(const std::string& what, const std::exception& e, double started) const {
@@ -182,15 +180,21 @@ void Distributed::all_reduce_sum(const std::vector<at::Tensor>& tensors, const s
     torch::NoGradGuard ng;
     for (auto st : order) {
       auto& ts = by_type[st];
-      std::vector<at::Tensor> flat_parts;
-      for (auto& t : ts) flat_parts.push_back(t.reshape({-1}));
-      at::Tensor flat = ts.size() == 1 && ts[0].is_contiguous() ? ts[0].view({-1}) : torch::cat(flat_parts);
+      // A single contiguous tensor is reduced in place; several are packed and unpacked.
+      const bool in_place = ts.size() == 1 && ts[0].is_contiguous();
+      at::Tensor flat;
+      if (in_place) {
+        flat = ts[0].view({-1});
+      } else {
+        std::vector<at::Tensor> parts;
+        for (auto& t : ts) parts.push_back(t.reshape({-1}));
+        flat = torch::cat(parts);
+      }
       at::Tensor wire = flat.device() == group_->wire_device() ? flat : flat.to(group_->wire_device());
       std::vector<at::Tensor> v{wire};
-      auto work = group_->allreduce(v);
-      work->wait(std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000.0)));
+      group_->allreduce(v);
       if (!wire.is_same(flat)) flat.copy_(wire);
-      if (flat.data_ptr() == ts[0].data_ptr() && ts.size() == 1) continue;  // reduced in place
+      if (in_place) continue;
       int64_t off = 0;
       for (auto& t : ts) {
         t.copy_(flat.slice(0, off, off + t.numel()).view(t.sizes()));
@@ -209,7 +213,7 @@ bool Distributed::broadcast_flag(bool flag, const std::string& what) {
   const double started = now_seconds();
   try {
     std::vector<at::Tensor> v{torch::tensor({flag ? int64_t(1) : int64_t(0)}, torch::kLong).to(group_->wire_device())};
-    group_->broadcast(v)->wait(std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000.0)));
+    group_->broadcast(v);
     return v[0].item<int64_t>() != 0;
   } catch (const std::exception& e) {
     fail(what, e, started);
@@ -220,7 +224,7 @@ void Distributed::barrier(const std::string& what) {
   if (!active()) return;
   const double started = now_seconds();
   try {
-    group_->barrier()->wait(std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000.0)));
+    group_->barrier();
   } catch (const std::exception& e) {
     fail(what, e, started);
   }

@@ -50,8 +50,6 @@ class Distributed {
   int world_size() const { return world_; }
   bool active() const { return world_ > 1; }
   bool is_main() const { return rank_ == 0; }
-  double timeout_s() const { return timeout_s_; }
-  std::string describe() const;
 
   // Sums each tensor over the ranks, in place. Tensors are packed into one buffer per dtype (f32,
   // f64 or int64; any device), so a list costs one collective per dtype. `what` names it in errors.
@@ -65,7 +63,6 @@ class Distributed {
   std::unique_ptr<Group> group_;
   int rank_ = 0, world_ = 1;
   double timeout_s_ = 0;
-  std::string backend_;
   [[noreturn]] void fail(const std::string& what, const std::exception& e, double started) const;
 };
 

@@ -62,7 +62,8 @@ std::string describe_status(int status) {
 }  // namespace
 
 int run_local_ranks(int nproc, const std::vector<std::string>& args, double grace_s) {
-  const int port = env_int("MASTER_PORT", 0) > 0 ? env_int("MASTER_PORT", 0) : free_port();
+  int port = env_int("MASTER_PORT", 0);
+  if (port <= 0) port = free_port();
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<pid_t> pids(static_cast<size_t>(nproc), -1);
@@ -90,7 +91,8 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
   auto prev_int = std::signal(SIGINT, lt_launcher_on_signal);
   auto prev_term = std::signal(SIGTERM, lt_launcher_on_signal);
   int running = nproc, first_failure = -1, result = 0;
-  double kill_at = 0;
+  double kill_at = 0;  // after a failure: when the ranks still running are killed
+  bool killed = false;
   while (running > 0) {
     if (int sig = g_forward_signal.exchange(0)) {
       for (pid_t p : pids)
@@ -108,22 +110,22 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
       if (code == 0) continue;
       std::fprintf(stderr, "rank %d %s%s\n", rank, describe_status(status).c_str(),
                    first_failure < 0 && running > 0 ? "; the other ranks will stop" : "");
-      // Status 3 is a rank that lost a peer: the peer's own failure, reaped a moment later, is the cause.
-      if (first_failure < 0 || (result == 3 && code != 3)) {
+      // A rank that lost a peer: the peer's own failure, reaped a moment later, is the cause.
+      if (first_failure < 0 || (result == kExitLostRank && code != kExitLostRank)) {
         if (first_failure < 0) kill_at = now_seconds() + grace_s;
         first_failure = rank;
         result = code;
       }
       continue;
     }
-    if (first_failure >= 0 && now_seconds() > kill_at) {
+    if (first_failure >= 0 && !killed && now_seconds() > kill_at) {
       for (size_t i = 0; i < pids.size(); ++i)
         if (pids[i] > 0) {
           std::fprintf(stderr, "rank %zu did not stop within %.0f s after rank %d failed; killing it\n", i, grace_s,
                        first_failure);
           kill(pids[i], SIGKILL);
         }
-      kill_at = now_seconds() + 3600;
+      killed = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -131,7 +133,7 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
   std::signal(SIGTERM, prev_term);
   if (first_failure >= 0)
     std::fprintf(stderr, "error: rank %d of %d failed (exit status %d)%s\n", first_failure, nproc, result,
-                 result == 3 ? ": a rank lost contact with another" : "");
+                 result == kExitLostRank ? ": a rank lost contact with another" : "");
   return result;
 }
 

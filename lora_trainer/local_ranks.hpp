@@ -6,13 +6,17 @@
 
 namespace lt {
 
+// The exit status of a rank whose collective failed because another rank exited or hung (the
+// launcher's DistributedError).
+constexpr int kExitLostRank = 3;
+
 // Runs `args` (this program's command line for one rank; args[0] is ignored, this executable runs)
 // as `nproc` child processes with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR
 // (127.0.0.1) and MASTER_PORT (MASTER_PORT from the environment, else a free port) set, and waits
 // for them. SIGINT and SIGTERM are passed on to every rank (they checkpoint and stop together). When
 // a rank fails, the others get `grace_s` to exit on their own (their collectives fail) and are then
 // killed. Returns 0 when every rank succeeded, else the exit status of the rank that failed first
-// (128 + the signal for a rank killed by one), preferring a cause over status 3 (a rank that only
+// (128 + the signal for a rank killed by one), preferring a cause over kExitLostRank (a rank that only
 // lost contact with a failed peer).
 int run_local_ranks(int nproc, const std::vector<std::string>& args, double grace_s);
 

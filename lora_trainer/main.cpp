@@ -298,7 +298,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     std::fflush(stdout);
     std::fflush(stderr);
-    std::_Exit(3);
+    std::_Exit(kExitLostRank);
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "internal error (please report): %s\n", e.what_without_backtrace());
     return 1;

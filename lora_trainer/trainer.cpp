@@ -459,7 +459,8 @@ extern "C" void lt_on_signal(int) { BaseTrainer::stop_requested.store(true); }
 
 void BaseTrainer::run() {
   if (dist_.active()) {
-    // Every rank must continue from the same state: rank 0's step, on every rank.
+    // Every rank must continue from the same state: rank 0's step, on every rank. The sums of the
+    // steps and of their squares equal W times rank 0's only when every step equals it.
     auto s = torch::tensor({step_, step_ * step_, is_main() ? step_ : int64_t(0)}, torch::kLong);
     dist_.all_reduce_sum({s}, "comparing the ranks' starting steps");
     const int64_t w = dist_.world_size(), first = s[2].item<int64_t>();
