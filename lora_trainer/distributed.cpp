@@ -107,8 +107,10 @@ std::unique_ptr<Distributed> Distributed::from_env(double timeout_s, c10::Device
   require_env("MASTER_PORT");
   const int port = env_int("MASTER_PORT", 0);
   if (d->rank_ < 0 || d->rank_ >= d->world_)
-    throw UserError("RANK=" + std::to_string(d->rank_) + " is outside [0, WORLD_SIZE=" + std::to_string(d->world_) + ")");
-  if (port <= 0 || port > 65535) throw UserError("MASTER_PORT=" + std::to_string(port) + " is not a TCP port");
+    throw UserError("RANK=" + std::to_string(d->rank_) + " is outside [0, WORLD_SIZE=" + std::to_string(d->world_) +
+                    "): give the ranks the numbers 0 to WORLD_SIZE - 1, one each");
+  if (port <= 0 || port > 65535)
+    throw UserError("MASTER_PORT=" + std::to_string(port) + " is not a TCP port: give the same port, 1 to 65535, to every rank");
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
   const double started = now_seconds();
   try {
