@@ -1,7 +1,6 @@
 #include "lora_trainer/lora.hpp"
 
-#include <ATen/autocast_mode.h>
-
+#include "lora_trainer/torch_compat.hpp"
 #include "lora_trainer/util.hpp"
 
 namespace lt {
@@ -155,7 +154,7 @@ void detach_lora(torch::nn::Module& root) {
 
 torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x) {
   if (!W.defined() || W.scalar_type() == x.scalar_type()) return W;
-  bool autocast = x.is_cuda() ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+  const bool autocast = compat::autocast_enabled(x.device().type());
   return autocast ? W : W.to(x.scalar_type());
 }
 

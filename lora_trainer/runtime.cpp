@@ -3,11 +3,11 @@
 #include <dlfcn.h>
 #include <malloc.h>
 
-#include <ATen/autocast_mode.h>
 #include <fstream>
 #include <thread>
 
 #include "lora_trainer/config.hpp"
+#include "lora_trainer/torch_compat.hpp"
 #include "lora_trainer/util.hpp"
 
 #ifdef LT_WITH_CUDA
@@ -22,6 +22,10 @@ void add_runtime_options(ConfigSchema& s) {
   s.add("runtime/precision", OptType::String, "auto",
         "bf16 (f32 weights, bf16 autocast), f32, or auto (bf16 where the device has fast bf16)",
         check_one_of({"auto", "bf16", "f32"}));
+  s.add("runtime/attention", OptType::String, "auto",
+        "fused (scaled_dot_product_attention: flash/efficient kernels on CUDA; LibTorch 2.0+), manual "
+        "(masked softmax in f32), or auto (fused where LibTorch has it)",
+        check_one_of({"auto", "fused", "manual"}));
   s.add("runtime/threads", OptType::Int, 0, "CPU threads for torch; 0 = every core (shared among the ranks of this machine)", check_nonnegative());
 }
 
@@ -84,32 +88,35 @@ std::string Runtime::describe() const {
          (bf16_autocast ? "bf16 autocast" : "f32");
 }
 
+torch::Tensor Runtime::to_device(const torch::Tensor& host) const {
+  if (!device.is_cuda()) return host.to(device);
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+void Runtime::synchronize() const {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
 AutocastGuard::AutocastGuard(const Runtime& rt) : active_(rt.bf16_autocast), cuda_(rt.device.is_cuda()) {
   if (!active_) return;
-  if (cuda_) {
-    prev_enabled_ = at::autocast::is_enabled();
-    at::autocast::set_enabled(true);
-    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
-  } else {
-    prev_enabled_ = at::autocast::is_cpu_enabled();
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-  }
+  const auto type = cuda_ ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  prev_enabled_ = compat::autocast_enabled(type);
+  compat::set_autocast_enabled(type, true);
+  compat::set_autocast_dtype(type, at::kBFloat16);
   at::autocast::increment_nesting();
 }
 
 AutocastGuard::~AutocastGuard() {
   if (!active_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  if (cuda_) at::autocast::set_enabled(prev_enabled_);
-  else at::autocast::set_cpu_enabled(prev_enabled_);
+  compat::set_autocast_enabled(cuda_ ? c10::DeviceType::CUDA : c10::DeviceType::CPU, prev_enabled_);
 }
 
 torch::Tensor rng_state(const Runtime& rt) {
   auto cpu = at::detail::getDefaultCPUGenerator().get_state();
   if (!rt.device.is_cuda()) return cpu;
 #ifdef LT_WITH_CUDA
-  auto gpu = at::cuda::detail::getDefaultCUDAGenerator().get_state();
+  auto gpu = at::cuda::detail::getDefaultCUDAGenerator(rt.device.index()).get_state();
   return torch::cat({cpu, gpu});
 #else
   return cpu;
@@ -122,8 +129,11 @@ void set_rng_state(const Runtime& rt, const torch::Tensor& state) {
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state.slice(0, 0, cpu_size).contiguous());
 #ifdef LT_WITH_CUDA
-  if (rt.device.is_cuda() && state.numel() > cpu_size)
-    at::cuda::detail::getDefaultCUDAGenerator().set_state(state.slice(0, cpu_size).contiguous());
+  if (rt.device.is_cuda() && state.numel() > cpu_size) {
+    auto cuda_gen = at::cuda::detail::getDefaultCUDAGenerator(rt.device.index());  // a handle; the generator is shared
+    std::lock_guard<std::mutex> cuda_lock(cuda_gen.mutex());
+    cuda_gen.set_state(state.slice(0, cpu_size).contiguous());
+  }
 #endif
 }
 

@@ -18,6 +18,11 @@ struct Runtime {
   // runtime/device: auto|cpu|cuda; runtime/precision: auto|bf16|f32; runtime/threads: 0 = all cores.
   static Runtime from_config(const Config& cfg);
   std::string describe() const;
+  // A host tensor (a batch) on this device. To CUDA through pinned memory without waiting: a plain
+  // copy from pageable memory would hold the host until the GPU had caught up.
+  torch::Tensor to_device(const torch::Tensor& host) const;
+  // Waits for the device's queued work (a no-op on the CPU); timings need it on CUDA.
+  void synchronize() const;
 };
 
 void add_runtime_options(ConfigSchema& s);
