@@ -4,6 +4,7 @@
 
 #include "lora_trainer/config.hpp"
 #include "lora_trainer/cross_entropy.hpp"
+#include "lora_trainer/torch_compat.hpp"
 #include "lora_trainer/util.hpp"
 
 namespace lt {
@@ -16,6 +17,11 @@ GPTOptions GPTOptions::from_config(const Config& cfg) {
   o.n_head = cfg.get_int("architecture/n_heads");
   o.d_model = cfg.get_int("architecture/d_model");
   o.dropout = cfg.get_double("architecture/dropout");
+  const std::string attention = cfg.get_string("runtime/attention");
+  if (attention == "fused" && !fused_attention_available())
+    throw UserError(std::string("runtime/attention=fused needs LibTorch 2.0 or newer (this build has ") +
+                    compat::torch_version() + "); use runtime/attention=auto or manual");
+  o.fused_attention = attention == "fused" || (attention == "auto" && fused_attention_available());
   if (o.d_model % o.n_head != 0)
     throw UserError("architecture/d_model (" + std::to_string(o.d_model) +
                     ") must be divisible by architecture/n_heads (" + std::to_string(o.n_head) + ")");
@@ -47,7 +53,26 @@ torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
   return torch::layer_norm(x.to(f), {weight.size(0)}, weight.to(f), bias.to(f), 1e-5);
 }
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o) : n_head_(o.n_head), dropout_(o.dropout) {
+bool fused_attention_available() { return LT_HAS_SDPA; }
+
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               double dropout, bool fused) {
+#if LT_HAS_SDPA
+  if (fused) return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
+#else
+  TORCH_CHECK(!fused, "fused attention needs LibTorch 2.0 or newer");
+#endif
+  const int64_t T = q.size(-2), D = q.size(-1);
+  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B,H,T,T)
+  auto causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+  att = att.masked_fill(causal, -std::numeric_limits<float>::infinity());
+  att = torch::softmax(att.to(torch::kFloat32), -1).to(v.scalar_type());  // softmax in f32
+  if (dropout > 0) att = torch::dropout(att, dropout, true);
+  return torch::matmul(att, v);
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o)
+    : n_head_(o.n_head), dropout_(o.dropout), fused_(o.fused_attention) {
   c_attn = register_module("c_attn", Linear(o.d_model, 3 * o.d_model));
   c_proj = register_module("c_proj", Linear(o.d_model, o.d_model));
 }
@@ -55,14 +80,8 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o) : n_head_(
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_head_, D = C / H;
   auto qkv = c_attn(x).view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, D)
-  auto q = qkv[0], k = qkv[1], v = qkv[2];
-  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B,H,T,T)
-  auto causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-  att = att.masked_fill(causal, -std::numeric_limits<float>::infinity());
-  att = torch::softmax(att.to(torch::kFloat32), -1).to(v.scalar_type());  // softmax in f32
-  if (dropout_ > 0 && is_training()) att = torch::dropout(att, dropout_, true);
-  auto y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, C});  // (B, T, C)
-  return c_proj(y);
+  auto y = causal_attention(qkv[0], qkv[1], qkv[2], is_training() ? dropout_ : 0.0, fused_);  // (B, H, T, D)
+  return c_proj(y.transpose(1, 2).reshape({B, T, C}));
 }
 
 MLPImpl::MLPImpl(const GPTOptions& o) {
@@ -134,13 +153,12 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   return torch::linear(x, weight_for(wte->weight, x));  // tied head: (B, T, V)
 }
 
-std::pair<torch::Tensor, int64_t> GPTImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
+torch::Tensor GPTImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
   auto logits = forward(idx);  // (B, T, V), bf16 under autocast
-  auto flat_targets = targets.reshape({-1});
-  auto loss = cross_entropy_sum(logits.reshape({-1, logits.size(-1)}), flat_targets);
-  int64_t count = flat_targets.ge(0).sum().item<int64_t>();
-  return {loss, count};
+  return cross_entropy_sum(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
 }
+
+int64_t count_targets(const torch::Tensor& targets) { return targets.ge(0).sum().item<int64_t>(); }
 
 NamedTensors named_params(torch::nn::Module& m) {
   NamedTensors out;

@@ -28,8 +28,17 @@ struct GPTOptions {
   int64_t n_head = 6;
   int64_t d_model = 384;
   double dropout = 0.0;
+  bool fused_attention = false;  // runtime/attention
   static GPTOptions from_config(const Config& cfg);
 };
+
+// Causal self-attention of q, k, v (B, H, T, D), with dropout p on the attention weights: either
+// LibTorch's fused scaled_dot_product_attention (LibTorch 2.0+) or masked softmax computed in f32.
+// Both give the same result within rounding (tests/test_model.cpp states the tolerance).
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               double dropout, bool fused);
+// Whether this LibTorch has the fused path.
+bool fused_attention_available();
 
 // A linear layer y = x W^T + b that can carry a LoRA adapter (lora.hpp).
 class LinearImpl : public torch::nn::Module, public LoraAdaptable {
@@ -63,6 +72,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  private:
   int64_t n_head_;
   double dropout_;
+  bool fused_;
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -90,9 +100,10 @@ class GPTImpl : public torch::nn::Module {
   explicit GPTImpl(const GPTOptions& o);
   // idx: (B, T) int64 token ids -> logits (B, T, V)
   torch::Tensor forward(const torch::Tensor& idx);
-  // Sum of the cross-entropy over positions whose target is >= 0, and their count.
-  // idx, targets: (B, T) int64; targets < 0 are ignored (padding).
-  std::pair<torch::Tensor, int64_t> loss_sum(const torch::Tensor& idx, const torch::Tensor& targets);
+  // Sum of the cross-entropy over positions whose target is >= 0 (count them with count_targets).
+  // idx, targets: (B, T) int64; targets < 0 are ignored (padding). Reads nothing back from the
+  // device, so a CUDA step is not held up waiting for it.
+  torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets);
   // GPT-2 initialisation (normal 0.02; residual projections 0.02 / sqrt(2 n_layer)), from `gen`.
   void init_weights(torch::Generator gen);
   const GPTOptions& options() const { return opts_; }
@@ -106,6 +117,9 @@ class GPTImpl : public torch::nn::Module {
   GPTOptions opts_;
 };
 TORCH_MODULE(GPT);
+
+// The number of targets >= 0 (positions that count in the loss). Count on the host copy of a batch.
+int64_t count_targets(const torch::Tensor& targets);
 
 // named_parameters() as an ordered vector: the single source of parameter identity.
 NamedTensors named_params(torch::nn::Module& m);
