@@ -14,21 +14,28 @@
 #include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/registry.hpp"
 #include "lora_trainer/runtime.hpp"
+#include "lora_trainer/torch_compat.hpp"
 #include "lora_trainer/util.hpp"
+
+#ifdef LT_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 namespace fs = std::filesystem;
 
 namespace lt {
 
-double measure_matmul_peak(int64_t n, bool bf16) {
-  auto opts = torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32);
-  auto a = torch::randn({n, n}).to(opts.dtype()), b = torch::randn({n, n}).to(opts.dtype());
+double measure_matmul_peak(int64_t n, bool bf16, const Runtime& rt) {
+  auto opts = torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat32).device(rt.device);
+  auto a = torch::randn({n, n}, opts.dtype(torch::kFloat32)).to(opts), b = torch::randn({n, n}, opts.dtype(torch::kFloat32)).to(opts);
   torch::NoGradGuard ng;
-  for (int i = 0; i < 3; ++i) torch::mm(a, b);  // warm up (oneDNN primitive creation)
+  for (int i = 0; i < 3; ++i) torch::mm(a, b);  // warm up (oneDNN primitive creation, cuBLAS handles)
+  rt.synchronize();
   double best = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
     double t0 = now_seconds();
     for (int i = 0; i < 4; ++i) torch::mm(a, b);
+    rt.synchronize();
     best = std::min(best, (now_seconds() - t0) / 4);
   }
   return 2.0 * static_cast<double>(n) * n * n / best;
@@ -38,6 +45,20 @@ static double peak_rss_mb() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return ru.ru_maxrss / 1024.0;
+}
+
+// The most GPU memory the caching allocator handed out since the last reset (0 on the CPU).
+static double gpu_peak_mb(const Runtime& rt, bool reset) {
+#ifdef LT_WITH_CUDA
+  if (!rt.device.is_cuda()) return 0.0;
+  namespace alloc = c10::cuda::CUDACachingAllocator;
+  const auto index = rt.device.index() < 0 ? c10::DeviceIndex(0) : rt.device.index();
+  const double mb = static_cast<double>(alloc::getDeviceStats(index).allocated_bytes[0].peak) / 1048576.0;
+  if (reset) alloc::resetPeakStats(index);
+  return mb;
+#else
+  return 0.0;
+#endif
 }
 
 static double current_rss_mb() {
@@ -116,7 +137,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
   std::printf("bench: measuring the %s matmul peak (%d threads)...\n", rt.bf16_autocast ? "bf16" : "f32", rt.threads);
   std::fflush(stdout);
   double peak = 0;
-  for (int64_t n : {1024, 2048}) peak = std::max(peak, measure_matmul_peak(n, rt.bf16_autocast));
+  const std::vector<int64_t> sizes = rt.device.is_cuda() ? std::vector<int64_t>{4096, 8192} : std::vector<int64_t>{1024, 2048};
+  for (int64_t n : sizes) peak = std::max(peak, measure_matmul_peak(n, rt.bf16_autocast, rt));
 
   nlohmann::json check = nullptr;
   if (!o.weights_out.empty()) {
@@ -130,8 +152,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
     {
       torch::NoGradGuard ng;
       AutocastGuard autocast(rt);
-      auto [sum, count] = t->model()->loss_sum(inputs.to(rt.device), targets.to(rt.device));
-      loss = sum.item<double>() / static_cast<double>(count);
+      auto sum = t->model()->loss_sum(inputs.to(rt.device), targets.to(rt.device));
+      loss = sum.item<double>() / static_cast<double>(count_targets(targets));
     }
     c10::Dict<std::string, torch::Tensor> d;
     for (auto& [n, p] : named_params(*t->model())) d.insert(n, p.detach().clone());
@@ -153,10 +175,13 @@ nlohmann::json run_bench(const BenchOptions& o) {
                            {"tokens_per_step", tps},
                            {"threads", rt.threads},
                            {"precision", rt.bf16_autocast ? "bf16 autocast" : "f32"},
+                           {"device", rt.device.str()},
+                           {"torch_version", compat::torch_version()},
                            {"matmul_peak_gflops", peak / 1e9},
                            {"first_batch_check", check},
                            {"resolved_config", t->config().to_json()}};
   for (int phase = 1; phase <= 2; ++phase) {
+    gpu_peak_mb(rt, /*reset=*/true);
     PhaseTimes times;
     double first_loss = 0;
     const bool lora = phase == 2;
@@ -165,9 +190,12 @@ nlohmann::json run_bench(const BenchOptions& o) {
       if (i == o.warmup_steps && !o.profile.empty())  // the timed steps only (profiling slows them)
         profile = std::make_unique<torch::autograd::profiler::RecordProfile>(o.profile + (lora ? "-lora" : "-full") +
                                                                               ".trace.json");
+      rt.synchronize();
+      const double t0 = now_seconds();
       StepResult r = t->train_step();
+      rt.synchronize();  // on CUDA the step's last kernels may still be queued
       if (i == 0) first_loss = r.loss;
-      if (i >= o.warmup_steps) times.step_seconds.push_back(r.seconds);
+      if (i >= o.warmup_steps) times.step_seconds.push_back(now_seconds() - t0);
     }
     profile.reset();
     TORCH_CHECK(t->in_lora_phase() == lora, "bench: phase bookkeeping");
@@ -189,6 +217,7 @@ nlohmann::json run_bench(const BenchOptions& o) {
                          {"flops_per_token", flops_per_token},
                          {"mfu", tok_s * flops_per_token / peak},
                          {"peak_rss_mb", peak_rss_mb()},
+                         {"gpu_peak_mb", gpu_peak_mb(rt, /*reset=*/false)},
                          {"rss_mb", current_rss_mb()},
                          {"state_bytes",
                           {{"weights", bytes_of(params)},
@@ -205,16 +234,18 @@ nlohmann::json run_bench(const BenchOptions& o) {
               (long long)m.n_layer, (long long)m.d_model, (long long)m.block_size, (long long)m.vocab_size, (long long)tps,
               rt.bf16_autocast ? "bf16 autocast" : "f32", rt.threads);
   std::printf("measured matmul peak: %.0f GFLOP/s\n\n", peak / 1e9);
-  std::printf("%-6s %10s %12s %18s %7s %10s %10s %12s %12s\n", "phase", "tok/s", "step median", "step p10-p90 (s)",
-              "MFU", "peak RSS", "weights", "grads", "optimizer");
+  std::printf("%-6s %10s %12s %18s %7s %10s %10s %12s %12s%s\n", "phase", "tok/s", "step median", "step p10-p90 (s)",
+              "MFU", "peak RSS", "weights", "grads", "optimizer", rt.device.is_cuda() ? "   GPU peak" : "");
   for (const auto& ph : result["phases"]) {
     const auto& sb = ph["state_bytes"];
-    std::printf("%-6s %10.0f %11.3fs %8.3f-%-9.3f %6.1f%% %8.0fMB %8.1fMB %10.1fMB %10.1fMB\n",
+    std::printf("%-6s %10.0f %11.3fs %8.3f-%-9.3f %6.1f%% %8.0fMB %8.1fMB %10.1fMB %10.1fMB",
                 ph["phase"].get<std::string>().c_str(), ph["tokens_per_s"].get<double>(), ph["step_s_median"].get<double>(),
                 ph["step_s_p10"].get<double>(), ph["step_s_p90"].get<double>(), 100 * ph["mfu"].get<double>(),
                 ph["peak_rss_mb"].get<double>(),
                 (sb["weights"].get<double>() + sb["adapters"].get<double>()) / 1048576.0,
                 sb["gradients"].get<double>() / 1048576.0, sb["optimizer"].get<double>() / 1048576.0);
+    if (rt.device.is_cuda()) std::printf(" %9.0fMB", ph["gpu_peak_mb"].get<double>());
+    std::printf("\n");
   }
   std::printf("LoRA step time / full step time: %.2f\n", result["lora_step_time_ratio"].get<double>());
   write_file_atomic(o.out_json, result.dump(2) + "\n");

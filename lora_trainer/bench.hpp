@@ -24,8 +24,10 @@ struct BenchOptions {
 
 nlohmann::json run_bench(const BenchOptions& opts);
 
-// Sustained matmul rate (FLOP/s) of an n x n x n product in `dtype` on the CPU with the current
-// thread count: the best of a few timed repetitions.
-double measure_matmul_peak(int64_t n, bool bf16);
+struct Runtime;
+
+// Sustained matmul rate (FLOP/s) of an n x n x n product in bf16 (else f32) on the runtime's device
+// (the CPU with the current thread count, or the GPU): the best of a few timed repetitions.
+double measure_matmul_peak(int64_t n, bool bf16, const Runtime& rt);
 
 }  // namespace lt

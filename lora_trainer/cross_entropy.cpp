@@ -126,6 +126,12 @@ torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor
               "cross_entropy_sum: logits (N, V) and targets (N) expected");
   if (logits.scalar_type() == torch::kBFloat16 && logits.device().is_cpu())
     return FusedCrossEntropySum::apply(logits, targets);
+  if (logits.is_cuda()) {
+    // CUDA: log_softmax reads the bf16 (or f16) logits and writes f32 in one kernel (its backward
+    // writes the gradient back in the logits' dtype), so no f32 copy of the logits is made first.
+    return at::nll_loss(at::log_softmax(logits, 1, torch::kFloat32), targets, /*weight=*/{}, at::Reduction::Sum,
+                        /*ignore_index=*/-1);
+  }
   return torch::nn::functional::cross_entropy(
       logits.to(torch::kFloat32), targets,
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));

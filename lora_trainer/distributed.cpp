@@ -125,7 +125,9 @@ std::unique_ptr<Distributed> Distributed::from_env(double timeout_s, c10::Device
     so.timeout = timeout;
     d->group_->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
 #ifdef LT_WITH_NCCL
-    if (device.is_cuda()) {
+    // NCCL needs a GPU of its own for each rank of a machine; ranks sharing one (more ranks than
+    // GPUs) reduce over Gloo through host memory instead.
+    if (device.is_cuda() && env_int("LOCAL_WORLD_SIZE", 1) <= static_cast<int>(torch::cuda::device_count())) {
       auto o = c10d::ProcessGroupNCCL::Options::create();
       o->timeout = timeout;
       d->group_->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(d->group_->store, d->rank_, d->world_, o);

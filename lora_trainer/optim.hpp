@@ -47,6 +47,7 @@ class AdamW {
   bool owns(size_t i) const { return owner_.empty() || owner_[i] == rank_; }
 
  private:
+  void fused_step(double lr);  // CUDA with LibTorch 2.x
   NamedTensors params_;
   AdamWOptions o_;
   std::vector<torch::Tensor> m_, v_;

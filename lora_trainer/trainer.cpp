@@ -215,16 +215,17 @@ StepResult BaseTrainer::train_step() {
     n_valid = count.item<int64_t>();
   }
   optimizer_->zero_grad();
-  double loss = 0.0;
+  torch::Tensor loss_total;  // f64 on the device: read once a step, not once a micro-batch
   for (int64_t first = 0; first < rank_rows_; first += micro_batch_) {
-    auto in = batch.inputs.slice(0, first, first + micro_batch_).to(rt_.device);
-    auto tgt = batch.targets.slice(0, first, first + micro_batch_).to(rt_.device);
+    auto in = rt_.to_device(batch.inputs.slice(0, first, first + micro_batch_));
+    auto tgt = rt_.to_device(batch.targets.slice(0, first, first + micro_batch_));
     AutocastGuard autocast(rt_);
-    auto [loss_sum, count] = model_->loss_sum(in, tgt);
-    auto scaled = loss_sum / static_cast<double>(std::max<int64_t>(1, n_valid));
+    auto scaled = model_->loss_sum(in, tgt) / static_cast<double>(std::max<int64_t>(1, n_valid));
     scaled.backward();
-    loss += scaled.item<double>();
+    auto part = scaled.detach().to(torch::kFloat64);
+    loss_total = loss_total.defined() ? loss_total + part : part;
   }
+  double loss = loss_total.item<double>();
   stopping_ = stop_requested.load();
   if (dist_.active()) {
     // One sum over the ranks: the gradients (so clipping sees the global norm), the loss, and
@@ -297,9 +298,9 @@ std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& data
       int64_t n = std::min(micro_batch_, rows - first);
       Batch b = validation_rows(ds, block_size_, static_cast<uint64_t>(first), n);
       AutocastGuard autocast(rt_);
-      auto [loss_sum, count] = model_->loss_sum(b.inputs.to(rt_.device), b.targets.to(rt_.device));
+      auto loss_sum = model_->loss_sum(rt_.to_device(b.inputs), rt_.to_device(b.targets));
       loss_sum_total += loss_sum.item<double>();
-      tokens += static_cast<double>(count);
+      tokens += static_cast<double>(count_targets(b.targets));
     }
     sums[static_cast<int64_t>(d)][0] = loss_sum_total;
     sums[static_cast<int64_t>(d)][1] = tokens;

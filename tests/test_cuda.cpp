@@ -1,0 +1,94 @@
+// CUDA: the same training on the GPU as on the CPU, and bit-identical resume on the GPU in both phases.
+// On a machine without a CUDA device (or with a CPU-only LibTorch) these tests say
+// "skipped: no CUDA device" and pass; the rest of the suite then covers the CPU. On a GPU machine the
+// whole suite runs on CUDA anyway (runtime/device defaults to auto); these tests pin the device.
+#include "catch.hpp"
+
+#include "lora_trainer/lora_trainer.hpp"
+#include "lora_trainer/runtime.hpp"
+#include "fixtures.hpp"
+
+using namespace lt;
+using lt::test::Contains;
+
+namespace {
+
+bool have_cuda() {
+  if (torch::cuda::is_available()) return true;
+  WARN("skipped: no CUDA device");
+  return false;
+}
+
+struct Data {
+  test::TempDir dir;
+  Data() {
+    test::make_byte_dataset(dir / "data", "gen", 1);
+    test::make_byte_dataset(dir / "data", "gen2", 2);
+  }
+};
+
+// 4 full steps on "gen", then 4 LoRA steps on "gen2" (128 tokens a step).
+std::unique_ptr<LoRATrainer> make_lora(const Data& d, const std::string& name, const std::vector<std::string>& extra) {
+  Config c(LoRATrainer::schema());
+  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
+  for (const std::string o : {"training/pre_lora_tokens=[512]", R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}]])",
+                              "training/post_lora_tokens=[512]", R"(training/post_lora_dataset=[[{"name":"gen2","rate":1}]])",
+                              "optimization/lora/rank=4"})
+    c.apply_override(o);
+  for (const auto& o : extra) c.apply_override(o);
+  JobSpec s;
+  s.name = name;
+  return std::make_unique<LoRATrainer>(s, std::move(c), d.dir / "out");
+}
+
+}  // namespace
+
+TEST_CASE("runtime/device=cuda without a CUDA device is a clear error", "[cuda]") {
+  if (torch::cuda::is_available()) {
+    WARN("skipped: this machine has a CUDA device");
+    return;
+  }
+  Data d;
+  CHECK_THROWS_WITH(make_lora(d, "nocuda", {"runtime/device=cuda"}),
+                    Contains("runtime/device=cuda, but no CUDA device is available"));
+}
+
+TEST_CASE("f32 training on CUDA follows the CPU's through both phases", "[cuda]") {
+  if (!have_cuda()) return;
+  Data d;
+  auto cpu = make_lora(d, "cpu", {"runtime/device=cpu", "runtime/precision=f32"});
+  auto gpu = make_lora(d, "gpu", {"runtime/device=cuda", "runtime/precision=f32"});
+  REQUIRE(gpu->runtime().device.is_cuda());
+  for (int i = 0; i < 8; ++i) {
+    INFO("step " << i);
+    auto a = cpu->train_step(), b = gpu->train_step();
+    CHECK(b.loss == Approx(a.loss).epsilon(1e-4));
+    CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-3));
+  }
+  CHECK(gpu->in_lora_phase());
+  for (const auto& [name, p] : gpu->lora_params().named()) CHECK(p.is_cuda());
+}
+
+TEST_CASE("bf16 training on CUDA resumes bit-identically in both phases", "[cuda]") {
+  if (!have_cuda()) return;
+  Data d;
+  const std::vector<std::string> on_gpu = {"runtime/device=cuda", "runtime/precision=bf16", "architecture/dropout=0.1"};
+  auto straight = make_lora(d, "straight", on_gpu);
+  std::vector<double> losses;
+  for (int i = 0; i < 8; ++i) losses.push_back(straight->train_step().loss);
+  for (int k : {2, 6}) {  // mid phase 1, mid phase 2
+    const std::string name = "split" + std::to_string(k);
+    {
+      auto first = make_lora(d, name, on_gpu);
+      for (int i = 0; i < k; ++i) REQUIRE(first->train_step().loss == losses[static_cast<size_t>(i)]);
+      first->save("ntoks/" + std::to_string(first->tokens()));
+    }
+    auto resumed = make_lora(d, name, on_gpu);
+    REQUIRE(resumed->restore_latest() == "ntoks/" + std::to_string(k * 128));
+    for (int64_t i = resumed->step(); i < 8; ++i) {
+      INFO("resumed at " << k << ", step " << i);
+      REQUIRE(resumed->train_step().loss == losses[static_cast<size_t>(i)]);
+    }
+    test::require_same_state(*straight, *resumed);
+  }
+}
