@@ -1,14 +1,26 @@
 #!/usr/bin/python3
 """The comparison a user would make: the same GPT and the same two-phase scheme written as an ordinary
-plain-PyTorch script (Debian's python3-torch, the same LibTorch 1.13 as lora_trainer), timed the same
-way. Phase 2 applies LoRA as the reference framework does: every step it forms W + (alpha/r) (A B)^T
-and runs the layer with the merged weight.
+plain-PyTorch script (on the CPU: Debian's python3-torch, the same LibTorch 1.13 as lora_trainer), timed
+the same way. Phase 2 applies LoRA as the reference framework does: every step it forms
+W + (alpha/r) (A B)^T and runs the layer with the merged weight.
 
-Usage: scripts/reference_gpt.py BENCH_JSON [--steps N] [--warmup N] [--out FILE]
+Usage: scripts/reference_gpt.py BENCH_JSON [--device cpu|cuda] [--steps N] [--warmup N] [--out FILE]
 BENCH_JSON is what `lora_trainer bench CONFIG --weights-out W.pt --out BENCH_JSON` wrote: the resolved
 config (model, batch, optimizer, threads) and, in W.pt, the initial weights and a check batch. The
 script first checks that its loss on that batch from those weights equals lora_trainer's (within bf16
 tolerance), then times phase 1 and phase 2 and writes its figures as JSON.
+
+What it uses, as a plain PyTorch user would write it:
+- --device cpu (the default): bf16 autocast on the CPU (when the bench ran in bf16), attention as an
+  explicit masked softmax, torch.optim.AdamW with its defaults (on PyTorch 1.13's CPU: the per-tensor
+  loop); figures as before --device existed.
+- --device cuda (PyTorch 2.x): the weights and batches on the GPU, torch.autocast("cuda",
+  dtype=torch.bfloat16) over f32 weights, attention through F.scaled_dot_product_attention(
+  is_causal=True) (flash / memory-efficient kernels) where PyTorch has it (--attention manual for the
+  masked softmax), torch.optim.AdamW with its defaults (on CUDA: the multi-tensor foreach
+  implementation; --adamw fused for fused=True) and clip_grad_norm_ (foreach); random token batches
+  made on the GPU; torch.cuda.synchronize() before and after every timed step. It also measures the
+  GPU's bf16 matmul peak (8192^3) for MFU.
 """
 import argparse
 import json
@@ -27,12 +39,13 @@ def layer_norm(x, w, b):
 class GPT:
     """Parameters in a dict named as lora_trainer names them; a functional forward."""
 
-    def __init__(self, cfg, params):
+    def __init__(self, cfg, params, sdpa=False):
         a = cfg["architecture"]
         self.L, self.H, self.C, self.T = a["n_layers"], a["n_heads"], a["d_model"], a["block_size"]
         self.p = params
         self.lora = {}  # weight name -> (A, B)
         self.scale = 0.0
+        self.sdpa = sdpa  # F.scaled_dot_product_attention(is_causal=True) instead of the masked softmax
 
     def weight(self, name):
         w = self.p[name]
@@ -48,15 +61,19 @@ class GPT:
         B, T = idx.shape
         p = self.p
         x = p["wte.weight"][idx].float() + p["wpe.weight"][:T].float()
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        mask = None if self.sdpa else torch.ones(T, T, dtype=torch.bool, device=idx.device).triu(1)
         for i in range(self.L):
             h = f"h.{i}."
             y = layer_norm(x, p[h + "ln_1.weight"], p[h + "ln_1.bias"])
             qkv = self.linear(y, h + "attn.c_attn").view(B, T, 3, self.H, self.C // self.H).permute(2, 0, 3, 1, 4)
             q, k, v = qkv[0], qkv[1], qkv[2]
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.C // self.H))
-            att = torch.softmax(att.masked_fill(mask, float("-inf")).float(), -1).to(v.dtype)
-            y = (att @ v).transpose(1, 2).reshape(B, T, self.C)
+            if self.sdpa:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.C // self.H))
+                att = torch.softmax(att.masked_fill(mask, float("-inf")).float(), -1).to(v.dtype)
+                y = att @ v
+            y = y.transpose(1, 2).reshape(B, T, self.C)
             x = x + self.linear(y, h + "attn.c_proj").float()
             y = layer_norm(x, p[h + "ln_2.weight"], p[h + "ln_2.bias"])
             y = F.gelu(self.linear(y, h + "mlp.c_fc"))
@@ -66,28 +83,31 @@ class GPT:
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
 
 
-def make_step(model, params, cfg, lr, weight_decay):
+def make_step(model, params, cfg, lr, weight_decay, device="cpu", fused=False):
     t = cfg["training"]
     o = cfg["optimization"]
     B = t["batch_size"]
     micro = B if t["per_device_batch_size"] < 0 else t["per_device_batch_size"]
     decay = [q for q in params if q.dim() >= 2]
     no_decay = [q for q in params if q.dim() < 2]
+    extra = {"fused": True} if fused else {}
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(o["beta1"], o["beta2"]), eps=o["eps"])
+                            lr=lr, betas=(o["beta1"], o["beta2"]), eps=o["eps"], **extra)
     V, T = cfg["architecture"]["vocab_size"], cfg["architecture"]["block_size"]
+    cuda = device != "cpu"
 
     def step():
-        window = torch.randint(0, V, (B, T + 1))
+        window = torch.randint(0, V, (B, T + 1), device=device) if cuda else torch.randint(0, V, (B, T + 1))
         opt.zero_grad(set_to_none=True)
         n = B * T
         total = 0.0
         for first in range(0, B, micro):
             chunk = window[first:first + micro]
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
                 loss = model.loss(chunk[:, :-1], chunk[:, 1:]) / n
             loss.backward()
-            total += loss.item()
+            # On the GPU the loss stays there (reading it would wait for the GPU every micro-batch).
+            total = total + (loss.detach() if cuda else loss.item())
         torch.nn.utils.clip_grad_norm_(params, o["grad_clip"])
         opt.step()
         return total
@@ -95,22 +115,58 @@ def make_step(model, params, cfg, lr, weight_decay):
     return step
 
 
+def sync():
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+
+
 def timed(step, warmup, steps):
     for _ in range(warmup):
         step()
+    sync()
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
+        sync()
         times.append(time.perf_counter() - t0)
     times.sort()
     return times
 
 
+def cuda_matmul_peak(n=8192, reps=10):
+    """The best bf16 (n x n) @ (n x n) rate on the GPU, FLOP/s."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    del a, b
+    return 2.0 * n ** 3 / best
+
+
+def load_weights(path, device):
+    try:  # PyTorch 2.6+ loads weights_only by default; these are plain tensors in a dict
+        return torch.load(path, map_location=device, weights_only=False)
+    except TypeError:  # a PyTorch without weights_only
+        return torch.load(path, map_location=device)
+
+
 def main():
-    global bf16
+    global bf16, device_type
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bench_json")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--attention", choices=["auto", "sdpa", "manual"], default="auto",
+                    help="auto: F.scaled_dot_product_attention on CUDA where PyTorch has it, else the masked softmax")
+    ap.add_argument("--adamw", choices=["default", "fused"], default="default",
+                    help="torch.optim.AdamW as constructed by default, or with fused=True (CUDA)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", default="reference.json")
@@ -120,14 +176,22 @@ def main():
     check = bench.get("first_batch_check")
     if not check:
         sys.exit(f"{args.bench_json} has no first_batch_check: run lora_trainer bench with --weights-out")
+    device_type = args.device
+    if device_type == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: torch.cuda.is_available() is False")
+    device = torch.device(device_type)
+    has_sdpa = hasattr(F, "scaled_dot_product_attention")
+    if args.attention == "sdpa" and not has_sdpa:
+        sys.exit(f"--attention sdpa: PyTorch {torch.__version__} has no F.scaled_dot_product_attention")
+    sdpa = args.attention == "sdpa" or (args.attention == "auto" and device_type == "cuda" and has_sdpa)
     torch.set_num_threads(bench["threads"])
     bf16 = bench["precision"].startswith("bf16")
-    state = torch.load(check["weights"])
-    params = {k: v.clone().requires_grad_(True) for k, v in state.items() if not k.startswith("check/")}
-    model = GPT(cfg, params)
+    state = load_weights(check["weights"], device)
+    params = {k: v.detach().clone().to(device).requires_grad_(True) for k, v in state.items() if not k.startswith("check/")}
+    model = GPT(cfg, params, sdpa=sdpa)
 
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        inputs, targets = state["check/inputs"], state["check/targets"]
+    with torch.no_grad(), torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+        inputs, targets = state["check/inputs"].to(device), state["check/targets"].to(device)
         ref_loss = (model.loss(inputs, targets) / targets.numel()).item()
     diff = abs(ref_loss - check["loss"])
     print(f"first-batch loss from the same weights: lora_trainer {check['loss']:.5f}, reference {ref_loss:.5f}, |diff| {diff:.2e}")
@@ -136,8 +200,16 @@ def main():
 
     tps = cfg["training"]["batch_size"] * cfg["architecture"]["block_size"]
     result = {"first_batch_loss": ref_loss, "lora_trainer_first_batch_loss": check["loss"], "phases": []}
+    fused = args.adamw == "fused"
+    if device_type == "cuda":
+        result.update({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                       "attention": "F.scaled_dot_product_attention(is_causal=True)" if sdpa else "masked softmax",
+                       "adamw": "fused=True" if fused else "default (foreach on CUDA)",
+                       "gpu_bf16_matmul_peak_tflops": cuda_matmul_peak() / 1e12})
+        print(f"GPU bf16 matmul peak (8192^3): {result['gpu_bf16_matmul_peak_tflops']:.0f} TFLOP/s")
     # Phase 1: every parameter trains.
-    step = make_step(model, list(params.values()), cfg, cfg["optimization"]["lr"], cfg["optimization"]["weight_decay"])
+    step = make_step(model, list(params.values()), cfg, cfg["optimization"]["lr"], cfg["optimization"]["weight_decay"],
+                     device, fused)
     times = timed(step, args.warmup, args.steps)
     result["phases"].append({"phase": "full", "tokens_per_s": tps / times[len(times) // 2], "step_s_median": times[len(times) // 2],
                              "step_s_min": times[0], "step_s_max": times[-1]})
@@ -151,11 +223,11 @@ def main():
     adapters = []
     for k, w in params.items():
         if w.dim() == 2 and any(t in k for t in lcfg["target_modules"]):
-            A = (torch.randn(w.shape[1], r) / r).requires_grad_(True)
-            B = torch.zeros(r, w.shape[0], requires_grad=True)
+            A = (torch.randn(w.shape[1], r, device=device) / r).requires_grad_(True)
+            B = torch.zeros(r, w.shape[0], device=device, requires_grad=True)
             model.lora[k] = (A, B)
             adapters += [A, B]
-    step = make_step(model, adapters, cfg, lcfg["lr"], lcfg["weight_decay"])
+    step = make_step(model, adapters, cfg, lcfg["lr"], lcfg["weight_decay"], device, fused)
     times = timed(step, args.warmup, args.steps)
     result["phases"].append({"phase": "lora", "tokens_per_s": tps / times[len(times) // 2], "step_s_median": times[len(times) // 2],
                              "step_s_min": times[0], "step_s_max": times[-1]})
