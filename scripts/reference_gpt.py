@@ -201,11 +201,11 @@ def main():
     tps = cfg["training"]["batch_size"] * cfg["architecture"]["block_size"]
     result = {"first_batch_loss": ref_loss, "lora_trainer_first_batch_loss": check["loss"], "phases": []}
     fused = args.adamw == "fused"
+    result.update({"device": torch.cuda.get_device_name(0) if device_type == "cuda" else "cpu", "torch": torch.__version__,
+                   "attention": "F.scaled_dot_product_attention(is_causal=True)" if sdpa else "masked softmax",
+                   "adamw": "fused=True" if fused else "default"})
     if device_type == "cuda":
-        result.update({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                       "attention": "F.scaled_dot_product_attention(is_causal=True)" if sdpa else "masked softmax",
-                       "adamw": "fused=True" if fused else "default (foreach on CUDA)",
-                       "gpu_bf16_matmul_peak_tflops": cuda_matmul_peak() / 1e12})
+        result["gpu_bf16_matmul_peak_tflops"] = cuda_matmul_peak() / 1e12
         print(f"GPU bf16 matmul peak (8192^3): {result['gpu_bf16_matmul_peak_tflops']:.0f} TFLOP/s")
     # Phase 1: every parameter trains.
     step = make_step(model, list(params.values()), cfg, cfg["optimization"]["lr"], cfg["optimization"]["weight_decay"],
