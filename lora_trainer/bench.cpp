@@ -109,8 +109,7 @@ nlohmann::json run_bench(const BenchOptions& o) {
   struct Cleanup {
     fs::path p;
     ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(p, ec);
+      remove_tree(p.string());
     }
   } cleanup{tmp};
 

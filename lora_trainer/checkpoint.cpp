@@ -187,17 +187,16 @@ void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const 
       fs::path old = final_dir.parent_path() / ("." + final_dir.filename().string() + ".old-" + tag);
       fs::rename(final_dir, old);
       fs::rename(tmp, final_dir);
-      fs::remove_all(old);
+      remove_tree(old.string());  // a leftover is a hidden directory, removed when the job next starts
     } else {
       fs::rename(tmp, final_dir);
     }
     fsync_dir(final_dir.parent_path().string());
   } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp);
+    remove_tree(tmp.string());
     throw UserError("could not save checkpoint " + dir + ": " + e.what());
   } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
+    remove_tree(tmp.string());
     throw;
   }
 }
@@ -314,17 +313,15 @@ void write_latest(const std::string& job_dir, const std::string& suffix) {
 std::vector<std::string> list_checkpoints(const std::string& job_dir) {
   std::vector<std::string> out;
   if (!fs::is_directory(job_dir)) return out;
-  for (auto it = fs::recursive_directory_iterator(job_dir); it != fs::recursive_directory_iterator(); ++it) {
-    if (!it->is_directory()) continue;
-    if (it->path().filename().string().rfind(".", 0) == 0) {  // temporaries of a save in progress
-      it.disable_recursion_pending();
-      continue;
+  walk_tree(job_dir, [&](const std::string& path, bool is_dir) {
+    if (!is_dir) return false;
+    if (fs::path(path).filename().string().rfind(".", 0) == 0) return false;  // temporaries of a save in progress
+    if (is_checkpoint(path)) {
+      out.push_back(fs::relative(path, job_dir).string());
+      return false;
     }
-    if (is_checkpoint(it->path().string())) {
-      out.push_back(fs::relative(it->path(), job_dir).string());
-      it.disable_recursion_pending();
-    }
-  }
+    return true;
+  });
   std::sort(out.begin(), out.end());
   return out;
 }

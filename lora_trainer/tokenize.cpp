@@ -28,8 +28,10 @@ static std::vector<std::string> collect(const TokenizeOptions& o) {
   std::vector<std::string> files;
   for (const auto& in : o.inputs) {
     if (fs::is_directory(in)) {
-      for (auto& e : fs::recursive_directory_iterator(in, fs::directory_options::skip_permission_denied))
-        if (e.is_regular_file() && wanted(e.path(), o.extensions)) files.push_back(fs::canonical(e.path()).string());
+      walk_tree(in, [&](const std::string& path, bool is_dir) {
+        if (!is_dir && fs::is_regular_file(path) && wanted(path, o.extensions)) files.push_back(fs::canonical(path).string());
+        return true;
+      });
     } else if (fs::is_regular_file(in)) {
       files.push_back(fs::canonical(in).string());
     } else {

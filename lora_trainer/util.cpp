@@ -1,6 +1,8 @@
 #include "lora_trainer/util.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -77,6 +79,42 @@ static size_t edit_distance(const std::string& a, const std::string& b) {
     std::swap(prev, cur);
   }
   return prev[b.size()];
+}
+
+static std::vector<std::string> sorted_entries(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return names;
+  while (dirent* e = readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool remove_tree(const std::string& path, std::string* error) {
+  auto fail = [&](const char* what, const std::string& p) {
+    if (error) *error = std::string(what) + " " + p + ": " + std::strerror(errno);
+    return false;
+  };
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) return errno == ENOENT ? true : fail("cannot stat", path);
+  if (!S_ISDIR(st.st_mode)) return unlink(path.c_str()) == 0 || errno == ENOENT ? true : fail("cannot remove", path);
+  if (access(path.c_str(), R_OK | X_OK) != 0) return fail("cannot read", path);
+  for (const auto& name : sorted_entries(path))
+    if (!remove_tree(path + "/" + name, error)) return false;
+  return rmdir(path.c_str()) == 0 || errno == ENOENT ? true : fail("cannot remove", path);
+}
+
+void walk_tree(const std::string& dir, const std::function<bool(const std::string&, bool)>& visit) {
+  for (const auto& name : sorted_entries(dir)) {
+    const std::string p = dir + "/" + name;
+    struct stat st {};
+    if (lstat(p.c_str(), &st) != 0) continue;
+    const bool is_dir = S_ISDIR(st.st_mode);
+    if (visit(p, is_dir) && is_dir) walk_tree(p, visit);
+  }
 }
 
 std::string closest_match(const std::string& name, const std::vector<std::string>& candidates) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <stdexcept>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,18 @@ std::string read_file(const std::string& path);
 
 // fsyncs a directory so that renames inside it are durable.
 void fsync_dir(const std::string& dir);
+
+// Deleting and walking directory trees with POSIX calls rather than std::filesystem::remove_all and
+// recursive_directory_iterator: PyTorch's pip and pytorch.org LibTorch builds export their own
+// statically linked copies of those functions, which then serve this program's calls and crash (seen
+// with PyTorch 2.11: a null call inside remove_all; pytorch/pytorch#133437).
+// remove_tree deletes a file, link or directory tree (links are removed, never followed); a missing
+// path is not an error. Returns false, with errno's text in *error when given, on the first failure.
+bool remove_tree(const std::string& path, std::string* error = nullptr);
+// Calls visit(path, is_directory) for everything below dir (not dir itself), a directory before its
+// contents, children in name order; descends into a directory only when visit returns true. Links
+// are reported (is_directory false) and not followed; unreadable directories are skipped.
+void walk_tree(const std::string& dir, const std::function<bool(const std::string& path, bool is_directory)>& visit);
 
 // The candidate closest to `name` by edit distance, or "" when none is reasonably close.
 std::string closest_match(const std::string& name, const std::vector<std::string>& candidates);
