@@ -148,13 +148,29 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& idx) {
   return ln_f(x);
 }
 
+// The tied head. cuBLAS multiplies fast only when each row of the (N, V) output starts 16-byte
+// aligned; with GPT-2's V = 50,257 it fell back to old sm75 kernels, which took a third of a training
+// step on an H100 (docs/performance.md). On CUDA the head therefore runs over V rounded up to a
+// multiple of 64, the extra columns held at -inf by a bias so that softmax gives them no weight and
+// no gradient; `padded` keeps them (for the loss), else the V real columns are returned.
+torch::Tensor GPTImpl::head(const torch::Tensor& x, bool padded) {
+  const auto& W = wte->weight;
+  const int64_t V = W.size(0);
+  if (!x.is_cuda() || V % 64 == 0) return torch::linear(x, weight_for(W, x));
+  const int64_t Vp = (V + 63) / 64 * 64;
+  auto Wp = torch::cat({W, torch::zeros({Vp - V, W.size(1)}, W.options().requires_grad(false))});
+  auto bias = torch::zeros({Vp}, x.options().dtype(torch::kFloat32));
+  bias.slice(0, V).fill_(-std::numeric_limits<float>::infinity());
+  auto logits = torch::linear(x, weight_for(Wp, x), weight_for(bias, x));  // (B, T, Vp)
+  return padded ? logits : logits.slice(-1, 0, V);
+}
+
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
-  auto x = hidden(idx);
-  return torch::linear(x, weight_for(wte->weight, x));  // tied head: (B, T, V)
+  return head(hidden(idx), /*padded=*/false);  // (B, T, V)
 }
 
 torch::Tensor GPTImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
-  auto logits = forward(idx);  // (B, T, V), bf16 under autocast
+  auto logits = head(hidden(idx), /*padded=*/true);  // (B, T, V or padded V), bf16 under autocast
   return cross_entropy_sum(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
 }
 

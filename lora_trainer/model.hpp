@@ -114,6 +114,7 @@ class GPTImpl : public torch::nn::Module {
 
  private:
   torch::Tensor hidden(const torch::Tensor& idx);  // (B, T) -> (B, T, C) after ln_f, f32
+  torch::Tensor head(const torch::Tensor& x, bool padded);  // (B, T, C) -> logits (model.cpp)
   GPTOptions opts_;
 };
 TORCH_MODULE(GPT);
