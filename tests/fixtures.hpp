@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include "lora_trainer/config.hpp"
 #include "lora_trainer/trainer.hpp"

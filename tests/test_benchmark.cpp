@@ -1,13 +1,13 @@
 // Continual-learning benchmark trainers: stage switches and fades at exact steps, boundary
 // checkpoints and the forgetting matrix, exact resume, and the LoRA variant.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include "lora_trainer/benchmark.hpp"
 #include "lora_trainer/checkpoint.hpp"
 #include "fixtures.hpp"
 
 using namespace lt;
-using Catch::Matchers::Contains;
+using lt::test::Contains;
 
 namespace {
 

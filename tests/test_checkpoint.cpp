@@ -1,5 +1,5 @@
 // Checkpoints: bit-exact round trip of every dtype, atomic saves, verified loads.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <filesystem>
 
@@ -7,7 +7,7 @@
 #include "fixtures.hpp"
 
 using namespace lt;
-using Catch::Matchers::Contains;
+using lt::test::Contains;
 namespace fs = std::filesystem;
 
 static NamedTensors sample_state() {

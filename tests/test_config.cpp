@@ -1,5 +1,5 @@
 // Config: defaults, file < override precedence, and every error path names the key.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include "lora_trainer/config.hpp"
 #include "lora_trainer/registry.hpp"
@@ -7,7 +7,7 @@
 #include "fixtures.hpp"
 
 using namespace lt;
-using Catch::Matchers::Contains;
+using lt::test::Contains;
 
 TEST_CASE("defaults come from the schema", "[config]") {
   Config c(BaseTrainer::schema());

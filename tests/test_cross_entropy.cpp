@@ -1,11 +1,12 @@
 // The fused bf16 cross-entropy computes what LibTorch's f32 cross_entropy computes on the same logits.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <ATen/Parallel.h>
 
 #include "lora_trainer/cross_entropy.hpp"
 
 using namespace lt;
+using lt::test::Contains;
 
 namespace {
 
@@ -75,5 +76,5 @@ TEST_CASE("fused cross-entropy: the loss does not depend on the thread count", "
 TEST_CASE("fused cross-entropy: a target outside the vocabulary is an error, not a wrong loss", "[loss]") {
   Case c = make_case(4, 100, 1.0, 3);
   c.targets[1] = 100;
-  CHECK_THROWS_WITH(cross_entropy_sum(c.logits, c.targets), Catch::Contains("outside the vocabulary of 100"));
+  CHECK_THROWS_WITH(cross_entropy_sum(c.logits, c.targets), Contains("outside the vocabulary of 100"));
 }

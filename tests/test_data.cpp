@@ -1,5 +1,5 @@
 // Data: PMD windows, mixture frequencies, largest-remainder splits and the resumable cursor.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <fstream>
 
@@ -7,6 +7,7 @@
 #include "fixtures.hpp"
 
 using namespace lt;
+using lt::test::Contains;
 
 static void write_tokens(const std::string& path, const std::vector<uint32_t>& ids) {
   std::ofstream out(path, std::ios::binary);
@@ -86,7 +87,7 @@ TEST_CASE("a missing dataset names the path and the command that makes it", "[da
   test::TempDir dir;
   DataCatalog cat(dir.str());
   CHECK_THROWS_WITH(cat.get({"nope", 1.0, DatasetStyle::PMD}),
-                    Catch::Matchers::Contains("nope/meta.json") && Catch::Matchers::Contains("lora_trainer tokenize"));
+                    Contains("nope/meta.json") && Contains("lora_trainer tokenize"));
 }
 
 TEST_CASE("a dataset shorter than one window is a clear error", "[data]") {
@@ -94,7 +95,7 @@ TEST_CASE("a dataset shorter than one window is a clear error", "[data]") {
   make_counting_dataset(dir.str(), "short", 10, 0);
   DataCatalog cat(dir.str());
   CHECK_THROWS_WITH(MixtureSampler(cat, {{"short", 1.0, DatasetStyle::PMD}}, 64, 0, 0),
-                    Catch::Matchers::Contains("fewer than block_size + 1"));
+                    Contains("fewer than block_size + 1"));
 }
 
 TEST_CASE("tokenize writes train/val splits with end-of-text after each document", "[data]") {
@@ -152,7 +153,7 @@ TEST_CASE("padded: JSONL records become left-padded rows with loss only on the c
   CHECK(tgt2.back() == 256);
   CHECK(std::count(tgt2.begin(), tgt2.end(), -1) == 15 - 5);
   // Asking for it as PMD is a clear error.
-  CHECK_THROWS_WITH(cat.get({"qa", 1.0, DatasetStyle::PMD}), Catch::Matchers::Contains("of style padded"));
+  CHECK_THROWS_WITH(cat.get({"qa", 1.0, DatasetStyle::PMD}), Contains("of style padded"));
 }
 
 TEST_CASE("padded and PMD datasets mix in one stage", "[data]") {

@@ -1,7 +1,7 @@
 // Data-parallel runs over c10d on loopback, through the launcher as a user runs them: 2 ranks take the
 // steps 1 rank takes (both phases, with and without optimizer-state sharding), checkpoints move
 // between world sizes, and a dead or hung rank ends the others with a clear error in bounded time.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <cmath>
 
@@ -10,7 +10,7 @@
 #include "lora_trainer/local_ranks.hpp"
 
 using namespace lt;
-using Catch::Matchers::Contains;
+using lt::test::Contains;
 using test::launch;
 using test::Result;
 

@@ -1,6 +1,6 @@
 // The launcher end to end, as a user runs it: subcommands, exit codes, continue-from-latest, and
 // SIGINT -> checkpoint -> re-run ends with exactly the weights of an uninterrupted run.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -16,7 +16,7 @@
 #include "launch.hpp"
 
 using namespace lt;
-using Catch::Matchers::Contains;
+using lt::test::Contains;
 
 namespace {
 

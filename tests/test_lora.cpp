@@ -1,12 +1,12 @@
 // LoRA: the adapter helpers, the transition, and the two-phase trainer's restore in every phase.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "fixtures.hpp"
 
 using namespace lt;
-using Catch::Matchers::Contains;
+using lt::test::Contains;
 
 namespace {
 

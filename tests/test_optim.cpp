@@ -1,5 +1,5 @@
 // Optimizer and schedules: values at chosen steps, and AdamW equal to LibTorch's own.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include "lora_trainer/optim.hpp"
 

@@ -1,12 +1,13 @@
 // Resume is bit-identical: N steps straight equal k steps, save, restore in a fresh trainer, N-k steps
 // (weights, optimizer state and per-step losses), with and without gradient accumulation and dropout.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/trainer.hpp"
 #include "fixtures.hpp"
 
 using namespace lt;
+using lt::test::Contains;
 
 namespace {
 
@@ -82,5 +83,5 @@ TEST_CASE("restoring a checkpoint of another model size says what differs", "[re
   small->save("ntoks/128");
   auto big = make_trainer("big", dir / "out", dir / "data", {"architecture/d_model=64"});
   CHECK_THROWS_WITH(big->restore_from_path(small->job_dir() + "/ntoks/128"),
-                    Catch::Matchers::Contains("params/wte.weight: shape (257, 32) in the checkpoint, (257, 64) expected"));
+                    Contains("params/wte.weight: shape (257, 32) in the checkpoint, (257, 64) expected"));
 }
