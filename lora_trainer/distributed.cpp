@@ -151,7 +151,8 @@ std::unique_ptr<Distributed> Distributed::from_env(double timeout_s, c10::Device
 #ifdef LT_WITH_NCCL
     // NCCL needs a GPU of its own for each rank of a machine; ranks sharing one (more ranks than
     // GPUs) reduce over Gloo through host memory instead.
-    if (device.is_cuda() && env_int("LOCAL_WORLD_SIZE", 1) <= static_cast<int>(torch::cuda::device_count())) {
+    // Without LOCAL_WORLD_SIZE (torchrun always sets it) all ranks are taken to share this machine.
+    if (device.is_cuda() && env_int("LOCAL_WORLD_SIZE", d->world_) <= static_cast<int>(torch::cuda::device_count())) {
       auto o = c10d::ProcessGroupNCCL::Options::create();
       o->timeout = timeout;
       d->group_->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(d->group_->store, d->rank_, d->world_, o);

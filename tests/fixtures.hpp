@@ -24,8 +24,7 @@ struct TempDir {
     std::filesystem::create_directories(path);
   }
   ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
+    remove_tree(path.string());
   }
   std::string str() const { return path.string(); }
   std::string operator/(const std::string& rel) const { return (path / rel).string(); }

@@ -103,8 +103,7 @@ struct TempDir {
     fs::create_directories(path);
   }
   ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
+    lt::remove_tree(path.string());
   }
 };
 
