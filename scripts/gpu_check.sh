@@ -34,6 +34,7 @@
 # its outcome is listed at the end; the exit status is 0 only if every stage that ran passed.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CALLER_PWD="$PWD"
 cd "$ROOT" || exit 1
 
 OUTDIR=""
@@ -61,6 +62,8 @@ while (($#)); do
   shift
 done
 OUTDIR="${OUTDIR:-${OUT:-$ROOT/gpu-out}}"
+[[ "$OUTDIR" = /* ]] || OUTDIR="$CALLER_PWD/$OUTDIR"
+[[ "$CONFIG" = /* || -f "$ROOT/$CONFIG" || ! -f "$CALLER_PWD/$CONFIG" ]] || CONFIG="$CALLER_PWD/$CONFIG"
 mkdir -p "$OUTDIR" || exit 1
 OUTDIR="$(cd "$OUTDIR" && pwd)"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
@@ -121,6 +124,11 @@ fi
 HAVE_TORCH_PY=1
 if [[ -z "$PY" ]]; then PY=python3; HAVE_TORCH_PY=0; fi
 if ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/local/cuda/bin/nvcc ]]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+# cmake and ninja from the Python environment's bin (pip's), when none are on PATH.
+pybin="$(dirname "$(command -v "$PY" 2>/dev/null || echo /nonexistent/python3)")"
+for tool in cmake ninja; do
+  if ! command -v "$tool" >/dev/null 2>&1 && [[ -x "$pybin/$tool" ]]; then export PATH="$PATH:$pybin"; fi
+done
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" PYTHONUNBUFFERED=1
 {
   date -u '+%Y-%m-%d %H:%M:%S UTC'
