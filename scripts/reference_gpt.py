@@ -20,7 +20,8 @@ What it uses, as a plain PyTorch user would write it:
   masked softmax), torch.optim.AdamW with its defaults (on CUDA: the multi-tensor foreach
   implementation; --adamw fused for fused=True) and clip_grad_norm_ (foreach); random token batches
   made on the GPU; torch.cuda.synchronize() before and after every timed step. It also measures the
-  GPU's bf16 matmul peak (8192^3) for MFU.
+  GPU's bf16 matmul peak (8192^3) for MFU. --pad-vocab computes the head over the vocabulary rounded
+  up to a multiple of 64, as lora_trainer does on CUDA, so that change can be measured apart.
 """
 import argparse
 import json
@@ -39,13 +40,14 @@ def layer_norm(x, w, b):
 class GPT:
     """Parameters in a dict named as lora_trainer names them; a functional forward."""
 
-    def __init__(self, cfg, params, sdpa=False):
+    def __init__(self, cfg, params, sdpa=False, pad_vocab=False):
         a = cfg["architecture"]
         self.L, self.H, self.C, self.T = a["n_layers"], a["n_heads"], a["d_model"], a["block_size"]
         self.p = params
         self.lora = {}  # weight name -> (A, B)
         self.scale = 0.0
         self.sdpa = sdpa  # F.scaled_dot_product_attention(is_causal=True) instead of the masked softmax
+        self.pad_vocab = pad_vocab  # the head over V rounded up to 64 columns, as lora_trainer does on CUDA
 
     def weight(self, name):
         w = self.p[name]
@@ -79,7 +81,14 @@ class GPT:
             y = F.gelu(self.linear(y, h + "mlp.c_fc"))
             x = x + self.linear(y, h + "mlp.c_proj").float()
         x = layer_norm(x, p["ln_f.weight"], p["ln_f.bias"])
-        logits = F.linear(x, p["wte.weight"])
+        W = p["wte.weight"]
+        if self.pad_vocab and W.shape[0] % 64:
+            V, Vp = W.shape[0], (W.shape[0] + 63) // 64 * 64
+            bias = torch.zeros(Vp, device=W.device)
+            bias[V:] = float("-inf")
+            logits = F.linear(x, torch.cat([W, W.new_zeros(Vp - V, W.shape[1])]), bias)
+        else:
+            logits = F.linear(x, W)
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
 
 
@@ -167,6 +176,9 @@ def main():
                     help="auto: F.scaled_dot_product_attention on CUDA where PyTorch has it, else the masked softmax")
     ap.add_argument("--adamw", choices=["default", "fused"], default="default",
                     help="torch.optim.AdamW as constructed by default, or with fused=True (CUDA)")
+    ap.add_argument("--pad-vocab", action="store_true",
+                    help="the head over the vocabulary rounded up to a multiple of 64 (extra columns at -inf), "
+                         "as lora_trainer does on CUDA: separates that change from the rest of the comparison")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", default="reference.json")
@@ -188,7 +200,7 @@ def main():
     bf16 = bench["precision"].startswith("bf16")
     state = load_weights(check["weights"], device)
     params = {k: v.detach().clone().to(device).requires_grad_(True) for k, v in state.items() if not k.startswith("check/")}
-    model = GPT(cfg, params, sdpa=sdpa)
+    model = GPT(cfg, params, sdpa=sdpa, pad_vocab=args.pad_vocab)
 
     with torch.no_grad(), torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
         inputs, targets = state["check/inputs"].to(device), state["check/targets"].to(device)
@@ -203,6 +215,7 @@ def main():
     fused = args.adamw == "fused"
     result.update({"device": torch.cuda.get_device_name(0) if device_type == "cuda" else "cpu", "torch": torch.__version__,
                    "attention": "F.scaled_dot_product_attention(is_causal=True)" if sdpa else "masked softmax",
+                       "pad_vocab": args.pad_vocab,
                    "adamw": "fused=True" if fused else "default"})
     if device_type == "cuda":
         result["gpu_bf16_matmul_peak_tflops"] = cuda_matmul_peak() / 1e12
