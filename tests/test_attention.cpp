@@ -61,7 +61,7 @@ TEST_CASE("fused and manual attention agree, forward and gradients", "[attention
   check_paths_agree(torch::Device(torch::kCUDA, 0), torch::kBFloat16, 3e-2);
 }
 
-TEST_CASE("runtime/attention: auto picks the fused path where LibTorch has it; fused elsewhere is a clear error", "[attention]") {
+TEST_CASE("runtime/attention: auto picks the fused path where LibTorch has it, and fused elsewhere is a clear error", "[attention]") {
   Config c(BaseTrainer::schema());
   CHECK(GPTOptions::from_config(c).fused_attention == fused_attention_available());
   c.apply_override("runtime/attention=manual");

@@ -96,7 +96,7 @@ TEST_CASE("a fading batch takes its rows from both stages", "[benchmark]") {
   CHECK(meta["data"]["cursors"]["1"] == 1 + 3);
 }
 
-TEST_CASE("boundaries save checkpoints and the forgetting matrix; a resumed run equals the straight one", "[benchmark]") {
+TEST_CASE("boundaries save checkpoints and the forgetting matrix, and a resumed run equals the straight one", "[benchmark]") {
   Data d;
   const std::vector<std::string> opts = {"training/fade/overlap=256", "training/reset_optimizer=true",
                                          "logging/checkpoint_interval=7"};
@@ -135,7 +135,7 @@ TEST_CASE("boundaries save checkpoints and the forgetting matrix; a resumed run 
   CHECK(from_boundary->forgetting() == m);
 }
 
-TEST_CASE("benchmark LoRA: pre-LoRA stages, the switch, LoRA stages; base bit-identical; restores in each phase", "[benchmark]") {
+TEST_CASE("benchmark LoRA: pre-LoRA stages, the switch, LoRA stages, a bit-identical base and restores in each phase", "[benchmark]") {
   Data d;
   auto make = [&](const std::string& name) {
     Config c(BenchmarkLoRABaseTrainer::schema());

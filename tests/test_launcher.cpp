@@ -206,7 +206,7 @@ TEST_CASE("launcher: skip phase one from a pretrained checkpoint, then export", 
   CHECK(launch({"run", "ft2", dir / "ft.json", dir / "out", "--restore", dir / "nowhere"}).code == 2);
 }
 
-TEST_CASE("launcher: a LoRA run ends with a report and a plot; eval and sample read its checkpoints", "[launcher]") {
+TEST_CASE("launcher: a LoRA run ends with a report and a plot, and eval and sample read its checkpoints", "[launcher]") {
   test::TempDir dir;
   test::make_byte_dataset(dir / "data", "gen", 1);
   test::make_byte_dataset(dir / "data", "gen2", 2);
@@ -254,7 +254,7 @@ TEST_CASE("launcher: a LoRA run ends with a report and a plot; eval and sample r
   CHECK_FALSE(std::filesystem::exists("/nonexistent-lora-trainer-out"));
 }
 
-TEST_CASE("launcher: bench reports both phases; the LoRA state is a bf16 base plus adapter-only optimizer state", "[launcher]") {
+TEST_CASE("launcher: bench reports both phases, and the LoRA state is a bf16 base plus adapter-only optimizer state", "[launcher]") {
   test::TempDir dir;
   std::vector<std::string> args = {"configure", "lora/train", dir / "b.json"};
   for (const auto& o : test::tiny_overrides(dir / "data")) args.push_back(o);

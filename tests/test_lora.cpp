@@ -160,7 +160,7 @@ TEST_CASE("after one LoRA step only the adapters changed and the optimizer holds
   CHECK(t->optimizer().state().size() == 2 * adapter_names.size() + 1);
 }
 
-TEST_CASE("a run crosses the boundary; resume in phase 1, at the boundary and in phase 2 is bit-identical", "[lora]") {
+TEST_CASE("a run crosses the boundary, and resume in phase 1, at the boundary and in phase 2 is bit-identical", "[lora]") {
   Data d;
   auto straight = make_lora(d, "straight");
   REQUIRE(straight->total_steps() == 10);

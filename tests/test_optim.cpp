@@ -54,7 +54,7 @@ TEST_CASE("AdamW matches torch::optim::AdamW step for step", "[optim]") {
   CHECK(opt.steps_taken() == 5);
 }
 
-TEST_CASE("weight decay skips vectors; optimizer state is named", "[optim]") {
+TEST_CASE("weight decay skips vectors, and optimizer state is named", "[optim]") {
   auto bias = torch::ones({4}).set_requires_grad(true);
   bias.mutable_grad() = torch::zeros({4});
   AdamW opt({{"b", bias}}, AdamWOptions{0.9, 0.95, 1e-8, 0.5});
