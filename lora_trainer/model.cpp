@@ -21,7 +21,9 @@ GPTOptions GPTOptions::from_config(const Config& cfg) {
   if (attention == "fused" && !fused_attention_available())
     throw UserError(std::string("runtime/attention=fused needs LibTorch 2.0 or newer (this build has ") +
                     compat::torch_version() + "); use runtime/attention=auto or manual");
-  o.fused_attention = attention == "fused" || (attention == "auto" && fused_attention_available());
+  o.attention = attention == "fused"    ? GPTOptions::Attention::Fused
+                : attention == "manual" ? GPTOptions::Attention::Manual
+                                        : GPTOptions::Attention::Auto;
   if (o.d_model % o.n_head != 0)
     throw UserError("architecture/d_model (" + std::to_string(o.d_model) +
                     ") must be divisible by architecture/n_heads (" + std::to_string(o.n_head) + ")");
@@ -55,6 +57,11 @@ torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
 
 bool fused_attention_available() { return LT_HAS_SDPA; }
 
+bool GPTOptions::fused_attention_on(const torch::Device& device) const {
+  if (attention == Attention::Auto) return device.is_cuda() && fused_attention_available();
+  return attention == Attention::Fused;
+}
+
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                double dropout, bool fused) {
 #if LT_HAS_SDPA
@@ -72,7 +79,7 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o)
-    : n_head_(o.n_head), dropout_(o.dropout), fused_(o.fused_attention) {
+    : n_head_(o.n_head), dropout_(o.dropout), opts_(o) {
   c_attn = register_module("c_attn", Linear(o.d_model, 3 * o.d_model));
   c_proj = register_module("c_proj", Linear(o.d_model, o.d_model));
 }
@@ -80,7 +87,8 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o)
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_head_, D = C / H;
   auto qkv = c_attn(x).view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, D)
-  auto y = causal_attention(qkv[0], qkv[1], qkv[2], is_training() ? dropout_ : 0.0, fused_);  // (B, H, T, D)
+  auto y = causal_attention(qkv[0], qkv[1], qkv[2], is_training() ? dropout_ : 0.0,
+                            opts_.fused_attention_on(x.device()));  // (B, H, T, D)
   return c_proj(y.transpose(1, 2).reshape({B, T, C}));
 }
 

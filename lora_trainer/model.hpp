@@ -28,7 +28,10 @@ struct GPTOptions {
   int64_t n_head = 6;
   int64_t d_model = 384;
   double dropout = 0.0;
-  bool fused_attention = false;  // runtime/attention
+  // runtime/attention. auto: fused on CUDA (where LibTorch has it), masked softmax on the CPU, where
+  // LibTorch 2.6's fused kernel measured 1.6-1.8x slower for the whole step (docs/performance.md).
+  enum class Attention { Auto, Fused, Manual } attention = Attention::Auto;
+  bool fused_attention_on(const torch::Device& device) const;
   static GPTOptions from_config(const Config& cfg);
 };
 
@@ -72,7 +75,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  private:
   int64_t n_head_;
   double dropout_;
-  bool fused_;
+  GPTOptions opts_;  // the attention choice
 };
 TORCH_MODULE(CausalSelfAttention);
 

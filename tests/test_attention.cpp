@@ -61,12 +61,22 @@ TEST_CASE("fused and manual attention agree, forward and gradients", "[attention
   check_paths_agree(torch::Device(torch::kCUDA, 0), torch::kBFloat16, 3e-2);
 }
 
-TEST_CASE("runtime/attention: auto picks the fused path where LibTorch has it, and fused elsewhere is a clear error", "[attention]") {
+TEST_CASE("runtime/attention: auto is fused on CUDA (where LibTorch has it) and manual on the CPU, and fused without it is a clear error", "[attention]") {
+  const torch::Device cpu(torch::kCPU), gpu(torch::kCUDA, 0);
   Config c(BaseTrainer::schema());
-  CHECK(GPTOptions::from_config(c).fused_attention == fused_attention_available());
+  auto o = GPTOptions::from_config(c);
+  CHECK_FALSE(o.fused_attention_on(cpu));
+  CHECK(o.fused_attention_on(gpu) == fused_attention_available());
   c.apply_override("runtime/attention=manual");
-  CHECK_FALSE(GPTOptions::from_config(c).fused_attention);
+  o = GPTOptions::from_config(c);
+  CHECK_FALSE(o.fused_attention_on(cpu));
+  CHECK_FALSE(o.fused_attention_on(gpu));
   c.apply_override("runtime/attention=fused");
-  if (fused_attention_available()) CHECK(GPTOptions::from_config(c).fused_attention);
-  else CHECK_THROWS_WITH(GPTOptions::from_config(c), Contains("runtime/attention=fused needs LibTorch 2.0 or newer"));
+  if (fused_attention_available()) {
+    o = GPTOptions::from_config(c);
+    CHECK(o.fused_attention_on(cpu));
+    CHECK(o.fused_attention_on(gpu));
+  } else {
+    CHECK_THROWS_WITH(GPTOptions::from_config(c), Contains("runtime/attention=fused needs LibTorch 2.0 or newer"));
+  }
 }
