@@ -12,27 +12,10 @@
 #endif
 
 #include "lora_trainer/config.hpp"
+#include "lora_trainer/torch_compat.hpp"
 #include "lora_trainer/util.hpp"
 
 namespace lt {
-
-namespace {
-
-// LibTorch 2.4+ asks for TCPStore's libuv backend by default (TCPStoreOptions::useLibUV), and a
-// LibTorch built without libuv (Debian 13's 2.6) then refuses to make a store. This turns the option
-// off where it exists and says whether it did; LibTorch 1.13 has no such option.
-template <typename Options>
-auto store_without_libuv(Options& o, int) -> decltype(o.useLibUV = false, bool()) {
-  if (!o.useLibUV) return false;
-  o.useLibUV = false;
-  return true;
-}
-template <typename Options>
-bool store_without_libuv(Options&, long) {
-  return false;
-}
-
-}  // namespace
 
 void add_distributed_options(ConfigSchema& s) {
   s.add("distributed/timeout_s", OptType::Float, 300.0,
@@ -145,7 +128,7 @@ std::unique_ptr<Distributed> Distributed::from_env(double timeout_s, c10::Device
       d->group_->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
     } catch (const c10::Error& e) {
       // Without libuv, the classic backend (every rank does the same, so they still agree).
-      if (std::string(e.what()).find("libuv") == std::string::npos || !store_without_libuv(so, 0)) throw;
+      if (std::string(e.what()).find("libuv") == std::string::npos || !compat::store_without_libuv(so, 0)) throw;
       d->group_->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
     }
 #ifdef LT_WITH_NCCL

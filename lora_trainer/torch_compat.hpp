@@ -4,7 +4,8 @@
 //   - autocast state: 2.4 replaced the per-device functions (set_cpu_enabled, set_autocast_gpu_dtype,
 //     ...) with ones taking a device type, and deprecates the old ones;
 //   - fused attention: at::scaled_dot_product_attention is public from 2.0 (1.13 has none);
-//   - the fused AdamW kernel (at::_fused_adamw_, CUDA) is there from 2.0.
+//   - the fused AdamW kernel (at::_fused_adamw_, CUDA) is there from 2.0;
+//   - TCPStore's libuv backend, asked for by default from 2.4 (store_without_libuv).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -47,5 +48,20 @@ inline void set_autocast_dtype(c10::DeviceType device, at::ScalarType dtype) {
 }
 
 inline const char* torch_version() { return TORCH_VERSION; }
+
+// LibTorch 2.4+ asks for TCPStore's libuv backend by default (TCPStoreOptions::useLibUV), and a
+// LibTorch built without libuv (Debian 13's 2.6) then refuses to make a store. This turns the option
+// off where it exists and says whether it did; LibTorch 1.13 has no such option (the overload taking
+// `long` is chosen, and does nothing). Call as store_without_libuv(options, 0).
+template <typename Options>
+auto store_without_libuv(Options& o, int) -> decltype(o.useLibUV = false, bool()) {
+  if (!o.useLibUV) return false;
+  o.useLibUV = false;
+  return true;
+}
+template <typename Options>
+bool store_without_libuv(Options&, long) {
+  return false;
+}
 
 }  // namespace lt::compat
