@@ -19,13 +19,7 @@ bool have_cuda() {
   return false;
 }
 
-struct Data {
-  test::TempDir dir;
-  Data() {
-    test::make_byte_dataset(dir / "data", "gen", 1);
-    test::make_byte_dataset(dir / "data", "gen2", 2);
-  }
-};
+using Data = test::TwoDatasets;
 
 // 4 full steps on "gen", then 4 LoRA steps on "gen2" (128 tokens a step).
 std::unique_ptr<LoRATrainer> make_lora(const Data& d, const std::string& name, const std::vector<std::string>& extra) {

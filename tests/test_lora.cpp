@@ -22,13 +22,7 @@ GPT tiny_gpt() {
   return m;
 }
 
-struct Data {
-  test::TempDir dir;
-  Data() {
-    test::make_byte_dataset(dir / "data", "gen", 1);
-    test::make_byte_dataset(dir / "data", "gen2", 2);
-  }
-};
+using Data = test::TwoDatasets;
 
 // 5 full steps on "gen", then 5 LoRA steps on "gen2" (128 tokens a step).
 std::unique_ptr<LoRATrainer> make_lora(const Data& d, const std::string& name, std::vector<std::string> extra = {}) {
