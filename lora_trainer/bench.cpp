@@ -133,7 +133,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
   const Runtime& rt = t->runtime();
   const GPTOptions& m = t->model()->options();
 
-  std::printf("bench: measuring the %s matmul peak (%d threads)...\n", rt.bf16_autocast ? "bf16" : "f32", rt.threads);
+  const std::string where = rt.device.is_cuda() ? rt.device.str() : std::to_string(rt.threads) + " threads";
+  std::printf("bench: measuring the %s matmul peak (%s)...\n", rt.bf16_autocast ? "bf16" : "f32", where.c_str());
   std::fflush(stdout);
   double peak = 0;
   const std::vector<int64_t> sizes = rt.device.is_cuda() ? std::vector<int64_t>{4096, 8192} : std::vector<int64_t>{1024, 2048};
@@ -229,9 +230,9 @@ nlohmann::json run_bench(const BenchOptions& o) {
   const auto& p2 = result["phases"][1];
   result["lora_step_time_ratio"] = p2["step_s_median"].get<double>() / p1["step_s_median"].get<double>();
 
-  std::printf("\nmodel: %lld layers, d_model %lld, block %lld, vocab %lld; %lld tokens a step; %s, %d threads\n",
+  std::printf("\nmodel: %lld layers, d_model %lld, block %lld, vocab %lld; %lld tokens a step; %s, %s\n",
               (long long)m.n_layer, (long long)m.d_model, (long long)m.block_size, (long long)m.vocab_size, (long long)tps,
-              rt.bf16_autocast ? "bf16 autocast" : "f32", rt.threads);
+              rt.bf16_autocast ? "bf16 autocast" : "f32", where.c_str());
   std::printf("measured matmul peak: %.0f GFLOP/s\n\n", peak / 1e9);
   std::printf("%-6s %10s %12s %18s %7s %10s %10s %12s %12s%s\n", "phase", "tok/s", "step median", "step p10-p90 (s)",
               "MFU", "peak RSS", "weights", "grads", "optimizer", rt.device.is_cuda() ? "   GPU peak" : "");
