@@ -271,7 +271,32 @@ std::string LoRATrainer::report() {
   return r.str();
 }
 
+// An export writes only where nothing of anyone else's is lost: a new directory, or an earlier export
+// of ours (which it replaces, saying so); never the checkpoint itself or a directory holding it.
+static void check_export_target(const std::string& checkpoint, const std::string& out) {
+  const fs::path src = fs::weakly_canonical(checkpoint), dst = fs::weakly_canonical(out);
+  auto within = [](const fs::path& inner, const fs::path& outer) {
+    auto rel = inner.lexically_relative(outer);
+    return !rel.empty() && *rel.begin() != "..";
+  };
+  if (within(dst, src) || within(src, dst))
+    throw UserError("export: OUT " + out + (dst == src ? " is the checkpoint being exported" : within(dst, src) ? " is inside the checkpoint being exported" : " holds the checkpoint being exported") +
+                    " (" + checkpoint + "); give a new directory. Nothing was written");
+  if (!fs::exists(dst)) return;
+  if (is_checkpoint(dst.string())) {
+    json m = read_checkpoint_metadata(dst.string());
+    if (m.value("weights_only", false) && m.contains("exported_from")) {
+      std::printf("export: replacing the earlier export at %s (of %s)\n", out.c_str(),
+                  m["exported_from"].is_string() ? m["exported_from"].get<std::string>().c_str() : "?");
+      return;
+    }
+  }
+  throw UserError("export: OUT " + out + " already exists and is not an earlier export of lora_trainer; give a new "
+                  "directory, or move that one away yourself. Nothing was written");
+}
+
 void export_merged(const std::string& checkpoint, const std::string& out) {
+  check_export_target(checkpoint, out);
   json meta = read_checkpoint_metadata(checkpoint);
   NamedTensors stored = read_checkpoint_tensors(checkpoint);
   std::map<std::string, torch::Tensor> lora;

@@ -256,3 +256,47 @@ TEST_CASE("export merges the adapters: the exported model computes what base + a
   auto idx = torch::randint(0, 257, {2, 32}, torch::kLong);
   CHECK((logits_of(plain.model(), idx) - logits_of(a->model(), idx)).abs().max().item<double>() < 1e-4);
 }
+
+TEST_CASE("export never replaces what it did not write, nor its own source", "[lora]") {
+  Data d;
+  auto a = make_lora(d, "exp2", {"runtime/precision=f32"});
+  a->run();
+  const std::string ck = a->job_dir() + "/final/1280";
+  const auto digest_before = inspect_checkpoint(ck).dump();
+  // The checkpoint itself, a directory inside it, and a directory holding it.
+  CHECK_THROWS_WITH(export_merged(ck, ck), Contains("is the checkpoint being exported") && Contains("Nothing was written"));
+  CHECK_THROWS_WITH(export_merged(ck, ck + "/sub"), Contains("is inside the checkpoint being exported"));
+  CHECK_THROWS_WITH(export_merged(ck, a->job_dir()), Contains("holds the checkpoint being exported"));
+  CHECK(inspect_checkpoint(ck).dump() == digest_before);
+  CHECK_FALSE(std::filesystem::exists(ck + "/sub"));
+  // Somebody's directory, and a training checkpoint, are refused and left as they were.
+  const std::string mine = d.dir / "mine";
+  std::filesystem::create_directories(mine);
+  write_file_atomic(mine + "/notes.txt", "keep me");
+  CHECK_THROWS_WITH(export_merged(ck, mine), Contains("already exists and is not an earlier export"));
+  CHECK(read_file(mine + "/notes.txt") == "keep me");
+  CHECK_THROWS_WITH(export_merged(ck, a->job_dir() + "/pre_lora_checkpoint"), Contains("already exists and is not an earlier export"));
+  // An earlier export is replaced.
+  const std::string out = d.dir / "exported";
+  export_merged(ck, out);
+  CHECK_NOTHROW(export_merged(ck, out));
+  CHECK(read_checkpoint_metadata(out)["weights_only"] == true);
+}
+
+TEST_CASE("an empty `latest` is an error that says what to do, not a silent restart from step 0", "[lora]") {
+  Data d;
+  {
+    auto a = make_lora(d, "lat");
+    for (int i = 0; i < 3; ++i) a->train_step();
+    a->save("ntoks/384");
+  }
+  auto b = make_lora(d, "lat");
+  write_file_atomic(b->job_dir() + "/latest", "\n");
+  CHECK_THROWS_WITH(b->restore_latest(), Contains("latest is empty") && Contains("lora_trainer checkpoints"));
+  write_file_atomic(b->job_dir() + "/latest", "ntoks/999\n");
+  CHECK_THROWS_WITH(b->restore_latest(), Contains("not a complete checkpoint"));
+  write_file_atomic(b->job_dir() + "/latest", "ntoks/384\n");
+  CHECK(b->restore_latest() == "ntoks/384");
+  CHECK(b->step() == 3);
+}
+
