@@ -302,7 +302,12 @@ std::optional<std::string> read_latest(const std::string& job_dir) {
   if (!fs::exists(p)) return std::nullopt;
   std::string s = read_file(p.string());
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  if (s.empty()) return std::nullopt;
+  // Empty (a hand edit, a copy gone wrong): starting over from step 0 would silently train over the
+  // job's checkpoints, so it is an error that says what to do.
+  if (s.empty())
+    throw UserError(p.string() + " is empty: it should name the checkpoint to resume from. Write the name of one "
+                    "listed by `lora_trainer checkpoints JOB OUT_DIR` into it (e.g. final/1280 or ntoks/2048), or "
+                    "delete it to start the job over from step 0");
   return s;
 }
 

@@ -45,7 +45,8 @@ void load_checkpoint_into(const std::string& dir, const NamedTensors& into,
 // Metadata plus, per tensor, dtype, shape and a 64-bit FNV-1a digest of its bytes.
 nlohmann::json inspect_checkpoint(const std::string& dir);
 
-// <job_dir>/latest
+// <job_dir>/latest: the checkpoint it names; nullopt when there is no such file; UserError when it is
+// empty (restarting from step 0 would silently train over the job's checkpoints).
 std::optional<std::string> read_latest(const std::string& job_dir);
 void write_latest(const std::string& job_dir, const std::string& suffix);
 

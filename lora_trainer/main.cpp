@@ -59,8 +59,13 @@ int cmd_checkpoints(const std::string& name, const std::string& out) {
       for (auto& group : fs::directory_iterator(project)) {
         fs::path job_dir = group.path() / name;
         if (!fs::is_directory(job_dir)) continue;
-        auto latest = read_latest(job_dir.string());
         std::printf("%s\n", job_dir.string().c_str());
+        std::optional<std::string> latest;
+        try {
+          latest = read_latest(job_dir.string());
+        } catch (const UserError& e) {
+          std::printf("  warning: %s\n", e.what());
+        }
         for (const auto& suffix : list_checkpoints(job_dir.string())) {
           auto meta = read_checkpoint_metadata((job_dir / suffix).string());
           std::printf("  %-28s kind %-6s step %8lld  tokens %12lld%s\n", suffix.c_str(),
