@@ -1,5 +1,12 @@
 #include "lora_trainer/job.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "lora_trainer/checkpoint.hpp"
@@ -43,8 +50,80 @@ RestoreableJob::RestoreableJob(JobSpec spec, Config cfg, std::string out_dir)
   check_name_part("job/group", spec_.group);
 }
 
-std::string RestoreableJob::job_dir() const {
-  return (fs::path(out_dir_) / "checkpoints" / spec_.project / spec_.group / spec_.name).string();
+std::string job_dir_path(const std::string& out_dir, const std::string& project, const std::string& group,
+                         const std::string& name) {
+  check_name_part("job name", name);
+  check_name_part("job/project", project);
+  check_name_part("job/group", group);
+  return (fs::path(out_dir) / "checkpoints" / project / group / name).string();
+}
+
+std::string RestoreableJob::job_dir() const { return job_dir_path(out_dir_, spec_.project, spec_.group, spec_.name); }
+
+static bool is_interrupted_save(const std::string& name) {
+  return name.size() > 1 && name[0] == '.' &&
+         (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos);
+}
+
+JobDirLock::JobDirLock(const std::string& job_dir) : job_dir_(job_dir) {
+  std::error_code ec;
+  for (fs::path p = fs::absolute(job_dir); !p.empty() && p != p.parent_path() && !fs::exists(p); p = p.parent_path())
+    created_ = p.string();
+  fs::create_directories(job_dir, ec);
+  if (ec) throw UserError("cannot create the job directory " + job_dir + ": " + ec.message());
+  const std::string path = job_dir + "/.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw UserError("cannot open " + path + ": " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {0};
+    const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+    std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      throw UserError("job directory " + job_dir + " is in use by another run of this job (PID " +
+                      (holder.empty() ? std::string("unknown") : holder) +
+                      "): two runs would interleave their checkpoints and metrics. Wait for it to end or stop it, "
+                      "or give this run another name or OUT_DIR");
+    throw UserError("cannot lock " + path + ": " + std::strerror(err));
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
+    // The PID is only for the message a second run prints; the lock itself holds.
+  }
+  int removed = 0;
+  walk_tree(job_dir, [&](const std::string& p, bool is_dir) {
+    if (!is_dir) return false;
+    if (is_interrupted_save(fs::path(p).filename().string())) {
+      if (remove_tree(p)) ++removed;
+      return false;
+    }
+    return true;
+  });
+  if (removed) std::printf("removed %d leftover(s) of interrupted checkpoint saves in %s\n", removed, job_dir.c_str());
+}
+
+JobDirLock::~JobDirLock() {
+  if (fd_ < 0) return;
+  // Nothing but the lock in a directory the lock made: take it all back (rmdir stops at anything else).
+  bool only_lock = true;
+  walk_tree(job_dir_, [&](const std::string& p, bool) {
+    if (fs::path(p).filename() != ".lock") only_lock = false;
+    return false;
+  });
+  if (!created_.empty() && only_lock) {
+    ::unlink((job_dir_ + "/.lock").c_str());
+    for (fs::path p = fs::absolute(job_dir_); ::rmdir(p.c_str()) == 0 && p.string() != created_; p = p.parent_path()) {
+    }
+  }
+  ::close(fd_);
+}
+
+bool JobDirLock::held_by_launcher() {
+  const char* v = std::getenv("LT_JOB_LOCK_HELD");
+  return v && *v && std::string(v) != "0";
 }
 
 std::string RestoreableJob::run_dir() const {

@@ -24,6 +24,31 @@ struct JobSpec {
   static JobSpec from_json(const json& j);
 };
 
+// <out>/checkpoints/<project>/<group>/<name>: where a job keeps its checkpoints and `latest`.
+std::string job_dir_path(const std::string& out_dir, const std::string& project, const std::string& group,
+                         const std::string& name);
+
+// One writer per job directory: an exclusive flock on <job_dir>/.lock, which the kernel releases when
+// the process ends, however it ends. A second run of the same job and OUT_DIR is refused with a
+// UserError naming the holder's PID. Holding the lock, it removes what interrupted saves left behind
+// (hidden `.NAME.tmp-*` and `.NAME.old-*` directories: no other writer can be making them).
+// `run --nproc` takes it in the launcher and sets LT_JOB_LOCK_HELD for its ranks, which then skip it.
+// A run that ends having written nothing (a mistake found after the lock was taken) leaves nothing:
+// the lock file and the directories the lock made are removed again.
+class JobDirLock {
+ public:
+  explicit JobDirLock(const std::string& job_dir);
+  ~JobDirLock();
+  JobDirLock(const JobDirLock&) = delete;
+  JobDirLock& operator=(const JobDirLock&) = delete;
+  // True when this process runs under a launcher that holds the lock already.
+  static bool held_by_launcher();
+
+ private:
+  int fd_ = -1;
+  std::string job_dir_, created_;  // created_: the outermost directory the lock made, if any
+};
+
 class RestoreableJob {
  public:
   RestoreableJob(JobSpec spec, Config cfg, std::string out_dir);

@@ -248,6 +248,8 @@ int main(int argc, char** argv) {
           throw UserError("--nproc starts its own ranks; it cannot be combined with WORLD_SIZE=" +
                           std::string(std::getenv("WORLD_SIZE")) + " in the environment (torchrun starts them instead)");
         Config cfg = make_config(config_path, overrides);  // a mistake is reported once, before any rank starts
+        JobDirLock lock(job_dir_path(out_dir, cfg.get_string("job/project"), cfg.get_string("job/group"), name));
+        setenv("LT_JOB_LOCK_HELD", "1", 1);  // the ranks' own: this launcher holds the lock for them
         std::vector<std::string> args = {argv[0], "run", name, config_path, out_dir};
         if (!restore.empty()) args.insert(args.end(), {"--restore", restore});
         args.insert(args.end(), overrides.begin(), overrides.end());
@@ -260,6 +262,8 @@ int main(int argc, char** argv) {
           throw std::runtime_error("cannot redirect the output of rank " + std::to_string(distributed().rank()));
       }
       auto job = make_job(name, config_path, out_dir, overrides);
+      std::unique_ptr<JobDirLock> lock;  // one writer per job directory (rank 0 for several ranks)
+      if (!JobDirLock::held_by_launcher() && distributed().is_main()) lock = std::make_unique<JobDirLock>(job->job_dir());
       run_or_continue(*job, restore);
       return 0;
     }
@@ -269,6 +273,7 @@ int main(int argc, char** argv) {
         throw UserError("`restore` runs as one process; for data-parallel ranks use `run NAME CONFIG OUT_DIR --restore " +
                         checkpoint + "`");
       auto job = from_checkpoint_path(checkpoint, name, out_dir, overrides);
+      JobDirLock lock(job->job_dir());
       job->run();
       return 0;
     }

@@ -283,3 +283,27 @@ TEST_CASE("launcher: bench reports both phases, and the LoRA state is a bf16 bas
   CHECK(j["first_batch_check"]["loss"].get<double>() > 0);
   CHECK(std::filesystem::file_size(dir / "w.pt") > static_cast<uintmax_t>(n_params * 4));
 }
+
+TEST_CASE("launcher: one writer per job directory, and a second run of the same job is refused, naming the first", "[launcher]") {
+  test::TempDir dir;
+  std::string cfg = tiny_config(dir, {"training/tokens=64000", "logging/report_interval=1"});  // 500 steps
+  const std::string log = dir / "first.log";
+  pid_t first = test::spawn({"run", "busy", cfg, dir / "out"}, {}, log);
+  REQUIRE(test::wait_for_text(log, "step      3/", 60));
+  Result second = launch({"run", "busy", cfg, dir / "out"});
+  INFO(second.out);
+  CHECK(second.code == 2);
+  CHECK_THAT(second.out, Contains("is in use by another run of this job (PID " + std::to_string(first) + ")"));
+  Result nproc = launch({"run", "busy", cfg, dir / "out", "--nproc", "2"});
+  CHECK(nproc.code == 2);
+  CHECK_THAT(nproc.out, Contains("is in use by another run of this job"));
+  // Another job in the same OUT_DIR is not held up.
+  Result other = launch({"run", "other", cfg, dir / "out", "training/tokens=256"});
+  CHECK(other.code == 0);
+  kill(first, SIGKILL);  // a crash: the kernel releases the lock
+  CHECK(test::wait_exit(first, 30) == 128 + SIGKILL);
+  Result after = launch({"run", "busy", cfg, dir / "out", "training/tokens=256"});
+  INFO(after.out);
+  CHECK(after.code == 0);
+}
+
