@@ -169,12 +169,36 @@ std::string shape_str(at::IntArrayRef s) {
 
 std::string dtype_name(torch::ScalarType t) { return info_for(t).name; }
 
+// A save writes into the hidden sibling `.NAME.tmp-TAG` and renames it into place; the checkpoint it
+// replaces goes aside as `.NAME.old-TAG` until the rename is done. Either left behind is an interrupted save.
+static fs::path save_sibling(const fs::path& final_dir, const char* kind, const std::string& tag) {
+  return final_dir.parent_path() / ("." + final_dir.filename().string() + kind + tag);
+}
+
+static bool is_interrupted_save(const std::string& name) {
+  return name.size() > 1 && name[0] == '.' &&
+         (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos);
+}
+
+int remove_interrupted_saves(const std::string& job_dir) {
+  int removed = 0;
+  walk_tree(job_dir, [&](const std::string& p, bool is_dir) {
+    if (!is_dir) return false;
+    if (is_interrupted_save(fs::path(p).filename().string())) {
+      if (remove_tree(p)) ++removed;
+      return false;
+    }
+    return true;
+  });
+  return removed;
+}
+
 void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata) {
   fs::path final_dir(dir);
   fs::create_directories(final_dir.parent_path());
   std::random_device rd;
   std::string tag = std::to_string(::getpid()) + "-" + std::to_string(rd());
-  fs::path tmp = final_dir.parent_path() / ("." + final_dir.filename().string() + ".tmp-" + tag);
+  fs::path tmp = save_sibling(final_dir, ".tmp-", tag);
   fs::create_directories(tmp);
   try {
     write_h5((tmp / "state.h5").string(), tensors);
@@ -184,7 +208,7 @@ void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const 
     write_file_atomic((tmp / "metadata.json").string(), meta.dump(2) + "\n");
     fsync_dir(tmp.string());
     if (fs::exists(final_dir)) {
-      fs::path old = final_dir.parent_path() / ("." + final_dir.filename().string() + ".old-" + tag);
+      fs::path old = save_sibling(final_dir, ".old-", tag);
       fs::rename(final_dir, old);
       fs::rename(tmp, final_dir);
       remove_tree(old.string());  // a leftover is a hidden directory, removed when the job next starts

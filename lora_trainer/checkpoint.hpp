@@ -53,6 +53,10 @@ void write_latest(const std::string& job_dir, const std::string& suffix);
 // Suffixes of the complete checkpoints under a job directory, e.g. {"ntoks/4096", "best", "final/8192"}.
 std::vector<std::string> list_checkpoints(const std::string& job_dir);
 
+// Removes the hidden directories that interrupted saves left below job_dir (only a job's one writer
+// may call it: another's save in progress looks the same). Returns how many.
+int remove_interrupted_saves(const std::string& job_dir);
+
 std::string dtype_name(torch::ScalarType t);
 
 }  // namespace lt

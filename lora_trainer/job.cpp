@@ -60,11 +60,6 @@ std::string job_dir_path(const std::string& out_dir, const std::string& project,
 
 std::string RestoreableJob::job_dir() const { return job_dir_path(out_dir_, spec_.project, spec_.group, spec_.name); }
 
-static bool is_interrupted_save(const std::string& name) {
-  return name.size() > 1 && name[0] == '.' &&
-         (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos);
-}
-
 JobDirLock::JobDirLock(const std::string& job_dir) : job_dir_(job_dir) {
   std::error_code ec;
   for (fs::path p = fs::absolute(job_dir); !p.empty() && p != p.parent_path() && !fs::exists(p); p = p.parent_path())
@@ -93,15 +88,7 @@ JobDirLock::JobDirLock(const std::string& job_dir) : job_dir_(job_dir) {
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
     // The PID is only for the message a second run prints; the lock itself holds.
   }
-  int removed = 0;
-  walk_tree(job_dir, [&](const std::string& p, bool is_dir) {
-    if (!is_dir) return false;
-    if (is_interrupted_save(fs::path(p).filename().string())) {
-      if (remove_tree(p)) ++removed;
-      return false;
-    }
-    return true;
-  });
+  const int removed = remove_interrupted_saves(job_dir);
   if (removed) std::printf("removed %d leftover(s) of interrupted checkpoint saves in %s\n", removed, job_dir.c_str());
 }
 

@@ -279,9 +279,11 @@ static void check_export_target(const std::string& checkpoint, const std::string
     auto rel = inner.lexically_relative(outer);
     return !rel.empty() && *rel.begin() != "..";
   };
-  if (within(dst, src) || within(src, dst))
-    throw UserError("export: OUT " + out + (dst == src ? " is the checkpoint being exported" : within(dst, src) ? " is inside the checkpoint being exported" : " holds the checkpoint being exported") +
-                    " (" + checkpoint + "); give a new directory. Nothing was written");
+  const char* clash = dst == src            ? " is the checkpoint being exported"
+                      : within(dst, src) ? " is inside the checkpoint being exported"
+                      : within(src, dst) ? " holds the checkpoint being exported"
+                                         : nullptr;
+  if (clash) throw UserError("export: OUT " + out + clash + " (" + checkpoint + "); give a new directory. Nothing was written");
   if (!fs::exists(dst)) return;
   if (is_checkpoint(dst.string())) {
     json m = read_checkpoint_metadata(dst.string());

@@ -24,7 +24,8 @@ void add_runtime_options(ConfigSchema& s) {
         check_one_of({"auto", "bf16", "f32"}));
   s.add("runtime/attention", OptType::String, "auto",
         "fused (scaled_dot_product_attention: flash/efficient kernels on CUDA; LibTorch 2.0+), manual "
-        "(masked softmax in f32), or auto (fused where LibTorch has it)",
+        "(masked softmax in f32), or auto (fused on CUDA where LibTorch has it, manual on the CPU, where the fused "
+        "kernel measured slower)",
         check_one_of({"auto", "fused", "manual"}));
   s.add("runtime/threads", OptType::Int, 0, "CPU threads for torch; 0 = every core (shared among the ranks of this machine)", check_nonnegative());
 }
