@@ -202,7 +202,7 @@ std::string ContinualTrainer<Base>::forgetting_table() const {
     std::snprintf(cell, sizeof cell, "%-22s", label.c_str());
     t << cell;
     for (const auto& n : names) {
-      std::snprintf(cell, sizeof cell, " %12.4f", row["loss"].value(n, std::nan("")));
+      std::snprintf(cell, sizeof cell, " %12.4f", row["loss"].contains(n) ? metric_value(row["loss"][n]) : std::nan(""));
       t << cell;
     }
     t << "\n";

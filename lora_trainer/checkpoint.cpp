@@ -2,9 +2,12 @@
 
 #include <fcntl.h>
 #include <hdf5.h>
+#include <zlib.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <functional>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -101,6 +104,16 @@ std::string read_string_attr(hid_t obj, const char* key) {
   return out;
 }
 
+// CRC-32 (zlib's) of a contiguous CPU tensor's bytes, as 8 hex digits.
+std::string crc32_hex(const torch::Tensor& t) {
+  uLong crc = crc32_z(0L, Z_NULL, 0);
+  if (t.numel() > 0)
+    crc = crc32_z(crc, static_cast<const Bytef*>(t.data_ptr()), static_cast<z_size_t>(t.numel() * t.element_size()));
+  char b[16];
+  std::snprintf(b, sizeof b, "%08lx", static_cast<unsigned long>(crc));
+  return b;
+}
+
 void write_h5(const std::string& path, const NamedTensors& tensors) {
   quiet_hdf5();
   H5Id file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
@@ -117,6 +130,7 @@ void write_h5(const std::string& path, const NamedTensors& tensors) {
     if (t.numel() > 0) h5check(H5Dwrite(ds, di.h5_type(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()),
                                "writing " + name + " to " + path);
     write_string_attr(ds, "dtype", di.name);
+    write_string_attr(ds, "crc32", crc32_hex(t));
   }
   h5check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flushing " + path);
 }
@@ -142,7 +156,7 @@ herr_t collect_dataset(hid_t group, const char* name, const H5L_info_t*, void* o
   return 0;
 }
 
-torch::Tensor read_dataset(hid_t file, const std::string& name, const std::string& path) {
+torch::Tensor read_dataset(hid_t file, const std::string& name, const std::string& path, int* verified = nullptr) {
   H5Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
   h5check(ds.id, "opening " + name + " in " + path);
   std::string dtype = read_string_attr(ds, "dtype");
@@ -156,6 +170,16 @@ torch::Tensor read_dataset(hid_t file, const std::string& name, const std::strin
   auto t = torch::empty(shape, torch::TensorOptions().dtype(di->torch_type));
   if (t.numel() > 0) h5check(H5Dread(ds, di->h5_type(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()),
                              "reading " + name + " from " + path);
+  // Checkpoints written before checksums have none; every later one is verified here, at every load.
+  std::string stored = read_string_attr(ds, "crc32");
+  if (!stored.empty()) {
+    std::string actual = crc32_hex(t);
+    if (actual != stored)
+      throw UserError(path + ": tensor " + name + " is corrupt: its data's CRC-32 is " + actual + ", the save recorded " +
+                      stored + ". The file was damaged after it was written (disk, copy or transfer); restore from "
+                      "another checkpoint (`lora_trainer checkpoints JOB OUT_DIR` lists them) or copy it again");
+  }
+  if (verified) *verified += stored.empty() ? 0 : 1;
   return t;
 }
 
@@ -163,6 +187,62 @@ std::string shape_str(at::IntArrayRef s) {
   std::string out = "(";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + ")";
+}
+
+// Every field the trainers read, with its type: a damaged or hand-edited metadata.json is an error
+// naming the field, not a JSON exception deep inside a restore.
+void check_metadata_fields(const std::string& dir, const nlohmann::json& meta) {
+  using J = nlohmann::json;
+  auto fail = [&](const std::string& field, const std::string& expected) {
+    std::string got = meta.contains(field) ? "it is " + meta[field].dump() : "it is missing";
+    if (got.size() > 80) got = got.substr(0, 77) + "...";
+    throw UserError(dir + "/metadata.json: field \"" + field + "\" must be " + expected + ", but " + got +
+                    ". The checkpoint is damaged or was edited; use another (`lora_trainer checkpoints JOB OUT_DIR`)");
+  };
+  auto count = [](const J& v) { return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0); };
+  auto need = [&](const char* field, const std::function<bool(const J&)>& ok, const char* expected, bool required) {
+    if (!meta.contains(field)) {
+      if (required) fail(field, expected);
+      return;
+    }
+    if (!ok(meta[field])) fail(field, expected);
+  };
+  auto is_object = [](const J& v) { return v.is_object(); };
+  need("kind", [](const J& v) { return v.is_string(); }, "a string (\"plain\" or \"lora\")", true);
+  need("step", count, "a non-negative integer", true);
+  need("tokens", count, "a non-negative integer", true);
+  need("weights_only", [](const J& v) { return v.is_boolean(); }, "true or false", false);
+  const bool full_state = !meta.value("weights_only", false);
+  need("job", [](const J& v) {
+    if (!v.is_object()) return false;
+    for (const char* k : {"name", "project", "group", "kind"})
+      if (v.contains(k) && !v[k].is_string()) return false;
+    return true;
+  }, "an object of strings (name, project, group, kind)", full_state);
+  need("config", is_object, "an object (the job's config)", full_state);
+  need("total_steps", count, "a non-negative integer", full_state);
+  need("best_score", [](const J& v) { return v.is_null() || v.is_number(); }, "a number or null", false);
+  need("best_stage", count, "a non-negative integer", false);
+  need("trainable_params", [](const J& v) {
+    if (!v.is_array()) return false;
+    for (const auto& e : v)
+      if (!e.is_string()) return false;
+    return true;
+  }, "a list of parameter names", full_state);
+  need("data", [&](const J& v) {
+    if (!v.is_object() || !v.contains("cursors") || !v["cursors"].is_object()) return false;
+    for (auto& [k, c] : v["cursors"].items())
+      if (k.empty() || k.find_first_not_of("0123456789") != std::string::npos || k.size() > 4 || !count(c)) return false;
+    return true;
+  }, "an object with \"cursors\" ({\"stage\": rows drawn})", full_state);
+  need("lora", [](const J& v) {
+    if (!v.is_object()) return false;
+    if (v.contains("rank") && !(v["rank"].is_number_integer() && v["rank"].get<int64_t>() > 0)) return false;
+    if (v.contains("alpha") && !v["alpha"].is_number()) return false;
+    if (v.contains("boundary_step") && !v["boundary_step"].is_number_integer()) return false;
+    if (v.contains("in_lora_phase") && !v["in_lora_phase"].is_boolean()) return false;
+    return true;
+  }, "an object (rank > 0, alpha, boundary_step, in_lora_phase, targets)", meta.value("kind", std::string()) == "lora");
 }
 
 }  // namespace
@@ -234,20 +314,19 @@ nlohmann::json read_checkpoint_metadata(const std::string& dir) {
   if (!is_checkpoint(dir))
     throw UserError(dir + " is not a complete checkpoint (no metadata.json/state.h5): an interrupted save, or "
                     "a job directory? `lora_trainer checkpoints NAME OUT_DIR` lists the checkpoints");
-  nlohmann::json meta;
-  try {
-    meta = nlohmann::json::parse(read_file((fs::path(dir) / "metadata.json").string()));
-  } catch (const nlohmann::json::parse_error& e) {
-    throw UserError(dir + "/metadata.json is not valid JSON: " + e.what());
-  }
-  int version = meta.value("format_version", 0);
+  nlohmann::json meta = read_json_file((fs::path(dir) / "metadata.json").string(),
+                                       "the checkpoint is damaged; use another (`lora_trainer checkpoints JOB OUT_DIR`)");
+  if (!meta.is_object()) throw UserError(dir + "/metadata.json is not a JSON object; the checkpoint is damaged");
+  const auto& fv = meta.contains("format_version") ? meta["format_version"] : nlohmann::json();
+  int version = fv.is_number_integer() ? fv.get<int>() : 0;
   if (version != kCheckpointFormatVersion)
     throw UserError(dir + ": checkpoint format version " + std::to_string(version) + ", this build reads " +
                     std::to_string(kCheckpointFormatVersion));
+  check_metadata_fields(dir, meta);
   return meta;
 }
 
-NamedTensors read_checkpoint_tensors(const std::string& dir) {
+NamedTensors read_checkpoint_tensors(const std::string& dir, int* verified) {
   quiet_hdf5();
   read_checkpoint_metadata(dir);
   std::string path = (fs::path(dir) / "state.h5").string();
@@ -257,7 +336,8 @@ NamedTensors read_checkpoint_tensors(const std::string& dir) {
   h5check(H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names), "listing " + path);
   std::sort(names.begin(), names.end());
   NamedTensors out;
-  for (const auto& n : names) out.emplace_back(n, read_dataset(file, n, path));
+  if (verified) *verified = 0;
+  for (const auto& n : names) out.emplace_back(n, read_dataset(file, n, path, verified));
   return out;
 }
 
@@ -315,10 +395,22 @@ nlohmann::json inspect_checkpoint(const std::string& dir) {
     tensors.push_back({{"name", name},
                        {"dtype", dtype_name(c.scalar_type())},
                        {"shape", c.sizes().vec()},
+                       {"crc32", crc32_hex(c)},
                        {"fnv1a64", hex64(fnv1a64(c.data_ptr(), c.numel() * c.element_size()))}});
   }
   out["tensors"] = tensors;
   return out;
+}
+
+std::string verify_checkpoint(const std::string& dir) {
+  int verified = 0;
+  NamedTensors all = read_checkpoint_tensors(dir, &verified);
+  int64_t bytes = 0;
+  for (const auto& [n, t] : all) bytes += t.numel() * t.element_size();
+  std::string out = dir + ": " + std::to_string(all.size()) + " tensors (" + std::to_string(bytes) + " bytes) read; ";
+  if (verified == static_cast<int>(all.size())) return out + "every CRC-32 matches the one recorded at save";
+  return out + std::to_string(verified) + " verified by their CRC-32, " + std::to_string(all.size() - verified) +
+         " without a recorded checksum (saved by a build before checksums)";
 }
 
 std::optional<std::string> read_latest(const std::string& job_dir) {

@@ -3,8 +3,9 @@
 // A checkpoint is a directory holding
 //   state.h5       one HDF5 dataset per tensor, at its name ("params/h.0.attn.c_attn.weight",
 //                  "optim/exp_avg/...", "rng/cpu"); each has a string attribute "dtype" (float32,
-//                  bfloat16, int64, ...). bfloat16 and float16 are stored as uint16 bit patterns, so
-//                  every dtype round-trips bit for bit.
+//                  bfloat16, int64, ...) and a string attribute "crc32" (8 hex digits: zlib's CRC-32
+//                  of the tensor's bytes, checked at every load). bfloat16 and float16 are stored as
+//                  uint16 bit patterns, so every dtype round-trips bit for bit.
 //   metadata.json  {"format_version", "step", "tokens", "kind", ...}; written last.
 // It is built in a hidden temporary directory beside its final place and renamed into place only when
 // complete, so a crash mid-save never leaves a directory that looks like a checkpoint. A job's
@@ -33,8 +34,14 @@ bool is_checkpoint(const std::string& dir);
 // UserError naming the directory when it is not a complete checkpoint.
 nlohmann::json read_checkpoint_metadata(const std::string& dir);
 
-// Every tensor in the checkpoint, on the CPU, sorted by name.
-NamedTensors read_checkpoint_tensors(const std::string& dir);
+// Every tensor in the checkpoint, on the CPU, sorted by name. Each tensor's CRC-32 is checked against
+// the one recorded at save (a mismatch is a UserError naming the tensor); `verified` (when given)
+// counts the tensors that had one.
+NamedTensors read_checkpoint_tensors(const std::string& dir, int* verified = nullptr);
+
+// Reads every tensor (checking each checksum); returns a one-line summary, or throws naming the first
+// corrupt tensor. `inspect --verify`.
+std::string verify_checkpoint(const std::string& dir);
 
 // Copies the checkpoint's tensors into `into` (same names, shapes and dtypes required; `into` may live
 // on any device). Only names starting with one of `prefixes` are compared (all when empty). Every
@@ -42,7 +49,7 @@ NamedTensors read_checkpoint_tensors(const std::string& dir);
 void load_checkpoint_into(const std::string& dir, const NamedTensors& into,
                           const std::vector<std::string>& prefixes = {});
 
-// Metadata plus, per tensor, dtype, shape and a 64-bit FNV-1a digest of its bytes.
+// Metadata plus, per tensor, dtype, shape, its CRC-32 and a 64-bit FNV-1a digest of its bytes.
 nlohmann::json inspect_checkpoint(const std::string& dir);
 
 // <job_dir>/latest: the checkpoint it names; nullopt when there is no such file; UserError when it is

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 
 #include "lora_trainer/util.hpp"
@@ -113,6 +114,7 @@ OptCheck check_each_one_of(std::vector<std::string> allowed) {
 }
 
 static bool is_integral(const json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX);
   if (v.is_number_integer()) return true;
   if (v.is_number_float()) {
     double d = v.get<double>();
@@ -237,14 +239,7 @@ void Config::merge_json(const json& nested, const std::string& source) {
 }
 
 void Config::merge_file(const std::string& path) {
-  std::string text = read_file(path);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw UserError(path + ": not valid JSON: " + e.what());
-  }
-  merge_json(j, path);
+  merge_json(read_json_file(path, "fix the file, or write a fresh one with `lora_trainer configure JOB OUT`"), path);
 }
 
 void Config::apply_override(const std::string& assignment) {
@@ -257,6 +252,8 @@ void Config::apply_override(const std::string& assignment) {
     v = json::parse(text);
   } catch (const json::parse_error&) {
     v = text;  // bare words are strings: job/project=demo
+  } catch (const json::out_of_range&) {
+    throw UserError("override " + key + ": " + text + " is out of range (it does not fit a 64-bit number)");
   }
   set(key, v, "override " + key);
 }

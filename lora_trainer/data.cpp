@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -67,11 +69,52 @@ static nlohmann::json read_meta(const std::string& dir, const std::string& name)
                     ". Tokenize it with `lora_trainer tokenize --name " + name + " --data-dir " + dir +
                     " INPUT...`, or fix the dataset name in the config");
   }
-  try {
-    return nlohmann::json::parse(read_file(meta.string()));
-  } catch (const nlohmann::json::parse_error& e) {
-    throw UserError(meta.string() + ": not valid JSON (" + e.what() + "); re-run the tokenize step");
-  }
+  nlohmann::json m = read_json_file(meta.string(), "re-run the tokenize step");
+  if (!m.is_object()) throw UserError(meta.string() + ": not a JSON object; re-run the tokenize step");
+  auto count = [&](const char* key, bool positive) {
+    if (!m.contains(key)) return;
+    const auto& v = m[key];
+    if (!(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) || (positive && v.get<int64_t>() == 0))
+      throw UserError(meta.string() + ": \"" + key + "\" must be a" + (positive ? " positive" : " non-negative") +
+                      " integer, got " + v.dump() + "; re-run the tokenize step");
+  };
+  count("vocab_size", true);
+  for (const char* k : {"eot_id", "pad_id", "train_tokens", "val_tokens", "records", "val_records", "length"}) count(k, false);
+  if (m.contains("style") && !m["style"].is_string())
+    throw UserError(meta.string() + ": \"style\" must be \"pmd\" or \"padded\"; re-run the tokenize step");
+  return m;
+}
+
+// The first id >= vocab in a token file: its position, or npos.
+static uint64_t first_out_of_vocabulary(const TokenFile& f, int64_t vocab) {
+  const uint32_t* d = f.data();
+  const uint64_t n = f.size();
+  uint32_t hi = 0;
+  for (uint64_t i = 0; i < n; ++i) hi = std::max(hi, d[i]);  // vectorised scan; the position only on failure
+  if (n == 0 || hi < static_cast<uint64_t>(vocab)) return UINT64_MAX;
+  for (uint64_t i = 0; i < n; ++i)
+    if (d[i] >= static_cast<uint64_t>(vocab)) return i;
+  return UINT64_MAX;
+}
+
+static void check_ids(const std::string& dataset, const nlohmann::json& meta, const TokenFile& f, int64_t vocab) {
+  uint64_t at = first_out_of_vocabulary(f, vocab);
+  if (at == UINT64_MAX) return;
+  std::string made = meta.contains("tokenizer") && meta.contains("vocab_size")
+                         ? " meta.json says it was tokenized with \"" + meta["tokenizer"].dump() + "\" (vocabulary " +
+                               meta["vocab_size"].dump() + ")."
+                         : "";
+  throw UserError("dataset \"" + dataset + "\": " + f.path() + " has token id " + std::to_string(f.data()[at]) +
+                  " at position " + std::to_string(at) + " (byte offset " + std::to_string(at * 4) +
+                  "), outside the model's vocabulary of " + std::to_string(vocab) + " (architecture/vocab_size)." + made +
+                  " Tokenize the data with the model's tokenizer, or raise architecture/vocab_size");
+}
+
+static void check_meta_vocabulary(const std::string& dataset, const nlohmann::json& meta, int64_t vocab) {
+  if (meta.contains("vocab_size") && meta["vocab_size"].get<int64_t>() > vocab)
+    throw UserError("dataset \"" + dataset + "\" was tokenized for a vocabulary of " + meta["vocab_size"].dump() +
+                    " (meta.json), larger than the model's " + std::to_string(vocab) +
+                    " (architecture/vocab_size): raise architecture/vocab_size, or tokenize with the model's tokenizer");
 }
 
 PmdDataset::PmdDataset(const std::string& dir, const std::string& name) {
@@ -82,6 +125,17 @@ PmdDataset::PmdDataset(const std::string& dir, const std::string& name) {
                     ", but training/dataset samples it as \"pmd\"; set \"style\" in the sampling");
   train_ = std::make_unique<TokenFile>((fs::path(dir) / name / "train.bin").string());
   val_ = std::make_unique<TokenFile>((fs::path(dir) / name / "val.bin").string());
+  for (auto [key, f] : {std::pair<const char*, const TokenFile*>{"train_tokens", train_.get()}, {"val_tokens", val_.get()}})
+    if (meta_.contains(key) && meta_[key].get<uint64_t>() != f->size())
+      throw UserError("dataset \"" + name + "\": " + f->path() + " holds " + std::to_string(f->size()) +
+                      " tokens, meta.json says " + meta_[key].dump() + " (" + key +
+                      "): the files do not belong together; re-run the tokenize step");
+}
+
+void PmdDataset::check_vocabulary(int64_t vocab) const {
+  check_meta_vocabulary(name_, meta_, vocab);
+  check_ids(name_, meta_, *train_, vocab);
+  check_ids(name_, meta_, *val_, vocab);
 }
 
 uint64_t PmdDataset::num_samples(Split split, int64_t T) const {
@@ -108,17 +162,15 @@ PaddedDataset::PaddedDataset(const std::string& dir, const std::string& name) {
   if (meta_.value("style", std::string("pmd")) != "padded")
     throw UserError("dataset \"" + name + "\" is of style " + meta_.value("style", std::string("pmd")) +
                     ", but the config samples it as \"padded\"; fix \"style\" in the sampling");
-  pad_id_ = meta_.value("pad_id", 0u);
+  pad_id_ = meta_.contains("pad_id") ? meta_["pad_id"].get<uint32_t>() : 0u;
   fs::path base = fs::path(dir) / name;
-  nlohmann::json shape;
-  try {
-    shape = nlohmann::json::parse(read_file((base / "shape.json").string()));
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError((base / "shape.json").string() + ": " + e.what() + "; re-run the tokenize step");
-  }
+  nlohmann::json shape = read_json_file((base / "shape.json").string(), "re-run the tokenize step");
   for (auto [split, part] : {std::pair<const char*, Part*>{"train", &train_}, {"val", &val_}}) {
-    auto dims = shape.value(split, std::vector<uint64_t>());
-    if (dims.size() != 2 || dims[0] == 0 || dims[1] == 0)
+    std::vector<uint64_t> dims;
+    if (shape.is_object() && shape.contains(split) && shape[split].is_array())
+      for (const auto& d : shape[split])
+        if (d.is_number_unsigned()) dims.push_back(d.get<uint64_t>());
+    if (dims.size() != 2 || shape[split].size() != 2 || dims[0] == 0 || dims[1] == 0)
       throw UserError((base / "shape.json").string() + ": \"" + split + "\" must be [rows, length] with both > 0");
     part->rows = dims[0];
     part->length = dims[1];
@@ -131,7 +183,36 @@ PaddedDataset::PaddedDataset(const std::string& dir, const std::string& name) {
       throw UserError((base / (std::string(split) + ".mask.bin")).string() + " has " + std::to_string(mask.size()) +
                       " entries, expected rows x length; re-run the tokenize step");
     part->mask.assign(mask.begin(), mask.end());
+    auto bad = std::find_if(part->mask.begin(), part->mask.end(), [](uint8_t v) { return v > 1; });
+    if (bad != part->mask.end())
+      throw UserError((base / (std::string(split) + ".mask.bin")).string() + " has the value " + std::to_string(*bad) +
+                      " at byte " + std::to_string(bad - part->mask.begin()) +
+                      " (row " + std::to_string((bad - part->mask.begin()) / part->length) +
+                      "); a mask holds 0 or 1 only: re-run the tokenize step");
   }
+  // meta.json and shape.json were written together: they must agree.
+  auto mismatch = [&](const std::string& what) {
+    throw UserError("dataset \"" + name + "\": meta.json and shape.json disagree (" + what +
+                    "): the files do not belong together; re-run the tokenize step");
+  };
+  if (train_.length != val_.length)
+    mismatch("train rows have length " + std::to_string(train_.length) + ", val rows " + std::to_string(val_.length));
+  if (meta_.contains("length") && meta_["length"].get<uint64_t>() != train_.length)
+    mismatch("meta.json length " + meta_["length"].dump() + ", shape.json " + std::to_string(train_.length));
+  if (meta_.contains("val_records") && meta_["val_records"].get<uint64_t>() != val_.rows)
+    mismatch("meta.json val_records " + meta_["val_records"].dump() + ", shape.json val rows " + std::to_string(val_.rows));
+  if (meta_.contains("records") && meta_["records"].get<uint64_t>() != train_.rows + val_.rows)
+    mismatch("meta.json records " + meta_["records"].dump() + ", shape.json train + val rows " +
+             std::to_string(train_.rows + val_.rows));
+}
+
+void PaddedDataset::check_vocabulary(int64_t vocab) const {
+  check_meta_vocabulary(name_, meta_, vocab);
+  if (pad_id_ >= static_cast<uint64_t>(vocab))
+    throw UserError("dataset \"" + name_ + "\": pad_id " + std::to_string(pad_id_) + " (meta.json) is outside the model's "
+                    "vocabulary of " + std::to_string(vocab) + " (architecture/vocab_size)");
+  check_ids(name_, meta_, *train_.tokens, vocab);
+  check_ids(name_, meta_, *val_.tokens, vocab);
 }
 
 PaddedDataset::~PaddedDataset() = default;
@@ -169,6 +250,7 @@ const Dataset& DataCatalog::get(const Sampling& s) {
   std::unique_ptr<Dataset> ds;
   if (s.style == DatasetStyle::PADDED) ds = std::make_unique<PaddedDataset>(dir_, s.name);
   else ds = std::make_unique<PmdDataset>(dir_, s.name);
+  if (vocab_size_ > 0) ds->check_vocabulary(vocab_size_);
   const Dataset& ref = *ds;
   open_[key] = std::move(ds);
   return ref;

@@ -66,6 +66,9 @@ class Dataset {
   virtual void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const = 0;
   const std::string& name() const { return name_; }
   const nlohmann::json& meta() const { return meta_; }
+  // UserError naming the dataset, file, position and id when a token id is >= vocab_size (or the
+  // dataset was tokenized for a larger vocabulary).
+  virtual void check_vocabulary(int64_t vocab_size) const = 0;
 
  protected:
   std::string name_;
@@ -78,6 +81,7 @@ class PmdDataset : public Dataset {
   PmdDataset(const std::string& dir, const std::string& name);
   uint64_t num_samples(Split split, int64_t T) const override;
   void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const override;
+  void check_vocabulary(int64_t vocab_size) const override;
 
  private:
   const TokenFile& file(Split s) const { return s == Split::Train ? *train_ : *val_; }
@@ -90,6 +94,7 @@ class PaddedDataset : public Dataset {
   ~PaddedDataset() override;
   uint64_t num_samples(Split split, int64_t T) const override;
   void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const override;
+  void check_vocabulary(int64_t vocab_size) const override;
 
  private:
   struct Part {
@@ -105,12 +110,14 @@ class PaddedDataset : public Dataset {
 // Opens datasets by name under one data directory, once each.
 class DataCatalog {
  public:
-  explicit DataCatalog(std::string data_dir) : dir_(std::move(data_dir)) {}
+  // vocab_size > 0: every dataset's token ids are checked against it when it is first opened.
+  explicit DataCatalog(std::string data_dir, int64_t vocab_size = 0) : dir_(std::move(data_dir)), vocab_size_(vocab_size) {}
   const Dataset& get(const Sampling& s);
   const std::string& dir() const { return dir_; }
 
  private:
   std::string dir_;
+  int64_t vocab_size_;
   std::map<std::string, std::unique_ptr<Dataset>> open_;
 };
 

@@ -2,6 +2,9 @@
 
 #include "lora_trainer/util.hpp"
 
+#include <limits>
+#include <string>
+
 namespace lt {
 
 std::vector<uint32_t> generate(GPT& model, const Runtime& rt, const std::vector<uint32_t>& prompt,
@@ -11,6 +14,11 @@ std::vector<uint32_t> generate(GPT& model, const Runtime& rt, const std::vector<
   model->eval();
   const int64_t V = model->options().vocab_size, T = model->options().block_size;
   auto gen = at::detail::createCPUGenerator(o.seed);
+  for (uint32_t id : prompt)
+    if (id >= static_cast<uint64_t>(V))
+      throw UserError("sample: the prompt has token id " + std::to_string(id) + ", outside the model's vocabulary of " +
+                      std::to_string(V) + " (architecture/vocab_size): pick the tokenizer the model was trained with "
+                      "(--tokenizer)");
   std::vector<int64_t> ids(prompt.begin(), prompt.end());
   std::vector<uint32_t> out;
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
@@ -22,6 +30,10 @@ std::vector<uint32_t> generate(GPT& model, const Runtime& rt, const std::vector<
       logits = model->forward(ctx.to(rt.device));  // (1, t, V)
     }
     auto last = logits[0][-1].to(torch::kFloat32).to(torch::kCPU);  // (V)
+    if (!torch::isfinite(last).all().item<bool>())
+      throw UserError("sample: the model's output is NaN or infinite after " + std::to_string(ids.size()) +
+                      " tokens: the checkpoint's weights are not finite (a diverged run, or a damaged file). "
+                      "`lora_trainer inspect --verify CHECKPOINT` checks its data; sample an earlier checkpoint");
     int64_t next;
     if (o.temperature <= 0) {
       next = last.argmax().item<int64_t>();

@@ -36,6 +36,9 @@ ConfigSchema LoRATrainer::schema() {
         "token budget of each post-LoRA (adapter) stage", check_positive_list());
   s.add("training/post_lora_dataset", OptType::SamplingStages, stage("code"),
         "dataset mixture of each post-LoRA stage (one list of samplings per budget)");
+  s.add("training/allow_random_base", OptType::Bool, false,
+        "with no pre-LoRA stages: let the adapters train on randomly initialised base weights (a study of LoRA "
+        "alone). Otherwise such a job needs a pretrained base: `run ... --restore CHECKPOINT`");
   s.add("optimization/lora/rank", OptType::Int, 16, "adapter rank r", check_positive());
   s.add("optimization/lora/alpha", OptType::Float, 16.0, "adapter scale numerator: W + (alpha/r) A B", check_positive());
   s.add("optimization/lora/target_modules", OptType::StringList,
@@ -121,7 +124,12 @@ json LoRATrainer::extra_metadata() const {
             {"alpha", lora_cfg_.alpha},
             {"boundary_step", boundary_step_},
             {"in_lora_phase", in_lora_},
-            {"targets", lora_.names}}}};
+            {"targets", lora_.names},
+            {"base", base_}}}};
+}
+
+void LoRATrainer::restore_extra(const json& meta) {
+  if (meta.contains("lora") && meta["lora"].is_object() && meta["lora"].contains("base")) base_ = meta["lora"]["base"];
 }
 
 void transition_to_lora(LoRATrainer& t, bool at_boundary) {
@@ -171,6 +179,8 @@ void LoRATrainer::restore_from_path(const std::string& path) {
     if (in_lora_ || step_ != 0)
       throw UserError("a pretrained base can only be loaded before training starts; " + dir + " came too late");
     load_weights_from(dir);
+    base_ = {{"path", dir}, {"job", meta["job"].is_object() ? meta["job"].value("name", std::string("?")) : "?"},
+             {"step", step}};
     return;
   }
   if (kind == "lora") {
@@ -189,10 +199,23 @@ void LoRATrainer::restore_from_path(const std::string& path) {
 }
 
 void LoRATrainer::run() {
+  if (boundary_step_ == 0 && step_ == 0 && base_.is_null()) {
+    // No phase one and no base given: adapters on random weights teach nothing about LoRA on a model.
+    if (!cfg_.get_bool("training/allow_random_base"))
+      throw UserError("job " + spec_.name + " has no pre-LoRA stages (training/pre_lora_tokens is []), so its base must "
+                      "come from a pretrained checkpoint: add `--restore CHECKPOINT` (a plain checkpoint, an `export`, "
+                      "or an `import-hf` output). To train adapters on randomly initialised weights on purpose, set "
+                      "training/allow_random_base=true");
+    base_ = "random";
+  }
   BaseTrainer::run();
   if (!done() || !is_main()) return;
   std::string text = report();
-  if (text.empty()) return;  // no training was logged under this name (e.g. `restore` of a finished job)
+  if (text.empty()) {  // no training was logged under this name (e.g. `restore` of a finished job)
+    std::printf("no report: no training steps were logged in %s (the report of the run that trained this job is in "
+                "that run's directory)\n", run_dir().c_str());
+    return;
+  }
   std::printf("%s", text.c_str());
   std::fflush(stdout);
 }
@@ -227,7 +250,21 @@ std::string LoRATrainer::report() {
   r << "\n== report: job " << spec_.name << " (" << spec_.kind << ") ==\n";
   std::snprintf(line, sizeof line, "phase 1 (full parameters): steps 1-%lld, %lld tokens, %.0f tok/s\n",
                 (long long)boundary_step_, (long long)(boundary_step_ * tokens_per_step()), n_tps[0] ? tps[0] / n_tps[0] : 0.0);
-  r << (boundary_step_ > 0 ? line : "phase 1: skipped (pretrained base)\n");
+  if (boundary_step_ == 0) {
+    if (base_.is_object())
+      r << "phase 1: skipped; the frozen base is " << base_.value("path", std::string("?")) << " (job "
+        << base_.value("job", std::string("?")) << ", step " << base_.value("step", int64_t(0)) << ")\n";
+    else
+      r << "phase 1: skipped; the base is randomly initialised (training/allow_random_base)\n";
+  } else if (n_tps[0] == 0) {
+    // Phase 1 ran in another run (this one was restored past it): no speed to report.
+    std::snprintf(line, sizeof line, "phase 1 (full parameters): steps 1-%lld, %lld tokens, not run by this run "
+                  "(restored from a later checkpoint)\n", (long long)boundary_step_,
+                  (long long)(boundary_step_ * tokens_per_step()));
+    r << line;
+  } else {
+    r << line;
+  }
   std::snprintf(line, sizeof line, "phase 2 (LoRA): steps %lld-%lld, %lld tokens, %.0f tok/s\n", (long long)boundary_step_ + 1,
                 (long long)total_steps_, (long long)((total_steps_ - boundary_step_) * tokens_per_step()),
                 n_tps[1] ? tps[1] / n_tps[1] : 0.0);
@@ -239,16 +276,25 @@ std::string LoRATrainer::report() {
     r << line;
   }
   if (after) {
-    r << "validation perplexity:";
-    for (auto& [name, ppl] : (*after)["perplexity"].items()) r << "  " << name;
+    // One column per dataset, each as wide as its name (at least 10), numbers right-aligned under it.
+    std::vector<std::pair<std::string, int>> cols;
+    for (auto& [name, ppl] : (*after)["perplexity"].items()) cols.emplace_back(name, std::max<int>(10, static_cast<int>(name.size())));
+    std::snprintf(line, sizeof line, "%-28s", "validation perplexity");
+    r << line;
+    for (const auto& [name, w] : cols) {
+      std::snprintf(line, sizeof line, "  %*s", w, name.c_str());
+      r << line;
+    }
     r << "\n";
     auto row = [&](const char* label, const json* e) {
       if (!e) return;
       std::snprintf(line, sizeof line, "  %-26s", (std::string(label) + " (step " + std::to_string(e->value("step", 0)) + ")").c_str());
       r << line;
-      for (auto& [name, ppl] : (*after)["perplexity"].items()) {
-        if ((*e)["perplexity"].contains(name)) std::snprintf(line, sizeof line, "  %.1f", (*e)["perplexity"][name].get<double>());
-        else std::snprintf(line, sizeof line, "  -");
+      for (const auto& [name, w] : cols) {
+        static const json none = json::object();
+        const json& p = e->contains("perplexity") ? (*e)["perplexity"] : none;
+        if (p.is_object() && p.contains(name)) std::snprintf(line, sizeof line, "  %*.1f", w, metric_value(p[name]));
+        else std::snprintf(line, sizeof line, "  %*s", w, "-");
         r << line;
       }
       r << "\n";

@@ -57,6 +57,7 @@ class LoRATrainer : public BaseTrainer {
   // distributed/shard_optimizer "lora" or "all" shard the adapters' moments; "all" phase 1's too.
   bool shard_optimizer_state() const override;
   nlohmann::json extra_metadata() const override;
+  void restore_extra(const nlohmann::json& meta) override;
 
  private:
   friend void transition_to_lora(LoRATrainer& trainer, bool at_boundary);
@@ -64,6 +65,9 @@ class LoRATrainer : public BaseTrainer {
   LoraParams lora_;
   bool in_lora_ = false;
   int64_t boundary_step_ = 0;
+  // Without phase one: where the frozen base came from ({"path", "job", "step"}), or "random" when
+  // training/allow_random_base let it start from initialised weights; null before either.
+  nlohmann::json base_;
   Schedule lora_schedule_;
 };
 

@@ -1,6 +1,7 @@
 // The launcher: `lora_trainer <subcommand>`. Parses arguments and calls the library; nothing else.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -24,6 +25,35 @@ namespace fs = std::filesystem;
 using namespace lt;
 
 namespace {
+
+// A number that parses, is finite (CLI11's ranges let NaN through) and lies in [lo, hi].
+CLI::Validator finite_in(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        char* end = nullptr;
+        double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0') return "\"" + text + "\" is not a number";
+        if (!std::isfinite(v) || v < lo || v > hi) {
+          char b[96];
+          std::snprintf(b, sizeof b, "must be a finite number from %g to %g, got %s", lo, hi, text.c_str());
+          return b;
+        }
+        return "";
+      },
+      "NUMBER in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+// A first argument that is no subcommand: name it and suggest the closest one.
+void check_subcommand(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return;
+  std::vector<std::string> names;
+  for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) names.push_back(sub->get_name());
+  const std::string given = argv[1];
+  if (std::find(names.begin(), names.end(), given) != names.end()) return;
+  std::string near = closest_match(given, names);
+  throw UserError("unknown command \"" + given + "\"" + (near.empty() ? "" : "; did you mean \"" + near + "\"?") +
+                  " The commands are: " + join(names) + " (`lora_trainer --help` describes them)");
+}
 
 int cmd_jobs() {
   for (const auto& c : job_registry().all()) std::printf("%-28s %s\n", c.kind.c_str(), c.description.c_str());
@@ -170,8 +200,12 @@ int main(int argc, char** argv) {
   restore_cmd->add_option("OUT_DIR", out_dir, "output root")->required();
   restore_cmd->add_option("overrides", overrides, "key=value settings over the saved config");
 
+  bool inspect_verify = false;
   auto* inspect = app.add_subcommand("inspect", "print a checkpoint's metadata and per-tensor digests as JSON");
   inspect->add_option("CHECKPOINT", checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
+  inspect->add_flag("--verify", inspect_verify,
+                    "only check every tensor's data against the CRC-32 recorded at save: one line, exit 0 when all "
+                    "match, exit 2 naming the first corrupt tensor");
 
   std::string export_out;
   auto* export_cmd = app.add_subcommand("export", "write a weights-only plain checkpoint with the adapters merged in");
@@ -183,8 +217,13 @@ int main(int argc, char** argv) {
   bool eval_json = false;
   auto* eval_cmd = app.add_subcommand("eval", "held-out loss and perplexity of a checkpoint (plain or LoRA) on datasets");
   eval_cmd->add_option("CHECKPOINT", checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
-  eval_cmd->add_option("--dataset", eval_datasets, "dataset names under data/dir, NAME:padded for a PADDED one (default: every dataset of the job)");
-  eval_cmd->add_option("--rows", eval_rows, "validation rows per dataset (default: training/validation_steps)");
+  // One value per --dataset (or a comma-separated list), so that key=value overrides after it stay overrides.
+  eval_cmd->add_option("--dataset", eval_datasets,
+                       "dataset name under data/dir, NAME:padded for a PADDED one; repeat it or give a comma-separated "
+                       "list (default: every dataset of the job)")
+      ->allow_extra_args(false)->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  eval_cmd->add_option("--rows", eval_rows, "validation rows per dataset (default: training/validation_steps)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
   eval_cmd->add_flag("--json", eval_json, "print JSON");
   eval_cmd->add_option("overrides", overrides, "key=value settings over the saved config (e.g. data/dir=...)");
 
@@ -193,9 +232,12 @@ int main(int argc, char** argv) {
   auto* sample_cmd = app.add_subcommand("sample", "generate text from a checkpoint");
   sample_cmd->add_option("CHECKPOINT", checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
   sample_cmd->add_option("--prompt", prompt, "text to continue")->required();
-  sample_cmd->add_option("--tokens", gen.max_new_tokens, "tokens to generate")->capture_default_str()->check(CLI::PositiveNumber);
-  sample_cmd->add_option("--temperature", gen.temperature, "softmax temperature; 0 = greedy")->capture_default_str()->check(CLI::NonNegativeNumber);
-  sample_cmd->add_option("--top-k", gen.top_k, "sample from the k most likely tokens; 0 = all")->capture_default_str()->check(CLI::NonNegativeNumber);
+  sample_cmd->add_option("--tokens", gen.max_new_tokens, "tokens to generate")->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  sample_cmd->add_option("--temperature", gen.temperature, "softmax temperature; 0 = greedy")->capture_default_str()
+      ->check(finite_in(0, 1e6));
+  sample_cmd->add_option("--top-k", gen.top_k, "sample from the k most likely tokens; 0 = all")->capture_default_str()
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 31));
   sample_cmd->add_option("--seed", gen.seed, "random seed")->capture_default_str();
   sample_cmd->add_option("--tokenizer", sample_tokenizer, "auto (byte when the vocabulary is 257), gpt2 or byte")
       ->capture_default_str()->check(CLI::IsMember({"auto", "gpt2", "byte"}));
@@ -222,13 +264,21 @@ int main(int argc, char** argv) {
   tokenize->add_option("--tokenizer", tok.tokenizer, "gpt2 or byte")->capture_default_str()->check(CLI::IsMember({"gpt2", "byte"}));
   tokenize->add_option("--tokenizer-dir", tok.tokenizer_dir, "directory with encoder.json and vocab.bpe");
   tokenize->add_option("--val-fraction", tok.val_fraction, "share of documents for validation")->capture_default_str();
-  tokenize->add_option("--ext", tok.extensions, "only files ending in these (e.g. --ext .py)");
+  tokenize->add_option("--ext", tok.extensions, "only files ending in this (e.g. --ext .py); repeat it or give a "
+                       "comma-separated list (--ext .py,.js)")
+      ->allow_extra_args(false)->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   std::string tok_format = "text";
   tokenize->add_option("--format", tok_format,
                        "text: each file a document -> PMD; jsonl: {\"prompt\",\"completion\"} records -> PADDED")
       ->capture_default_str()->check(CLI::IsMember({"text", "jsonl"}));
   tokenize->add_option("--length", tok.length, "jsonl: row length in tokens (0 = the longest record)")->capture_default_str();
 
+  try {
+    check_subcommand(app, argc, argv);
+  } catch (const UserError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -278,6 +328,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*inspect) {
+      if (inspect_verify) {
+        std::printf("%s\n", verify_checkpoint(checkpoint).c_str());
+        return 0;
+      }
       std::cout << inspect_checkpoint(checkpoint).dump(2) << "\n";
       return 0;
     }
@@ -303,12 +357,23 @@ int main(int argc, char** argv) {
     if (distributed().active()) std::fprintf(stderr, "error (rank %d): %s\n", distributed().rank(), e.what());
     else std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
+  } catch (const TrainingDiverged& e) {
+    if (distributed().active()) std::fprintf(stderr, "error (rank %d): %s\n", distributed().rank(), e.what());
+    else std::fprintf(stderr, "error: %s\n", e.what());
+    return kExitDiverged;
   } catch (const DistributedError& e) {
     // The process group cannot be shut down cleanly with a peer gone: leave at once.
     std::fprintf(stderr, "error: %s\n", e.what());
     std::fflush(stdout);
     std::fflush(stderr);
     std::_Exit(kExitLostRank);
+  } catch (const fs::filesystem_error& e) {
+    // The file system refused (a path that is a file, no permission, a full or read-only disk): the
+    // user's environment, named with its path.
+    std::string paths = e.path1().string() + (e.path2().empty() ? "" : " -> " + e.path2().string());
+    std::fprintf(stderr, "error: %s: %s (check that the path is a writable directory with free space)\n", paths.c_str(),
+                 e.code().message().c_str());
+    return 2;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "internal error (please report): %s\n", e.what_without_backtrace());
     return 1;

@@ -35,14 +35,9 @@ const JobRegistry& job_registry() {
 }
 
 static json parse_config_file(const std::string& path) {
-  std::string text = read_file(path);
-  try {
-    json j = json::parse(text);
-    if (!j.is_object()) throw UserError(path + ": a config must be a JSON object");
-    return j;
-  } catch (const json::parse_error& e) {
-    throw UserError(path + ": not valid JSON: " + e.what());
-  }
+  json j = read_json_file(path, "fix the file, or write a fresh one with `lora_trainer configure JOB OUT`");
+  if (!j.is_object()) throw UserError(path + ": a config must be a JSON object");
+  return j;
 }
 
 static std::string kind_of(const json& nested, const std::string& source) {

@@ -11,6 +11,8 @@
 
 namespace lt {
 
+double metric_value(const nlohmann::json& v) { return v.is_number() ? v.get<double>() : std::nan(""); }
+
 std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
   std::vector<nlohmann::json> out;
   std::string path = (std::filesystem::path(run_dir) / "metrics.jsonl").string();
@@ -63,9 +65,12 @@ void write_loss_plot(const std::vector<nlohmann::json>& metrics, const std::vect
   for (const auto& e : metrics) {
     std::string ev = e.value("event", std::string());
     double step = e.value("step", 0.0);
-    if (ev == "train" && e.contains("loss")) train.emplace_back(step, e["loss"].get<double>());
-    if (ev == "val" && e.contains("per_dataset"))
-      for (auto& [name, loss] : e["per_dataset"].items()) val[name].emplace_back(step, loss.get<double>());
+    // Non-finite values (null in the file) are gaps in the curve.
+    if (ev == "train" && e.contains("loss") && std::isfinite(metric_value(e["loss"])))
+      train.emplace_back(step, metric_value(e["loss"]));
+    if (ev == "val" && e.contains("per_dataset") && e["per_dataset"].is_object())
+      for (auto& [name, loss] : e["per_dataset"].items())
+        if (std::isfinite(metric_value(loss))) val[name].emplace_back(step, metric_value(loss));
   }
   double x_max = 1, y_min = 1e30, y_max = -1e30;
   auto scan = [&](const Series& s) {
@@ -141,8 +146,9 @@ void write_matrix_plot(const nlohmann::json& rows, const std::string& title, con
   for (const auto& row : rows)
     for (auto& [name, loss] : row["loss"].items()) {
       if (std::find(cols.begin(), cols.end(), name) == cols.end()) cols.push_back(name);
-      lo = std::min(lo, loss.get<double>());
-      hi = std::max(hi, loss.get<double>());
+      if (!std::isfinite(metric_value(loss))) continue;
+      lo = std::min(lo, metric_value(loss));
+      hi = std::max(hi, metric_value(loss));
     }
   const double cw = 120, ch = 36, L = 170, Tm = 70;
   // Wide enough for the caption whatever the number of columns.
@@ -162,8 +168,8 @@ void write_matrix_plot(const nlohmann::json& rows, const std::string& title, con
         << rows[r]["after_stage"].get<int>() << "</text>\n";
     for (size_t c = 0; c < cols.size(); ++c) {
       if (!rows[r]["loss"].contains(cols[c])) continue;
-      double v = rows[r]["loss"][cols[c]].get<double>();
-      double t = hi > lo ? (v - lo) / (hi - lo) : 0.5;
+      double v = metric_value(rows[r]["loss"][cols[c]]);
+      double t = !std::isfinite(v) ? 1.0 : hi > lo ? (v - lo) / (hi - lo) : 0.5;
       int shade = static_cast<int>(235 - 160 * t);
       svg << "<rect x=\"" << L + cw * c << "\" y=\"" << Tm + ch * r << "\" width=\"" << cw << "\" height=\"" << ch
           << "\" fill=\"rgb(" << shade << "," << shade << ",255)\" stroke=\"white\"/><text x=\"" << L + cw * (c + 0.5)

@@ -9,6 +9,10 @@
 
 namespace lt {
 
+// A number from metrics.jsonl or checkpoint metadata: NaN for null (JSON has no NaN: a non-finite
+// value is written as null) or for anything else that is not a number.
+double metric_value(const nlohmann::json& v);
+
 // Every event line of a run's metrics.jsonl (missing file: empty).
 std::vector<nlohmann::json> read_metrics(const std::string& run_dir);
 

@@ -17,6 +17,8 @@ namespace lt {
 
 std::atomic<bool> BaseTrainer::stop_requested{false};
 
+static constexpr int kMaxSkippedInARow = 10;
+
 static const json kDefaultDataset = json::array({{{"name", "english"}, {"rate", 1}, {"style", "pmd"}}});
 
 void add_trainer_options(ConfigSchema& s) {
@@ -45,6 +47,11 @@ void add_trainer_options(ConfigSchema& s) {
   s.add("optimization/beta1", OptType::Float, 0.9, "AdamW beta1", check_range(0, 0.999999));
   s.add("optimization/beta2", OptType::Float, 0.95, "AdamW beta2", check_range(0, 0.999999));
   s.add("optimization/eps", OptType::Float, 1e-8, "AdamW epsilon", check_positive());
+  s.add("training/on_nonfinite", OptType::String, "stop",
+        "a step whose loss or gradient norm is NaN or infinite: stop (exit 4 naming the step, loss, gradient norm "
+        "and lr; every checkpoint stays finite) or skip (no update for that step, logged; stops after " +
+            std::to_string(kMaxSkippedInARow) + " in a row)",
+        check_one_of({"stop", "skip"}));
   s.add("optimization/grad_clip", OptType::Float, 1.0, "global gradient-norm clip; 0 = off", check_nonnegative());
   s.add("architecture/block_size", OptType::Int, 256, "context length T in tokens", check_positive());
   s.add("architecture/n_layers", OptType::Int, 6, "transformer blocks", check_positive());
@@ -109,7 +116,7 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const St
   auto gen = at::detail::createCPUGenerator(seed_);
   model_->init_weights(gen);
   model_->to(rt_.device);
-  catalog_ = std::make_unique<DataCatalog>(cfg_.get_string("data/dir"));
+  catalog_ = std::make_unique<DataCatalog>(cfg_.get_string("data/dir"), model_->options().vocab_size);
   plan_stages(plan);
   build_optimizer(named_params(*model_), cfg_.get_double("optimization/weight_decay"));
 }
@@ -245,15 +252,75 @@ StepResult BaseTrainer::train_step() {
   StepResult r;
   r.grad_norm = clip_grad_norm(trainable(), cfg_.get_double("optimization/grad_clip"));
   r.lr = current_lr();
-  optimizer_->step(r.lr);
-  if (optimizer_->sharded()) sync_sharded_params();
+  r.loss = loss;
+  // Every rank sees the same global loss and norm, so all take the same branch.
+  r.skipped = !std::isfinite(loss) || !std::isfinite(r.grad_norm);
+  if (r.skipped) {
+    on_nonfinite(r);  // throws unless the policy is to skip the update
+  } else {
+    skipped_in_a_row_ = 0;
+    optimizer_->step(r.lr);
+    if (optimizer_->sharded()) sync_sharded_params();
+  }
   ++step_;
   tokens_ += tokens_per_step();
   r.step = step_;
-  r.loss = loss;
   r.seconds = now_seconds() - t0;
   after_step(r);
   return r;
+}
+
+static std::string num(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.4g", v);
+  return b;
+}
+
+void BaseTrainer::on_nonfinite(const StepResult& r) {
+  const std::string what = "step " + std::to_string(step_ + 1) + " of job " + spec_.name + ": loss " + num(r.loss) +
+                           ", gradient norm " + num(r.grad_norm) + " at lr " + num(r.lr);
+  std::optional<std::string> latest;
+  try {
+    latest = is_main() ? read_latest(job_dir()) : std::nullopt;
+  } catch (const UserError&) {
+  }
+  const std::string kept = latest ? "the job's checkpoints are all finite (latest: " + job_dir() + "/" + *latest + ")"
+                                  : "no checkpoint of this job was saved yet";
+  const std::string advice = "Lower optimization/lr (or optimization/lora/lr in the LoRA phase), raise "
+                             "training/warmup_pct, or check the data, then run the same command again to resume";
+  if (cfg_.get_string("training/on_nonfinite") == "stop")
+    throw TrainingDiverged("training diverged at " + what + ". Stopped without updating the weights; " + kept + ". " +
+                           advice + " (training/on_nonfinite=skip drops such steps instead)");
+  ++skipped_in_a_row_;
+  std::printf("warning: skipped the update of %s (training/on_nonfinite=skip; %d in a row)\n", what.c_str(),
+              skipped_in_a_row_);
+  std::fflush(stdout);
+  log_event({{"event", "nonfinite"}, {"step", step_ + 1}, {"loss", std::isfinite(r.loss) ? json(r.loss) : json(num(r.loss))},
+             {"grad_norm", std::isfinite(r.grad_norm) ? json(r.grad_norm) : json(num(r.grad_norm))}, {"lr", r.lr},
+             {"action", "skipped"}});
+  if (skipped_in_a_row_ >= kMaxSkippedInARow)
+    throw TrainingDiverged("training diverged: " + std::to_string(skipped_in_a_row_) + " steps in a row had a non-finite "
+                           "loss or gradient norm, the last " + what + "; " + kept + ". " + advice);
+}
+
+void BaseTrainer::check_finite(const NamedTensors& tensors, const std::string& what) const {
+  torch::NoGradGuard ng;
+  std::vector<torch::Tensor> flags;
+  std::vector<const std::string*> names;
+  for (const auto& [name, t] : tensors)
+    if (t.is_floating_point() && t.numel() > 0) {
+      flags.push_back(torch::isfinite(t).all().reshape({1}));
+      names.push_back(&name);
+    }
+  if (flags.empty()) return;
+  auto ok = torch::cat(flags).cpu();  // one read-back
+  if (ok.all().item<bool>()) return;
+  for (size_t i = 0; i < names.size(); ++i)
+    if (!ok[static_cast<int64_t>(i)].item<bool>())
+      throw TrainingDiverged("training diverged: after step " + std::to_string(step_) + " of job " + spec_.name + ", " +
+                             *names[i] + " holds NaN or infinite values, so " + what + " was not saved. Lower "
+                             "optimization/lr (or optimization/lora/lr), then run the same command again to resume "
+                             "from the job's last (finite) checkpoint");
 }
 
 int BaseTrainer::trained_stage() const {
@@ -374,6 +441,7 @@ void BaseTrainer::save(const std::string& suffix, bool update_latest) {
       if (n.rfind("optim/exp_avg", 0) == 0) moments.push_back(t);
     dist_.all_reduce_sum(moments, "gathering the sharded optimizer state for " + suffix);
   }
+  check_finite(tensors, "checkpoint " + suffix);  // every rank holds the whole state, so all decide alike
   if (is_main()) {
     save_checkpoint(dir, tensors, checkpoint_metadata());
     if (update_latest) write_latest(job_dir(), suffix);
@@ -409,6 +477,13 @@ void BaseTrainer::restore_from_path(const std::string& path) {
   best_score_ = meta["best_score"].is_number() ? std::optional<double>(meta["best_score"].get<double>()) : std::nullopt;
   best_stage_ = meta.value("best_stage", 0);
   restore_extra(meta);
+  const std::string from_job = meta["job"].value("name", std::string("?"));
+  if (from_job != spec_.name)  // another job's state: say what was loaded and that its counters go on
+    std::fprintf(stderr,
+                 "loaded the %s state of job %s at step %lld (%lld tokens) from %s; job %s continues from there: its "
+                 "step, tokens, learning-rate schedule, optimizer moments and data position are that state's\n",
+                 state_kind().c_str(), from_job.c_str(), (long long)step_, (long long)tokens_, dir.c_str(),
+                 spec_.name.c_str());
   // Samplers are rebuilt when next used (a checkpoint read for eval needs no training data).
   for (auto& s : samplers_) s.reset();
   restored_cursors_.clear();
@@ -527,7 +602,9 @@ void BaseTrainer::run() {
       std::fflush(stdout);
       log_event({{"event", "val"}, {"step", step_}, {"tokens", tokens_}, {"stage", trained_stage()}, {"loss", v.loss},
                  {"per_dataset", per_json}, {"perplexity", ppl_json}, {"stage_end", stage_end}});
-      if (!best_score_ || v.loss < *best_score_ || best_stage_ != trained_stage()) {
+      if (!std::isfinite(v.loss)) {
+        std::printf("  warning: the validation loss is not finite; `best` is not updated\n");
+      } else if (!best_score_ || v.loss < *best_score_ || best_stage_ != trained_stage()) {
         best_score_ = v.loss;
         best_stage_ = trained_stage();
         save("best", false);

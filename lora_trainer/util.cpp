@@ -1,5 +1,7 @@
 #include "lora_trainer/util.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -58,6 +60,22 @@ std::string read_file(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+nlohmann::json parse_json(const std::string& text, const std::string& what, const std::string& hint) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    // parse_error (syntax) or out_of_range 406 (a number that does not fit a double or 64-bit integer)
+    std::string why = e.what();
+    auto bracket = why.find("] ");
+    if (bracket != std::string::npos) why = why.substr(bracket + 2);
+    throw UserError(what + ": not valid JSON: " + why + (hint.empty() ? "" : "; " + hint));
+  }
+}
+
+nlohmann::json read_json_file(const std::string& path, const std::string& hint) {
+  return parse_json(read_file(path), path, hint);
 }
 
 void fsync_dir(const std::string& dir) {

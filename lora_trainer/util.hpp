@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace lt {
 
 // An error caused by the user's input (a config key, a file, a checkpoint). The launcher prints its
@@ -24,6 +26,12 @@ void write_file_atomic(const std::string& path, const std::string& contents);
 
 // Reads a whole file; UserError naming the file if it cannot be read.
 std::string read_file(const std::string& path);
+
+// Parses JSON text. A syntax error or a number out of range (1e999, an integer wider than 64 bits) is
+// a UserError naming `what` (a file, an override) and saying what to do: `hint`.
+nlohmann::json parse_json(const std::string& text, const std::string& what, const std::string& hint = "");
+// read_file + parse_json.
+nlohmann::json read_json_file(const std::string& path, const std::string& hint = "");
 
 // fsyncs a directory so that renames inside it are durable.
 void fsync_dir(const std::string& dir);

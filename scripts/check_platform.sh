@@ -60,7 +60,7 @@ main() {
 
   COMPONENTS=(main)
   PACKAGES=(build-essential cmake ninja-build pkg-config ccache ca-certificates
-            libhdf5-dev nlohmann-json3-dev catch2 libcli11-dev libpcre2-dev libopenblas0-pthread
+            libhdf5-dev zlib1g-dev nlohmann-json3-dev catch2 libcli11-dev libpcre2-dev libopenblas0-pthread
             libpython3-stdlib nodejs)
   CMAKE_ARGS=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo)
   if [[ $PLATFORM == debian13 ]]; then

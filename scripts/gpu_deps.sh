@@ -20,7 +20,7 @@ DEST="$(cd "$DEST" && pwd)"
 
 # Development packages: their headers, CMake/pkg-config files and .so links. Taken without their
 # Depends (libhdf5-dev would pull Fortran, libjpeg-dev, libssl-dev, ...: none of them used here).
-DEV=(libhdf5-dev nlohmann-json3-dev libcli11-dev catch2 libpcre2-dev libgloo-dev)
+DEV=(libhdf5-dev zlib1g-dev nlohmann-json3-dev libcli11-dev catch2 libpcre2-dev libgloo-dev)
 # Runtime libraries and tools, taken with the closure of their Depends.
 RUNTIME=(libhdf5-103-1 libhdf5-cpp-103-1 libpcre2-8-0 pkgconf pkgconf-bin libpkgconf3)
 # In every base system (and ABI-bound to the host's compiler and C library): never brought.

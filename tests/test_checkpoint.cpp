@@ -29,6 +29,11 @@ static NamedTensors sample_state() {
           {"x/empty", torch::empty({0, 3})}};
 }
 
+// The fields every checkpoint's metadata carries (a weights-only one needs no more).
+static nlohmann::json meta(int64_t step = 0) {
+  return {{"kind", "plain"}, {"step", step}, {"tokens", 0}, {"weights_only", true}};
+}
+
 static bool bits_equal(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
   auto ca = a.contiguous(), cb = b.contiguous();
@@ -38,7 +43,7 @@ static bool bits_equal(const torch::Tensor& a, const torch::Tensor& b) {
 TEST_CASE("every dtype round-trips bit for bit", "[checkpoint]") {
   test::TempDir dir;
   auto state = sample_state();
-  save_checkpoint(dir / "ck", state, {{"step", 42}});
+  save_checkpoint(dir / "ck", state, meta(42));
   auto back = read_checkpoint_tensors(dir / "ck");
   std::map<std::string, torch::Tensor> by_name(back.begin(), back.end());
   REQUIRE(back.size() == state.size());
@@ -54,7 +59,7 @@ TEST_CASE("every dtype round-trips bit for bit", "[checkpoint]") {
 
 TEST_CASE("load_checkpoint_into copies into a template and reports every mismatch", "[checkpoint]") {
   test::TempDir dir;
-  save_checkpoint(dir / "ck", {{"params/a", torch::ones({2, 3})}, {"params/b", torch::ones({4})}}, {});
+  save_checkpoint(dir / "ck", {{"params/a", torch::ones({2, 3})}, {"params/b", torch::ones({4})}}, meta());
   NamedTensors ok = {{"params/a", torch::zeros({2, 3})}, {"params/b", torch::zeros({4})}};
   load_checkpoint_into(dir / "ck", ok);
   CHECK(torch::equal(ok[0].second, torch::ones({2, 3})));
@@ -70,7 +75,7 @@ TEST_CASE("load_checkpoint_into copies into a template and reports every mismatc
 TEST_CASE("a torn save is never taken for a checkpoint", "[checkpoint]") {
   test::TempDir dir;
   std::string job = dir / "job";
-  save_checkpoint(job + "/ntoks/100", {{"params/a", torch::ones({2})}}, {{"step", 1}});
+  save_checkpoint(job + "/ntoks/100", {{"params/a", torch::ones({2})}}, meta(1));
   write_latest(job, "ntoks/100");
   // What a crash mid-save leaves: a hidden temporary, and (worse) a directory without metadata.
   fs::create_directories(job + "/ntoks/.200.tmp-1-2");
@@ -85,8 +90,8 @@ TEST_CASE("a torn save is never taken for a checkpoint", "[checkpoint]") {
 
 TEST_CASE("saving over an existing checkpoint replaces it whole", "[checkpoint]") {
   test::TempDir dir;
-  save_checkpoint(dir / "best", {{"params/a", torch::ones({2})}}, {{"step", 1}});
-  save_checkpoint(dir / "best", {{"params/b", torch::zeros({3})}}, {{"step", 2}});
+  save_checkpoint(dir / "best", {{"params/a", torch::ones({2})}}, meta(1));
+  save_checkpoint(dir / "best", {{"params/b", torch::zeros({3})}}, meta(2));
   auto back = read_checkpoint_tensors(dir / "best");
   REQUIRE(back.size() == 1);
   CHECK(back[0].first == "params/b");
@@ -99,8 +104,8 @@ TEST_CASE("saving over an existing checkpoint replaces it whole", "[checkpoint]"
 
 TEST_CASE("inspect gives per-tensor digests that change with the bytes", "[checkpoint]") {
   test::TempDir dir;
-  save_checkpoint(dir / "a", {{"params/w", torch::ones({4})}}, {});
-  save_checkpoint(dir / "b", {{"params/w", torch::ones({4}) * 2}}, {});
+  save_checkpoint(dir / "a", {{"params/w", torch::ones({4})}}, meta());
+  save_checkpoint(dir / "b", {{"params/w", torch::ones({4}) * 2}}, meta());
   auto ia = inspect_checkpoint(dir / "a"), ib = inspect_checkpoint(dir / "b");
   CHECK(ia["tensors"][0]["name"] == "params/w");
   CHECK(ia["tensors"][0]["dtype"] == "float32");
