@@ -52,6 +52,9 @@ void add_trainer_options(ConfigSchema& s) {
   s.add("architecture/d_model", OptType::Int, 384, "residual width C", check_positive());
   s.add("architecture/vocab_size", OptType::Int, 50257, "vocabulary size V (>= the tokenizer's)", check_positive());
   s.add("architecture/dropout", OptType::Float, 0.0, "dropout probability", check_range(0, 0.9));
+  s.add("architecture/activation", OptType::String, "gelu",
+        "the MLP's GELU: gelu (exact, erf) or gelu_tanh (the tanh approximation of GPT-2 and HF's gelu_new)",
+        check_one_of({"gelu", "gelu_tanh"}));
   s.add("eval/evaluations", OptType::StringList, json::array({"perplexity"}),
         "evaluations at every validation and stage boundary: \"perplexity\" = held-out loss and perplexity of "
         "every dataset of the plan ([] = only the datasets of the current stage)",
