@@ -364,6 +364,7 @@ json BaseTrainer::checkpoint_metadata() const {
             {"data", {{"stage", current_stage()}, {"cursors", cursors}}},
             {"job", spec_.to_json()},
             {"config", cfg_.to_json()}};
+  if (!base_model_.is_null()) m["base_model"] = base_model_;
   m.update(extra_metadata());
   return m;
 }
@@ -411,6 +412,7 @@ void BaseTrainer::restore_from_path(const std::string& path) {
   tokens_ = meta.at("tokens").get<int64_t>();
   best_score_ = meta["best_score"].is_number() ? std::optional<double>(meta["best_score"].get<double>()) : std::nullopt;
   best_stage_ = meta.value("best_stage", 0);
+  base_model_ = meta.value("base_model", json());
   restore_extra(meta);
   // Samplers are rebuilt when next used (a checkpoint read for eval needs no training data).
   for (auto& s : samplers_) s.reset();
@@ -426,6 +428,7 @@ void BaseTrainer::load_weights_from(const std::string& dir) {
   NamedTensors into;
   for (auto& [name, t] : named_params(*model_)) into.emplace_back("params/" + name, t);
   load_checkpoint_into(dir, into, {"params/"});
+  base_model_ = meta.value("base_model", json());
   std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", dir.c_str(),
               (long long)meta.value("step", int64_t(0)), meta.value("job", json::object()).value("name", std::string("?")).c_str(),
               (long long)step_);
