@@ -25,6 +25,13 @@ Modes:
       Needs `peft` (not in Debian; any machine with the usual Python ML stack): loads the base with
       transformers, the adapter with PeftModel.from_pretrained, and prints the max abs difference of
       its logits, unmerged and after merge_and_unload(), from EXPECTED's "logits". Exit 1 above --tol.
+  peft-convention
+      Needs `peft`; reads no file of ours. Wraps a small random GPT2LMHeadModel with
+      get_peft_model(LoraConfig(r=4, lora_alpha=8, target_modules=["attn.c_attn", "mlp.c_fc",
+      "mlp.c_proj"], fan_in_fan_out=True), random adapters), saves it, and prints what
+      lora_trainer's export relies on: the modules those targets select (not attn.c_proj), the saved
+      keys and shapes (lora_A (r, in), lora_B (out, r)), and the max abs difference between PEFT's
+      logits and the base with W (in, out) += (lora_alpha / r) (lora_B @ lora_A)^T applied by hand.
   manual-merge HF_BASE_DIR ADAPTER_DIR IDS_JSON EXPECTED_SAFETENSORS [--tol T]
       The same without peft: applies each adapter by hand as PEFT does for a Conv1D layer with
       fan_in_fan_out=True, W (in, out) += (lora_alpha / r) * (lora_B @ lora_A)^T, and compares logits.
@@ -199,6 +206,49 @@ def peft_logits(args):
     return 0 if ok else 1
 
 
+def peft_convention(args):
+    import tempfile
+
+    from peft import LoraConfig, get_peft_model
+    from safetensors import safe_open
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    base = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=N_POSITIONS, n_embd=N_EMBD, n_layer=N_LAYER,
+                                      n_head=N_HEAD, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1))
+    r, alpha = 4, 8
+    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, target_modules=["attn.c_attn", "mlp.c_fc", "mlp.c_proj"],
+                                            fan_in_fan_out=True, task_type="CAUSAL_LM", init_lora_weights=False))
+    adapted = [n for n, _ in model.named_modules() if n.endswith(".lora_A")]
+    print("adapted:", adapted)
+    ok = not any("attn.c_proj" in n for n in adapted) and len(adapted) == 3 * N_LAYER
+    out = tempfile.mkdtemp()
+    model.save_pretrained(out)
+    ids = torch.randint(0, VOCAB, (2, 16))
+    model.eval()
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        plain = GPT2LMHeadModel(base.config)
+        sd = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
+              for k, v in model.state_dict().items() if "lora_" not in k}
+        plain.load_state_dict(sd, strict=False)
+        params = dict(plain.named_parameters())
+        with safe_open(os.path.join(out, "adapter_model.safetensors"), framework="pt") as f:
+            for k in sorted(f.keys()):
+                t = f.get_tensor(k)
+                print(k, tuple(t.shape))
+                if ".lora_A." in k:
+                    b = f.get_tensor(k.replace("lora_A", "lora_B"))
+                    ok = ok and t.shape[0] == r and b.shape[1] == r
+                    name = k[len("base_model.model."):].replace(".lora_A.weight", ".weight")
+                    params[name] += (b @ t).T * (alpha / r)
+        plain.eval()
+        ok = compare("PEFT vs W += (lora_alpha/r)(lora_B @ lora_A)^T by hand", plain(input_ids=ids).logits, want, 1e-5) and ok
+        with model.disable_adapter():
+            print(f"the adapters' effect on the logits: {(model(input_ids=ids).logits - want).abs().max().item():.3e}")
+    return 0 if ok else 1
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="mode", required=True)
@@ -212,6 +262,7 @@ def main():
     a = sub.add_parser("check-adapter")
     a.add_argument("adapter_dir")
     a.add_argument("--base")
+    sub.add_parser("peft-convention")
     for name in ("peft-logits", "manual-merge"):
         q = sub.add_parser(name)
         q.add_argument("base")
@@ -224,7 +275,7 @@ def main():
         make(args.out_dir)
         return 0
     return {"check-hf": check_hf, "check-adapter": check_adapter, "peft-logits": peft_logits,
-            "manual-merge": manual_merge}[args.mode](args)
+            "manual-merge": manual_merge, "peft-convention": peft_convention}[args.mode](args)
 
 
 if __name__ == "__main__":
