@@ -425,6 +425,13 @@ void BaseTrainer::load_weights_from(const std::string& dir) {
   if (meta.value("kind", std::string()) != "plain")
     throw UserError(dir + " holds a \"" + meta.value("kind", std::string("?")) +
                     "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
+  // The shapes say nothing about the activation: weights trained with one GELU would load silently
+  // into a model computing the other (GPT-2's own weights need gelu_tanh).
+  const json arch = meta.value("config", json::object()).value("architecture", json::object());
+  const std::string theirs = arch.value("activation", std::string("gelu")), ours = cfg_.get_string("architecture/activation");
+  if (theirs != ours)
+    throw UserError(dir + " holds weights of a model with architecture/activation=" + theirs + "; this job has " + ours +
+                    ". Set architecture/activation=" + theirs + " (import-hf prints the architecture a job needs)");
   NamedTensors into;
   for (auto& [name, t] : named_params(*model_)) into.emplace_back("params/" + name, t);
   load_checkpoint_into(dir, into, {"params/"});

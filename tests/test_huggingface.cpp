@@ -304,6 +304,10 @@ TEST_CASE("launcher: import-hf, LoRA without phase one, eval and sample, export 
     args.push_back(o);
   args.push_back("data/dir=\"" + (d / "data") + "\"");
   REQUIRE(launch(args).code == 0);
+  // A job with the other GELU would load the same shapes: refused, saying which activation to set.
+  test::Result wrong = launch({"run", "wrong", d / "ft.json", d / "out", "--restore", d / "base", "architecture/activation=gelu"});
+  CHECK(wrong.code == 2);
+  CHECK_THAT(wrong.out, Contains("architecture/activation=gelu_tanh; this job has gelu"));
   test::Result run = launch({"run", "ft", d / "ft.json", d / "out", "--restore", d / "base"});
   INFO(run.out);
   REQUIRE(run.code == 0);
