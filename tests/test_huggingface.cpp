@@ -34,8 +34,8 @@ torch::Tensor golden_ids() {  // (2, 16) int64
 
 torch::Tensor golden_logits() { return SafetensorsFile(kGolden + "/logits.safetensors").tensor("logits"); }  // (2, 16, 300)
 
-// The model of a checkpoint as `eval` and `sample` rebuild it (adapters attached, unmerged), and its
-// f32 logits without autocast.
+// The model of a checkpoint as `eval` and `sample` rebuild it (adapters attached, unmerged, on the
+// runtime's device), and its f32 logits without autocast, on the CPU.
 struct Loaded {
   std::unique_ptr<RestoreableJob> job;
   BaseTrainer* trainer;
@@ -43,7 +43,7 @@ struct Loaded {
     torch::NoGradGuard ng;
     auto m = trainer->model();
     m->eval();
-    return m->forward(ids).to(torch::kFloat32);
+    return m->forward(ids.to(m->wte->weight.device())).to(torch::kFloat32).cpu();  // the model may be on CUDA
   }
 };
 Loaded load(const std::string& checkpoint) {
