@@ -318,33 +318,43 @@ std::string LoRATrainer::report() {
 }
 
 // An export writes only where nothing of anyone else's is lost: a new directory, or an earlier export
-// of ours (which it replaces, saying so); never the checkpoint itself or a directory holding it.
-static void check_export_target(const std::string& checkpoint, const std::string& out) {
-  const fs::path src = fs::weakly_canonical(checkpoint), dst = fs::weakly_canonical(out);
+// or import of ours (which it replaces, saying so); never the source itself or a directory holding it.
+void check_export_target(const std::string& source, const std::string& out, const std::string& verb) {
+  const fs::path src = fs::weakly_canonical(source), dst = fs::weakly_canonical(out);
   auto within = [](const fs::path& inner, const fs::path& outer) {
     auto rel = inner.lexically_relative(outer);
     return !rel.empty() && *rel.begin() != "..";
   };
-  const char* clash = dst == src            ? " is the checkpoint being exported"
-                      : within(dst, src) ? " is inside the checkpoint being exported"
-                      : within(src, dst) ? " holds the checkpoint being exported"
+  const std::string what = verb == "import-hf" ? "the model being imported" : "the checkpoint being exported";
+  const char* clash = dst == src            ? " is "
+                      : within(dst, src) ? " is inside "
+                      : within(src, dst) ? " holds "
                                          : nullptr;
-  if (clash) throw UserError("export: OUT " + out + clash + " (" + checkpoint + "); give a new directory. Nothing was written");
+  if (clash) throw UserError(verb + ": OUT " + out + clash + what + " (" + source + "); give a new directory. Nothing was written");
   if (!fs::exists(dst)) return;
+  std::string earlier;
   if (is_checkpoint(dst.string())) {
     json m = read_checkpoint_metadata(dst.string());
-    if (m.value("weights_only", false) && m.contains("exported_from")) {
-      std::printf("export: replacing the earlier export at %s (of %s)\n", out.c_str(),
-                  m["exported_from"].is_string() ? m["exported_from"].get<std::string>().c_str() : "?");
-      return;
+    if (m.value("weights_only", false) && m.contains("exported_from")) earlier = m["exported_from"].is_string() ? m["exported_from"].get<std::string>() : "?";
+    if (m.value("weights_only", false) && m.contains("imported_from")) earlier = m["imported_from"].is_string() ? m["imported_from"].get<std::string>() : "?";
+  } else if (fs::exists(dst / kExportMarker)) {
+    try {
+      earlier = json::parse(read_file((dst / kExportMarker).string())).value("exported_from", std::string("?"));
+    } catch (const json::parse_error&) {
+      earlier = "?";
     }
   }
-  throw UserError("export: OUT " + out + " already exists and is not an earlier export of lora_trainer; give a new "
+  if (!earlier.empty()) {
+    std::printf("%s: replacing the earlier %s at %s (of %s)\n", verb.c_str(), verb == "import-hf" ? "import" : "export",
+                out.c_str(), earlier.c_str());
+    return;
+  }
+  throw UserError(verb + ": OUT " + out + " already exists and is not an earlier export or import of lora_trainer; give a new "
                   "directory, or move that one away yourself. Nothing was written");
 }
 
 void export_merged(const std::string& checkpoint, const std::string& out) {
-  check_export_target(checkpoint, out);
+  check_export_target(checkpoint, out, "export");
   json meta = read_checkpoint_metadata(checkpoint);
   NamedTensors stored = read_checkpoint_tensors(checkpoint);
   std::map<std::string, torch::Tensor> lora;
@@ -375,6 +385,7 @@ void export_merged(const std::string& checkpoint, const std::string& out) {
                    {"merged_adapters", merged},
                    {"job", meta.value("job", json::object())},
                    {"config", meta.value("config", json::object())}};
+  if (meta.contains("base_model")) out_meta["base_model"] = meta["base_model"];
   save_checkpoint(out, params, out_meta);
   std::printf("exported %s -> %s (%zu tensors, %d adapters merged, float32)\n", checkpoint.c_str(), out.c_str(),
               params.size(), merged);

@@ -13,6 +13,7 @@
 #include "lora_trainer/distributed.hpp"
 #include "lora_trainer/local_ranks.hpp"
 #include "lora_trainer/generate.hpp"
+#include "lora_trainer/huggingface.hpp"
 #include "lora_trainer/tokenizer.hpp"
 #include "lora_trainer/trainer.hpp"
 #include "lora_trainer/job.hpp"
@@ -207,10 +208,22 @@ int main(int argc, char** argv) {
                     "only check every tensor's data against the CRC-32 recorded at save: one line, exit 0 when all "
                     "match, exit 2 naming the first corrupt tensor");
 
-  std::string export_out;
-  auto* export_cmd = app.add_subcommand("export", "write a weights-only plain checkpoint with the adapters merged in");
+  std::string export_out, export_format = "native";
+  auto* export_cmd = app.add_subcommand("export", "write a checkpoint's model elsewhere: by default a weights-only plain checkpoint "
+                                                  "with the adapters merged in; or Hugging Face / PEFT files (docs/huggingface.md)");
   export_cmd->add_option("CHECKPOINT", checkpoint, "checkpoint directory (plain or LoRA)")->required()->check(CLI::ExistingDirectory);
-  export_cmd->add_option("OUT", export_out, "directory to write (usable with `run ... --restore OUT`)")->required();
+  export_cmd->add_option("OUT", export_out, "directory to write (native: usable with `run ... --restore OUT`)")->required();
+  export_cmd->add_option("--format", export_format,
+                         "native: our weights-only checkpoint, adapters merged; hf: model.safetensors + config.json "
+                         "(transformers' GPT2LMHeadModel), adapters merged; peft: adapter_config.json + "
+                         "adapter_model.safetensors (the adapters of a LoRA checkpoint only)")
+      ->capture_default_str()->check(CLI::IsMember({"native", "hf", "peft"}));
+
+  std::string hf_dir, import_out;
+  auto* import_cmd = app.add_subcommand("import-hf", "import a Hugging Face GPT-2 (config.json + safetensors) as a weights-only "
+                                                     "checkpoint for `run ... --restore`, `eval` and `sample`");
+  import_cmd->add_option("HF_DIR", hf_dir, "a transformers model directory (model_type gpt2)")->required()->check(CLI::ExistingDirectory);
+  import_cmd->add_option("OUT", import_out, "checkpoint directory to write")->required();
 
   std::vector<std::string> eval_datasets;
   int64_t eval_rows = 0;
@@ -342,7 +355,13 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*export_cmd) {
-      export_merged(checkpoint, export_out);
+      if (export_format == "hf") export_hf(checkpoint, export_out);
+      else if (export_format == "peft") export_peft(checkpoint, export_out);
+      else export_merged(checkpoint, export_out);
+      return 0;
+    }
+    if (*import_cmd) {
+      import_hf(hf_dir, import_out);
       return 0;
     }
     if (*tokenize) {

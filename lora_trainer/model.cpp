@@ -17,6 +17,7 @@ GPTOptions GPTOptions::from_config(const Config& cfg) {
   o.n_head = cfg.get_int("architecture/n_heads");
   o.d_model = cfg.get_int("architecture/d_model");
   o.dropout = cfg.get_double("architecture/dropout");
+  o.gelu_tanh = cfg.get_string("architecture/activation") == "gelu_tanh";
   const std::string attention = cfg.get_string("runtime/attention");
   if (attention == "fused" && !fused_attention_available())
     throw UserError(std::string("runtime/attention=fused needs LibTorch 2.0 or newer (this build has ") +
@@ -92,15 +93,16 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   return c_proj(y.transpose(1, 2).reshape({B, T, C}));
 }
 
-MLPImpl::MLPImpl(const GPTOptions& o) {
+MLPImpl::MLPImpl(const GPTOptions& o) : gelu_tanh_(o.gelu_tanh) {
   c_fc = register_module("c_fc", Linear(o.d_model, 4 * o.d_model));
   c_proj = register_module("c_proj", Linear(4 * o.d_model, o.d_model));
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  // The exact (erf) GELU: LibTorch 1.13 vectorises it for bf16 and not the tanh approximation, which
-  // measured 7x slower (docs/performance.md).
-  return c_proj(torch::gelu(c_fc(x)));
+  // The exact (erf) GELU by default: LibTorch 1.13 vectorises it for bf16 and not the tanh approximation,
+  // which measured 7x slower (docs/performance.md). GPT-2's own weights (imported from Hugging Face)
+  // were trained with the tanh approximation (architecture/activation=gelu_tanh).
+  return c_proj(torch::gelu(c_fc(x), gelu_tanh_ ? "tanh" : "none"));
 }
 
 BlockImpl::BlockImpl(const GPTOptions& o) : dropout(o.dropout) {

@@ -28,6 +28,7 @@ struct GPTOptions {
   int64_t n_head = 6;
   int64_t d_model = 384;
   double dropout = 0.0;
+  bool gelu_tanh = false;  // architecture/activation: the MLP's GELU, exact (erf) or the tanh approximation
   // runtime/attention. auto: fused on CUDA (where LibTorch has it), masked softmax on the CPU, where
   // LibTorch 2.6's fused kernel measured 1.6-1.8x slower for the whole step (docs/performance.md).
   enum class Attention { Auto, Fused, Manual } attention = Attention::Auto;
@@ -84,6 +85,9 @@ class MLPImpl : public torch::nn::Module {
   explicit MLPImpl(const GPTOptions& o);
   torch::Tensor forward(const torch::Tensor& x);
   Linear c_fc{nullptr}, c_proj{nullptr};
+
+ private:
+  bool gelu_tanh_;
 };
 TORCH_MODULE(MLP);
 

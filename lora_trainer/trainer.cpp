@@ -59,6 +59,9 @@ void add_trainer_options(ConfigSchema& s) {
   s.add("architecture/d_model", OptType::Int, 384, "residual width C", check_positive());
   s.add("architecture/vocab_size", OptType::Int, 50257, "vocabulary size V (>= the tokenizer's)", check_positive());
   s.add("architecture/dropout", OptType::Float, 0.0, "dropout probability", check_range(0, 0.9));
+  s.add("architecture/activation", OptType::String, "gelu",
+        "the MLP's GELU: gelu (exact, erf) or gelu_tanh (the tanh approximation of GPT-2 and HF's gelu_new)",
+        check_one_of({"gelu", "gelu_tanh"}));
   s.add("eval/evaluations", OptType::StringList, json::array({"perplexity"}),
         "evaluations at every validation and stage boundary: \"perplexity\" = held-out loss and perplexity of "
         "every dataset of the plan ([] = only the datasets of the current stage)",
@@ -428,6 +431,7 @@ json BaseTrainer::checkpoint_metadata() const {
             {"data", {{"stage", current_stage()}, {"cursors", cursors}}},
             {"job", spec_.to_json()},
             {"config", cfg_.to_json()}};
+  if (!base_model_.is_null()) m["base_model"] = base_model_;
   m.update(extra_metadata());
   return m;
 }
@@ -476,6 +480,7 @@ void BaseTrainer::restore_from_path(const std::string& path) {
   tokens_ = meta.at("tokens").get<int64_t>();
   best_score_ = meta["best_score"].is_number() ? std::optional<double>(meta["best_score"].get<double>()) : std::nullopt;
   best_stage_ = meta.value("best_stage", 0);
+  base_model_ = meta.value("base_model", json());
   restore_extra(meta);
   const std::string from_job = meta["job"].value("name", std::string("?"));
   if (from_job != spec_.name)  // another job's state: say what was loaded and that its counters go on
@@ -495,9 +500,17 @@ void BaseTrainer::load_weights_from(const std::string& dir) {
   if (meta.value("kind", std::string()) != "plain")
     throw UserError(dir + " holds a \"" + meta.value("kind", std::string("?")) +
                     "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
+  // The shapes say nothing about the activation: weights trained with one GELU would load silently
+  // into a model computing the other (GPT-2's own weights need gelu_tanh).
+  const json arch = meta.value("config", json::object()).value("architecture", json::object());
+  const std::string theirs = arch.value("activation", std::string("gelu")), ours = cfg_.get_string("architecture/activation");
+  if (theirs != ours)
+    throw UserError(dir + " holds weights of a model with architecture/activation=" + theirs + "; this job has " + ours +
+                    ". Set architecture/activation=" + theirs + " (import-hf prints the architecture a job needs)");
   NamedTensors into;
   for (auto& [name, t] : named_params(*model_)) into.emplace_back("params/" + name, t);
   load_checkpoint_into(dir, into, {"params/"});
+  base_model_ = meta.value("base_model", json());
   std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", dir.c_str(),
               (long long)meta.value("step", int64_t(0)), meta.value("job", json::object()).value("name", std::string("?")).c_str(),
               (long long)step_);

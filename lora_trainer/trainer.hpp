@@ -184,6 +184,10 @@ class BaseTrainer : public RestoreableJob {
   int64_t step_ = 0, tokens_ = 0;
   std::optional<double> best_score_;  // of stage best_stage_: `best` is the best of the latest stage
   int best_stage_ = 0;
+  // Where the weights came from when the job started from another's (load_weights_from): the source's
+  // `base_model` metadata (an import's Hugging Face name and config), carried into every checkpoint
+  // of this job so that exports can name the base. null when the job trained its own.
+  nlohmann::json base_model_;
   uint64_t seed_;
 };
 

@@ -1,0 +1,333 @@
+// Hugging Face in and out: import-hf of a transformers GPT-2 against transformers' own logits
+// (tests/data/hf_gpt2, made by scripts/hf_golden.py with transformers 5.12 / torch 2.14), the merged
+// export's round trip, and the PEFT adapter's layout and effect.
+//
+// With LT_HF_CHECK_DIR set, the LoRA test leaves its exports and our logits there for
+// scripts/hf_golden.py to check with transformers / safetensors / peft (docs/huggingface.md).
+#include <cstdlib>
+#include <filesystem>
+
+#include "catch.hpp"
+
+#include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/huggingface.hpp"
+#include "lora_trainer/lora_trainer.hpp"
+#include "lora_trainer/registry.hpp"
+#include "lora_trainer/safetensors.hpp"
+#include "fixtures.hpp"
+#include "launch.hpp"
+
+using namespace lt;
+using lt::test::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kGolden = std::string(LT_SOURCE_DIR) + "/tests/data/hf_gpt2";
+
+torch::Tensor golden_ids() {  // (2, 16) int64
+  auto rows = nlohmann::json::parse(read_file(kGolden + "/ids.json"))["ids"].get<std::vector<std::vector<int64_t>>>();
+  std::vector<torch::Tensor> t;
+  for (auto& r : rows) t.push_back(torch::tensor(r, torch::kLong));
+  return torch::stack(t);
+}
+
+torch::Tensor golden_logits() { return SafetensorsFile(kGolden + "/logits.safetensors").tensor("logits"); }  // (2, 16, 300)
+
+// The model of a checkpoint as `eval` and `sample` rebuild it (adapters attached, unmerged, on the
+// runtime's device), and its f32 logits without autocast, on the CPU.
+struct Loaded {
+  std::unique_ptr<RestoreableJob> job;
+  BaseTrainer* trainer;
+  torch::Tensor logits(const torch::Tensor& ids) {
+    torch::NoGradGuard ng;
+    auto m = trainer->model();
+    m->eval();
+    return m->forward(ids.to(m->wte->weight.device())).to(torch::kFloat32).cpu();  // the model may be on CUDA
+  }
+};
+Loaded load(const std::string& checkpoint) {
+  Loaded l;
+  l.job = from_checkpoint_path(checkpoint, "", "/nonexistent-lt-test-out", {"runtime/threads=2"});
+  l.trainer = dynamic_cast<BaseTrainer*>(l.job.get());
+  REQUIRE(l.trainer);
+  return l;
+}
+
+double max_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+// A copy of the golden model directory with its tensors changed by `edit` (and config.json by `cfg`).
+std::string edited_model(const test::TempDir& d, const std::string& name, const std::function<void(NamedTensors&)>& edit,
+                         const std::function<void(nlohmann::json&)>& cfg = nullptr) {
+  const std::string dir = d / name;
+  fs::create_directories(dir);
+  NamedTensors t = read_safetensors(kGolden + "/model/model.safetensors");
+  edit(t);
+  write_safetensors(dir + "/model.safetensors", t);
+  auto c = nlohmann::json::parse(read_file(kGolden + "/model/config.json"));
+  if (cfg) cfg(c);
+  write_file_atomic(dir + "/config.json", c.dump(2));
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("import-hf of a transformers GPT-2 gives transformers' logits", "[huggingface]") {
+  test::TempDir d;
+  const std::string out = d / "imported";
+  auto arch = import_hf(kGolden + "/model", out);
+  CHECK(std::find(arch.begin(), arch.end(), "architecture/activation=gelu_tanh") != arch.end());
+  auto meta = read_checkpoint_metadata(out);
+  CHECK(meta["weights_only"] == true);
+  CHECK(meta["kind"] == "plain");
+  CHECK(meta["config"]["architecture"]["block_size"] == 32);
+  CHECK(meta["config"]["training"]["pre_lora_tokens"] == nlohmann::json::array());
+  CHECK(meta["base_model"]["family"] == "gpt2");
+  // f32 weights, f32 arithmetic on both sides; the differences are summation order (measured ~1e-6).
+  Loaded l = load(out);
+  auto ours = l.logits(golden_ids());
+  auto ref = golden_logits();
+  REQUIRE(ours.sizes() == ref.sizes());
+  CHECK(max_diff(ours, ref) < 1e-4);
+  CHECK(ref.std().item<double>() > 1.0);  // the reference is far from uniform, so the check means something
+
+  // The same model saved by transformers in bf16 over two shards imports as those values, in f32.
+  const std::string out16 = d / "imported_bf16";
+  import_hf(kGolden + "/model_bf16_sharded", out16);
+  auto a = read_checkpoint_tensors(out), b = read_checkpoint_tensors(out16);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].first);
+    CHECK(torch::equal(b[i].second, a[i].second.to(torch::kBFloat16).to(torch::kFloat32)));
+  }
+}
+
+TEST_CASE("import-hf refuses what our GPT cannot represent, naming it, and writes nothing", "[huggingface]") {
+  test::TempDir d;
+  const std::string out = d / "out";
+  auto refused = [&](const std::string& dir, const std::string& text) {
+    INFO(text);
+    CHECK_THROWS_WITH(import_hf(dir, out), Contains(text));
+    CHECK_FALSE(fs::exists(out));
+    for (auto& e : fs::directory_iterator(d.path)) CHECK(e.path().filename().string().find(".tmp-") == std::string::npos);
+  };
+  auto same = [](NamedTensors&) {};
+  refused(edited_model(d, "llama", same, [](auto& c) { c["model_type"] = "llama"; }),
+          "model_type \"llama\" is not supported; import-hf reads gpt2 (GPT2LMHeadModel) only. The llama family");
+  refused(edited_model(d, "relu", same, [](auto& c) { c["activation_function"] = "relu"; }), "activation_function \"relu\"");
+  refused(edited_model(d, "eps", same, [](auto& c) { c["layer_norm_epsilon"] = 1e-6; }), "layer_norm_epsilon");
+  refused(edited_model(d, "untied", same, [](auto& c) { c["tie_word_embeddings"] = false; }), "tie_word_embeddings false");
+  refused(edited_model(d, "missing",
+                       [](NamedTensors& t) {
+                         t.erase(std::remove_if(t.begin(), t.end(), [](auto& p) { return p.first == "transformer.h.1.mlp.c_fc.bias"; }),
+                                 t.end());
+                       }),
+          "missing transformer.h.1.mlp.c_fc.bias (128)");
+  refused(edited_model(d, "shape",
+                       [](NamedTensors& t) {
+                         for (auto& [n, x] : t)
+                           if (n == "transformer.h.0.attn.c_proj.weight") x = torch::zeros({32, 31});
+                       }),
+          "transformer.h.0.attn.c_proj.weight: shape (32, 31), expected (32, 32) (Conv1D: (in, out))");
+  refused(edited_model(d, "extra", [](NamedTensors& t) { t.emplace_back("transformer.h.2.ln_1.weight", torch::ones({32})); }),
+          "unexpected tensor h.2.ln_1.weight");
+  refused(edited_model(d, "lm_head", [](NamedTensors& t) { t.emplace_back("lm_head.weight", torch::ones({300, 32})); }),
+          "lm_head.weight differs from transformer.wte.weight");
+  refused(d / "nowhere", "is not a directory");
+  // Older files (no "transformer." prefix, the causal-mask buffers, a tied lm_head.weight) are read.
+  const std::string old = edited_model(d, "old", [](NamedTensors& t) {
+    NamedTensors renamed;
+    torch::Tensor wte;
+    for (auto& [n, x] : t) {
+      renamed.emplace_back(n.substr(std::string("transformer.").size()), x);
+      if (n == "transformer.wte.weight") wte = x;
+    }
+    renamed.emplace_back("h.0.attn.bias", torch::ones({1, 1, 32, 32}));
+    renamed.emplace_back("lm_head.weight", wte.clone());
+    t = renamed;
+  });
+  CHECK_NOTHROW(import_hf(old, out));
+  // A second import replaces the first (an earlier import); somebody's directory is refused.
+  CHECK_NOTHROW(import_hf(kGolden + "/model", out));
+  fs::create_directories(d / "mine");
+  CHECK_THROWS_WITH(import_hf(kGolden + "/model", d / "mine"), Contains("is not an earlier export or import"));
+}
+
+TEST_CASE("export --format hf writes transformers' files, and re-importing them is bit-exact", "[huggingface]") {
+  test::TempDir d;
+  import_hf(kGolden + "/model", d / "imported");
+  export_hf(d / "imported", d / "hf");
+  // The same tensors, names and layouts transformers wrote: bit for bit.
+  NamedTensors theirs = read_safetensors(kGolden + "/model/model.safetensors");
+  NamedTensors ours = read_safetensors(d / "hf/model.safetensors");
+  REQUIRE(ours.size() == theirs.size());
+  for (size_t i = 0; i < ours.size(); ++i) {
+    INFO(theirs[i].first);
+    CHECK(ours[i].first == theirs[i].first);
+    CHECK(torch::equal(ours[i].second, theirs[i].second));
+  }
+  auto config = nlohmann::json::parse(read_file(d / "hf/config.json"));
+  CHECK(config["architectures"] == nlohmann::json::array({"GPT2LMHeadModel"}));
+  CHECK(config["model_type"] == "gpt2");
+  CHECK(config["activation_function"] == "gelu_new");
+  CHECK(config["n_positions"] == 32);
+  CHECK(config["eos_token_id"] == 299);  // the imported model's own config is carried over
+  // Re-import: the same checkpoint tensors.
+  import_hf(d / "hf", d / "again");
+  auto a = read_checkpoint_tensors(d / "imported"), b = read_checkpoint_tensors(d / "again");
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i].second, b[i].second));
+  // Export's rule for OUT: an earlier export is replaced, anything else is refused.
+  CHECK_NOTHROW(export_hf(d / "imported", d / "hf"));
+  fs::create_directories(d / "mine");
+  CHECK_THROWS_WITH(export_hf(d / "imported", d / "mine"), Contains("is not an earlier export or import"));
+  CHECK_THROWS_WITH(export_hf(d / "imported", d / "imported"), Contains("is the checkpoint being exported"));
+  CHECK_THROWS_WITH(export_peft(d / "imported", d / "peft"), Contains("without adapters"));
+  CHECK_FALSE(fs::exists(d / "peft"));
+}
+
+TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter and the merged export reproduce our model", "[huggingface]") {
+  test::TempDir d;
+  test::make_byte_dataset(d / "data", "gen", 1);
+  import_hf(kGolden + "/model", d / "imported");
+  // A LoRA job without phase one on the imported base (vocab 300 holds the byte tokenizer's 257 ids).
+  Config c(LoRATrainer::schema());
+  c.merge_json(read_checkpoint_metadata(d / "imported")["config"], "import");
+  for (const auto& o : test::tiny_overrides(d / "data"))
+    if (o.rfind("architecture/", 0) != 0) c.apply_override(o);
+  c.apply_override("training/post_lora_tokens=[1280]");
+  c.apply_override(R"(training/post_lora_dataset=[[{"name":"gen","rate":1}]])");
+  c.apply_override("optimization/lora/rank=4");
+  c.apply_override("optimization/lora/alpha=8");
+  c.apply_override("optimization/lora/lr=0.01");
+  c.apply_override(R"(optimization/lora/target_modules=["attn.c_attn","mlp.c_fc","mlp.c_proj"])");
+  c.apply_override("runtime/precision=f32");
+  JobSpec s;
+  s.name = "adapt";
+  {
+    LoRATrainer t(s, std::move(c), d / "out");
+    t.restore_from_path(d / "imported");
+    t.run();
+  }
+  const std::string ck = d / "out/checkpoints/general/default/adapt/final/1280";
+  REQUIRE(read_checkpoint_metadata(ck)["kind"] == "lora");
+  CHECK(read_checkpoint_metadata(ck)["base_model"]["family"] == "gpt2");
+  Loaded lora = load(ck);
+  const torch::Tensor ids = golden_ids();
+  const torch::Tensor ours = lora.logits(ids);
+  auto base = load(d / "imported").logits(ids);
+  REQUIRE(max_diff(ours, base) > 1e-2);  // the adapters changed the model
+
+  // PEFT's files: the documented config and keys, lora_A (r, in), lora_B (out, r).
+  export_peft(ck, d / "peft");
+  auto cfg = nlohmann::json::parse(read_file(d / "peft/adapter_config.json"));
+  CHECK(cfg["peft_type"] == "LORA");
+  CHECK(cfg["task_type"] == "CAUSAL_LM");
+  CHECK(cfg["r"] == 4);
+  CHECK(cfg["lora_alpha"] == 8.0);
+  CHECK(cfg["fan_in_fan_out"] == true);
+  CHECK(cfg["bias"] == "none");
+  // "c_proj" alone would make PEFT adapt attn.c_proj too, so the names keep their parent module.
+  CHECK(cfg["target_modules"] == nlohmann::json::array({"attn.c_attn", "mlp.c_fc", "mlp.c_proj"}));
+  CHECK(cfg["base_model_name_or_path"] == fs::absolute(kGolden + "/model").lexically_normal().string());
+  NamedTensors adapter = read_safetensors(d / "peft/adapter_model.safetensors");
+  CHECK(adapter.size() == 2 * 3 * 2);
+  std::map<std::string, torch::Tensor> by_name(adapter.begin(), adapter.end());
+  CHECK(by_name.at("base_model.model.transformer.h.0.attn.c_attn.lora_A.weight").sizes() == at::IntArrayRef({4, 32}));
+  CHECK(by_name.at("base_model.model.transformer.h.0.attn.c_attn.lora_B.weight").sizes() == at::IntArrayRef({96, 4}));
+  CHECK(by_name.at("base_model.model.transformer.h.1.mlp.c_proj.lora_A.weight").sizes() == at::IntArrayRef({4, 128}));
+  CHECK(by_name.at("base_model.model.transformer.h.1.mlp.c_proj.lora_B.weight").sizes() == at::IntArrayRef({32, 4}));
+
+  // Applied as PEFT applies them to the Hugging Face weights (Conv1D, fan_in_fan_out):
+  // W (in, out) += (lora_alpha / r) (lora_B @ lora_A)^T, on the base our LoRA job trained against.
+  NamedTensors params;
+  for (auto& [n, t] : read_checkpoint_tensors(ck))
+    if (n.rfind("params/", 0) == 0) params.emplace_back(n.substr(7), t.to(torch::kFloat32));
+  NamedTensors hf = gpt2_to_hf(params);
+  const double scaling = cfg["lora_alpha"].get<double>() / cfg["r"].get<double>();
+  int applied = 0;
+  for (auto& [n, w] : hf) {
+    const std::string mod = "base_model.model." + n.substr(0, n.size() - std::string(".weight").size());
+    auto a = by_name.find(mod + ".lora_A.weight");
+    if (a == by_name.end()) continue;
+    w = w + scaling * torch::mm(by_name.at(mod + ".lora_B.weight"), a->second).t();
+    ++applied;
+  }
+  CHECK(applied == 6);
+  auto merged_params = gpt2_from_hf(hf, params, "peft-merged");
+  GPT m(lora.trainer->model()->options());
+  {
+    torch::NoGradGuard ng;
+    std::map<std::string, torch::Tensor> merged_by_name(merged_params.begin(), merged_params.end());
+    for (auto& [n, t] : named_params(*m)) t.copy_(merged_by_name.at(n));
+    m->eval();
+    CHECK(max_diff(m->forward(ids), ours) < 1e-4);
+  }
+
+  // The merged Hugging Face export, re-imported, is the same model too.
+  export_hf(ck, d / "hf");
+  import_hf(d / "hf", d / "hf_again");
+  CHECK(max_diff(load(d / "hf_again").logits(ids), ours) < 1e-4);
+
+  if (const char* keep = std::getenv("LT_HF_CHECK_DIR")) {  // for scripts/hf_golden.py (docs/huggingface.md)
+    const std::string k = keep;
+    fs::create_directories(k);
+    for (const char* sub : {"peft", "hf"}) {
+      remove_tree(k + "/" + sub);
+      fs::create_directories(k + "/" + sub);  // flat directories; no recursive std::filesystem (util.hpp says why)
+      for (auto& e : fs::directory_iterator(d / sub)) fs::copy_file(e.path(), fs::path(k) / sub / e.path().filename());
+    }
+    write_safetensors(k + "/lora_logits.safetensors", {{"logits", ours.contiguous()}});
+    // The adapters on the f32 base as imported (the job trained them on its bf16 copy of it), as
+    // PEFT computes them on the original Hugging Face model.
+    Loaded f32 = load(d / "imported");
+    attach_lora(*f32.trainer->model(), dynamic_cast<LoRATrainer&>(*lora.trainer).lora_params(), 8.0, 4);
+    write_safetensors(k + "/lora_on_f32_base_logits.safetensors", {{"logits", f32.logits(ids).contiguous()}});
+  }
+}
+
+TEST_CASE("launcher: import-hf, LoRA without phase one, eval and sample, export --format peft and hf", "[huggingface][launcher]") {
+  using test::launch;
+  test::TempDir d;
+  test::make_byte_dataset(d / "data", "gen", 1);
+  test::Result imp = launch({"import-hf", kGolden + "/model", d / "base"});
+  INFO(imp.out);
+  REQUIRE(imp.code == 0);
+  CHECK_THAT(imp.out, Contains("architecture/activation=gelu_tanh"));
+  // The overrides import-hf printed, with this test's data and sizes.
+  std::vector<std::string> args = {"configure", "lora/train", d / "ft.json"};
+  for (std::string o : {"architecture/vocab_size=300", "architecture/block_size=32", "architecture/n_layers=2",
+                        "architecture/n_heads=4", "architecture/d_model=32", "architecture/activation=gelu_tanh",
+                        "training/pre_lora_tokens=[]", "training/pre_lora_dataset=[]", "training/post_lora_tokens=[640]",
+                        R"(training/post_lora_dataset=[[{"name":"gen","rate":1}]])", "training/batch_size=4",
+                        "optimization/lora/rank=4", "runtime/threads=2", "training/validation_steps=4"})
+    args.push_back(o);
+  args.push_back("data/dir=\"" + (d / "data") + "\"");
+  REQUIRE(launch(args).code == 0);
+  // A job with the other GELU would load the same shapes: refused, saying which activation to set.
+  test::Result wrong = launch({"run", "wrong", d / "ft.json", d / "out", "--restore", d / "base", "architecture/activation=gelu"});
+  CHECK(wrong.code == 2);
+  CHECK_THAT(wrong.out, Contains("architecture/activation=gelu_tanh; this job has gelu"));
+  test::Result run = launch({"run", "ft", d / "ft.json", d / "out", "--restore", d / "base"});
+  INFO(run.out);
+  REQUIRE(run.code == 0);
+  CHECK_THAT(run.out, Contains("transition to LoRA at step 0"));
+  const std::string ck = d / "out/checkpoints/general/default/ft/final/640";
+  CHECK(launch({"eval", d / "base", "--dataset", "gen", "--rows", "2", "data/dir=\"" + (d / "data") + "\""}).code == 0);
+  CHECK(launch({"sample", d / "base", "--prompt", "the cat", "--tokens", "5", "--tokenizer", "byte"}).code == 0);
+  test::Result peft = launch({"export", "--format", "peft", ck, d / "peft"});
+  INFO(peft.out);
+  CHECK(peft.code == 0);
+  CHECK(fs::exists(d / "peft/adapter_model.safetensors"));
+  CHECK(launch({"export", "--format", "hf", ck, d / "hf"}).code == 0);
+  CHECK(fs::exists(d / "hf/config.json"));
+  // User errors: exit 2, nothing written.
+  CHECK(launch({"export", "--format", "peft", d / "base", d / "peft2"}).code == 2);
+  CHECK_FALSE(fs::exists(d / "peft2"));
+  CHECK(launch({"export", "--format", "hf", ck, d / "data"}).code == 2);
+  CHECK(launch({"import-hf", d / "data", d / "base2"}).code == 2);
+  CHECK_FALSE(fs::exists(d / "base2"));
+  // The default format is unchanged: a weights-only checkpoint.
+  CHECK(launch({"export", ck, d / "merged"}).code == 0);
+  CHECK(read_checkpoint_metadata(d / "merged")["weights_only"] == true);
+}
