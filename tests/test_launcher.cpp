@@ -286,7 +286,8 @@ TEST_CASE("launcher: bench reports both phases, and the LoRA state is a bf16 bas
 
 TEST_CASE("launcher: one writer per job directory, and a second run of the same job is refused, naming the first", "[launcher]") {
   test::TempDir dir;
-  std::string cfg = tiny_config(dir, {"training/tokens=64000", "logging/report_interval=1"});  // 500 steps
+  // 100,000 steps: still running when it is killed below, even on a fast machine
+  std::string cfg = tiny_config(dir, {"training/tokens=12800000", "logging/report_interval=1", "logging/checkpoint_interval=1000000"});
   const std::string log = dir / "first.log";
   pid_t first = test::spawn({"run", "busy", cfg, dir / "out"}, {}, log);
   REQUIRE(test::wait_for_text(log, "step      3/", 60));

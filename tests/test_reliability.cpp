@@ -195,7 +195,13 @@ TEST_CASE("reliability: damaged checkpoint metadata names the field", "[reliabil
   std::string cfg = lora_config(dir, 5, 5);
   REQUIRE(launch({"run", "m", cfg, dir / "out"}).code == 0);
   std::string ck = job_dir(dir, "m") + "/final/1280";
-  fs::copy(ck, dir / "ck-src", fs::copy_options::recursive);
+  // cp and remove_tree, not std::filesystem's copy and remove_all: PyTorch's pip LibTorch exports its
+  // own copies of those, which crash when they serve this program (see util.hpp).
+  auto fresh_copy = [&] {
+    remove_tree(dir / "ck");
+    REQUIRE(test::shell("cp -r " + test::quote(dir / "ck-src") + " " + test::quote(dir / "ck")).code == 0);
+  };
+  REQUIRE(test::shell("cp -r " + test::quote(ck) + " " + test::quote(dir / "ck-src")).code == 0);
   struct Damage {
     const char* field;
     std::function<void(nlohmann::json&)> edit;
@@ -207,8 +213,7 @@ TEST_CASE("reliability: damaged checkpoint metadata names the field", "[reliabil
            {"data", [](nlohmann::json& m) { m["data"]["cursors"]["0"] = -4; }},
            {"job", [](nlohmann::json& m) { m["job"]["name"] = 12; }},
        }) {
-    fs::remove_all(dir / "ck");
-    fs::copy(dir / "ck-src", dir / "ck", fs::copy_options::recursive);
+    fresh_copy();
     edit_metadata(dir / "ck", d.edit);
     for (const auto& args : std::vector<std::vector<std::string>>{{"restore", "r", dir / "ck", dir / "out"},
                                                                    {"eval", dir / "ck"},
@@ -220,8 +225,7 @@ TEST_CASE("reliability: damaged checkpoint metadata names the field", "[reliabil
     }
   }
   // A number too large for any type, in the metadata.
-  fs::remove_all(dir / "ck");
-  fs::copy(dir / "ck-src", dir / "ck", fs::copy_options::recursive);
+  fresh_copy();
   std::string text = read_file(dir / "ck/metadata.json");
   text.replace(text.find("\"step\": 10"), 10, "\"step\": 1e999");
   write_file_atomic(dir / "ck/metadata.json", text);
