@@ -43,14 +43,6 @@ std::string shape_text(at::IntArrayRef s) {
   return out + ")";
 }
 
-json read_json_file(const std::string& path) {
-  try {
-    return json::parse(read_file(path));
-  } catch (const json::parse_error& e) {
-    throw UserError(path + " is not valid JSON: " + e.what());
-  }
-}
-
 // HF's activation names -> ours. gelu_new, gelu_pytorch_tanh and gelu_fast are the same tanh formula.
 const std::map<std::string, std::string>& activations() {
   static const std::map<std::string, std::string> m = {

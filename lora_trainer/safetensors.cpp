@@ -88,7 +88,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     json header;
     try {
       header = json::parse(reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + 8 + n));
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
       throw UserError(path + ": the header is not valid JSON (" + e.what() + "): not a safetensors file, or damaged");
     }
     if (!header.is_object()) throw UserError(path + ": the header is not a JSON object");
@@ -229,7 +229,7 @@ NamedTensors read_safetensors_model(const std::string& dir) {
   json j;
   try {
     j = json::parse(read_file(index.string()));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw UserError(index.string() + " is not valid JSON: " + e.what());
   }
   if (!j.contains("weight_map") || !j["weight_map"].is_object() || j["weight_map"].empty())

@@ -243,7 +243,7 @@ def peft_convention(args):
                     name = k[len("base_model.model."):].replace(".lora_A.weight", ".weight")
                     params[name] += (b @ t).T * (alpha / r)
         plain.eval()
-        ok = compare("PEFT vs W += (lora_alpha/r)(lora_B @ lora_A)^T by hand", plain(input_ids=ids).logits, want, 1e-5) and ok
+        ok = compare("PEFT vs W += (lora_alpha/r)(lora_B @ lora_A)^T by hand", plain(input_ids=ids).logits, want, 1e-4) and ok
         with model.disable_adapter():
             print(f"the adapters' effect on the logits: {(model(input_ids=ids).logits - want).abs().max().item():.3e}")
     return 0 if ok else 1
