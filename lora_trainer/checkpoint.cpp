@@ -424,6 +424,13 @@ std::optional<std::string> read_latest(const std::string& job_dir) {
     throw UserError(p.string() + " is empty: it should name the checkpoint to resume from. Write the name of one "
                     "listed by `lora_trainer checkpoints JOB OUT_DIR` into it (e.g. final/1280 or ntoks/2048), or "
                     "delete it to start the job over from step 0");
+  // It names a checkpoint of this job: below the job directory, never another job's or an absolute path.
+  const bool outside = s[0] == '/' || s == ".." || s.rfind("../", 0) == 0 || s.find("/../") != std::string::npos ||
+                       (s.size() >= 3 && s.compare(s.size() - 3, 3, "/..") == 0);
+  if (outside || s.find('\0') != std::string::npos || s.find('\n') != std::string::npos)
+    throw UserError(p.string() + " names \"" + s.substr(0, 80) + "\", which is not a checkpoint inside the job directory "
+                    "(a hand edit, or a damaged file). Write the name of one listed by `lora_trainer checkpoints JOB "
+                    "OUT_DIR` into it (e.g. final/1280 or ntoks/2048), or delete it to start the job over from step 0");
   return s;
 }
 

@@ -295,6 +295,11 @@ TEST_CASE("an empty `latest` is an error that says what to do, not a silent rest
   CHECK_THROWS_WITH(b->restore_latest(), Contains("latest is empty") && Contains("lora_trainer checkpoints"));
   write_file_atomic(b->job_dir() + "/latest", "ntoks/999\n");
   CHECK_THROWS_WITH(b->restore_latest(), Contains("not a complete checkpoint"));
+  // Garbled: another job's checkpoint, an absolute path, several lines.
+  for (std::string bad : {"../other/ntoks/384\n", "/tmp\n", "ntoks/../../x\n", "ntoks/384\nntoks/512\n"}) {
+    write_file_atomic(b->job_dir() + "/latest", bad);
+    CHECK_THROWS_WITH(b->restore_latest(), Contains("not a checkpoint inside the job directory"));
+  }
   write_file_atomic(b->job_dir() + "/latest", "ntoks/384\n");
   CHECK(b->restore_latest() == "ntoks/384");
   CHECK(b->step() == 3);
