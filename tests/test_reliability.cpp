@@ -309,20 +309,30 @@ TEST_CASE("reliability: skipping phase one needs a base, and the report says whi
 
 TEST_CASE("reliability: killed with -9 again and again, mid-step and mid-save, a job ends as an uninterrupted one", "[reliability]") {
   test::TempDir dir;
-  std::string cfg = lora_config(dir, 20, 20, {"logging/checkpoint_interval=1", "logging/validation_interval=5"});
-  const auto t0 = std::chrono::steady_clock::now();
+  std::string cfg = lora_config(dir, 20, 20, {"logging/checkpoint_interval=1", "logging/validation_interval=5",
+                                              "logging/report_interval=1"});
   REQUIRE(launch({"run", "clean", cfg, dir / "out"}).code == 0);
-  const int run_ms = static_cast<int>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count());
   const auto want = test::state_digests(job_dir(dir, "clean") + "/final/5120");
-  // Kills at random moments of a run (its start, steps, validations and a save every step), five times.
+  // Five kills, each once the run has reached a later step than the one before, then 0-10 ms later:
+  // a save follows every step, so they land in steps, saves and validations (a timing taken from the
+  // clean run would not survive a loaded machine).
   std::mt19937 rng(12345);
-  int kills = 0;
-  for (int attempt = 0; attempt < 10 && kills < 5; ++attempt) {
-    pid_t pid = test::spawn({"run", "killed", cfg, dir / "out"}, {}, dir / "killed.log");
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(run_ms / 5, run_ms * 3 / 5)(rng)));
+  int kills = 0, target = 0;
+  for (int k = 0; k < 5; ++k) {
+    // Beyond the step the next run resumes from (a kill lands a few steps after its target).
+    auto latest = read_latest(job_dir(dir, "killed"));
+    const int resumes_at = latest ? read_checkpoint_metadata(job_dir(dir, "killed") + "/" + *latest)["step"].get<int>() : 0;
+    target = std::max(target, resumes_at) + std::uniform_int_distribution<int>(2, 6)(rng);
+    const std::string log = dir / ("killed" + std::to_string(k) + ".log");
+    pid_t pid = test::spawn({"run", "killed", cfg, dir / "out"}, {}, log);
+    char line[32];
+    std::snprintf(line, sizeof line, "step %6d/", target);
+    const bool reached = test::wait_for_text(log, line, 120);
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 10)(rng)));
     kill(pid, SIGKILL);
     int code = test::wait_exit(pid, 30);
+    INFO(read_file(log));
+    REQUIRE(reached);
     if (code == 0) break;  // it had finished
     REQUIRE(code == 128 + SIGKILL);
     ++kills;
@@ -331,7 +341,7 @@ TEST_CASE("reliability: killed with -9 again and again, mid-step and mid-save, a
   INFO(end.out);
   REQUIRE(end.code == 0);
   INFO("kills: " << kills);
-  CHECK(kills >= 1);
+  CHECK(kills == 5);
   CHECK(test::state_digests(job_dir(dir, "killed") + "/final/5120") == want);
   CHECK(launch({"inspect", "--verify", job_dir(dir, "killed") + "/final/5120"}).code == 0);
 }
