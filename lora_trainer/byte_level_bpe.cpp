@@ -2,6 +2,8 @@
 #include "lora_trainer/byte_level_bpe.hpp"
 
 #include <cstring>
+#include <functional>
+#include <queue>
 #include <limits>
 #include <stdexcept>
 
@@ -163,31 +165,74 @@ bool regex_next(const Regex& re, MatchData& md, std::string_view text, size_t po
   return true;
 }
 
+namespace {
+
+// The library's algorithm (tokenizers' bpe/word.rs): a queue of candidate merges ordered by rank, then
+// by the position of the left symbol; symbols keep their first byte's position, so "leftmost" is the
+// smallest position. A candidate whose symbols have changed since it was queued is skipped. O(n log n)
+// in the word's length, where merging one pair per scan of the word would be quadratic.
+void bpe_merge_queued(std::vector<uint32_t>& sym, const MergeTable& merges) {
+  const size_t n = sym.size();
+  struct Candidate {
+    uint32_t rank;
+    size_t pos;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::vector<size_t> prev(n), next(n);  // neighbours in the current word; n = none
+  std::vector<bool> gone(n, false);
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+  for (size_t i = 0; i < n; ++i) {
+    prev[i] = i == 0 ? n : i - 1;
+    next[i] = i + 1;
+    if (i + 1 < n) {
+      auto it = merges.find(pair_key(sym[i], sym[i + 1]));
+      if (it != merges.end()) queue.push({it->second.rank, i});
+    }
+  }
+  while (!queue.empty()) {
+    const Candidate top = queue.top();
+    queue.pop();
+    if (gone[top.pos] || next[top.pos] >= n) continue;
+    const size_t right = next[top.pos];
+    auto it = merges.find(pair_key(sym[top.pos], sym[right]));
+    if (it == merges.end() || it->second.rank != top.rank) continue;  // stale
+    sym[top.pos] = it->second.result;
+    gone[right] = true;
+    next[top.pos] = next[right];
+    if (next[right] < n) prev[next[right]] = top.pos;
+    if (prev[top.pos] < n) {
+      auto p = merges.find(pair_key(sym[prev[top.pos]], sym[top.pos]));
+      if (p != merges.end()) queue.push({p->second.rank, prev[top.pos]});
+    }
+    if (next[top.pos] < n) {
+      auto q = merges.find(pair_key(sym[top.pos], sym[next[top.pos]]));
+      if (q != merges.end()) queue.push({q->second.rank, top.pos});
+    }
+  }
+  size_t w = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (!gone[i]) sym[w++] = sym[i];
+  sym.resize(w);
+}
+
+}  // namespace
+
 void bpe_merge(std::vector<uint32_t>& sym, const MergeTable& merges, MergeOrder order) {
+  if (order == MergeOrder::kHuggingFace) return bpe_merge_queued(sym, merges);
+  // Encoder.js: a scan finds the best pair, a second merges all its occurrences.
   constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
   while (sym.size() > 1) {
     uint32_t best_rank = kNoRank, left = 0, right = 0, merged = 0;
-    size_t best_pos = 0;
     for (size_t i = 0; i + 1 < sym.size(); ++i) {
       auto it = merges.find(pair_key(sym[i], sym[i + 1]));
-      if (it == merges.end()) continue;
-      const uint32_t rank = it->second.rank;
-      if (order == MergeOrder::kEncoderJs ? rank <= best_rank : rank < best_rank) {
-        best_rank = rank;
-        best_pos = i;
+      if (it != merges.end() && it->second.rank <= best_rank) {
+        best_rank = it->second.rank;
         left = sym[i];
         right = sym[i + 1];
         merged = it->second.result;
       }
     }
     if (best_rank == kNoRank) break;
-    if (order == MergeOrder::kHuggingFace) {
-      // One merge, then the pairs are looked at afresh: a pair the merge made may rank below another
-      // occurrence of the same pair further right (as with the library's priority queue).
-      sym[best_pos] = merged;
-      sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(best_pos) + 1);
-      continue;
-    }
     size_t w = 0;
     for (size_t i = 0; i < sym.size();) {
       if (i + 1 < sym.size() && sym[i] == left && sym[i + 1] == right) {

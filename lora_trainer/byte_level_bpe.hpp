@@ -58,7 +58,8 @@ enum class MergeOrder {
   // Encoder.js (gpt-3-encoder): take the lowest-ranked pair (the last one on a tie) and merge every
   // occurrence of it, left to right.
   kEncoderJs,
-  // Hugging Face tokenizers: merge the lowest-ranked pair, the leftmost on a tie, one at a time.
+  // Hugging Face tokenizers: merge the lowest-ranked pair, the leftmost on a tie, one at a time
+  // (through a priority queue, as the library does, so that long words take O(n log n)).
   kHuggingFace,
 };
 // Merges the symbols of one word in place until no adjacent pair has a rank.
