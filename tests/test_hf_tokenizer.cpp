@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -172,4 +173,17 @@ TEST_CASE("tokenize --tokenizer hf:DIR writes the library's ids, the tokenizer's
     expected.push_back(g["eot_id"].get<uint32_t>());
     CHECK(ids == expected);
   }
+}
+
+TEST_CASE("hf tokenizer encodes a word of 300,000 letters in well under a minute", "[tokenizer][hf]") {
+  // Merging one pair per scan of the word would take about 10^10 steps here.
+  auto tok = lt::make_tokenizer("hf:" + kData + "/llama3");
+  std::string text;
+  for (int i = 0; i < 100000; ++i) text += "the";
+  const auto start = std::chrono::steady_clock::now();
+  const auto ids = tok->encode(text);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(seconds < 20);
+  CHECK(ids.size() < text.size() / 2);
+  CHECK(tok->decode(ids) == text);
 }
