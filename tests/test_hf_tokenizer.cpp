@@ -187,3 +187,17 @@ TEST_CASE("hf tokenizer encodes a word of 300,000 letters in well under a minute
   CHECK(ids.size() < text.size() / 2);
   CHECK(tok->decode(ids) == text);
 }
+
+TEST_CASE("sample --tokenizer hf:DIR reads the prompt with that tokenizer", "[tokenizer][hf][launcher]") {
+  lt::test::TempDir tmp;
+  // The imported test model has a vocabulary of 300: order/ (259) fits, llama3/ (701) does not.
+  REQUIRE(lt::test::launch({"import-hf", std::string(LT_SOURCE_DIR) + "/tests/data/hf_gpt2/model", tmp / "base"}).code == 0);
+  auto r = lt::test::launch({"sample", tmp / "base", "--prompt", "abab <|endoftext|>x", "--tokens", "5", "--temperature",
+                             "0", "--tokenizer", "hf:" + kData + "/order"});
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains("abab <|endoftext|>x"));
+  r = lt::test::launch({"sample", tmp / "base", "--prompt", "ab", "--tokenizer", "hf:" + kData + "/llama3"});
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("outside the model's vocabulary of 300") && Contains("--tokenizer"));
+}
