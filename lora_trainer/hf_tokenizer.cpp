@@ -126,7 +126,9 @@ void HfTokenizer::read_added_tokens(const json& added) {
 }
 
 void HfTokenizer::read_model(const json& model) {
-  const std::string type = model.value("type", std::string());
+  // Older files may leave "type" out; the library then recognises a BPE by its merges.
+  const std::string type = model.value("type", std::string(model.contains("merges") ? "BPE" : ""));
+  if (type.empty()) throw unsupported("a model with no \"type\" and no \"merges\" (not a BPE)");
   if (type != "BPE") {
     std::string hint;
     if (type == "Unigram") hint = " (SentencePiece Unigram, e.g. T5, Llama 2 style)";
