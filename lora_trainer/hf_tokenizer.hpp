@@ -1,0 +1,29 @@
+// Hugging Face `tokenizers` files (tokenizer.json) for byte-level BPE models: `--tokenizer hf:DIR`.
+//
+// Supported, with the ids of the reference library's encode(text, add_special_tokens=False):
+//  - model.type "BPE" with `vocab` and `merges` (as "a b" strings or [a, b] pairs), ignore_merges;
+//  - pre_tokenizer ByteLevel (use_regex true: GPT-2's pattern; add_prefix_space false), or a Sequence
+//    of Split (a Regex pattern, behavior Isolated, not inverted) steps followed by ByteLevel with
+//    use_regex false (Llama 3, Qwen2);
+//  - normalizer none, or NFC taken as already satisfied (see docs/huggingface.md);
+//  - decoder none or ByteLevel; the post-processor (e.g. Llama 3's BOS) is not applied;
+//  - added_tokens (special or not): matched in the text as the library does, before pre-tokenisation,
+//    leftmost first and the longest where several start at the same place.
+// Anything else (WordPiece, Unigram/SentencePiece such as Llama 2, byte_fallback, normalizers that
+// change text, other pre-tokenizers) is refused with an lt::UserError naming it.
+//
+// The end-of-text id: tokenizer_config.json's eos_token when the directory has one, else the first
+// added token of <|endoftext|> (GPT-2, Qwen2), <|end_of_text|> (Llama 3 base), <|eot_id|>, </s>.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "lora_trainer/tokenizer.hpp"
+
+namespace lt {
+
+// dir: a directory holding tokenizer.json (and optionally tokenizer_config.json). name(): "hf:" + dir.
+std::unique_ptr<Tokenizer> make_hf_tokenizer(const std::string& dir);
+
+}  // namespace lt

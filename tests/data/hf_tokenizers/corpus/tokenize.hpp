@@ -1,0 +1,36 @@
+// The tokenize job: text files or directories -> a PMD dataset directory (train.bin, val.bin,
+// meta.json; see data.hpp). Each file is one document, followed by the end-of-text token. Documents
+// are taken in sorted path order and every k-th one (k = 1 / val_fraction, at least one) goes to validation,
+// so the split is deterministic; a single document is split by tokens instead (its last val_fraction).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lt {
+
+struct TokenizeOptions {
+  std::vector<std::string> inputs;      // files and/or directories (recursed)
+  std::vector<std::string> extensions;  // keep only files with these endings (e.g. ".py"); empty = all
+  std::string out_dir;                  // the dataset directory to write
+  std::string tokenizer = "gpt2";
+  std::string tokenizer_dir;            // "" = default_gpt2_dir()
+  double val_fraction = 0.05;
+  int64_t length = 0;                   // padded: row length L; 0 = the longest record
+};
+
+struct TokenizeResult {
+  uint64_t documents = 0, val_documents = 0, bytes = 0, train_tokens = 0, val_tokens = 0;
+};
+
+// Writes atomically: files appear under their final names only when complete, meta.json last.
+TokenizeResult tokenize_to_pmd(const TokenizeOptions& opts);
+
+// JSONL records {"prompt": str, "completion": str} -> a PADDED dataset (data.hpp): each row is
+// prompt + completion + end-of-text, left-padded (pad = end-of-text, mask 0) to `length`; only the
+// completion and its end-of-text count in the loss. A longer record keeps its last `length` tokens.
+// Every k-th record (k = 1 / val_fraction, at least one) goes to validation.
+TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& opts);
+
+}  // namespace lt
