@@ -8,11 +8,12 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "lora_trainer/util.hpp"
@@ -88,8 +89,7 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
   }
   std::fprintf(stderr, "started %d ranks on 127.0.0.1:%d\n", nproc, port);
 
-  auto prev_int = std::signal(SIGINT, lt_launcher_on_signal);
-  auto prev_term = std::signal(SIGTERM, lt_launcher_on_signal);
+  auto signals = std::make_unique<SignalGuard>(lt_launcher_on_signal);  // forwarded to the ranks until they end
   int running = nproc, first_failure = -1, result = 0;
   double kill_at = 0;  // after a failure: when the ranks still running are killed
   bool killed = false;
@@ -129,8 +129,7 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  std::signal(SIGINT, prev_int);
-  std::signal(SIGTERM, prev_term);
+  signals.reset();
   if (first_failure >= 0)
     std::fprintf(stderr, "error: rank %d of %d failed (exit status %d)%s\n", first_failure, nproc, result,
                  result == kExitLostRank ? ": a rank lost contact with another" : "");

@@ -338,11 +338,10 @@ void check_export_target(const std::string& source, const std::string& out, cons
     if (m.value("weights_only", false) && m.contains("exported_from")) earlier = m["exported_from"].is_string() ? m["exported_from"].get<std::string>() : "?";
     if (m.value("weights_only", false) && m.contains("imported_from")) earlier = m["imported_from"].is_string() ? m["imported_from"].get<std::string>() : "?";
   } else if (fs::exists(dst / kExportMarker)) {
-    try {
-      earlier = json::parse(read_file((dst / kExportMarker).string())).value("exported_from", std::string("?"));
-    } catch (const json::parse_error&) {
-      earlier = "?";
-    }
+    json marker = json::parse(read_file((dst / kExportMarker).string()), nullptr, false);
+    earlier = marker.is_object() && marker.contains("exported_from") && marker["exported_from"].is_string()
+                  ? marker["exported_from"].get<std::string>()
+                  : "?";
   }
   if (!earlier.empty()) {
     std::printf("%s: replacing the earlier %s at %s (of %s)\n", verb.c_str(), verb == "import-hf" ? "import" : "export",

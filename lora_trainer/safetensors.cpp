@@ -226,12 +226,7 @@ NamedTensors read_safetensors_model(const std::string& dir) {
   if (!fs::exists(index))
     throw UserError(dir + " has neither model.safetensors nor model.safetensors.index.json (only safetensors weights "
                     "are read: a pytorch_model.bin can be converted with transformers' save_pretrained)");
-  json j;
-  try {
-    j = json::parse(read_file(index.string()));
-  } catch (const json::exception& e) {
-    throw UserError(index.string() + " is not valid JSON: " + e.what());
-  }
+  json j = read_json_file(index.string(), "the model directory is damaged; save it again with save_pretrained");
   if (!j.contains("weight_map") || !j["weight_map"].is_object() || j["weight_map"].empty())
     throw UserError(index.string() + ": no weight_map object naming each tensor's file");
   std::map<std::string, std::vector<std::string>> by_file;

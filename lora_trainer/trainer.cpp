@@ -579,8 +579,7 @@ void BaseTrainer::run() {
   truncate_metrics_after(step_);  // a resumed run drops the lines of steps it will redo
   stop_requested = false;
   stopping_ = false;
-  auto prev_int = std::signal(SIGINT, lt_on_signal);
-  auto prev_term = std::signal(SIGTERM, lt_on_signal);
+  SignalGuard signals(lt_on_signal);  // the previous handlers come back however run() ends
   const int64_t report_every = cfg_.get_int("logging/report_interval");
   const int64_t ckpt_every = cfg_.get_int("logging/checkpoint_interval");
   const int64_t val_every = cfg_.get_int("logging/validation_interval");
@@ -631,15 +630,11 @@ void BaseTrainer::run() {
         std::printf("stopped by signal after step %lld; checkpoint %s/ntoks/%lld saved.\n"
                     "Resume with the same `lora_trainer run %s ...` command (it continues from `latest`).\n",
                     (long long)step_, job_dir().c_str(), (long long)tokens_, spec_.name.c_str());
-        std::signal(SIGINT, prev_int);
-        std::signal(SIGTERM, prev_term);
         return;
       }
     }
   }
   save("final/" + std::to_string(tokens_));
-  std::signal(SIGINT, prev_int);
-  std::signal(SIGTERM, prev_term);
   std::printf("finished: %lld steps, %lld tokens; final checkpoint %s/final/%lld\n", (long long)step_,
               (long long)tokens_, job_dir().c_str(), (long long)tokens_);
 }

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <csignal>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
@@ -60,6 +61,14 @@ std::string read_file(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+SignalGuard::SignalGuard(void (*handler)(int))
+    : prev_int_(std::signal(SIGINT, handler)), prev_term_(std::signal(SIGTERM, handler)) {}
+
+SignalGuard::~SignalGuard() {
+  std::signal(SIGINT, prev_int_);
+  std::signal(SIGTERM, prev_term_);
 }
 
 nlohmann::json parse_json(const std::string& text, const std::string& what, const std::string& hint) {

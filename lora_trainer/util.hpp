@@ -62,6 +62,20 @@ std::string hex64(uint64_t v);
 // UserError naming the variable when it is not an integer.
 int env_int(const char* name, int fallback);
 
+// Installs `handler` for SIGINT and SIGTERM and puts the previous handlers back when it goes out of
+// scope, on every way out (a return, an exception).
+class SignalGuard {
+ public:
+  explicit SignalGuard(void (*handler)(int));
+  ~SignalGuard();
+  SignalGuard(const SignalGuard&) = delete;
+  SignalGuard& operator=(const SignalGuard&) = delete;
+
+ private:
+  void (*prev_int_)(int);
+  void (*prev_term_)(int);
+};
+
 // A one-line progress display on stderr for long work (tokenizing, loading). Redraws at most a few
 // times per second when stderr is a terminal, and prints a line every ~10% otherwise.
 class Progress {

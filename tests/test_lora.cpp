@@ -1,6 +1,8 @@
 // LoRA: the adapter helpers, the transition, and the two-phase trainer's restore in every phase.
 #include "catch.hpp"
 
+#include <csignal>
+
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "fixtures.hpp"
@@ -305,3 +307,25 @@ TEST_CASE("an empty `latest` is an error that says what to do, not a silent rest
   CHECK(b->step() == 3);
 }
 
+
+namespace {
+extern "C" void sentinel_handler(int) {}
+}  // namespace
+
+TEST_CASE("run() puts the previous SIGINT and SIGTERM handlers back however it ends", "[lora]") {
+  Data d;
+  auto before_int = std::signal(SIGINT, sentinel_handler);
+  auto before_term = std::signal(SIGTERM, sentinel_handler);
+  {
+    auto ok = make_lora(d, "sig_ok");
+    ok->run();
+  }
+  CHECK(std::signal(SIGINT, sentinel_handler) == sentinel_handler);
+  CHECK(std::signal(SIGTERM, sentinel_handler) == sentinel_handler);
+  {
+    auto boom = make_lora(d, "sig_boom", {"optimization/lr=1e30"});
+    CHECK_THROWS_AS(boom->run(), TrainingDiverged);
+  }
+  CHECK(std::signal(SIGINT, before_int) == sentinel_handler);
+  CHECK(std::signal(SIGTERM, before_term) == sentinel_handler);
+}
