@@ -1,5 +1,6 @@
-// Small shared pieces with no torch dependency: the user-facing error type, atomic file writes,
-// closest-name suggestions, a terminal progress line and a wall clock.
+// Small shared pieces with no torch dependency: the user-facing error type, atomic file writes, JSON
+// reading that turns bad input into a UserError, closest-name suggestions, a scoped signal handler, a
+// terminal progress line and a wall clock.
 #pragma once
 
 #include <chrono>
