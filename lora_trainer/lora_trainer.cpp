@@ -248,22 +248,23 @@ std::string LoRATrainer::report() {
   std::ostringstream r;
   char line[256];
   r << "\n== report: job " << spec_.name << " (" << spec_.kind << ") ==\n";
-  std::snprintf(line, sizeof line, "phase 1 (full parameters): steps 1-%lld, %lld tokens, %.0f tok/s\n",
-                (long long)boundary_step_, (long long)(boundary_step_ * tokens_per_step()), n_tps[0] ? tps[0] / n_tps[0] : 0.0);
   if (boundary_step_ == 0) {
     if (base_.is_object())
       r << "phase 1: skipped; the frozen base is " << base_.value("path", std::string("?")) << " (job "
         << base_.value("job", std::string("?")) << ", step " << base_.value("step", int64_t(0)) << ")\n";
     else
       r << "phase 1: skipped; the base is randomly initialised (training/allow_random_base)\n";
-  } else if (n_tps[0] == 0) {
-    // Phase 1 ran in another run (this one was restored past it): no speed to report.
-    std::snprintf(line, sizeof line, "phase 1 (full parameters): steps 1-%lld, %lld tokens, not run by this run "
-                  "(restored from a later checkpoint)\n", (long long)boundary_step_,
+  } else {
+    // Phase 1 may have run in another run (this one restored past it): then there is no speed to report.
+    std::snprintf(line, sizeof line, "phase 1 (full parameters): steps 1-%lld, %lld tokens, ", (long long)boundary_step_,
                   (long long)(boundary_step_ * tokens_per_step()));
     r << line;
-  } else {
-    r << line;
+    if (n_tps[0] == 0) {
+      r << "not run by this run (restored from a later checkpoint)\n";
+    } else {
+      std::snprintf(line, sizeof line, "%.0f tok/s\n", tps[0] / n_tps[0]);
+      r << line;
+    }
   }
   std::snprintf(line, sizeof line, "phase 2 (LoRA): steps %lld-%lld, %lld tokens, %.0f tok/s\n", (long long)boundary_step_ + 1,
                 (long long)total_steps_, (long long)((total_steps_ - boundary_step_) * tokens_per_step()),

@@ -279,18 +279,22 @@ static std::string num(double v) {
   return b;
 }
 
+// What to do after a divergence: said by every message that stops a run for one.
+static const char* const kDivergenceAdvice =
+    "Lower optimization/lr (or optimization/lora/lr in the LoRA phase), raise training/warmup_pct, or check the data, "
+    "then run the same command again (it continues from the job's `latest` checkpoint, when there is one)";
+
 void BaseTrainer::on_nonfinite(const StepResult& r) {
   const std::string what = "step " + std::to_string(step_ + 1) + " of job " + spec_.name + ": loss " + num(r.loss) +
                            ", gradient norm " + num(r.grad_norm) + " at lr " + num(r.lr);
-  std::optional<std::string> latest;
+  std::optional<std::string> latest;  // every rank sees OUT_DIR (run() checks), so every rank's message is true
   try {
-    latest = is_main() ? read_latest(job_dir()) : std::nullopt;
+    latest = read_latest(job_dir());
   } catch (const UserError&) {
   }
   const std::string kept = latest ? "the job's checkpoints are all finite (latest: " + job_dir() + "/" + *latest + ")"
                                   : "no checkpoint of this job was saved yet";
-  const std::string advice = "Lower optimization/lr (or optimization/lora/lr in the LoRA phase), raise "
-                             "training/warmup_pct, or check the data, then run the same command again to resume";
+  const std::string advice = kDivergenceAdvice;
   if (cfg_.get_string("training/on_nonfinite") == "stop")
     throw TrainingDiverged("training diverged at " + what + ". Stopped without updating the weights; " + kept + ". " +
                            advice + " (training/on_nonfinite=skip drops such steps instead)");
@@ -321,9 +325,8 @@ void BaseTrainer::check_finite(const NamedTensors& tensors, const std::string& w
   for (size_t i = 0; i < names.size(); ++i)
     if (!ok[static_cast<int64_t>(i)].item<bool>())
       throw TrainingDiverged("training diverged: after step " + std::to_string(step_) + " of job " + spec_.name + ", " +
-                             *names[i] + " holds NaN or infinite values, so " + what + " was not saved. Lower "
-                             "optimization/lr (or optimization/lora/lr), then run the same command again to resume "
-                             "from the job's last (finite) checkpoint");
+                             *names[i] + " holds NaN or infinite values, so " + what + " was not saved. " +
+                             kDivergenceAdvice);
 }
 
 int BaseTrainer::trained_stage() const {
