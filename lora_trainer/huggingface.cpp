@@ -373,9 +373,11 @@ void export_peft(const std::string& checkpoint, const std::string& out) {
                     "use --format hf. Nothing was written");
   const double alpha = meta["lora"].at("alpha").get<double>();
   const int64_t r = meta["lora"].at("rank").get<int64_t>();
-  std::map<std::string, torch::Tensor> lora;
-  for (auto& [n, t] : read_checkpoint_tensors(checkpoint))
+  std::map<std::string, torch::Tensor> lora, base;
+  for (auto& [n, t] : read_checkpoint_tensors(checkpoint)) {
     if (n.rfind("lora/", 0) == 0) lora[n.substr(5)] = t;
+    if (n.rfind("params/", 0) == 0) base[n.substr(7)] = t;
+  }
   const auto targets = meta["lora"].value("targets", std::vector<std::string>());
   if (targets.empty()) throw UserError(checkpoint + ": its lora metadata lists no adapted weights. Nothing was written");
   NamedTensors tensors;
@@ -415,7 +417,25 @@ void export_peft(const std::string& checkpoint, const std::string& out) {
       break;
     }
   }
-  const json base = meta.value("base_model", json());
+  // modules_to_save: PEFT saves the whole module (every parameter, e.g. a norm's gain and bias) under
+  // its own name, base_model.model.<module>.<param>, and lists the module. Our token embedding is also
+  // the output head (tied); PEFT would give each of GPT2LMHeadModel's two tied modules its own copy,
+  // so both are listed and both get the trained tensor.
+  const auto saved = meta["lora"].value("modules_to_save", std::vector<std::string>());
+  std::set<std::string> saved_modules;  // ours: "wte", "h.0.ln_1"
+  for (const auto& p : saved) saved_modules.insert(p.substr(0, p.rfind('.')));
+  std::vector<std::string> peft_modules_to_save;
+  for (const auto& m : saved_modules) {
+    for (const auto& [n, t] : base) {
+      if (n.rfind(m + ".", 0) != 0 || n.find('.', m.size() + 1) != std::string::npos) continue;
+      for (auto& [hf, v] : gpt2_to_hf({{n, t}})) tensors.emplace_back("base_model.model." + hf, v);
+      if (n == "wte.weight") tensors.emplace_back("base_model.model.lm_head.weight", tensors.back().second);
+    }
+    peft_modules_to_save.push_back(std::string(kHfPrefix) + m);
+    if (m == "wte") peft_modules_to_save.push_back("lm_head");
+  }
+  const std::string init = meta["lora"].value("init", std::string("gaussian"));
+  const json base_model = meta.value("base_model", json());
   json config = {{"peft_type", "LORA"},
                  {"task_type", "CAUSAL_LM"},
                  {"r", r},
@@ -425,23 +445,26 @@ void export_peft(const std::string& checkpoint, const std::string& out) {
                  {"fan_in_fan_out", true},
                  {"bias", "none"},
                  {"use_rslora", false},
-                 {"modules_to_save", nullptr},
-                 {"init_lora_weights", true},
+                 {"modules_to_save", peft_modules_to_save.empty() ? json(nullptr) : json(peft_modules_to_save)},
+                 // PEFT's value for the init the adapters were drawn with (only used when PEFT creates new ones)
+                 {"init_lora_weights", init == "gaussian" ? json("gaussian") : json(true)},
                  {"layers_to_transform", nullptr},
                  {"layers_pattern", nullptr},
                  {"rank_pattern", json::object()},
                  {"alpha_pattern", json::object()},
                  {"inference_mode", true},
                  {"revision", nullptr},
-                 {"base_model_name_or_path", base.is_object() && base.contains("name_or_path") ? base["name_or_path"] : json(nullptr)}};
+                 {"base_model_name_or_path",
+                  base_model.is_object() && base_model.contains("name_or_path") ? base_model["name_or_path"] : json(nullptr)}};
   publish_dir(out, [&](const fs::path& dir) {
     write_safetensors((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
     write_file_atomic((dir / "adapter_config.json").string(), config.dump(2) + "\n");
     write_marker(dir, checkpoint, "peft");
   });
   std::printf("exported %s -> %s (PEFT LoRA adapter: %zu adapted modules, r %lld, lora_alpha %g, scaling alpha/r = %g, "
-              "fan_in_fan_out true; base %s)\n", checkpoint.c_str(), out.c_str(), adapted.size(), (long long)r, alpha,
-              alpha / static_cast<double>(r),
+              "fan_in_fan_out true%s%s; base %s)\n", checkpoint.c_str(), out.c_str(), adapted.size(), (long long)r, alpha,
+              alpha / static_cast<double>(r), peft_modules_to_save.empty() ? "" : "; modules_to_save ",
+              join(peft_modules_to_save).c_str(),
               config["base_model_name_or_path"].is_string() ? config["base_model_name_or_path"].get<std::string>().c_str()
                                                             : "unknown: set base_model_name_or_path in adapter_config.json");
 }

@@ -1,5 +1,7 @@
 #include "lora_trainer/lora.hpp"
 
+#include <cmath>
+
 #include "lora_trainer/torch_compat.hpp"
 #include "lora_trainer/util.hpp"
 
@@ -50,8 +52,50 @@ std::vector<bool> param_filter(const NamedTensors& params, const std::vector<std
   return mask;
 }
 
+LoraInit parse_lora_init(const std::string& s) {
+  if (s == "gaussian") return LoraInit::Gaussian;
+  if (s == "kaiming_uniform") return LoraInit::KaimingUniform;
+  throw UserError("optimization/lora/init: \"" + s + "\" is not one of gaussian, kaiming_uniform");
+}
+
+const char* to_string(LoraInit init) { return init == LoraInit::Gaussian ? "gaussian" : "kaiming_uniform"; }
+
+// A parameter's name, and its module's (the name without its last part), each match `entry` when equal
+// to it or ending in "." + entry.
+static bool names_module_or_param(const std::string& param, const std::string& entry) {
+  auto match = [&](const std::string& name) {
+    return name == entry || (name.size() > entry.size() && name.compare(name.size() - entry.size(), entry.size(), entry) == 0 &&
+                             name[name.size() - entry.size() - 1] == '.');
+  };
+  const size_t dot = param.rfind('.');
+  return match(param) || (dot != std::string::npos && match(param.substr(0, dot)));
+}
+
+std::vector<bool> modules_to_save_filter(const NamedTensors& params, const std::vector<std::string>& modules,
+                                         const std::vector<bool>& lora_mask) {
+  TORCH_CHECK(params.size() == lora_mask.size(), "modules_to_save_filter: mask size differs from params");
+  std::vector<bool> mask(params.size(), false);
+  for (const auto& entry : modules) {
+    bool used = false;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!names_module_or_param(params[i].first, entry)) continue;
+      if (lora_mask[i])
+        throw UserError("optimization/lora/modules_to_save: \"" + entry + "\" selects " + params[i].first +
+                        ", which optimization/lora/target_modules already gives an adapter; a weight either trains "
+                        "in full or through an adapter. Remove it from one of the two lists");
+      mask[i] = used = true;
+    }
+    if (used) continue;
+    std::vector<std::string> names;
+    for (const auto& p : params) names.push_back(p.first);
+    throw UserError("optimization/lora/modules_to_save: \"" + entry + "\" matches no module or parameter. An entry is a "
+                    "name or a suffix after a '.' of these parameters or their modules: " + join(names));
+  }
+  return mask;
+}
+
 LoraParams inject_lora_params(const NamedTensors& params, const std::vector<bool>& mask, int64_t rank,
-                              torch::Generator generator) {
+                              torch::Generator generator, LoraInit init) {
   TORCH_CHECK(params.size() == mask.size(), "inject_lora_params: mask size differs from params");
   if (rank <= 0) throw UserError("optimization/lora/rank must be > 0, got " + std::to_string(rank));
   LoraParams out;
@@ -64,7 +108,13 @@ LoraParams inject_lora_params(const NamedTensors& params, const std::vector<bool
                       params[i].first + " (" + std::to_string(out_f) + " x " + std::to_string(in_f) + ")");
     auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(W.device());
     torch::Tensor A = torch::empty({in_f, rank}, opts.device(torch::kCPU));
-    A.normal_(0.0, 1.0 / static_cast<double>(rank), generator);  // on CPU: the same values on any device
+    // Drawn on the CPU: the same values on any device.
+    if (init == LoraInit::Gaussian) {
+      A.normal_(0.0, 1.0 / static_cast<double>(rank), generator);
+    } else {
+      const double bound = 1.0 / std::sqrt(static_cast<double>(in_f));  // kaiming_uniform_(a=sqrt(5)), fan_in = in
+      A.uniform_(-bound, bound, generator);
+    }
     out.names.push_back(params[i].first);
     out.A.push_back(A.to(W.device()));
     out.B.push_back(torch::zeros({rank, out_f}, opts));

@@ -1,7 +1,7 @@
 // Low-rank adapters (LoRA), generic over any LibTorch module tree.
 //
 // A targeted weight W keeps its name and stays where it is (frozen, bf16); its adapter is a pair
-//   A: (in, r), normal with std 1/r        B: (r, out), zeros
+//   A: (in, r), drawn by LoraInit           B: (r, out), zeros
 // and the effective weight is W_eff = W + (alpha / r) * (A B)^T in LibTorch's (out, in) layout.
 // In training the adapted layer computes x W^T + b + (alpha / r) (x A) B and never forms W_eff.
 //
@@ -38,13 +38,28 @@ struct LoraParams {
   NamedTensors named() const;  // A and B interleaved, in order
 };
 
+// How A is drawn (B starts at zero either way, so training starts from the base model). The names
+// are PEFT's values of `init_lora_weights`, which draw the same distributions:
+//   Gaussian        normal(0, 1/r): the reference framework's init, PEFT's "gaussian"
+//   KaimingUniform  uniform(-1/sqrt(in), 1/sqrt(in)): PEFT's default (true), nn.Linear's own init
+enum class LoraInit { Gaussian, KaimingUniform };
+LoraInit parse_lora_init(const std::string& s);  // "gaussian" | "kaiming_uniform"
+const char* to_string(LoraInit init);
+
 // Which parameters get adapters: 2-D weights whose name contains any of `target_modules`.
 // A target that matches no 2-D parameter is a UserError listing the parameter names.
 std::vector<bool> param_filter(const NamedTensors& params, const std::vector<std::string>& target_modules);
 
 // Creates f32 A/B for every masked parameter, deterministically from `generator`.
 LoraParams inject_lora_params(const NamedTensors& params, const std::vector<bool>& mask, int64_t rank,
-                              torch::Generator generator);
+                              torch::Generator generator, LoraInit init = LoraInit::Gaussian);
+
+// Which base parameters train in full beside the adapters (PEFT's `modules_to_save`): an entry names a
+// module or a parameter, by its whole name or a suffix after a '.' ("wte" and "transformer.wte" match
+// "wte.weight"; "ln_f" matches "ln_f.weight" and "ln_f.bias"; "ln_1" every block's first norm). An
+// entry that matches nothing, or a parameter that also has an adapter (`lora_mask`), is a UserError.
+std::vector<bool> modules_to_save_filter(const NamedTensors& params, const std::vector<std::string>& modules,
+                                         const std::vector<bool>& lora_mask);
 
 // W + (alpha / rank) (A B)^T, computed in f32 and cast back to W's dtype.
 // base: (out, in), A: (in, r), B: (r, out).

@@ -19,6 +19,9 @@ LoraConfig LoraConfig::from_config(const Config& cfg) {
   c.rank = cfg.get_int("optimization/lora/rank");
   c.alpha = cfg.get_double("optimization/lora/alpha");
   c.target_modules = cfg.get("optimization/lora/target_modules").get<std::vector<std::string>>();
+  c.init = parse_lora_init(cfg.get_string("optimization/lora/init"));
+  c.modules_to_save = cfg.get("optimization/lora/modules_to_save").get<std::vector<std::string>>();
+  c.modules_to_save_lr_ratio = cfg.get_double("optimization/lora/modules_to_save_lr_ratio");
   return c;
 }
 
@@ -44,6 +47,17 @@ ConfigSchema LoRATrainer::schema() {
   s.add("optimization/lora/target_modules", OptType::StringList,
         json::array({"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}),
         "substrings of parameter names whose 2-D weights get adapters (default: every linear layer of the blocks)");
+  s.add("optimization/lora/init", OptType::String, "gaussian",
+        "how adapter A is drawn (B starts at zero): gaussian, normal(0, 1/r) as in the reference framework and PEFT's "
+        "\"gaussian\"; or kaiming_uniform, uniform(+-1/sqrt(in)) as PEFT's default",
+        check_one_of({"gaussian", "kaiming_uniform"}));
+  s.add("optimization/lora/modules_to_save", OptType::StringList, json::array(),
+        "base modules or parameters that train in full beside the adapters, as PEFT's modules_to_save (e.g. [\"wte\"]: "
+        "the token embedding, tied to the output head; [\"ln_1\", \"ln_2\", \"ln_f\"]: every layer norm). Names or "
+        "suffixes after a '.'; they stay f32 with their own AdamW moments. Default: none, the whole base frozen in bf16");
+  s.add("optimization/lora/modules_to_save_lr_ratio", OptType::Float, 1.0,
+        "learning rate of the modules_to_save as a fraction of optimization/lora/lr (e.g. 0.1 for an embedding)",
+        check_positive());
   s.add("optimization/lora/lr", OptType::Float, 1e-3, "peak learning rate of the LoRA phase", check_positive());
   s.add("optimization/lora/schedule", OptType::String, "wsd", "LoRA-phase schedule: constant, wsd or cosine",
         check_one_of({"constant", "wsd", "cosine"}));
@@ -88,7 +102,9 @@ LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
   boundary_step_ = n_pre > 0 ? stages_[n_pre - 1].end_step : 0;
   // Validate the targets now, not at the boundary hours later.
   auto params = named_params(*model_);
-  check_lora_targets(*model_, params, param_filter(params, lora_cfg_.target_modules), lora_cfg_.rank);
+  const auto mask = param_filter(params, lora_cfg_.target_modules);
+  check_lora_targets(*model_, params, mask, lora_cfg_.rank);
+  modules_to_save_filter(params, lora_cfg_.modules_to_save, mask);
   schedule_ = Schedule::make(cfg_.get_string("training/schedule"), cfg_.get_double("optimization/lr"),
                              cfg_.get_double("optimization/min_lr_ratio"), boundary_step_,
                              cfg_.get_double("training/warmup_pct"), cfg_.get_double("training/decay_pct"));
@@ -125,6 +141,9 @@ json LoRATrainer::extra_metadata() const {
             {"boundary_step", boundary_step_},
             {"in_lora_phase", in_lora_},
             {"targets", lora_.names},
+            {"init", to_string(lora_cfg_.init)},
+            {"modules_to_save", saved_},
+            {"modules_to_save_lr_ratio", lora_cfg_.modules_to_save_lr_ratio},
             {"base", base_}}}};
 }
 
@@ -140,33 +159,62 @@ void transition_to_lora(LoRATrainer& t, bool at_boundary) {
                              "deciding whether to save " + std::string(kPreLoraCheckpoint)))
     t.save(kPreLoraCheckpoint);
 
-  // Freeze the base: bf16, no gradients, and (below) no optimizer state.
+  // Freeze the base: bf16, no gradients, and (below) no optimizer state; except the modules_to_save,
+  // which keep their f32 values (taken before the cast) and train.
+  NamedTensors params = named_params(*t.model_);
+  const std::vector<bool> mask = param_filter(params, t.lora_cfg_.target_modules);
+  const std::vector<bool> keep = modules_to_save_filter(params, t.lora_cfg_.modules_to_save, mask);
+  std::vector<torch::Tensor> masters;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (keep[i]) masters.push_back(params[i].second.detach().to(torch::kFloat32));
   t.model_->to(torch::kBFloat16);
   for (auto& p : t.model_->parameters()) p.requires_grad_(false);
+  NamedTensors saved;
+  t.saved_.clear();
+  for (size_t i = 0, k = 0; i < params.size(); ++i) {
+    if (!keep[i]) continue;
+    params[i].second.set_data(masters[k++]);
+    params[i].second.requires_grad_(true);
+    saved.push_back(params[i]);
+    t.saved_.push_back(params[i].first);
+  }
 
-  NamedTensors params = named_params(*t.model_);
-  std::vector<bool> mask = param_filter(params, t.lora_cfg_.target_modules);
   auto gen = at::detail::createCPUGenerator(mix64(t.seed_ ^ 0x4C6F5241ULL));  // "LoRA"
-  t.lora_ = inject_lora_params(params, mask, t.lora_cfg_.rank, gen);
+  t.lora_ = inject_lora_params(params, mask, t.lora_cfg_.rank, gen, t.lora_cfg_.init);
   for (auto& a : t.lora_.A) a.requires_grad_(true);
   for (auto& b : t.lora_.B) b.requires_grad_(true);
   attach_lora(*t.model_, t.lora_, t.lora_cfg_.alpha, t.lora_cfg_.rank);
   t.in_lora_ = true;  // before the optimizer: its sharding depends on the phase
-  // The adapters are identical on every rank (the same seed); their moments may be sharded.
-  t.build_optimizer(t.lora_.named(), t.cfg_.get_double("optimization/lora/weight_decay"));
+  // The adapters are identical on every rank (the same seed), as are the saved modules; the moments
+  // of both may be sharded. The saved modules follow the adapters, at their own lr.
+  NamedTensors trained = t.lora_.named();
+  std::vector<double> lr_scale(trained.size(), 1.0);
+  for (const auto& p : saved) {
+    trained.push_back(p);
+    lr_scale.push_back(t.lora_cfg_.modules_to_save_lr_ratio);
+  }
+  t.build_optimizer(std::move(trained), t.cfg_.get_double("optimization/lora/weight_decay"), std::move(lr_scale));
   if (!at_boundary) return;
 
-  int64_t frozen = 0;
-  for (auto& [n, p] : params) frozen += p.numel();
-  const int64_t trainable = count_lora_params(t.lora_);
-  std::printf("transition to LoRA at step %lld (%lld tokens): %zu adapted weights, rank %lld, alpha %g; "
-              "trainable %lld (%.2f%%), frozen %lld (bf16)\n",
+  int64_t frozen = 0, saved_numel = 0;
+  for (size_t i = 0; i < params.size(); ++i) (keep[i] ? saved_numel : frozen) += params[i].second.numel();
+  const int64_t adapters = count_lora_params(t.lora_), trainable = adapters + saved_numel;
+  std::string saved_text;
+  if (!saved.empty()) {
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%g", t.lora_cfg_.modules_to_save_lr_ratio);
+    saved_text = " + " + std::to_string(saved_numel) + " in the modules_to_save (" + join(t.saved_) + ", f32, lr x" + ratio + ")";
+  }
+  std::printf("transition to LoRA at step %lld (%lld tokens): %zu adapted weights, rank %lld, alpha %g, init %s; "
+              "trainable %lld (%.2f%%: %lld in adapters%s), frozen %lld (bf16)\n",
               (long long)t.step_, (long long)t.tokens_, t.lora_.names.size(), (long long)t.lora_cfg_.rank,
-              t.lora_cfg_.alpha, (long long)trainable, 100.0 * trainable / std::max<int64_t>(1, frozen + trainable),
+              t.lora_cfg_.alpha, to_string(t.lora_cfg_.init), (long long)trainable,
+              100.0 * trainable / std::max<int64_t>(1, frozen + trainable), (long long)adapters, saved_text.c_str(),
               (long long)frozen);
   std::fflush(stdout);
   t.log_event({{"event", "transition"}, {"step", t.step_}, {"tokens", t.tokens_}, {"trainable_params", trainable},
-               {"frozen_params", frozen}, {"adapted", t.lora_.names}});
+               {"adapter_params", adapters}, {"saved_params", saved_numel}, {"frozen_params", frozen},
+               {"adapted", t.lora_.names}, {"modules_to_save", t.saved_}});
 }
 
 void LoRATrainer::restore_from_path(const std::string& path) {
@@ -188,6 +236,12 @@ void LoRATrainer::restore_from_path(const std::string& path) {
       throw UserError(dir + " is a LoRA state at step " + std::to_string(step) + ", before this job's LoRA boundary (step " +
                       std::to_string(boundary_step_) + "): it belongs to a job with other training/pre_lora_tokens");
     if (!in_lora_) transition_to_lora(*this, false);  // the LoRA template; the load overwrites it
+    const json theirs = meta.contains("lora") && meta["lora"].is_object() ? meta["lora"].value("modules_to_save", json::array())
+                                                                          : json::array();
+    if (theirs != json(saved_))
+      throw UserError(dir + " trained the modules_to_save " + theirs.dump() + " beside its adapters; this job's " +
+                      "optimization/lora/modules_to_save selects " + json(saved_).dump() +
+                      ". Set it as the job that saved the checkpoint had it");
   } else if (kind == "plain") {
     if (step > boundary_step_)
       throw UserError(dir + " is a plain state at step " + std::to_string(step) + ", past this job's LoRA boundary (step " +
@@ -272,8 +326,15 @@ std::string LoRATrainer::report() {
   r << line;
   if (transition) {
     int64_t tr = transition->value("trainable_params", int64_t(0)), fr = transition->value("frozen_params", int64_t(0));
-    std::snprintf(line, sizeof line, "parameters in phase 2: %lld trainable (adapters, %.2f%%), %lld frozen (bf16 base)\n",
-                  (long long)tr, 100.0 * tr / std::max<int64_t>(1, tr + fr), (long long)fr);
+    const int64_t sv = transition->value("saved_params", int64_t(0));
+    std::snprintf(line, sizeof line, "parameters in phase 2: %lld trainable (%.2f%%: %lld in adapters", (long long)tr,
+                  100.0 * tr / std::max<int64_t>(1, tr + fr), (long long)(tr - sv));
+    r << line;
+    if (sv > 0) {
+      std::vector<std::string> names = transition->value("modules_to_save", std::vector<std::string>());
+      r << " + " << sv << " in the modules_to_save: " << join(names);
+    }
+    std::snprintf(line, sizeof line, "), %lld frozen (bf16 base)\n", (long long)fr);
     r << line;
   }
   if (after) {

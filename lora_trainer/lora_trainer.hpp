@@ -7,6 +7,9 @@
 //   phase 2 (post-LoRA)  only the adapters train, over the stages of training/post_lora_tokens and
 //                        training/post_lora_dataset, with optimization/lora/* (its own lr, schedule,
 //                        weight decay; AdamW as in phase 1). The step counter runs on across phases.
+//                        Base modules named in optimization/lora/modules_to_save (e.g. the token
+//                        embedding) train in full beside the adapters: f32, their own moments, the
+//                        LoRA lr times optimization/lora/modules_to_save_lr_ratio.
 //
 // Empty pre-LoRA lists start the job in phase 2: give it a pretrained base with
 // `run ... --restore <plain checkpoint>` (its weights become the frozen base; this job's counters
@@ -24,6 +27,9 @@ struct LoraConfig {
   int64_t rank = 16;
   double alpha = 16.0;
   std::vector<std::string> target_modules;
+  LoraInit init = LoraInit::Gaussian;
+  std::vector<std::string> modules_to_save;  // entries as given (module or parameter names, or suffixes)
+  double modules_to_save_lr_ratio = 1.0;
   static LoraConfig from_config(const Config& cfg);
 };
 
@@ -50,6 +56,8 @@ class LoRATrainer : public BaseTrainer {
   int64_t boundary_step() const { return boundary_step_; }
   const LoraConfig& lora_config() const { return lora_cfg_; }
   const LoraParams& lora_params() const { return lora_; }
+  // The base parameters that train in full in the LoRA phase (f32), by name; empty before it.
+  const std::vector<std::string>& saved_modules() const { return saved_; }
 
  protected:
   void before_step() override;
@@ -63,6 +71,7 @@ class LoRATrainer : public BaseTrainer {
   friend void transition_to_lora(LoRATrainer& trainer, bool at_boundary);
   LoraConfig lora_cfg_;
   LoraParams lora_;
+  std::vector<std::string> saved_;  // parameter names selected by modules_to_save, in model order
   bool in_lora_ = false;
   int64_t boundary_step_ = 0;
   // Without phase one: where the frozen base came from ({"path", "job", "step"}), or "random" when
@@ -73,7 +82,8 @@ class LoRATrainer : public BaseTrainer {
 
 // Freezes the base as bf16 (no gradients, no optimizer state), selects targets with param_filter,
 // creates adapters with inject_lora_params (on the trainer's device, deterministic from the seed),
-// attaches them, and rebuilds the optimizer over the adapters only. At the boundary (`at_boundary`)
+// attaches them, and rebuilds the optimizer over the adapters and the modules_to_save (which stay f32
+// and train). At the boundary (`at_boundary`)
 // it first saves `pre_lora_checkpoint` (when phase 1 ran) and afterwards reports count_lora_params and
 // the frozen/trainable totals; a restore calls it only to build the LoRA template, silently.
 void transition_to_lora(LoRATrainer& trainer, bool at_boundary = true);

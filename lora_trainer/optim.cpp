@@ -8,7 +8,10 @@
 
 namespace lt {
 
-AdamW::AdamW(NamedTensors params, AdamWOptions opts) : params_(std::move(params)), o_(opts) {
+AdamW::AdamW(NamedTensors params, AdamWOptions opts, std::vector<double> lr_scale)
+    : params_(std::move(params)), o_(opts), lr_scale_(std::move(lr_scale)) {
+  if (lr_scale_.empty()) lr_scale_.assign(params_.size(), 1.0);
+  TORCH_CHECK(lr_scale_.size() == params_.size(), "AdamW: ", lr_scale_.size(), " lr scales for ", params_.size(), " parameters");
   for (const auto& [name, p] : params_) {
     m_.push_back(torch::zeros_like(p, torch::kFloat32));
     v_.push_back(torch::zeros_like(p, torch::kFloat32));
@@ -35,13 +38,14 @@ void AdamW::step(double lr) {
 #endif
   const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t_));
-  const double step_size = lr / bc1;
   const double inv_sqrt_bc2 = 1.0 / std::sqrt(bc2);
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i].second;
     const auto& g = p.grad();
     if (!g.defined() || !owns(i)) continue;
-    if (decay_[i] && o_.weight_decay != 0) p.mul_(1.0 - lr * o_.weight_decay);
+    const double lr_i = lr * lr_scale_[i];
+    const double step_size = lr_i / bc1;
+    if (decay_[i] && o_.weight_decay != 0) p.mul_(1.0 - lr_i * o_.weight_decay);
     m_[i].mul_(o_.beta1).add_(g, 1.0 - o_.beta1);
     v_[i].mul_(o_.beta2).addcmul_(g, g, 1.0 - o_.beta2);
     auto denom = (v_[i].sqrt() * inv_sqrt_bc2).add_(o_.eps);
@@ -52,15 +56,19 @@ void AdamW::step(double lr) {
 #if LT_HAS_FUSED_ADAMW
 // CUDA: LibTorch's fused AdamW kernel (the one torch.optim.AdamW(fused=True) runs), one launch per
 // group of tensors instead of six per tensor; the same update as the loop above, in a different
-// order of rounding. Two groups: with and without weight decay.
+// order of rounding. One group per (weight decay or not, lr scale).
 void AdamW::fused_step(double lr) {
   const auto& first = params_.front().second;
   auto step = torch::full({}, static_cast<double>(t_), first.options().dtype(torch::kFloat32));
-  for (bool decay : {true, false}) {
+  std::vector<std::pair<bool, double>> groups;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (std::find(groups.begin(), groups.end(), std::make_pair(bool(decay_[i]), lr_scale_[i])) == groups.end())
+      groups.emplace_back(decay_[i], lr_scale_[i]);
+  for (const auto& [decay, scale] : groups) {
     std::vector<torch::Tensor> ps, gs, ms, vs, steps;
     for (size_t i = 0; i < params_.size(); ++i) {
       const auto& p = params_[i].second;
-      if (!p.grad().defined() || !owns(i) || decay_[i] != decay) continue;
+      if (!p.grad().defined() || !owns(i) || decay_[i] != decay || lr_scale_[i] != scale) continue;
       ps.push_back(p);
       gs.push_back(p.grad());
       ms.push_back(m_[i]);
@@ -68,7 +76,7 @@ void AdamW::fused_step(double lr) {
       steps.push_back(step);
     }
     if (ps.empty()) continue;
-    at::_fused_adamw_(ps, gs, ms, vs, /*max_exp_avg_sqs=*/{}, steps, lr, o_.beta1, o_.beta2,
+    at::_fused_adamw_(ps, gs, ms, vs, /*max_exp_avg_sqs=*/{}, steps, lr * scale, o_.beta1, o_.beta2,
                       decay ? o_.weight_decay : 0.0, o_.eps, /*amsgrad=*/false, /*maximize=*/false);
   }
 }

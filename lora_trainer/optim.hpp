@@ -20,9 +20,11 @@ struct AdamWOptions {
 
 // Decoupled-weight-decay Adam. Weight decay applies to parameters of 2 or more dimensions (matrices
 // and embeddings), not to biases and layer-norm gains, as in GPT-2/nanoGPT practice.
+// `lr_scale` (empty: 1 for all) multiplies the learning rate of each parameter, as a PyTorch param
+// group's own lr would: the LoRA phase trains its saved base modules at a fraction of the adapters' lr.
 class AdamW {
  public:
-  AdamW(NamedTensors params, AdamWOptions opts);
+  AdamW(NamedTensors params, AdamWOptions opts, std::vector<double> lr_scale = {});
   void step(double lr);  // uses each parameter's .grad(); a parameter without a gradient is skipped
   void zero_grad();
   int64_t steps_taken() const { return t_; }
@@ -52,6 +54,7 @@ class AdamW {
   AdamWOptions o_;
   std::vector<torch::Tensor> m_, v_;
   std::vector<bool> decay_;
+  std::vector<double> lr_scale_;
   std::vector<int> owner_;  // empty: not sharded
   int rank_ = 0, world_ = 1;
   int64_t t_ = 0;

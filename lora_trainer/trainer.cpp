@@ -124,13 +124,13 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const St
   build_optimizer(named_params(*model_), cfg_.get_double("optimization/weight_decay"));
 }
 
-void BaseTrainer::build_optimizer(NamedTensors params, double weight_decay) {
+void BaseTrainer::build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale) {
   AdamWOptions o;
   o.beta1 = cfg_.get_double("optimization/beta1");
   o.beta2 = cfg_.get_double("optimization/beta2");
   o.eps = cfg_.get_double("optimization/eps");
   o.weight_decay = weight_decay;
-  optimizer_ = std::make_unique<AdamW>(std::move(params), o);
+  optimizer_ = std::make_unique<AdamW>(std::move(params), o, std::move(lr_scale));
   if (dist_.active() && shard_optimizer_state()) optimizer_->shard(dist_.rank(), dist_.world_size());
 }
 

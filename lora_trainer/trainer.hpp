@@ -151,8 +151,8 @@ class BaseTrainer : public RestoreableJob {
   // The learning rate for the step about to be taken.
   virtual double current_lr() const { return schedule_.at(step_); }
   // (Re)builds the optimizer over `params` (which must require gradients) with the configured betas
-  // and epsilon and the given weight decay.
-  void build_optimizer(NamedTensors params, double weight_decay);
+  // and epsilon, the given weight decay and per-parameter lr multipliers (empty: 1 for all).
+  void build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale = {});
   // Trainable parameters in their fixed order (the optimizer's order).
   const NamedTensors& trainable() const { return optimizer_->params(); }
   void log_event(nlohmann::json event);

@@ -186,7 +186,7 @@ TEST_CASE("export --format hf writes transformers' files, and re-importing them 
   CHECK_FALSE(fs::exists(d / "peft"));
 }
 
-TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter and the merged export reproduce our model", "[huggingface]") {
+TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) and the merged export reproduce our model", "[huggingface]") {
   test::TempDir d;
   test::make_byte_dataset(d / "data", "gen", 1);
   import_hf(kGolden + "/model", d / "imported");
@@ -201,6 +201,9 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter and the merged export rep
   c.apply_override("optimization/lora/alpha=8");
   c.apply_override("optimization/lora/lr=0.01");
   c.apply_override(R"(optimization/lora/target_modules=["attn.c_attn","mlp.c_fc","mlp.c_proj"])");
+  // The token embedding (tied to the output head) and the final norm train in full beside the adapters.
+  c.apply_override(R"(optimization/lora/modules_to_save=["wte","ln_f"])");
+  c.apply_override("optimization/lora/modules_to_save_lr_ratio=0.5");
   c.apply_override("runtime/precision=f32");
   JobSpec s;
   s.name = "adapt";
@@ -230,8 +233,11 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter and the merged export rep
   // "c_proj" alone would make PEFT adapt attn.c_proj too, so the names keep their parent module.
   CHECK(cfg["target_modules"] == nlohmann::json::array({"attn.c_attn", "mlp.c_fc", "mlp.c_proj"}));
   CHECK(cfg["base_model_name_or_path"] == fs::absolute(kGolden + "/model").lexically_normal().string());
+  // PEFT lists whole modules; the tied head is listed beside the embedding so that both get the trained tensor.
+  CHECK(cfg["modules_to_save"] == nlohmann::json::array({"transformer.ln_f", "transformer.wte", "lm_head"}));
+  CHECK(cfg["init_lora_weights"] == "gaussian");
   NamedTensors adapter = read_safetensors(d / "peft/adapter_model.safetensors");
-  CHECK(adapter.size() == 2 * 3 * 2);
+  CHECK(adapter.size() == 2 * 3 * 2 + 4);  // + ln_f weight and bias, wte, lm_head
   std::map<std::string, torch::Tensor> by_name(adapter.begin(), adapter.end());
   CHECK(by_name.at("base_model.model.transformer.h.0.attn.c_attn.lora_A.weight").sizes() == at::IntArrayRef({4, 32}));
   CHECK(by_name.at("base_model.model.transformer.h.0.attn.c_attn.lora_B.weight").sizes() == at::IntArrayRef({96, 4}));
@@ -240,9 +246,15 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter and the merged export rep
 
   // Applied as PEFT applies them to the Hugging Face weights (Conv1D, fan_in_fan_out):
   // W (in, out) += (lora_alpha / r) (lora_B @ lora_A)^T, on the base our LoRA job trained against.
+  // The saved modules start from the imported values, as in the base PEFT loads.
+  std::map<std::string, torch::Tensor> imported;
+  for (auto& [n, t] : read_checkpoint_tensors(d / "imported")) imported[n] = t.to(torch::kFloat32);
   NamedTensors params;
-  for (auto& [n, t] : read_checkpoint_tensors(ck))
-    if (n.rfind("params/", 0) == 0) params.emplace_back(n.substr(7), t.to(torch::kFloat32));
+  for (auto& [n, t] : read_checkpoint_tensors(ck)) {
+    if (n.rfind("params/", 0) != 0) continue;
+    const bool saved = n == "params/wte.weight" || n.rfind("params/ln_f.", 0) == 0;
+    params.emplace_back(n.substr(7), saved ? imported.at(n) : t.to(torch::kFloat32));
+  }
   NamedTensors hf = gpt2_to_hf(params);
   const double scaling = cfg["lora_alpha"].get<double>() / cfg["r"].get<double>();
   int applied = 0;
@@ -254,6 +266,19 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter and the merged export rep
     ++applied;
   }
   CHECK(applied == 6);
+  // modules_to_save replace their modules' weights (base_model.model.<module>.<param>) in the base as
+  // PEFT loads it: the imported model, whose embedding and final norm this job then trained.
+  int replaced = 0;
+  for (auto& [n, w] : hf) {
+    auto saved = by_name.find("base_model.model." + n);
+    if (saved == by_name.end()) continue;
+    const std::string ours_name = "params/" + n.substr(std::string("transformer.").size());
+    CHECK_FALSE(torch::equal(saved->second, imported.at(ours_name)));  // trained
+    w = saved->second;
+    ++replaced;
+  }
+  CHECK(replaced == 3);
+  CHECK(torch::equal(by_name.at("base_model.model.lm_head.weight"), by_name.at("base_model.model.transformer.wte.weight")));
   auto merged_params = gpt2_from_hf(hf, params, "peft-merged");
   GPT m(lora.trainer->model()->options());
   {
@@ -281,7 +306,16 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter and the merged export rep
     // The adapters on the f32 base as imported (the job trained them on its bf16 copy of it), as
     // PEFT computes them on the original Hugging Face model.
     Loaded f32 = load(d / "imported");
-    attach_lora(*f32.trainer->model(), dynamic_cast<LoRATrainer&>(*lora.trainer).lora_params(), 8.0, 4);
+    auto& trained = dynamic_cast<LoRATrainer&>(*lora.trainer);
+    attach_lora(*f32.trainer->model(), trained.lora_params(), 8.0, 4);
+    {
+      torch::NoGradGuard ng;  // and the modules_to_save as trained
+      auto from = named_params(*trained.model());
+      auto into = named_params(*f32.trainer->model());
+      for (size_t i = 0; i < into.size(); ++i)
+        for (const auto& n : trained.saved_modules())
+          if (into[i].first == n) into[i].second.copy_(from[i].second);
+    }
     write_safetensors(k + "/lora_on_f32_base_logits.safetensors", {{"logits", f32.logits(ids).contiguous()}});
   }
 }

@@ -89,6 +89,48 @@ TEST_CASE("inject_lora_params: A (in x r) ~ N(0, 1/r), B (r x out) = 0, reproduc
   CHECK(LoraParams::a_name("h.0.mlp.c_fc.weight") == "h.0.mlp.c_fc.lora_A");
 }
 
+TEST_CASE("inject_lora_params with init kaiming_uniform: A ~ U(+-1/sqrt(in)) as PEFT's default, B = 0", "[lora]") {
+  GPT m = tiny_gpt();
+  auto params = named_params(*m);
+  auto mask = param_filter(params, {"mlp.c_proj"});  // in = 128
+  auto lora = inject_lora_params(params, mask, 8, at::detail::createCPUGenerator(5), LoraInit::KaimingUniform);
+  REQUIRE(lora.names.size() == 2);
+  CHECK(lora.A[0].sizes() == torch::IntArrayRef({128, 8}));
+  const double bound = 1.0 / std::sqrt(128.0);
+  auto all_a = torch::cat({lora.A[0].flatten(), lora.A[1].flatten()});
+  CHECK(all_a.abs().max().item<double>() <= bound);
+  CHECK(all_a.abs().max().item<double>() > 0.95 * bound);
+  CHECK(all_a.std().item<double>() == Approx(bound / std::sqrt(3.0)).epsilon(0.1));
+  CHECK(torch::count_nonzero(lora.B[1]).item<int64_t>() == 0);
+  auto gaussian = inject_lora_params(params, mask, 8, at::detail::createCPUGenerator(5), LoraInit::Gaussian);
+  CHECK_FALSE(torch::equal(gaussian.A[0], lora.A[0]));
+  CHECK(parse_lora_init("kaiming_uniform") == LoraInit::KaimingUniform);
+  CHECK_THROWS_WITH(parse_lora_init("kaiming"), Contains("optimization/lora/init") && Contains("gaussian, kaiming_uniform"));
+}
+
+TEST_CASE("modules_to_save_filter: module or parameter names and their suffixes; nothing matched or adapted twice is an error", "[lora]") {
+  GPT m = tiny_gpt();
+  auto params = named_params(*m);
+  auto adapted = param_filter(params, {"attn.c_attn", "mlp.c_fc"});
+  auto picked = [&](const std::vector<std::string>& modules) {
+    auto mask = modules_to_save_filter(params, modules, adapted);
+    std::vector<std::string> out;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (mask[i]) out.push_back(params[i].first);
+    return out;
+  };
+  CHECK(picked({"wte"}) == std::vector<std::string>{"wte.weight"});
+  CHECK_THROWS_WITH(picked({"transformer.wte"}), Contains("matches no module or parameter"));  // a Hugging Face name, not ours
+  CHECK(picked({"ln_f"}) == std::vector<std::string>{"ln_f.weight", "ln_f.bias"});
+  CHECK(picked({"ln_f.weight"}) == std::vector<std::string>{"ln_f.weight"});
+  CHECK(picked({"ln_1"}) == std::vector<std::string>{"h.0.ln_1.weight", "h.0.ln_1.bias", "h.1.ln_1.weight", "h.1.ln_1.bias"});
+  CHECK(picked({"h.1.mlp.c_proj"}) == std::vector<std::string>{"h.1.mlp.c_proj.weight", "h.1.mlp.c_proj.bias"});
+  CHECK(picked({}).empty());
+  CHECK_THROWS_WITH(picked({"te"}), Contains("\"te\" matches no module or parameter") && Contains("wte.weight"));
+  CHECK_THROWS_WITH(picked({"embed_tokens"}), Contains("optimization/lora/modules_to_save: \"embed_tokens\" matches no"));
+  CHECK_THROWS_WITH(picked({"c_fc"}), Contains("selects h.0.mlp.c_fc.weight") && Contains("already gives an adapter"));
+}
+
 TEST_CASE("merged and unmerged forward agree (f32, |diff| < 1e-4)", "[lora]") {
   GPT adapted = tiny_gpt(), merged = tiny_gpt();
   auto params = named_params(*adapted);
@@ -156,6 +198,74 @@ TEST_CASE("after one LoRA step only the adapters changed and the optimizer holds
   CHECK(t->optimizer().state().size() == 2 * adapter_names.size() + 1);
 }
 
+TEST_CASE("modules_to_save train in f32 at their own lr beside the adapters; every other base tensor stays bit-identical", "[lora]") {
+  Data d;
+  auto t = make_lora(d, "saved", {R"(optimization/lora/modules_to_save=["wte","ln_f"])",
+                                  "optimization/lora/modules_to_save_lr_ratio=0.5"});
+  for (int i = 0; i < 5; ++i) t->train_step();
+  auto f32_before = snapshot(named_params(*t->model()));
+  transition_to_lora(*t);
+  CHECK(t->saved_modules() == std::vector<std::string>{"wte.weight", "ln_f.weight", "ln_f.bias"});
+  auto base = snapshot(named_params(*t->model()));
+  t->train_step();
+  t->train_step();
+  auto after = named_params(*t->model());
+  for (size_t i = 0; i < base.size(); ++i) {
+    const auto& name = base[i].first;
+    INFO(name);
+    const bool saved = name == "wte.weight" || name.rfind("ln_f.", 0) == 0;
+    CHECK(after[i].second.requires_grad() == saved);
+    CHECK(after[i].second.scalar_type() == (saved ? torch::kFloat32 : torch::kBFloat16));
+    if (saved) {
+      CHECK(torch::equal(base[i].second, f32_before[i].second));  // the transition kept their f32 values
+      CHECK_FALSE(torch::equal(base[i].second, after[i].second));  // and they trained
+    } else {
+      CHECK(torch::equal(base[i].second, after[i].second));
+    }
+  }
+  std::vector<std::string> want;
+  for (auto& [n, x] : t->lora_params().named()) want.push_back(n);
+  for (const char* n : {"wte.weight", "ln_f.weight", "ln_f.bias"}) want.push_back(n);
+  CHECK(t->optimizer().param_names() == want);
+  // The step is taken and checkpointed like any other: the saved modules are in the state with their moments.
+  t->save("ntoks/896");
+  auto meta = read_checkpoint_metadata(t->job_dir() + "/ntoks/896");
+  CHECK(meta["lora"]["modules_to_save"] == nlohmann::json::array({"wte.weight", "ln_f.weight", "ln_f.bias"}));
+  CHECK(meta["lora"]["modules_to_save_lr_ratio"] == 0.5);
+  CHECK(meta["lora"]["init"] == "gaussian");
+  std::map<std::string, torch::Tensor> stored;
+  for (auto& [n, x] : read_checkpoint_tensors(t->job_dir() + "/ntoks/896")) stored[n] = x;
+  CHECK(stored.at("params/wte.weight").scalar_type() == torch::kFloat32);
+  CHECK(stored.count("optim/exp_avg/wte.weight") == 1);
+  CHECK(stored.count("optim/exp_avg/h.0.mlp.c_fc.weight") == 0);
+  // A job that names other modules cannot take this state over silently.
+  auto other = make_lora(d, "saved", {R"(optimization/lora/modules_to_save=["wte"])"});
+  CHECK_THROWS_WITH(other->restore_from_path("ntoks/896"),
+                    Contains("trained the modules_to_save") && Contains("optimization/lora/modules_to_save selects"));
+  CHECK_THROWS_WITH(make_lora(d, "bad", {R"(optimization/lora/modules_to_save=["lm_head"])"}),
+                    Contains("\"lm_head\" matches no module or parameter"));
+}
+
+TEST_CASE("the lr ratio of the modules_to_save is applied: a tiny ratio barely moves them", "[lora]") {
+  Data d;
+  auto moved = [&](const std::string& ratio) {
+    auto t = make_lora(d, "ratio" + ratio, {R"(optimization/lora/modules_to_save=["ln_f"])",
+                                             "optimization/lora/modules_to_save_lr_ratio=" + ratio});
+    for (int i = 0; i < 5; ++i) t->train_step();
+    transition_to_lora(*t);
+    auto before = snapshot(named_params(*t->model()));
+    for (int i = 0; i < 3; ++i) t->train_step();
+    for (size_t i = 0; i < before.size(); ++i)
+      if (before[i].first == "ln_f.weight")
+        return (named_params(*t->model())[i].second - before[i].second).abs().max().item<double>();
+    return -1.0;
+  };
+  const double full = moved("1"), tiny = moved("0.001");
+  CHECK(full > 0);
+  CHECK(tiny > 0);
+  CHECK(tiny < full / 100);
+}
+
 TEST_CASE("a run crosses the boundary, and resume in phase 1, at the boundary and in phase 2 is bit-identical", "[lora]") {
   Data d;
   auto straight = make_lora(d, "straight");
@@ -183,6 +293,33 @@ TEST_CASE("a run crosses the boundary, and resume in phase 1, at the boundary an
   SECTION("mid phase 1") { resume_from("p1", 3, "ntoks/384"); }
   SECTION("pre_lora_checkpoint restores as plain, then transitions") { resume_from("boundary", 6, "pre_lora_checkpoint"); }
   SECTION("mid phase 2") { resume_from("p2", 8, "ntoks/1024"); }
+}
+
+TEST_CASE("with modules_to_save and PEFT's init, resume mid phase 2 and from final is bit-identical", "[lora]") {
+  Data d;
+  const std::vector<std::string> opts = {R"(optimization/lora/modules_to_save=["wte","ln_1"])",
+                                         "optimization/lora/modules_to_save_lr_ratio=0.1",
+                                         "optimization/lora/init=kaiming_uniform"};
+  auto straight = make_lora(d, "straight", opts);
+  std::vector<double> losses;
+  for (int i = 0; i < 10; ++i) losses.push_back(straight->train_step().loss);
+  {
+    auto first = make_lora(d, "p2", opts);
+    for (int i = 0; i < 7; ++i) REQUIRE(first->train_step().loss == losses[static_cast<size_t>(i)]);
+    first->save("ntoks/896");
+  }
+  auto resumed = make_lora(d, "p2", opts);
+  resumed->restore_from_path("ntoks/896");
+  REQUIRE(resumed->in_lora_phase());
+  for (int64_t i = resumed->step(); i < 10; ++i) {
+    INFO("step " << i);
+    REQUIRE(resumed->train_step().loss == losses[static_cast<size_t>(i)]);
+  }
+  test::require_same_state(*straight, *resumed);
+  straight->save("final/1280");
+  auto fin = make_lora(d, "straight", opts);
+  fin->restore_from_path("final/1280");
+  test::require_same_state(*straight, *fin);
 }
 
 TEST_CASE("restoring final gives the finished state", "[lora]") {

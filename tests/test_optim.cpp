@@ -77,3 +77,27 @@ TEST_CASE("gradient clipping bounds the global norm", "[optim]") {
   double after = std::sqrt(a.grad().pow(2).sum().item<double>() + b.grad().pow(2).sum().item<double>());
   CHECK(after == Approx(1.0).epsilon(1e-5));
 }
+
+TEST_CASE("AdamW lr_scale: a parameter trains as if alone at lr x its scale", "[optim]") {
+  // One optimizer with scales {1, 0.25} against two optimizers at lr and lr/4: the same updates, bit for bit.
+  auto make = [] {
+    torch::manual_seed(7);
+    return NamedTensors{{"a", torch::randn({4, 3}).requires_grad_(true)}, {"e", torch::randn({5, 3}).requires_grad_(true)}};
+  };
+  NamedTensors together = make(), a_alone = make(), e_alone = make();
+  AdamWOptions o;
+  o.weight_decay = 0.1;
+  AdamW both(together, o, {1.0, 0.25});
+  AdamW only_a({a_alone[0]}, o), only_e({e_alone[1]}, o);
+  for (int step = 0; step < 3; ++step) {
+    for (auto* ps : {&together, &a_alone, &e_alone})
+      for (auto& [n, p] : *ps) p.mutable_grad() = torch::full_like(p, 0.5 + step) * p.detach().sign();
+    both.step(1e-2);
+    only_a.step(1e-2);
+    only_e.step(0.25e-2);
+  }
+  CHECK(torch::equal(together[0].second, a_alone[0].second));
+  CHECK(torch::equal(together[1].second, e_alone[1].second));
+  CHECK_FALSE(torch::equal(together[1].second, make()[1].second));  // it did move
+  CHECK_THROWS(AdamW(make(), o, {1.0}));  // one scale per parameter
+}
