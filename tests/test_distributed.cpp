@@ -112,6 +112,27 @@ TEST_CASE("distributed: 2 ranks take the steps of 1 rank in both phases, with an
         test::state_digests(job_dir(dir, "two", "job") + "/final/4096"));
 }
 
+TEST_CASE("distributed: the modules_to_save train on 2 ranks with their moments sharded like the adapters'", "[distributed]") {
+  test::TempDir dir;
+  const std::string cfg = lora_config(dir, {R"(optimization/lora/modules_to_save=["wte","ln_f"])",
+                                            "optimization/lora/modules_to_save_lr_ratio=0.5"});
+  Result plain = launch({"run", "job", cfg, dir / "two", "--nproc", "2", "distributed/shard_optimizer=none"});
+  INFO(plain.out);
+  REQUIRE(plain.code == 0);
+  Result sharded = launch({"run", "job", cfg, dir / "sharded", "--nproc", "2", "distributed/shard_optimizer=lora"});
+  INFO(sharded.out);
+  REQUIRE(sharded.code == 0);
+  for (const char* ckpt : {"ntoks/3072", "final/4096"}) {
+    INFO(ckpt);
+    auto a = test::state_digests(job_dir(dir, "two", "job") + "/" + ckpt);
+    CHECK(a == test::state_digests(job_dir(dir, "sharded", "job") + "/" + ckpt));
+    CHECK(a.count("optim/exp_avg/wte.weight") == 1);
+  }
+  auto meta = read_checkpoint_metadata(job_dir(dir, "sharded", "job") + "/final/4096");
+  CHECK(meta["distributed"]["optimizer_sharded"] == true);
+  CHECK(meta["lora"]["modules_to_save"] == nlohmann::json::array({"wte.weight", "ln_f.weight", "ln_f.bias"}));
+}
+
 TEST_CASE("distributed: checkpoints of 2 ranks restore on 1 rank and those of 1 rank on 2", "[distributed]") {
   test::TempDir dir;
   const std::string cfg = lora_config(dir);
