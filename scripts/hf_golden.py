@@ -158,8 +158,17 @@ def check_adapter(args):
         name = m[len("base_model.model."):]
         if not any(name == t or name.endswith("." + t) for t in targets):
             problems.append(f"{m}: not matched by target_modules {targets}")
-    stray = [k for k in tensors if not (k.endswith(".lora_A.weight") or k.endswith(".lora_B.weight"))]
-    problems += [f"unexpected key {k}" for k in stray]
+    # modules_to_save: base_model.model.<module>.<param>, the whole module, for each listed module.
+    saved = cfg.get("modules_to_save") or []
+    for k in tensors:
+        if k.endswith(".lora_A.weight") or k.endswith(".lora_B.weight"):
+            continue
+        name = k[len("base_model.model."):]
+        module = name.rsplit(".", 1)[0]
+        if not k.startswith("base_model.model.") or module not in saved:
+            problems.append(f"unexpected key {k} (modules_to_save is {saved})")
+        elif base_sd is not None and (name not in base_sd or base_sd[name].shape != tensors[k].shape):
+            problems.append(f"{k}: the base has no {name} of shape {tuple(tensors[k].shape)}")
     print(f"{args.adapter_dir}: {len(modules)} adapted modules, r {r}, lora_alpha {cfg.get('lora_alpha')}, "
           f"scaling lora_alpha/r = {cfg.get('lora_alpha') / r:g}; {len(tensors)} tensors read with safetensors "
           f"{__import__('safetensors').__version__}")
@@ -187,6 +196,16 @@ def manual_merge(args):
             delta = (b.float() @ a.float()) * scaling  # (out, in)
             w = params[m + ".weight"]
             w += delta.T if cfg.get("fan_in_fan_out") else delta
+        # modules_to_save replace their module's parameters (GPT-2's lm_head is tied to transformer.wte:
+        # named_parameters() lists the shared tensor once, as transformer.wte.weight).
+        for k, t in ad.items():
+            if ".lora_A." in k or ".lora_B." in k:
+                continue
+            name = k[len("base_model.model."):]
+            if name in params:
+                params[name].copy_(t)
+            elif not (name == "lm_head.weight" and torch.equal(t, ad.get("base_model.model.transformer.wte.weight", t * 0 + 1))):
+                raise SystemExit(f"error: {k} names no parameter of the base (and is not the tied head)")
     ok = compare("base + adapters merged by hand vs expected", logits_of(model, load_ids(args.ids)),
                  load_file(args.expected)["logits"], args.tol)
     return 0 if ok else 1
