@@ -308,3 +308,52 @@ TEST_CASE("launcher: one writer per job directory, and a second run of the same 
   CHECK(after.code == 0);
 }
 
+
+TEST_CASE("experiment: scripts/learning_forgetting.py trains full and LoRA runs from one base, evaluates both datasets, writes the table and the plot", "[launcher][experiment]") {
+  test::TempDir dir;
+  std::string cfg = tiny_config(dir);
+  test::make_byte_dataset(dir / "data", "gen2", 2);
+  REQUIRE(launch({"run", "pre", cfg, dir / "out"}).code == 0);
+  const std::string base = dir / "out/checkpoints/general/default/pre/final/1280";
+  const std::string script = "python3 scripts/learning_forgetting.py --binary " + test::quote(LT_LAUNCHER);
+  const std::string only = "full lr 0.001,LoRA r16 lr 0.002,LoRA r16 lr 0.002 + wte x0.5";
+  Result r = test::shell(script + " " + test::quote(base) + " gen2 gen --out " + test::quote(dir / "lf") +
+                         " --tokens 256 --rows 4 --only " + test::quote(only));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  auto results = nlohmann::json::parse(read_file(dir / "lf/results.json"));
+  REQUIRE(results["runs"].size() == 4);  // the base, then the three runs
+  CHECK(results["runs"][0]["family"] == "base");
+  CHECK(results["runs"][1]["label"] == "full lr 0.001");
+  CHECK(results["runs"][3]["family"] == "lora+modules");
+  for (const auto& run : results["runs"]) {
+    INFO(run.dump());
+    CHECK(run["target_loss"].get<double>() > 0);
+    CHECK(run["source_loss"].get<double>() > 0);
+  }
+  // Each run trained on the target: its loss there fell from the base's, and the LoRA runs are LoRA states.
+  for (size_t i = 1; i < 4; ++i) CHECK(results["runs"][i]["target_loss"].get<double>() < results["runs"][0]["target_loss"].get<double>());
+  CHECK(read_checkpoint_metadata(results["runs"][2]["checkpoint"].get<std::string>())["kind"] == "lora");
+  CHECK(read_checkpoint_metadata(results["runs"][3]["checkpoint"].get<std::string>())["lora"]["modules_to_save"] ==
+        nlohmann::json::array({"wte.weight"}));
+  const std::string table = read_file(dir / "lf/results.md");
+  CHECK_THAT(table, Contains("| full lr 0.001 |") && Contains("| LoRA r16 lr 0.002 + wte x0.5 |") && Contains("gen2 loss (learned)"));
+  const std::string svg = read_file(dir / "lf/learning_forgetting.svg");
+  CHECK_THAT(svg, Contains("<svg") && Contains("full lr 0.001") && Contains("base (before)"));
+  // Again: the finished runs are not trained twice.
+  Result again = test::shell(script + " " + test::quote(base) + " gen2 gen --out " + test::quote(dir / "lf") +
+                             " --tokens 256 --rows 4 --only " + test::quote(only));
+  CHECK(again.code == 0);
+  CHECK_THAT(again.out, Contains("already trained"));
+  // Mistakes: a base that is not a checkpoint, a LoRA state, a label that does not exist.
+  Result bad = test::shell(script + " " + test::quote(dir / "nowhere") + " gen2 gen --out " + test::quote(dir / "lf2"));
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.out, Contains("is not a checkpoint"));
+  Result lora = test::shell(script + " " + test::quote(results["runs"][2]["checkpoint"].get<std::string>()) + " gen2 gen --out " +
+                            test::quote(dir / "lf3"));
+  CHECK(lora.code == 2);
+  CHECK_THAT(lora.out, Contains("the base must be plain"));
+  Result label = test::shell(script + " " + test::quote(base) + " gen2 gen --out " + test::quote(dir / "lf4") + " --only nope");
+  CHECK(label.code == 2);
+  CHECK_THAT(label.out, Contains("no run is labelled"));
+}
