@@ -145,8 +145,9 @@ void ContinualTrainer<Base>::on_stage_end(int stage) {
   // Reset before the boundary checkpoint, so that a run resumed from it starts the next stage as the
   // uninterrupted run does.
   if (reset_optimizer_ && !last) {
+    // The same parameters, weight decay and per-parameter lr (a LoRA stage's modules_to_save keep their ratio).
     auto params = this->optimizer_->params();
-    this->build_optimizer(params, this->optimizer_->weight_decay());
+    this->build_optimizer(params, this->optimizer_->weight_decay(), this->optimizer_->lr_scale());
   }
   std::string label = std::to_string(stage) + "_" + (last ? std::string("end") : std::to_string(stage + 1));
   std::string suffix = (!last && stage == no_fade_after() ? "lora_boundary_" : "boundary_") + label;

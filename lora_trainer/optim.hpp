@@ -29,6 +29,7 @@ class AdamW {
   void zero_grad();
   int64_t steps_taken() const { return t_; }
   double weight_decay() const { return o_.weight_decay; }
+  const std::vector<double>& lr_scale() const { return lr_scale_; }
   const NamedTensors& params() const { return params_; }
   std::vector<std::string> param_names() const;
   // optim/exp_avg/<name>, optim/exp_avg_sq/<name> and optim/step, in parameter order.

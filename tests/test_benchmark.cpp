@@ -187,6 +187,32 @@ TEST_CASE("benchmark LoRA: pre-LoRA stages, the switch, LoRA stages, a bit-ident
   }
 }
 
+TEST_CASE("benchmark LoRA with reset_optimizer: the reset keeps the modules_to_save and their lr ratio", "[benchmark]") {
+  Data d;
+  Config c(BenchmarkLoRABaseTrainer::schema());
+  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
+  c.apply_override("training/pre_lora_tokens=[384]");
+  c.apply_override(R"(training/pre_lora_dataset=[[{"name":"a","rate":1}]])");
+  c.apply_override("training/post_lora_tokens=[384,384]");
+  c.apply_override(R"(training/post_lora_dataset=[[{"name":"b","rate":1}],[{"name":"c","rate":1}]])");
+  c.apply_override("optimization/lora/rank=4");
+  c.apply_override("training/reset_optimizer=true");
+  c.apply_override("eval/boundary_rows=4");
+  c.apply_override(R"(optimization/lora/modules_to_save=["ln_f"])");
+  c.apply_override("optimization/lora/modules_to_save_lr_ratio=0.25");
+  JobSpec s;
+  s.name = "reset";
+  BenchmarkLoRABaseTrainer t(s, std::move(c), d.dir / "out");
+  t.run();
+  REQUIRE(t.in_lora_phase());
+  const auto names = t.optimizer().param_names();
+  const auto& scale = t.optimizer().lr_scale();
+  REQUIRE(names.size() == scale.size());
+  REQUIRE(names.back() == "ln_f.bias");
+  CHECK(scale.back() == 0.25);
+  CHECK(scale.front() == 1.0);
+}
+
 TEST_CASE("benchmark jobs are registered and their lists are checked", "[benchmark]") {
   Data d;
   CHECK_THROWS_WITH(make_bench(d, "bad", {"training/tokens=[512,512]"}),
