@@ -128,7 +128,7 @@ def final_checkpoint(out, name):
 
 def svg_scatter(points, target, source, title, path):
     """points: [(label, family, x = target loss, y = source loss)], the base first."""
-    W, H, L, R, T, B = 760, 520, 70, 230, 40, 60
+    W, H, L, R, T, B = 900, 520, 70, 330, 40, 60
     xs = [p[2] for p in points]
     ys = [p[3] for p in points]
     pad = lambda lo, hi: ((lo - 0.05 * (hi - lo or 1)), (hi + 0.05 * (hi - lo or 1)))
@@ -152,19 +152,22 @@ def svg_scatter(points, target, source, title, path):
     s.append(f'<text x="{(L + W - R) / 2}" y="{H - 18}" text-anchor="middle">{esc(target)} loss (nats): lower = learned more</text>')
     s.append(f'<text transform="translate(18 {(T + H - B) / 2}) rotate(-90)" text-anchor="middle">'
              f'{esc(source)} loss (nats): higher = forgot more</text>')
-    for label, family, x, y in points:
+    # Each point carries its number; the list on the right names it (labels beside close points overlap).
+    for i, (label, family, x, y) in enumerate(points):
         c = colour[family]
         if family == "base":
             s.append(f'<rect x="{X(x) - 5:.1f}" y="{Y(y) - 5:.1f}" width="10" height="10" fill="{c}"/>')
         else:
-            s.append(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="4.5" fill="{c}"/>')
-        s.append(f'<text x="{X(x) + 7:.1f}" y="{Y(y) - 5:.1f}" fill="{c}" font-size="9">{esc(label)}</text>')
-    legend = [("base", "base (before)"), ("full", "full fine-tuning"), ("lora", "LoRA (alpha = 2r)"),
-              ("lora+modules", "LoRA + modules_to_save")]
-    for i, (fam, text) in enumerate(legend):
-        y = T + 12 + 18 * i
-        s.append(f'<circle cx="{W - R + 20}" cy="{y - 4}" r="4.5" fill="{colour[fam]}"/>')
-        s.append(f'<text x="{W - R + 30}" y="{y}">{esc(text)}</text>')
+            s.append(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="4.5" fill="{c}" fill-opacity="0.8"/>')
+        s.append(f'<text x="{X(x) + 6:.1f}" y="{Y(y) - 4:.1f}" fill="{c}" font-size="10">{i}</text>')
+    for i, (label, family, x, y) in enumerate(points):
+        ly = T + 12 + 16 * i
+        s.append(f'<text x="{W - R + 12}" y="{ly}" fill="{colour[family]}">{i}  {esc(label)}</text>')
+    key = [("full", "full fine-tuning"), ("lora", "LoRA (alpha = 2r)"), ("lora+modules", "LoRA + modules_to_save")]
+    for j, (fam, text) in enumerate(key):
+        ky = T + 12 + 16 * (len(points) + 1 + j)
+        s.append(f'<circle cx="{W - R + 16}" cy="{ky - 4}" r="4.5" fill="{colour[fam]}"/>')
+        s.append(f'<text x="{W - R + 26}" y="{ky}">{esc(text)}</text>')
     s.append("</svg>")
     tmp = path + ".tmp"
     open(tmp, "w").write("\n".join(s) + "\n")
@@ -224,6 +227,11 @@ def main():
         configure(a.binary, kind, configs[kind], base_cfg, a.tokens, a.target, out)
 
     started = time.time()
+    earlier = {}  # training times of runs finished by an earlier invocation
+    try:
+        earlier = {r["label"]: r["seconds"] for r in json.load(open(os.path.join(out, "results.json")))["runs"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     print(f"base {a.base}: evaluating {a.target} and {a.source} ({a.rows} rows each)", flush=True)
     base_loss = evaluate(a.binary, base, [a.target, a.source], a.rows, common, os.path.join(out, "eval-base.log"))
     rows = [{"label": "base (before)", "family": "base", "target_loss": base_loss[a.target],
@@ -240,9 +248,10 @@ def main():
             ckpt = final_checkpoint(out, name)
             if ckpt is None:
                 die(f"{name} finished without a final checkpoint; see {os.path.join(out, name + '.log')}")
+            seconds = time.time() - t0
         else:
             print(f"[{i}/{len(all_variants)}] {label}: already trained ({ckpt})", flush=True)
-        seconds = time.time() - t0
+            seconds = earlier.get(label, 0)
         loss = evaluate(a.binary, ckpt, [a.target, a.source], a.rows, common, os.path.join(out, name + "-eval.log"))
         rows.append({"label": label, "family": family, "target_loss": loss[a.target], "source_loss": loss[a.source],
                      "seconds": round(seconds, 1), "overrides": overrides, "checkpoint": ckpt})
