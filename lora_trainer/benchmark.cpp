@@ -173,14 +173,12 @@ json ContinualTrainer<Base>::extra_metadata() const {
 }
 
 template <class Base>
-void ContinualTrainer<Base>::restore_from_path(const std::string& path) {
-  std::string dir = this->checkpoint_path(path);
-  json meta = read_checkpoint_metadata(dir);
-  Base::restore_from_path(dir);  // the LoRA variant picks its phase from the metadata here
+void ContinualTrainer<Base>::restore_from_checkpoint(const CheckpointMeta& ck) {
+  Base::restore_from_checkpoint(ck);  // the LoRA variant picks its phase from the metadata here
   // A full restore continues the checkpoint's run and its matrix (also under a new name); weights
   // taken as a pretrained base leave this job's counters at zero and bring no matrix.
-  const bool full_restore = this->step_ == meta.value("step", int64_t(-1)) && !meta.value("weights_only", false);
-  matrix_ = full_restore ? meta.value("forgetting", json::array()) : json::array();
+  const bool full_restore = this->step_ == ck.step && !ck.weights_only;
+  matrix_ = full_restore ? ck.raw.value("forgetting", json::array()) : json::array();
 }
 
 template <class Base>

@@ -50,7 +50,7 @@ class ContinualTrainer : public Base {
   ContinualTrainer(JobSpec spec, Config cfg, std::string out_dir);
 
   void run() override;
-  void restore_from_path(const std::string& path) override;
+  void restore_from_checkpoint(const CheckpointMeta& ck) override;
   // Rows of the forgetting matrix: {"after_stage": i, "step": s, "loss": {dataset: nats}}.
   const nlohmann::json& forgetting() const { return matrix_; }
   std::string forgetting_table() const;

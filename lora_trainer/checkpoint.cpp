@@ -309,7 +309,7 @@ bool is_checkpoint(const std::string& dir) {
   return fs::exists(fs::path(dir) / "metadata.json") && fs::exists(fs::path(dir) / "state.h5");
 }
 
-nlohmann::json read_checkpoint_metadata(const std::string& dir) {
+CheckpointMeta CheckpointMeta::read(const std::string& dir) {
   if (!fs::is_directory(dir)) throw UserError("checkpoint " + dir + " does not exist");
   if (!is_checkpoint(dir))
     throw UserError(dir + " is not a complete checkpoint (no metadata.json/state.h5): an interrupted save, or "
@@ -323,13 +323,26 @@ nlohmann::json read_checkpoint_metadata(const std::string& dir) {
     throw UserError(dir + ": checkpoint format version " + std::to_string(version) + ", this build reads " +
                     std::to_string(kCheckpointFormatVersion));
   check_metadata_fields(dir, meta);
-  return meta;
+  CheckpointMeta ck;
+  ck.dir = dir;
+  ck.kind = meta["kind"].get<std::string>();
+  ck.step = meta["step"].get<int64_t>();
+  ck.tokens = meta["tokens"].get<int64_t>();
+  ck.weights_only = meta.value("weights_only", false);
+  ck.job_name = meta.contains("job") ? meta["job"].value("name", std::string("?")) : "?";
+  ck.raw = std::move(meta);
+  return ck;
 }
 
+nlohmann::json read_checkpoint_metadata(const std::string& dir) { return CheckpointMeta::read(dir).raw; }
+
 NamedTensors read_checkpoint_tensors(const std::string& dir, int* verified) {
+  return read_checkpoint_tensors(CheckpointMeta::read(dir), verified);
+}
+
+NamedTensors read_checkpoint_tensors(const CheckpointMeta& ck, int* verified) {
   quiet_hdf5();
-  read_checkpoint_metadata(dir);
-  std::string path = (fs::path(dir) / "state.h5").string();
+  std::string path = (fs::path(ck.dir) / "state.h5").string();
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   h5check(file.id, "opening " + path);
   std::vector<std::string> names;
@@ -343,13 +356,19 @@ NamedTensors read_checkpoint_tensors(const std::string& dir, int* verified) {
 
 void load_checkpoint_into(const std::string& dir, const NamedTensors& into,
                           const std::vector<std::string>& prefixes) {
+  load_checkpoint_into(CheckpointMeta::read(dir), into, prefixes);
+}
+
+void load_checkpoint_into(const CheckpointMeta& ck, const NamedTensors& into,
+                          const std::vector<std::string>& prefixes) {
+  const std::string& dir = ck.dir;
   auto selected = [&](const std::string& name) {
     if (prefixes.empty()) return true;
     for (const auto& p : prefixes)
       if (name.rfind(p, 0) == 0) return true;
     return false;
   };
-  NamedTensors stored = read_checkpoint_tensors(dir);
+  NamedTensors stored = read_checkpoint_tensors(ck);
   std::map<std::string, torch::Tensor> by_name;
   for (auto& [n, t] : stored)
     if (selected(n)) by_name[n] = t;

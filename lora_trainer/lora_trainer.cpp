@@ -169,18 +169,16 @@ void transition_to_lora(LoRATrainer& t, bool at_boundary) {
                {"frozen_params", frozen}, {"adapted", t.lora_.names}});
 }
 
-void LoRATrainer::restore_from_path(const std::string& path) {
-  std::string dir = checkpoint_path(path);
-  json meta = read_checkpoint_metadata(dir);
-  const std::string kind = meta.value("kind", std::string("?"));
-  const int64_t step = meta.value("step", int64_t(0));
-  if (meta.value("weights_only", false) || (kind == "plain" && boundary_step_ == 0)) {
+void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
+  const std::string& dir = ck.dir;
+  const std::string& kind = ck.kind;
+  const int64_t step = ck.step;
+  if (ck.weights_only || (kind == "plain" && boundary_step_ == 0)) {
     // Skip phase one: another job's weights become this job's base; our counters stay at zero.
     if (in_lora_ || step_ != 0)
       throw UserError("a pretrained base can only be loaded before training starts; " + dir + " came too late");
-    load_weights_from(dir);
-    base_ = {{"path", dir}, {"job", meta["job"].is_object() ? meta["job"].value("name", std::string("?")) : "?"},
-             {"step", step}};
+    load_weights_from(ck);
+    base_ = {{"path", dir}, {"job", ck.job_name}, {"step", step}};
     return;
   }
   if (kind == "lora") {
@@ -195,7 +193,7 @@ void LoRATrainer::restore_from_path(const std::string& path) {
                       "). To use it as a pretrained base, set training/pre_lora_tokens and training/pre_lora_dataset to []");
     if (in_lora_) throw UserError("cannot restore the plain state " + dir + " into a job already in its LoRA phase");
   }
-  BaseTrainer::restore_from_path(dir);
+  BaseTrainer::restore_from_checkpoint(ck);
 }
 
 void LoRATrainer::run() {

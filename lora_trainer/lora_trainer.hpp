@@ -36,7 +36,7 @@ class LoRATrainer : public BaseTrainer {
   // into a LoRA template (transitioning first); a plain state at or before the boundary is loaded as
   // plain (pre_lora_checkpoint included) and the transition follows at the boundary; a plain state of
   // another job given to a job without phase 1 becomes the frozen base (skip phase one).
-  void restore_from_path(const std::string& path) override;
+  void restore_from_checkpoint(const CheckpointMeta& ck) override;
   // BaseTrainer::run, then (when finished) the report: per-phase speed, parameter counts, validation
   // perplexity per dataset before and after the LoRA phase, printed and written to report.md beside
   // loss.svg (the loss curves with the boundary marked) in the run directory.

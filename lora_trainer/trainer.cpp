@@ -456,15 +456,15 @@ void BaseTrainer::save(const std::string& suffix, bool update_latest) {
   dist_.barrier("saving checkpoint " + suffix);  // the others go on once it is complete
 }
 
-void BaseTrainer::restore_from_path(const std::string& path) {
-  std::string dir = checkpoint_path(path);
-  json meta = read_checkpoint_metadata(dir);
-  if (meta.value("weights_only", false)) {
-    load_weights_from(dir);
+void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
+  const std::string& dir = ck.dir;
+  const json& meta = ck.raw;
+  if (ck.weights_only) {
+    load_weights_from(ck);
     return;
   }
-  if (meta.value("kind", std::string()) != state_kind())
-    throw UserError(dir + " holds a \"" + meta.value("kind", std::string("?")) + "\" state; job kind " + spec_.kind +
+  if (ck.kind != state_kind())
+    throw UserError(dir + " holds a \"" + ck.kind + "\" state; job kind " + spec_.kind +
                     " expects \"" + state_kind() + "\"");
   auto names = meta.value("trainable_params", std::vector<std::string>());
   if (names != optimizer_->param_names())
@@ -474,18 +474,19 @@ void BaseTrainer::restore_from_path(const std::string& path) {
   // Parameters and moments are loaded in place; the step count and RNG state come back as the fresh
   // scalars that state_tensors() made for them, and are applied here.
   NamedTensors into = state_tensors();
-  load_checkpoint_into(dir, into);
+  load_checkpoint_into(ck, into);
   for (auto& [n, t] : into) {
     if (n == "rng/generators") set_rng_state(rt_, t);
     if (n == "optim/step") optimizer_->set_steps_taken(t.item<int64_t>());
   }
-  step_ = meta.at("step").get<int64_t>();
-  tokens_ = meta.at("tokens").get<int64_t>();
-  best_score_ = meta["best_score"].is_number() ? std::optional<double>(meta["best_score"].get<double>()) : std::nullopt;
+  step_ = ck.step;
+  tokens_ = ck.tokens;
+  const json best = meta.value("best_score", json());
+  best_score_ = best.is_number() ? std::optional<double>(best.get<double>()) : std::nullopt;
   best_stage_ = meta.value("best_stage", 0);
   base_model_ = meta.value("base_model", json());
   restore_extra(meta);
-  const std::string from_job = meta["job"].value("name", std::string("?"));
+  const std::string& from_job = ck.job_name;
   if (from_job != spec_.name)  // another job's state: say what was loaded and that its counters go on
     std::fprintf(stderr,
                  "loaded the %s state of job %s at step %lld (%lld tokens) from %s; job %s continues from there: its "
@@ -498,10 +499,11 @@ void BaseTrainer::restore_from_path(const std::string& path) {
   for (auto& [k, v] : meta["data"]["cursors"].items()) restored_cursors_[std::stoi(k)] = v.get<uint64_t>();
 }
 
-void BaseTrainer::load_weights_from(const std::string& dir) {
-  json meta = read_checkpoint_metadata(dir);
-  if (meta.value("kind", std::string()) != "plain")
-    throw UserError(dir + " holds a \"" + meta.value("kind", std::string("?")) +
+void BaseTrainer::load_weights_from(const CheckpointMeta& ck) {
+  const std::string& dir = ck.dir;
+  const json& meta = ck.raw;
+  if (ck.kind != "plain")
+    throw UserError(dir + " holds a \"" + ck.kind +
                     "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
   // The shapes say nothing about the activation: weights trained with one GELU would load silently
   // into a model computing the other (GPT-2's own weights need gelu_tanh).
@@ -512,10 +514,10 @@ void BaseTrainer::load_weights_from(const std::string& dir) {
                     ". Set architecture/activation=" + theirs + " (import-hf prints the architecture a job needs)");
   NamedTensors into;
   for (auto& [name, t] : named_params(*model_)) into.emplace_back("params/" + name, t);
-  load_checkpoint_into(dir, into, {"params/"});
+  load_checkpoint_into(ck, into, {"params/"});
   base_model_ = meta.value("base_model", json());
   std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", dir.c_str(),
-              (long long)meta.value("step", int64_t(0)), meta.value("job", json::object()).value("name", std::string("?")).c_str(),
+              (long long)ck.step, ck.job_name.c_str(),
               (long long)step_);
 }
 

@@ -85,7 +85,7 @@ class BaseTrainer : public RestoreableJob {
   bool done() const override { return step_ >= total_steps_; }
   // A full state restores everything (weights, optimizer, counters, data position, RNG); a
   // weights-only checkpoint (`export`) initialises the weights and leaves the counters at zero.
-  void restore_from_path(const std::string& path) override;
+  void restore_from_checkpoint(const CheckpointMeta& ck) override;
 
   StepResult train_step();
   // Held-out loss of the model (base + adapters in the LoRA phase) on the first `rows` validation
@@ -159,7 +159,7 @@ class BaseTrainer : public RestoreableJob {
   void report(const StepResult& r, double mean_loss, double tok_per_s);
   nlohmann::json checkpoint_metadata() const;
   // Loads only the model's parameters ("params/*") from a checkpoint; step and tokens stay as they are.
-  void load_weights_from(const std::string& dir);
+  void load_weights_from(const CheckpointMeta& ck);
   void truncate_metrics_after(int64_t step);
   // After a sharded optimizer step: every rank gets each parameter from the rank that updated it.
   void sync_sharded_params();
