@@ -208,7 +208,7 @@ void check_metadata_fields(const std::string& dir, const nlohmann::json& meta) {
     if (!ok(meta[field])) fail(field, expected);
   };
   auto is_object = [](const J& v) { return v.is_object(); };
-  need("kind", [](const J& v) { return v.is_string(); }, "a string (\"plain\" or \"lora\")", true);
+  need("kind", [](const J& v) { return v == "plain" || v == "lora"; }, "\"plain\" or \"lora\"", true);
   need("step", count, "a non-negative integer", true);
   need("tokens", count, "a non-negative integer", true);
   need("weights_only", [](const J& v) { return v.is_boolean(); }, "true or false", false);
@@ -248,6 +248,14 @@ void check_metadata_fields(const std::string& dir, const nlohmann::json& meta) {
 }  // namespace
 
 std::string dtype_name(torch::ScalarType t) { return info_for(t).name; }
+
+StateKind parse_state_kind(const std::string& name) {
+  if (name == "plain") return StateKind::Plain;
+  if (name == "lora") return StateKind::Lora;
+  throw std::invalid_argument("unknown state kind \"" + name + "\" (known: plain, lora)");
+}
+
+std::string state_kind_name(StateKind kind) { return kind == StateKind::Lora ? "lora" : "plain"; }
 
 // A save writes into the hidden sibling `.NAME.tmp-TAG` and renames it into place; the checkpoint it
 // replaces goes aside as `.NAME.old-TAG` until the rename is done. Either left behind is an interrupted save.
@@ -325,7 +333,7 @@ CheckpointMeta CheckpointMeta::read(const std::string& dir) {
   check_metadata_fields(dir, meta);
   CheckpointMeta ck;
   ck.dir = dir;
-  ck.kind = meta["kind"].get<std::string>();
+  ck.kind = parse_state_kind(meta["kind"].get<std::string>());
   ck.step = meta["step"].get<int64_t>();
   ck.tokens = meta["tokens"].get<int64_t>();
   ck.weights_only = meta.value("weights_only", false);

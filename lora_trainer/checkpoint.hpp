@@ -25,6 +25,17 @@ namespace lt {
 
 inline constexpr int kCheckpointFormatVersion = 1;
 
+// What a checkpoint's state is, its metadata's "kind": "plain" (a whole model, trained in full) or
+// "lora" (a frozen bf16 base and adapters).
+enum class StateKind { Plain, Lora };
+StateKind parse_state_kind(const std::string& name);  // std::invalid_argument naming the known ones
+std::string state_kind_name(StateKind kind);
+
+// The prefixes of the tensor names in state.h5 that a trainer reads back by part: the model's
+// parameters ("params/h.0.attn.c_attn.weight") and the adapters ("lora/<weight>.lora_a").
+inline const std::string kParamsPrefix = "params/";
+inline const std::string kLoraPrefix = "lora/";
+
 // Writes tensors and metadata to `dir` atomically (replacing an existing checkpoint there).
 void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata);
 
@@ -35,7 +46,7 @@ bool is_checkpoint(const std::string& dir);
 // from the registry through the trainers to the tensor loader instead of each re-reading the file.
 struct CheckpointMeta {
   std::string dir;            // the checkpoint directory
-  std::string kind;           // the state's kind: "plain" or "lora"
+  StateKind kind = StateKind::Plain;
   int64_t step = 0, tokens = 0;
   bool weights_only = false;  // made by `export` or `import-hf`: weights, no training state
   std::string job_name;       // the job that saved it; "?" when not recorded

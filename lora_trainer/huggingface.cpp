@@ -241,13 +241,13 @@ std::vector<std::string> import_hf(const std::string& hf_dir, const std::string&
                 L = cfg.get_int("architecture/n_layers"), C = cfg.get_int("architecture/d_model");
   NamedTensors params = gpt2_from_hf(read_safetensors_model(hf_dir), gpt2_template(V, T, L, C), hf_dir);
   NamedTensors stored;
-  for (auto& [n, t] : params) stored.emplace_back("params/" + n, t);
+  for (auto& [n, t] : params) stored.emplace_back(kParamsPrefix + n, t);
   const std::string abs_dir = fs::absolute(hf_dir).lexically_normal().string();
   // The Hub's name when the config carries it (transformers writes it on download), else this directory.
   const bool named = hf_config.contains("_name_or_path") && hf_config["_name_or_path"].is_string() &&
                      !hf_config["_name_or_path"].get<std::string>().empty();
   const json name_or_path = named ? hf_config["_name_or_path"] : json(abs_dir);
-  json meta = {{"kind", "plain"},
+  json meta = {{"kind", state_kind_name(StateKind::Plain)},
                {"weights_only", true},
                {"step", 0},
                {"tokens", 0},
@@ -306,8 +306,8 @@ MergedCheckpoint read_merged(const std::string& checkpoint) {
   m.arch = arch_of(m.meta, checkpoint);
   std::map<std::string, torch::Tensor> lora;
   for (auto& [n, t] : read_checkpoint_tensors(checkpoint)) {
-    if (n.rfind("lora/", 0) == 0) lora[n.substr(5)] = t;
-    if (n.rfind("params/", 0) == 0) m.params.emplace_back(n.substr(7), t.to(torch::kFloat32));
+    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
+    if (n.rfind(kParamsPrefix, 0) == 0) m.params.emplace_back(n.substr(kParamsPrefix.size()), t.to(torch::kFloat32));
   }
   if (m.params.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
   if (!lora.empty()) {

@@ -89,10 +89,10 @@ LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
   // Validate the targets now, not at the boundary hours later.
   auto params = named_params(*model_);
   check_lora_targets(*model_, params, param_filter(params, lora_cfg_.target_modules), lora_cfg_.rank);
-  schedule_ = Schedule::make(cfg_.get_string("training/schedule"), cfg_.get_double("optimization/lr"),
+  schedule_ = Schedule::make(parse_schedule_kind(cfg_.get_string("training/schedule")), cfg_.get_double("optimization/lr"),
                              cfg_.get_double("optimization/min_lr_ratio"), boundary_step_,
                              cfg_.get_double("training/warmup_pct"), cfg_.get_double("training/decay_pct"));
-  lora_schedule_ = Schedule::make(cfg_.get_string("optimization/lora/schedule"), cfg_.get_double("optimization/lora/lr"),
+  lora_schedule_ = Schedule::make(parse_schedule_kind(cfg_.get_string("optimization/lora/schedule")), cfg_.get_double("optimization/lora/lr"),
                                   cfg_.get_double("optimization/min_lr_ratio"), total_steps_ - boundary_step_,
                                   cfg_.get_double("optimization/lora/warmup_pct"),
                                   cfg_.get_double("optimization/lora/decay_pct"));
@@ -103,8 +103,8 @@ void LoRATrainer::before_step() {
 }
 
 bool LoRATrainer::shard_optimizer_state() const {
-  const std::string mode = cfg_.get_string("distributed/shard_optimizer");
-  return in_lora_ ? mode != "none" : mode == "all";
+  const ShardMode mode = parse_shard_mode(cfg_.get_string("distributed/shard_optimizer"));
+  return in_lora_ ? mode != ShardMode::None : mode == ShardMode::All;
 }
 
 double LoRATrainer::current_lr() const {
@@ -114,7 +114,7 @@ double LoRATrainer::current_lr() const {
 NamedTensors LoRATrainer::state_tensors() {
   NamedTensors out = BaseTrainer::state_tensors();
   if (in_lora_)
-    for (auto& [n, t] : lora_.named()) out.emplace_back("lora/" + n, t);
+    for (auto& [n, t] : lora_.named()) out.emplace_back(kLoraPrefix + n, t);
   return out;
 }
 
@@ -171,9 +171,9 @@ void transition_to_lora(LoRATrainer& t, bool at_boundary) {
 
 void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
   const std::string& dir = ck.dir;
-  const std::string& kind = ck.kind;
+  const StateKind kind = ck.kind;
   const int64_t step = ck.step;
-  if (ck.weights_only || (kind == "plain" && boundary_step_ == 0)) {
+  if (ck.weights_only || (kind == StateKind::Plain && boundary_step_ == 0)) {
     // Skip phase one: another job's weights become this job's base; our counters stay at zero.
     if (in_lora_ || step_ != 0)
       throw UserError("a pretrained base can only be loaded before training starts; " + dir + " came too late");
@@ -181,12 +181,12 @@ void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
     base_ = {{"path", dir}, {"job", ck.job_name}, {"step", step}};
     return;
   }
-  if (kind == "lora") {
+  if (kind == StateKind::Lora) {
     if (step < boundary_step_)
       throw UserError(dir + " is a LoRA state at step " + std::to_string(step) + ", before this job's LoRA boundary (step " +
                       std::to_string(boundary_step_) + "): it belongs to a job with other training/pre_lora_tokens");
     if (!in_lora_) transition_to_lora(*this, false);  // the LoRA template; the load overwrites it
-  } else if (kind == "plain") {
+  } else {
     if (step > boundary_step_)
       throw UserError(dir + " is a plain state at step " + std::to_string(step) + ", past this job's LoRA boundary (step " +
                       std::to_string(boundary_step_) +
@@ -358,8 +358,8 @@ void export_merged(const std::string& checkpoint, const std::string& out) {
   std::map<std::string, torch::Tensor> lora;
   NamedTensors params;
   for (auto& [n, t] : stored) {
-    if (n.rfind("lora/", 0) == 0) lora[n.substr(5)] = t;
-    if (n.rfind("params/", 0) == 0) params.emplace_back(n, t.to(torch::kFloat32));
+    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
+    if (n.rfind(kParamsPrefix, 0) == 0) params.emplace_back(n, t.to(torch::kFloat32));
   }
   if (params.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
   int merged = 0;
@@ -368,14 +368,14 @@ void export_merged(const std::string& checkpoint, const std::string& out) {
     double alpha = meta["lora"].at("alpha").get<double>();
     int64_t rank = meta["lora"].at("rank").get<int64_t>();
     for (auto& [n, t] : params) {
-      std::string base = n.substr(7);
+      std::string base = n.substr(kParamsPrefix.size());
       auto a = lora.find(LoraParams::a_name(base)), b = lora.find(LoraParams::b_name(base));
       if (a == lora.end() || b == lora.end()) continue;
       t = merge_lora_params(t, a->second, b->second, alpha, rank);
       ++merged;
     }
   }
-  json out_meta = {{"kind", "plain"},
+  json out_meta = {{"kind", state_kind_name(StateKind::Plain)},
                    {"weights_only", true},
                    {"step", meta.value("step", int64_t(0))},
                    {"tokens", meta.value("tokens", int64_t(0))},

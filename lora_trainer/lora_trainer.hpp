@@ -44,7 +44,7 @@ class LoRATrainer : public BaseTrainer {
   std::string report();
 
   NamedTensors state_tensors() override;
-  std::string state_kind() const override { return in_lora_ ? "lora" : "plain"; }
+  StateKind state_kind() const override { return in_lora_ ? StateKind::Lora : StateKind::Plain; }
 
   bool in_lora_phase() const { return in_lora_; }
   int64_t boundary_step() const { return boundary_step_; }

@@ -36,7 +36,7 @@ void add_trainer_options(ConfigSchema& s) {
   s.add("training/warmup_pct", OptType::Float, 0.01, "fraction of steps of linear warmup", check_range(0, 1));
   s.add("training/decay_pct", OptType::Float, 0.1, "fraction of steps of final decay (wsd)", check_range(0, 1));
   s.add("training/schedule", OptType::String, "wsd", "learning-rate schedule: constant, wsd or cosine",
-        check_one_of({"constant", "wsd", "cosine"}));
+        check_one_of(schedule_kind_names()));
   s.add("training/validation", OptType::Bool, true, "run validation every logging/validation_interval steps");
   s.add("training/validation_steps", OptType::Int, 64, "validation rows per dataset", check_positive());
   s.add("optimization/lr", OptType::Float, 6e-4, "peak learning rate", check_positive());
@@ -134,7 +134,9 @@ void BaseTrainer::build_optimizer(NamedTensors params, double weight_decay) {
   if (dist_.active() && shard_optimizer_state()) optimizer_->shard(dist_.rank(), dist_.world_size());
 }
 
-bool BaseTrainer::shard_optimizer_state() const { return cfg_.get_string("distributed/shard_optimizer") == "all"; }
+bool BaseTrainer::shard_optimizer_state() const {
+  return parse_shard_mode(cfg_.get_string("distributed/shard_optimizer")) == ShardMode::All;
+}
 
 void BaseTrainer::sync_sharded_params() {
   torch::NoGradGuard ng;
@@ -168,7 +170,7 @@ void BaseTrainer::plan_stages(const StagePlan& plan) {
     samplers_.emplace_back();
   }
   total_steps_ = step;
-  schedule_ = Schedule::make(cfg_.get_string("training/schedule"), cfg_.get_double("optimization/lr"),
+  schedule_ = Schedule::make(parse_schedule_kind(cfg_.get_string("training/schedule")), cfg_.get_double("optimization/lr"),
                              cfg_.get_double("optimization/min_lr_ratio"), total_steps_,
                              cfg_.get_double("training/warmup_pct"), cfg_.get_double("training/decay_pct"));
 }
@@ -410,7 +412,7 @@ ValResult BaseTrainer::validate() {
 
 NamedTensors BaseTrainer::state_tensors() {
   NamedTensors out;
-  for (auto& [name, t] : named_params(*model_)) out.emplace_back("params/" + name, t);
+  for (auto& [name, t] : named_params(*model_)) out.emplace_back(kParamsPrefix + name, t);
   for (auto& kv : optimizer_->state()) out.push_back(kv);
   out.emplace_back("rng/generators", rng_state(rt_));
   return out;
@@ -422,7 +424,7 @@ json BaseTrainer::checkpoint_metadata() const {
     if (samplers_[i]) cursors[std::to_string(i)] = samplers_[i]->cursor();
     else if (restored_cursors_.count(static_cast<int>(i))) cursors[std::to_string(i)] = restored_cursors_.at(static_cast<int>(i));
   }
-  json m = {{"kind", state_kind()},
+  json m = {{"kind", state_kind_name(state_kind())},
             {"step", step_},
             {"tokens", tokens_},
             {"total_steps", total_steps_},
@@ -464,8 +466,8 @@ void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
     return;
   }
   if (ck.kind != state_kind())
-    throw UserError(dir + " holds a \"" + ck.kind + "\" state; job kind " + spec_.kind +
-                    " expects \"" + state_kind() + "\"");
+    throw UserError(dir + " holds a \"" + state_kind_name(ck.kind) + "\" state; job kind " + spec_.kind +
+                    " expects \"" + state_kind_name(state_kind()) + "\"");
   auto names = meta.value("trainable_params", std::vector<std::string>());
   if (names != optimizer_->param_names())
     throw UserError(dir + ": its trainable parameters (" + std::to_string(names.size()) +
@@ -491,7 +493,7 @@ void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
     std::fprintf(stderr,
                  "loaded the %s state of job %s at step %lld (%lld tokens) from %s; job %s continues from there: its "
                  "step, tokens, learning-rate schedule, optimizer moments and data position are that state's\n",
-                 state_kind().c_str(), from_job.c_str(), (long long)step_, (long long)tokens_, dir.c_str(),
+                 state_kind_name(state_kind()).c_str(), from_job.c_str(), (long long)step_, (long long)tokens_, dir.c_str(),
                  spec_.name.c_str());
   // Samplers are rebuilt when next used (a checkpoint read for eval needs no training data).
   for (auto& s : samplers_) s.reset();
@@ -502,8 +504,8 @@ void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
 void BaseTrainer::load_weights_from(const CheckpointMeta& ck) {
   const std::string& dir = ck.dir;
   const json& meta = ck.raw;
-  if (ck.kind != "plain")
-    throw UserError(dir + " holds a \"" + ck.kind +
+  if (ck.kind != StateKind::Plain)
+    throw UserError(dir + " holds a \"" + state_kind_name(ck.kind) +
                     "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
   // The shapes say nothing about the activation: weights trained with one GELU would load silently
   // into a model computing the other (GPT-2's own weights need gelu_tanh).
@@ -513,8 +515,8 @@ void BaseTrainer::load_weights_from(const CheckpointMeta& ck) {
     throw UserError(dir + " holds weights of a model with architecture/activation=" + theirs + "; this job has " + ours +
                     ". Set architecture/activation=" + theirs + " (import-hf prints the architecture a job needs)");
   NamedTensors into;
-  for (auto& [name, t] : named_params(*model_)) into.emplace_back("params/" + name, t);
-  load_checkpoint_into(ck, into, {"params/"});
+  for (auto& [name, t] : named_params(*model_)) into.emplace_back(kParamsPrefix + name, t);
+  load_checkpoint_into(ck, into, {kParamsPrefix});
   base_model_ = meta.value("base_model", json());
   std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", dir.c_str(),
               (long long)ck.step, ck.job_name.c_str(),

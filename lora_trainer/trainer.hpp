@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/data.hpp"
 #include "lora_trainer/distributed.hpp"
 #include "lora_trainer/job.hpp"
@@ -121,7 +122,7 @@ class BaseTrainer : public RestoreableJob {
   // Every tensor a checkpoint of this state holds, by name (with a sharded optimizer, the moments held
   // by other ranks are zeros here; save() gathers them). No collectives: restoring reads into these.
   virtual NamedTensors state_tensors();
-  virtual std::string state_kind() const { return "plain"; }
+  virtual StateKind state_kind() const { return StateKind::Plain; }
 
   // Set by SIGINT/SIGTERM; the loop saves and exits after the step in flight (with several ranks, after
   // the step in which any rank saw the signal).
