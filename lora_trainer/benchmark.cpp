@@ -54,15 +54,8 @@ FadeAt fade_at(const std::vector<Stage>& stages, int64_t step, int64_t overlap_s
 }
 
 static StagePlan benchmark_plan(const Config& cfg) {
-  auto tokens = cfg.get("training/tokens").get<std::vector<int64_t>>();
-  const json& data = cfg.get("training/dataset");
-  if (tokens.size() != data.size())
-    throw UserError("training/tokens has " + std::to_string(tokens.size()) + " stages but training/dataset has " +
-                    std::to_string(data.size()) + "; give one dataset mixture per token budget");
-  if (tokens.empty()) throw UserError("training/tokens is empty: a benchmark needs at least one stage");
-  StagePlan plan;
-  plan.tokens = tokens;
-  for (const auto& d : data) plan.datasets.push_back(parse_samplings(d));
+  StagePlan plan = StagePlan::from_config(cfg, "training/tokens", "training/dataset");
+  if (plan.tokens.empty()) throw UserError("training/tokens is empty: a benchmark needs at least one stage");
   return plan;
 }
 

@@ -59,6 +59,9 @@ class ContinualTrainer : public Base {
   Batch next_batch(int64_t first, int64_t count) override;
   void on_stage_end(int stage) override;
   nlohmann::json extra_metadata() const override;
+  // Over the LoRA base's: its report draws no loss.svg, since run() draws one with every stage
+  // boundary marked afterwards (a member the plain base does not call).
+  void draw_loss_plot(const std::vector<nlohmann::json>&, const std::string&) const {}
 
  private:
   void read_continual_options();

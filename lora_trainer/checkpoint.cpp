@@ -10,7 +10,6 @@
 #include <functional>
 #include <filesystem>
 #include <map>
-#include <random>
 
 #include "lora_trainer/util.hpp"
 
@@ -258,11 +257,8 @@ StateKind parse_state_kind(const std::string& name) {
 std::string state_kind_name(StateKind kind) { return kind == StateKind::Lora ? "lora" : "plain"; }
 
 // A save writes into the hidden sibling `.NAME.tmp-TAG` and renames it into place; the checkpoint it
-// replaces goes aside as `.NAME.old-TAG` until the rename is done. Either left behind is an interrupted save.
-static fs::path save_sibling(const fs::path& final_dir, const char* kind, const std::string& tag) {
-  return final_dir.parent_path() / ("." + final_dir.filename().string() + kind + tag);
-}
-
+// replaces goes aside as `.NAME.old-TAG` until the rename is done (publish_dir). Either left behind is an
+// interrupted save.
 static bool is_interrupted_save(const std::string& name) {
   return name.size() > 1 && name[0] == '.' &&
          (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos);
@@ -282,35 +278,13 @@ int remove_interrupted_saves(const std::string& job_dir) {
 }
 
 void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata) {
-  fs::path final_dir(dir);
-  fs::create_directories(final_dir.parent_path());
-  std::random_device rd;
-  std::string tag = std::to_string(::getpid()) + "-" + std::to_string(rd());
-  fs::path tmp = save_sibling(final_dir, ".tmp-", tag);
-  fs::create_directories(tmp);
-  try {
+  publish_dir(dir, [&](const fs::path& tmp) {
     write_h5((tmp / "state.h5").string(), tensors);
     fsync_file((tmp / "state.h5").string());
-    nlohmann::json meta = metadata;
+    nlohmann::json meta = metadata;  // metadata.json last: a directory holding it is complete
     meta["format_version"] = kCheckpointFormatVersion;
     write_file_atomic((tmp / "metadata.json").string(), meta.dump(2) + "\n");
-    fsync_dir(tmp.string());
-    if (fs::exists(final_dir)) {
-      fs::path old = save_sibling(final_dir, ".old-", tag);
-      fs::rename(final_dir, old);
-      fs::rename(tmp, final_dir);
-      remove_tree(old.string());  // a leftover is a hidden directory, removed when the job next starts
-    } else {
-      fs::rename(tmp, final_dir);
-    }
-    fsync_dir(final_dir.parent_path().string());
-  } catch (const fs::filesystem_error& e) {
-    remove_tree(tmp.string());
-    throw UserError("could not save checkpoint " + dir + ": " + e.what());
-  } catch (...) {
-    remove_tree(tmp.string());
-    throw;
-  }
+  }, "save checkpoint " + dir);
 }
 
 bool is_checkpoint(const std::string& dir) {

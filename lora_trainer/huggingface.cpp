@@ -1,12 +1,9 @@
 #include "lora_trainer/huggingface.hpp"
 
-#include <unistd.h>
-
 #include <cmath>
 #include <filesystem>
 #include <functional>
 #include <map>
-#include <random>
 #include <set>
 
 #include "lora_trainer/checkpoint.hpp"
@@ -115,37 +112,6 @@ NamedTensors gpt2_template(int64_t V, int64_t T, int64_t L, int64_t C) {
   add("ln_f.weight", {C});
   add("ln_f.bias", {C});
   return out;
-}
-
-// Writes a directory of files atomically: built in a hidden sibling, renamed into place (an earlier
-// export there is moved aside first and removed after), so OUT is either complete or untouched.
-void publish_dir(const std::string& out, const std::function<void(const fs::path& dir)>& fill) {
-  fs::path final_dir = fs::absolute(out).lexically_normal();
-  if (final_dir.filename().empty()) final_dir = final_dir.parent_path();
-  fs::create_directories(final_dir.parent_path());
-  std::random_device rd;
-  const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(rd());
-  const fs::path tmp = final_dir.parent_path() / ("." + final_dir.filename().string() + ".tmp-" + tag);
-  try {
-    fs::create_directories(tmp);
-    fill(tmp);
-    fsync_dir(tmp.string());
-    if (fs::exists(final_dir)) {
-      const fs::path old = final_dir.parent_path() / ("." + final_dir.filename().string() + ".old-" + tag);
-      fs::rename(final_dir, old);
-      fs::rename(tmp, final_dir);
-      remove_tree(old.string());
-    } else {
-      fs::rename(tmp, final_dir);
-    }
-    fsync_dir(final_dir.parent_path().string());
-  } catch (const fs::filesystem_error& e) {
-    remove_tree(tmp.string());
-    throw UserError("could not write " + out + ": " + e.what());
-  } catch (...) {
-    remove_tree(tmp.string());
-    throw;
-  }
 }
 
 void write_marker(const fs::path& dir, const std::string& checkpoint, const std::string& format) {

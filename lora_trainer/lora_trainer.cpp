@@ -54,31 +54,13 @@ ConfigSchema LoRATrainer::schema() {
 }
 
 StagePlan lora_stage_plan(const Config& cfg) {
-  auto pre_tokens = cfg.get("training/pre_lora_tokens").get<std::vector<int64_t>>();
-  auto post_tokens = cfg.get("training/post_lora_tokens").get<std::vector<int64_t>>();
-  const json& pre_data = cfg.get("training/pre_lora_dataset");
-  const json& post_data = cfg.get("training/post_lora_dataset");
-  if (pre_tokens.size() != pre_data.size())
-    throw UserError("training/pre_lora_tokens has " + std::to_string(pre_tokens.size()) +
-                    " stages but training/pre_lora_dataset has " + std::to_string(pre_data.size()) +
-                    "; give one dataset mixture per token budget (both [] to skip phase one)");
-  if (post_tokens.size() != post_data.size())
-    throw UserError("training/post_lora_tokens has " + std::to_string(post_tokens.size()) +
-                    " stages but training/post_lora_dataset has " + std::to_string(post_data.size()) +
-                    "; give one dataset mixture per token budget");
-  if (post_tokens.empty())
+  StagePlan pre = StagePlan::from_config(cfg, "training/pre_lora_tokens", "training/pre_lora_dataset",
+                                         " (both [] to skip phase one)");
+  StagePlan post = StagePlan::from_config(cfg, "training/post_lora_tokens", "training/post_lora_dataset");
+  if (post.tokens.empty())
     throw UserError("training/post_lora_tokens is empty: a LoRA job needs at least one post-LoRA stage "
                     "(for full-parameter training alone use the `train` job)");
-  StagePlan plan;
-  for (size_t i = 0; i < pre_tokens.size(); ++i) {
-    plan.tokens.push_back(pre_tokens[i]);
-    plan.datasets.push_back(parse_samplings(pre_data[i]));
-  }
-  for (size_t i = 0; i < post_tokens.size(); ++i) {
-    plan.tokens.push_back(post_tokens[i]);
-    plan.datasets.push_back(parse_samplings(post_data[i]));
-  }
-  return plan;
+  return pre.append(post);
 }
 
 LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
@@ -89,9 +71,7 @@ LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
   // Validate the targets now, not at the boundary hours later.
   auto params = named_params(*model_);
   check_lora_targets(*model_, params, param_filter(params, lora_cfg_.target_modules), lora_cfg_.rank);
-  schedule_ = Schedule::make(parse_schedule_kind(cfg_.get_string("training/schedule")), cfg_.get_double("optimization/lr"),
-                             cfg_.get_double("optimization/min_lr_ratio"), boundary_step_,
-                             cfg_.get_double("training/warmup_pct"), cfg_.get_double("training/decay_pct"));
+  schedule_ = full_schedule(boundary_step_);  // phase 1's schedule ends at the boundary
   lora_schedule_ = Schedule::make(parse_schedule_kind(cfg_.get_string("optimization/lora/schedule")), cfg_.get_double("optimization/lora/lr"),
                                   cfg_.get_double("optimization/min_lr_ratio"), total_steps_ - boundary_step_,
                                   cfg_.get_double("optimization/lora/warmup_pct"),
@@ -218,6 +198,10 @@ void LoRATrainer::run() {
   std::fflush(stdout);
 }
 
+void LoRATrainer::draw_loss_plot(const std::vector<json>& metrics, const std::string& path) const {
+  write_loss_plot(metrics, {{boundary_step_, "LoRA from here"}}, "job " + spec_.name + ": loss", path);
+}
+
 std::string LoRATrainer::report() {
   auto metrics = read_metrics(run_dir());
   double tps[2] = {0, 0};
@@ -241,7 +225,7 @@ std::string LoRATrainer::report() {
   }
   if (n_tps[0] + n_tps[1] == 0) return "";
   std::string svg = (fs::path(run_dir()) / "loss.svg").string();
-  write_loss_plot(metrics, {{boundary_step_, "LoRA from here"}}, "job " + spec_.name + ": loss", svg);
+  draw_loss_plot(metrics, svg);
 
   std::ostringstream r;
   char line[256];

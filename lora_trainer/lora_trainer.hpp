@@ -48,7 +48,6 @@ class LoRATrainer : public BaseTrainer {
 
   bool in_lora_phase() const { return in_lora_; }
   int64_t boundary_step() const { return boundary_step_; }
-  const LoraConfig& lora_config() const { return lora_cfg_; }
   const LoraParams& lora_params() const { return lora_; }
 
  protected:
@@ -58,6 +57,8 @@ class LoRATrainer : public BaseTrainer {
   bool shard_optimizer_state() const override;
   nlohmann::json extra_metadata() const override;
   void restore_extra(const nlohmann::json& meta) override;
+  // report()'s loss.svg at `path`: the loss curves with the boundary marked.
+  virtual void draw_loss_plot(const std::vector<nlohmann::json>& metrics, const std::string& path) const;
 
  private:
   friend void transition_to_lora(LoRATrainer& trainer, bool at_boundary);

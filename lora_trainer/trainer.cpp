@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/report.hpp"
 #include "lora_trainer/util.hpp"
 
 namespace fs = std::filesystem;
@@ -77,6 +77,24 @@ ConfigSchema BaseTrainer::schema() {
   add_job_options(s, "train");
   add_trainer_options(s);
   return s;
+}
+
+StagePlan StagePlan::from_config(const Config& cfg, const std::string& tokens_key, const std::string& dataset_key,
+                                 const std::string& hint) {
+  StagePlan plan;
+  plan.tokens = cfg.get(tokens_key).get<std::vector<int64_t>>();
+  const json& data = cfg.get(dataset_key);
+  if (plan.tokens.size() != data.size())
+    throw UserError(tokens_key + " has " + std::to_string(plan.tokens.size()) + " stages but " + dataset_key + " has " +
+                    std::to_string(data.size()) + "; give one dataset mixture per token budget" + hint);
+  for (const auto& d : data) plan.datasets.push_back(parse_samplings(d));
+  return plan;
+}
+
+StagePlan& StagePlan::append(const StagePlan& next) {
+  tokens.insert(tokens.end(), next.tokens.begin(), next.tokens.end());
+  datasets.insert(datasets.end(), next.datasets.begin(), next.datasets.end());
+  return *this;
 }
 
 static StagePlan single_stage(const Config& cfg) {
@@ -170,9 +188,13 @@ void BaseTrainer::plan_stages(const StagePlan& plan) {
     samplers_.emplace_back();
   }
   total_steps_ = step;
-  schedule_ = Schedule::make(parse_schedule_kind(cfg_.get_string("training/schedule")), cfg_.get_double("optimization/lr"),
-                             cfg_.get_double("optimization/min_lr_ratio"), total_steps_,
-                             cfg_.get_double("training/warmup_pct"), cfg_.get_double("training/decay_pct"));
+  schedule_ = full_schedule(total_steps_);
+}
+
+Schedule BaseTrainer::full_schedule(int64_t steps) const {
+  return Schedule::make(parse_schedule_kind(cfg_.get_string("training/schedule")), cfg_.get_double("optimization/lr"),
+                        cfg_.get_double("optimization/min_lr_ratio"), steps, cfg_.get_double("training/warmup_pct"),
+                        cfg_.get_double("training/decay_pct"));
 }
 
 int BaseTrainer::current_stage() const { return stage_of(step_); }
@@ -533,17 +555,13 @@ void BaseTrainer::log_event(json event) {
 void BaseTrainer::truncate_metrics_after(int64_t step) {
   fs::path p = fs::path(run_dir()) / "metrics.jsonl";
   if (!is_main() || !fs::exists(p)) return;
-  std::istringstream in(read_file(p.string()));
-  std::string line, kept;
-  while (std::getline(in, line)) {
-    auto j = json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("step", int64_t(0)) > step) continue;
-    kept += line + "\n";
-  }
+  std::string kept;  // an event dumps back to the line it was read from; a torn last line is dropped
+  for (const auto& e : read_metrics(run_dir()))
+    if (e.value("step", int64_t(0)) <= step) kept += e.dump() + "\n";
   write_file_atomic(p.string(), kept);
 }
 
-void BaseTrainer::report(const StepResult& r, double mean_loss, double tok_per_s) {
+void BaseTrainer::log_step(const StepResult& r, double mean_loss, double tok_per_s) {
   std::printf("step %6lld/%lld | tokens %10lld | loss %.4f | lr %.2e | grad %.3f | %.0f tok/s\n",
               (long long)r.step, (long long)total_steps_, (long long)tokens_, mean_loss, r.lr, r.grad_norm, tok_per_s);
   std::fflush(stdout);
@@ -599,7 +617,7 @@ void BaseTrainer::run() {
     window_time += r.seconds;
     ++window_steps;
     if (step_ % report_every == 0 || step_ == total_steps_) {
-      report(r, window_loss / window_steps, window_steps * tokens_per_step() / std::max(1e-9, window_time));
+      log_step(r, window_loss / window_steps, window_steps * tokens_per_step() / std::max(1e-9, window_time));
       window_loss = window_time = 0;
       window_steps = 0;
     }

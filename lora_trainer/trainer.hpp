@@ -74,6 +74,13 @@ struct Stage {
 struct StagePlan {
   std::vector<int64_t> tokens;
   std::vector<std::vector<Sampling>> datasets;
+  // The stages of a token-budget list (`tokens_key`) and a list of dataset mixtures (`dataset_key`, one
+  // list of samplings per budget) of the config; UserError naming both when their lengths differ,
+  // ending with `hint`.
+  static StagePlan from_config(const Config& cfg, const std::string& tokens_key, const std::string& dataset_key,
+                               const std::string& hint = "");
+  // This plan's stages, then `next`'s.
+  StagePlan& append(const StagePlan& next);
 };
 
 class BaseTrainer : public RestoreableJob {
@@ -133,6 +140,9 @@ class BaseTrainer : public RestoreableJob {
   BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan);
   // Splits token budgets into consecutive stages of whole steps.
   void plan_stages(const StagePlan& plan);
+  // The full-parameter learning-rate schedule over `steps` steps: training/schedule, optimization/lr,
+  // optimization/min_lr_ratio, training/warmup_pct and training/decay_pct.
+  Schedule full_schedule(int64_t steps) const;
   MixtureSampler& sampler(int stage);
   // Opens a dataset and checks its vocabulary fits the model.
   const Dataset& open_dataset(const Sampling& smp);
@@ -157,7 +167,8 @@ class BaseTrainer : public RestoreableJob {
   // Trainable parameters in their fixed order (the optimizer's order).
   const NamedTensors& trainable() const { return optimizer_->params(); }
   void log_event(nlohmann::json event);
-  void report(const StepResult& r, double mean_loss, double tok_per_s);
+  // Prints the step line and logs the "train" event (loss and speed averaged since the last one).
+  void log_step(const StepResult& r, double mean_loss, double tok_per_s);
   nlohmann::json checkpoint_metadata() const;
   // Loads only the model's parameters ("params/*") from a checkpoint; step and tokens stay as they are.
   void load_weights_from(const CheckpointMeta& ck);
