@@ -54,15 +54,8 @@ FadeAt fade_at(const std::vector<Stage>& stages, int64_t step, int64_t overlap_s
 }
 
 static StagePlan benchmark_plan(const Config& cfg) {
-  auto tokens = cfg.get("training/tokens").get<std::vector<int64_t>>();
-  const json& data = cfg.get("training/dataset");
-  if (tokens.size() != data.size())
-    throw UserError("training/tokens has " + std::to_string(tokens.size()) + " stages but training/dataset has " +
-                    std::to_string(data.size()) + "; give one dataset mixture per token budget");
-  if (tokens.empty()) throw UserError("training/tokens is empty: a benchmark needs at least one stage");
-  StagePlan plan;
-  plan.tokens = tokens;
-  for (const auto& d : data) plan.datasets.push_back(parse_samplings(d));
+  StagePlan plan = StagePlan::from_config(cfg, "training/tokens", "training/dataset");
+  if (plan.tokens.empty()) throw UserError("training/tokens is empty: a benchmark needs at least one stage");
   return plan;
 }
 
@@ -174,14 +167,12 @@ json ContinualTrainer<Base>::extra_metadata() const {
 }
 
 template <class Base>
-void ContinualTrainer<Base>::restore_from_path(const std::string& path) {
-  std::string dir = this->checkpoint_path(path);
-  json meta = read_checkpoint_metadata(dir);
-  Base::restore_from_path(dir);  // the LoRA variant picks its phase from the metadata here
+void ContinualTrainer<Base>::restore_from_checkpoint(const CheckpointMeta& ck) {
+  Base::restore_from_checkpoint(ck);  // the LoRA variant picks its phase from the metadata here
   // A full restore continues the checkpoint's run and its matrix (also under a new name); weights
   // taken as a pretrained base leave this job's counters at zero and bring no matrix.
-  const bool full_restore = this->step_ == meta.value("step", int64_t(-1)) && !meta.value("weights_only", false);
-  matrix_ = full_restore ? meta.value("forgetting", json::array()) : json::array();
+  const bool full_restore = this->step_ == ck.step && !ck.weights_only;
+  matrix_ = full_restore ? ck.raw.value("forgetting", json::array()) : json::array();
 }
 
 template <class Base>

@@ -10,7 +10,6 @@
 #include <functional>
 #include <filesystem>
 #include <map>
-#include <random>
 
 #include "lora_trainer/util.hpp"
 
@@ -208,7 +207,7 @@ void check_metadata_fields(const std::string& dir, const nlohmann::json& meta) {
     if (!ok(meta[field])) fail(field, expected);
   };
   auto is_object = [](const J& v) { return v.is_object(); };
-  need("kind", [](const J& v) { return v.is_string(); }, "a string (\"plain\" or \"lora\")", true);
+  need("kind", [](const J& v) { return v == "plain" || v == "lora"; }, "\"plain\" or \"lora\"", true);
   need("step", count, "a non-negative integer", true);
   need("tokens", count, "a non-negative integer", true);
   need("weights_only", [](const J& v) { return v.is_boolean(); }, "true or false", false);
@@ -249,12 +248,17 @@ void check_metadata_fields(const std::string& dir, const nlohmann::json& meta) {
 
 std::string dtype_name(torch::ScalarType t) { return info_for(t).name; }
 
-// A save writes into the hidden sibling `.NAME.tmp-TAG` and renames it into place; the checkpoint it
-// replaces goes aside as `.NAME.old-TAG` until the rename is done. Either left behind is an interrupted save.
-static fs::path save_sibling(const fs::path& final_dir, const char* kind, const std::string& tag) {
-  return final_dir.parent_path() / ("." + final_dir.filename().string() + kind + tag);
+StateKind parse_state_kind(const std::string& name) {
+  if (name == "plain") return StateKind::Plain;
+  if (name == "lora") return StateKind::Lora;
+  throw std::invalid_argument("unknown state kind \"" + name + "\" (known: plain, lora)");
 }
 
+std::string state_kind_name(StateKind kind) { return kind == StateKind::Lora ? "lora" : "plain"; }
+
+// A save writes into the hidden sibling `.NAME.tmp-TAG` and renames it into place; the checkpoint it
+// replaces goes aside as `.NAME.old-TAG` until the rename is done (publish_dir). Either left behind is an
+// interrupted save.
 static bool is_interrupted_save(const std::string& name) {
   return name.size() > 1 && name[0] == '.' &&
          (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos);
@@ -274,42 +278,20 @@ int remove_interrupted_saves(const std::string& job_dir) {
 }
 
 void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata) {
-  fs::path final_dir(dir);
-  fs::create_directories(final_dir.parent_path());
-  std::random_device rd;
-  std::string tag = std::to_string(::getpid()) + "-" + std::to_string(rd());
-  fs::path tmp = save_sibling(final_dir, ".tmp-", tag);
-  fs::create_directories(tmp);
-  try {
+  publish_dir(dir, [&](const fs::path& tmp) {
     write_h5((tmp / "state.h5").string(), tensors);
     fsync_file((tmp / "state.h5").string());
-    nlohmann::json meta = metadata;
+    nlohmann::json meta = metadata;  // metadata.json last: a directory holding it is complete
     meta["format_version"] = kCheckpointFormatVersion;
     write_file_atomic((tmp / "metadata.json").string(), meta.dump(2) + "\n");
-    fsync_dir(tmp.string());
-    if (fs::exists(final_dir)) {
-      fs::path old = save_sibling(final_dir, ".old-", tag);
-      fs::rename(final_dir, old);
-      fs::rename(tmp, final_dir);
-      remove_tree(old.string());  // a leftover is a hidden directory, removed when the job next starts
-    } else {
-      fs::rename(tmp, final_dir);
-    }
-    fsync_dir(final_dir.parent_path().string());
-  } catch (const fs::filesystem_error& e) {
-    remove_tree(tmp.string());
-    throw UserError("could not save checkpoint " + dir + ": " + e.what());
-  } catch (...) {
-    remove_tree(tmp.string());
-    throw;
-  }
+  }, "save checkpoint " + dir);
 }
 
 bool is_checkpoint(const std::string& dir) {
   return fs::exists(fs::path(dir) / "metadata.json") && fs::exists(fs::path(dir) / "state.h5");
 }
 
-nlohmann::json read_checkpoint_metadata(const std::string& dir) {
+CheckpointMeta CheckpointMeta::read(const std::string& dir) {
   if (!fs::is_directory(dir)) throw UserError("checkpoint " + dir + " does not exist");
   if (!is_checkpoint(dir))
     throw UserError(dir + " is not a complete checkpoint (no metadata.json/state.h5): an interrupted save, or "
@@ -323,13 +305,26 @@ nlohmann::json read_checkpoint_metadata(const std::string& dir) {
     throw UserError(dir + ": checkpoint format version " + std::to_string(version) + ", this build reads " +
                     std::to_string(kCheckpointFormatVersion));
   check_metadata_fields(dir, meta);
-  return meta;
+  CheckpointMeta ck;
+  ck.dir = dir;
+  ck.kind = parse_state_kind(meta["kind"].get<std::string>());
+  ck.step = meta["step"].get<int64_t>();
+  ck.tokens = meta["tokens"].get<int64_t>();
+  ck.weights_only = meta.value("weights_only", false);
+  ck.job_name = meta.contains("job") ? meta["job"].value("name", std::string("?")) : "?";
+  ck.raw = std::move(meta);
+  return ck;
 }
 
+nlohmann::json read_checkpoint_metadata(const std::string& dir) { return CheckpointMeta::read(dir).raw; }
+
 NamedTensors read_checkpoint_tensors(const std::string& dir, int* verified) {
+  return read_checkpoint_tensors(CheckpointMeta::read(dir), verified);
+}
+
+NamedTensors read_checkpoint_tensors(const CheckpointMeta& ck, int* verified) {
   quiet_hdf5();
-  read_checkpoint_metadata(dir);
-  std::string path = (fs::path(dir) / "state.h5").string();
+  std::string path = (fs::path(ck.dir) / "state.h5").string();
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   h5check(file.id, "opening " + path);
   std::vector<std::string> names;
@@ -343,13 +338,19 @@ NamedTensors read_checkpoint_tensors(const std::string& dir, int* verified) {
 
 void load_checkpoint_into(const std::string& dir, const NamedTensors& into,
                           const std::vector<std::string>& prefixes) {
+  load_checkpoint_into(CheckpointMeta::read(dir), into, prefixes);
+}
+
+void load_checkpoint_into(const CheckpointMeta& ck, const NamedTensors& into,
+                          const std::vector<std::string>& prefixes) {
+  const std::string& dir = ck.dir;
   auto selected = [&](const std::string& name) {
     if (prefixes.empty()) return true;
     for (const auto& p : prefixes)
       if (name.rfind(p, 0) == 0) return true;
     return false;
   };
-  NamedTensors stored = read_checkpoint_tensors(dir);
+  NamedTensors stored = read_checkpoint_tensors(ck);
   std::map<std::string, torch::Tensor> by_name;
   for (auto& [n, t] : stored)
     if (selected(n)) by_name[n] = t;

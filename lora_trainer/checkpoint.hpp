@@ -25,19 +25,46 @@ namespace lt {
 
 inline constexpr int kCheckpointFormatVersion = 1;
 
+// What a checkpoint's state is, its metadata's "kind": "plain" (a whole model, trained in full) or
+// "lora" (a frozen bf16 base and adapters).
+enum class StateKind { Plain, Lora };
+StateKind parse_state_kind(const std::string& name);  // std::invalid_argument naming the known ones
+std::string state_kind_name(StateKind kind);
+
+// The prefixes of the tensor names in state.h5 that a trainer reads back by part: the model's
+// parameters ("params/h.0.attn.c_attn.weight") and the adapters ("lora/<weight>.lora_a").
+inline const std::string kParamsPrefix = "params/";
+inline const std::string kLoraPrefix = "lora/";
+
 // Writes tensors and metadata to `dir` atomically (replacing an existing checkpoint there).
 void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata);
 
 // True when `dir` holds a complete checkpoint.
 bool is_checkpoint(const std::string& dir);
 
-// UserError naming the directory when it is not a complete checkpoint.
+// A checkpoint's metadata.json, read and checked once and handed down: a restore passes this one value
+// from the registry through the trainers to the tensor loader instead of each re-reading the file.
+struct CheckpointMeta {
+  std::string dir;            // the checkpoint directory
+  StateKind kind = StateKind::Plain;
+  int64_t step = 0, tokens = 0;
+  bool weights_only = false;  // made by `export` or `import-hf`: weights, no training state
+  std::string job_name;       // the job that saved it; "?" when not recorded
+  nlohmann::json raw;         // the whole file, for the fields the layers above own (config, job, lora, data, ...)
+
+  // UserError naming the directory when it is not a complete checkpoint of this format version, or
+  // naming the field of metadata.json that is missing or has the wrong type.
+  static CheckpointMeta read(const std::string& dir);
+};
+
+// CheckpointMeta::read(dir).raw: the metadata as JSON (`inspect`, listings).
 nlohmann::json read_checkpoint_metadata(const std::string& dir);
 
 // Every tensor in the checkpoint, on the CPU, sorted by name. Each tensor's CRC-32 is checked against
 // the one recorded at save (a mismatch is a UserError naming the tensor); `verified` (when given)
-// counts the tensors that had one.
+// counts the tensors that had one. The first form reads the metadata first.
 NamedTensors read_checkpoint_tensors(const std::string& dir, int* verified = nullptr);
+NamedTensors read_checkpoint_tensors(const CheckpointMeta& ck, int* verified = nullptr);
 
 // Reads every tensor (checking each checksum); returns a one-line summary, or throws naming the first
 // corrupt tensor. `inspect --verify`.
@@ -46,6 +73,8 @@ std::string verify_checkpoint(const std::string& dir);
 // Copies the checkpoint's tensors into `into` (same names, shapes and dtypes required; `into` may live
 // on any device). Only names starting with one of `prefixes` are compared (all when empty). Every
 // mismatch is listed in one UserError.
+void load_checkpoint_into(const CheckpointMeta& ck, const NamedTensors& into,
+                          const std::vector<std::string>& prefixes = {});
 void load_checkpoint_into(const std::string& dir, const NamedTensors& into,
                           const std::vector<std::string>& prefixes = {});
 

@@ -79,11 +79,9 @@ class Config {
   double get_double(const std::string& path) const;
   bool get_bool(const std::string& path) const;
   std::string get_string(const std::string& path) const;
-  bool has(const std::string& path) const { return schema_.find(path) != nullptr; }
 
-  // Nested JSON of every value (the resolved config), and a flat {path: value} view.
+  // Nested JSON of every value (the resolved config).
   json to_json() const;
-  json flat() const { return values_; }
   const ConfigSchema& schema() const { return schema_; }
 
  private:

@@ -143,12 +143,23 @@ uint64_t PmdDataset::num_samples(Split split, int64_t T) const {
   return n >= static_cast<uint64_t>(T) + 1 ? (n - 1) / static_cast<uint64_t>(T) : 0;
 }
 
+void Dataset::require_samples(Split split, int64_t T) const {
+  if (num_samples(split, T) == 0)
+    throw UserError("dataset \"" + name_ + "\" has no " + (split == Split::Train ? "training" : "validation") +
+                    " samples; re-run the tokenize step");
+}
+
+void PmdDataset::require_samples(Split split, int64_t T) const {
+  const TokenFile& f = file(split);
+  if (num_samples(split, T) == 0)
+    throw UserError(f.path() + " holds " + std::to_string(f.size()) + " tokens, fewer than block_size + 1 = " +
+                    std::to_string(T + 1) + "; use more text or a smaller architecture/block_size");
+}
+
 void PmdDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const {
   const TokenFile& f = file(split);
   uint64_t n = num_samples(split, T);
-  if (n == 0)
-    throw UserError(f.path() + " holds " + std::to_string(f.size()) + " tokens, fewer than block_size + 1 = " +
-                    std::to_string(T + 1) + "; use more text or a smaller architecture/block_size");
+  if (n == 0) require_samples(split, T);
   const uint32_t* w = f.data() + (index % n) * static_cast<uint64_t>(T);
   for (int64_t t = 0; t < T; ++t) {
     inputs[t] = w[t];
@@ -286,8 +297,7 @@ MixtureSampler::MixtureSampler(DataCatalog& catalog, std::vector<Sampling> sampl
     datasets_.push_back(&catalog.get(s));
     acc += s.rate;
     cumulative_.push_back(acc);
-    if (datasets_.back()->num_samples(Split::Train, T_) == 0)
-      datasets_.back()->sample(Split::Train, 0, T_, nullptr, nullptr);  // throws the explanatory error
+    datasets_.back()->require_samples(Split::Train, T_);
   }
   for (auto& c : cumulative_) c /= acc;
 }

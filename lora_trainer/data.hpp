@@ -64,6 +64,8 @@ class Dataset {
   virtual uint64_t num_samples(Split split, int64_t T) const = 0;
   // Writes sample `index` into inputs[0..T) and targets[0..T); targets < 0 are ignored by the loss.
   virtual void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const = 0;
+  // UserError saying why and what to do when the split holds no sample of T tokens.
+  virtual void require_samples(Split split, int64_t T) const;
   const std::string& name() const { return name_; }
   const nlohmann::json& meta() const { return meta_; }
   // UserError naming the dataset, file, position and id when a token id is >= vocab_size (or the
@@ -81,6 +83,8 @@ class PmdDataset : public Dataset {
   PmdDataset(const std::string& dir, const std::string& name);
   uint64_t num_samples(Split split, int64_t T) const override;
   void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const override;
+  // A token file shorter than T + 1.
+  void require_samples(Split split, int64_t T) const override;
   void check_vocabulary(int64_t vocab_size) const override;
 
  private:

@@ -26,7 +26,28 @@ void add_distributed_options(ConfigSchema& s) {
         "with several ranks, which AdamW moments are split across ranks (ZeRO-1: each rank keeps and updates "
         "the moments of its share of the parameters): none, lora (the adapters' in the LoRA phase) or all "
         "(phase 1 too)",
-        check_one_of({"none", "lora", "all"}));
+        check_one_of(shard_mode_names()));
+}
+
+static const std::pair<ShardMode, const char*> kShardModes[] = {
+    {ShardMode::None, "none"}, {ShardMode::Lora, "lora"}, {ShardMode::All, "all"}};
+
+ShardMode parse_shard_mode(const std::string& name) {
+  for (const auto& [mode, n] : kShardModes)
+    if (name == n) return mode;
+  throw std::invalid_argument("unknown distributed/shard_optimizer \"" + name + "\" (known: none, lora, all)");
+}
+
+std::string shard_mode_name(ShardMode mode) {
+  for (const auto& [m, n] : kShardModes)
+    if (m == mode) return n;
+  throw std::logic_error("shard_mode_name: not a ShardMode");
+}
+
+std::vector<std::string> shard_mode_names() {
+  std::vector<std::string> out;
+  for (const auto& [m, n] : kShardModes) out.push_back(n);
+  return out;
 }
 
 // The backend; each collective blocks until it is done, at most `timeout`.

@@ -30,6 +30,13 @@ class DistributedError : public std::runtime_error {
 // distributed/timeout_s and distributed/shard_optimizer.
 void add_distributed_options(ConfigSchema& s);
 
+// distributed/shard_optimizer: which AdamW moments ZeRO-1 splits across the ranks; its name in configs
+// is "none", "lora" (the adapters') or "all" (phase 1's too).
+enum class ShardMode { None, Lora, All };
+ShardMode parse_shard_mode(const std::string& name);  // std::invalid_argument naming the known ones
+std::string shard_mode_name(ShardMode mode);
+std::vector<std::string> shard_mode_names();  // every name, for a config check
+
 class Distributed {
  public:
   // This process alone.

@@ -1,12 +1,9 @@
 #include "lora_trainer/huggingface.hpp"
 
-#include <unistd.h>
-
 #include <cmath>
 #include <filesystem>
 #include <functional>
 #include <map>
-#include <random>
 #include <set>
 
 #include "lora_trainer/checkpoint.hpp"
@@ -117,37 +114,6 @@ NamedTensors gpt2_template(int64_t V, int64_t T, int64_t L, int64_t C) {
   return out;
 }
 
-// Writes a directory of files atomically: built in a hidden sibling, renamed into place (an earlier
-// export there is moved aside first and removed after), so OUT is either complete or untouched.
-void publish_dir(const std::string& out, const std::function<void(const fs::path& dir)>& fill) {
-  fs::path final_dir = fs::absolute(out).lexically_normal();
-  if (final_dir.filename().empty()) final_dir = final_dir.parent_path();
-  fs::create_directories(final_dir.parent_path());
-  std::random_device rd;
-  const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(rd());
-  const fs::path tmp = final_dir.parent_path() / ("." + final_dir.filename().string() + ".tmp-" + tag);
-  try {
-    fs::create_directories(tmp);
-    fill(tmp);
-    fsync_dir(tmp.string());
-    if (fs::exists(final_dir)) {
-      const fs::path old = final_dir.parent_path() / ("." + final_dir.filename().string() + ".old-" + tag);
-      fs::rename(final_dir, old);
-      fs::rename(tmp, final_dir);
-      remove_tree(old.string());
-    } else {
-      fs::rename(tmp, final_dir);
-    }
-    fsync_dir(final_dir.parent_path().string());
-  } catch (const fs::filesystem_error& e) {
-    remove_tree(tmp.string());
-    throw UserError("could not write " + out + ": " + e.what());
-  } catch (...) {
-    remove_tree(tmp.string());
-    throw;
-  }
-}
-
 void write_marker(const fs::path& dir, const std::string& checkpoint, const std::string& format) {
   json m = {{"exported_from", fs::absolute(checkpoint).string()}, {"format", format}, {"by", "lora_trainer export"}};
   write_file_atomic((dir / kExportMarker).string(), m.dump(2) + "\n");
@@ -241,13 +207,13 @@ std::vector<std::string> import_hf(const std::string& hf_dir, const std::string&
                 L = cfg.get_int("architecture/n_layers"), C = cfg.get_int("architecture/d_model");
   NamedTensors params = gpt2_from_hf(read_safetensors_model(hf_dir), gpt2_template(V, T, L, C), hf_dir);
   NamedTensors stored;
-  for (auto& [n, t] : params) stored.emplace_back("params/" + n, t);
+  for (auto& [n, t] : params) stored.emplace_back(kParamsPrefix + n, t);
   const std::string abs_dir = fs::absolute(hf_dir).lexically_normal().string();
   // The Hub's name when the config carries it (transformers writes it on download), else this directory.
   const bool named = hf_config.contains("_name_or_path") && hf_config["_name_or_path"].is_string() &&
                      !hf_config["_name_or_path"].get<std::string>().empty();
   const json name_or_path = named ? hf_config["_name_or_path"] : json(abs_dir);
-  json meta = {{"kind", "plain"},
+  json meta = {{"kind", state_kind_name(StateKind::Plain)},
                {"weights_only", true},
                {"step", 0},
                {"tokens", 0},
@@ -306,8 +272,8 @@ MergedCheckpoint read_merged(const std::string& checkpoint) {
   m.arch = arch_of(m.meta, checkpoint);
   std::map<std::string, torch::Tensor> lora;
   for (auto& [n, t] : read_checkpoint_tensors(checkpoint)) {
-    if (n.rfind("lora/", 0) == 0) lora[n.substr(5)] = t;
-    if (n.rfind("params/", 0) == 0) m.params.emplace_back(n.substr(7), t.to(torch::kFloat32));
+    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
+    if (n.rfind(kParamsPrefix, 0) == 0) m.params.emplace_back(n.substr(kParamsPrefix.size()), t.to(torch::kFloat32));
   }
   if (m.params.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
   if (!lora.empty()) {
@@ -375,8 +341,8 @@ void export_peft(const std::string& checkpoint, const std::string& out) {
   const int64_t r = meta["lora"].at("rank").get<int64_t>();
   std::map<std::string, torch::Tensor> lora, base;
   for (auto& [n, t] : read_checkpoint_tensors(checkpoint)) {
-    if (n.rfind("lora/", 0) == 0) lora[n.substr(5)] = t;
-    if (n.rfind("params/", 0) == 0) base[n.substr(7)] = t;
+    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
+    if (n.rfind(kParamsPrefix, 0) == 0) base[n.substr(kParamsPrefix.size())] = t;
   }
   const auto targets = meta["lora"].value("targets", std::vector<std::string>());
   if (targets.empty()) throw UserError(checkpoint + ": its lora metadata lists no adapted weights. Nothing was written");

@@ -124,6 +124,10 @@ std::string RestoreableJob::checkpoint_path(const std::string& p) const {
   return p;  // the reader reports it as missing, naming the path
 }
 
+void RestoreableJob::restore_from_path(const std::string& path) {
+  restore_from_checkpoint(CheckpointMeta::read(checkpoint_path(path)));
+}
+
 std::string RestoreableJob::restore_latest() {
   auto latest = read_latest(job_dir());
   if (!latest) return "";

@@ -15,6 +15,8 @@
 
 namespace lt {
 
+struct CheckpointMeta;  // checkpoint.hpp
+
 struct JobSpec {
   std::string name;               // the run's name, given on the command line
   std::string project = "general";
@@ -58,8 +60,11 @@ class RestoreableJob {
   // True when the job has reached its end (its final checkpoint exists or its counters say so).
   virtual bool done() const = 0;
   // Restores the whole state from a checkpoint: `path` is a checkpoint directory, or a suffix relative
-  // to this job's checkpoint directory ("ntoks/4096").
-  virtual void restore_from_path(const std::string& path) = 0;
+  // to this job's checkpoint directory ("ntoks/4096"). Reads its metadata once and calls
+  // restore_from_checkpoint.
+  void restore_from_path(const std::string& path);
+  // Restores from a checkpoint whose metadata has been read (CheckpointMeta::read).
+  virtual void restore_from_checkpoint(const CheckpointMeta& ck) = 0;
   // Restores from `latest` when it exists; returns the suffix restored, or "" when there was none.
   std::string restore_latest();
 

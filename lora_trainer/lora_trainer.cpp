@@ -68,31 +68,13 @@ ConfigSchema LoRATrainer::schema() {
 }
 
 StagePlan lora_stage_plan(const Config& cfg) {
-  auto pre_tokens = cfg.get("training/pre_lora_tokens").get<std::vector<int64_t>>();
-  auto post_tokens = cfg.get("training/post_lora_tokens").get<std::vector<int64_t>>();
-  const json& pre_data = cfg.get("training/pre_lora_dataset");
-  const json& post_data = cfg.get("training/post_lora_dataset");
-  if (pre_tokens.size() != pre_data.size())
-    throw UserError("training/pre_lora_tokens has " + std::to_string(pre_tokens.size()) +
-                    " stages but training/pre_lora_dataset has " + std::to_string(pre_data.size()) +
-                    "; give one dataset mixture per token budget (both [] to skip phase one)");
-  if (post_tokens.size() != post_data.size())
-    throw UserError("training/post_lora_tokens has " + std::to_string(post_tokens.size()) +
-                    " stages but training/post_lora_dataset has " + std::to_string(post_data.size()) +
-                    "; give one dataset mixture per token budget");
-  if (post_tokens.empty())
+  StagePlan pre = StagePlan::from_config(cfg, "training/pre_lora_tokens", "training/pre_lora_dataset",
+                                         " (both [] to skip phase one)");
+  StagePlan post = StagePlan::from_config(cfg, "training/post_lora_tokens", "training/post_lora_dataset");
+  if (post.tokens.empty())
     throw UserError("training/post_lora_tokens is empty: a LoRA job needs at least one post-LoRA stage "
                     "(for full-parameter training alone use the `train` job)");
-  StagePlan plan;
-  for (size_t i = 0; i < pre_tokens.size(); ++i) {
-    plan.tokens.push_back(pre_tokens[i]);
-    plan.datasets.push_back(parse_samplings(pre_data[i]));
-  }
-  for (size_t i = 0; i < post_tokens.size(); ++i) {
-    plan.tokens.push_back(post_tokens[i]);
-    plan.datasets.push_back(parse_samplings(post_data[i]));
-  }
-  return plan;
+  return pre.append(post);
 }
 
 LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
@@ -105,10 +87,8 @@ LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
   const auto mask = param_filter(params, lora_cfg_.target_modules);
   check_lora_targets(*model_, params, mask, lora_cfg_.rank);
   modules_to_save_filter(params, lora_cfg_.modules_to_save, mask);
-  schedule_ = Schedule::make(cfg_.get_string("training/schedule"), cfg_.get_double("optimization/lr"),
-                             cfg_.get_double("optimization/min_lr_ratio"), boundary_step_,
-                             cfg_.get_double("training/warmup_pct"), cfg_.get_double("training/decay_pct"));
-  lora_schedule_ = Schedule::make(cfg_.get_string("optimization/lora/schedule"), cfg_.get_double("optimization/lora/lr"),
+  schedule_ = full_schedule(boundary_step_);  // phase 1's schedule ends at the boundary
+  lora_schedule_ = Schedule::make(parse_schedule_kind(cfg_.get_string("optimization/lora/schedule")), cfg_.get_double("optimization/lora/lr"),
                                   cfg_.get_double("optimization/min_lr_ratio"), total_steps_ - boundary_step_,
                                   cfg_.get_double("optimization/lora/warmup_pct"),
                                   cfg_.get_double("optimization/lora/decay_pct"));
@@ -119,8 +99,8 @@ void LoRATrainer::before_step() {
 }
 
 bool LoRATrainer::shard_optimizer_state() const {
-  const std::string mode = cfg_.get_string("distributed/shard_optimizer");
-  return in_lora_ ? mode != "none" : mode == "all";
+  const ShardMode mode = parse_shard_mode(cfg_.get_string("distributed/shard_optimizer"));
+  return in_lora_ ? mode != ShardMode::None : mode == ShardMode::All;
 }
 
 double LoRATrainer::current_lr() const {
@@ -130,7 +110,7 @@ double LoRATrainer::current_lr() const {
 NamedTensors LoRATrainer::state_tensors() {
   NamedTensors out = BaseTrainer::state_tensors();
   if (in_lora_)
-    for (auto& [n, t] : lora_.named()) out.emplace_back("lora/" + n, t);
+    for (auto& [n, t] : lora_.named()) out.emplace_back(kLoraPrefix + n, t);
   return out;
 }
 
@@ -217,39 +197,38 @@ void transition_to_lora(LoRATrainer& t, bool at_boundary) {
                {"adapted", t.lora_.names}, {"modules_to_save", t.saved_}});
 }
 
-void LoRATrainer::restore_from_path(const std::string& path) {
-  std::string dir = checkpoint_path(path);
-  json meta = read_checkpoint_metadata(dir);
-  const std::string kind = meta.value("kind", std::string("?"));
-  const int64_t step = meta.value("step", int64_t(0));
-  if (meta.value("weights_only", false) || (kind == "plain" && boundary_step_ == 0)) {
+void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
+  const std::string& dir = ck.dir;
+  const StateKind kind = ck.kind;
+  const int64_t step = ck.step;
+  if (ck.weights_only || (kind == StateKind::Plain && boundary_step_ == 0)) {
     // Skip phase one: another job's weights become this job's base; our counters stay at zero.
     if (in_lora_ || step_ != 0)
       throw UserError("a pretrained base can only be loaded before training starts; " + dir + " came too late");
-    load_weights_from(dir);
-    base_ = {{"path", dir}, {"job", meta["job"].is_object() ? meta["job"].value("name", std::string("?")) : "?"},
-             {"step", step}};
+    load_weights_from(ck);
+    base_ = {{"path", dir}, {"job", ck.job_name}, {"step", step}};
     return;
   }
-  if (kind == "lora") {
+  if (kind == StateKind::Lora) {
     if (step < boundary_step_)
       throw UserError(dir + " is a LoRA state at step " + std::to_string(step) + ", before this job's LoRA boundary (step " +
                       std::to_string(boundary_step_) + "): it belongs to a job with other training/pre_lora_tokens");
     if (!in_lora_) transition_to_lora(*this, false);  // the LoRA template; the load overwrites it
+    const json& meta = ck.raw;
     const json theirs = meta.contains("lora") && meta["lora"].is_object() ? meta["lora"].value("modules_to_save", json::array())
                                                                           : json::array();
     if (theirs != json(saved_))
       throw UserError(dir + " trained the modules_to_save " + theirs.dump() + " beside its adapters; this job's " +
                       "optimization/lora/modules_to_save selects " + json(saved_).dump() +
                       ". Set it as the job that saved the checkpoint had it");
-  } else if (kind == "plain") {
+  } else {
     if (step > boundary_step_)
       throw UserError(dir + " is a plain state at step " + std::to_string(step) + ", past this job's LoRA boundary (step " +
                       std::to_string(boundary_step_) +
                       "). To use it as a pretrained base, set training/pre_lora_tokens and training/pre_lora_dataset to []");
     if (in_lora_) throw UserError("cannot restore the plain state " + dir + " into a job already in its LoRA phase");
   }
-  BaseTrainer::restore_from_path(dir);
+  BaseTrainer::restore_from_checkpoint(ck);
 }
 
 void LoRATrainer::run() {
@@ -272,6 +251,10 @@ void LoRATrainer::run() {
   }
   std::printf("%s", text.c_str());
   std::fflush(stdout);
+}
+
+void LoRATrainer::draw_loss_plot(const std::vector<json>& metrics, const std::string& path) const {
+  write_loss_plot(metrics, {{boundary_step_, "LoRA from here"}}, "job " + spec_.name + ": loss", path);
 }
 
 std::string LoRATrainer::report() {
@@ -297,7 +280,7 @@ std::string LoRATrainer::report() {
   }
   if (n_tps[0] + n_tps[1] == 0) return "";
   std::string svg = (fs::path(run_dir()) / "loss.svg").string();
-  write_loss_plot(metrics, {{boundary_step_, "LoRA from here"}}, "job " + spec_.name + ": loss", svg);
+  draw_loss_plot(metrics, svg);
 
   std::ostringstream r;
   char line[256];
@@ -421,8 +404,8 @@ void export_merged(const std::string& checkpoint, const std::string& out) {
   std::map<std::string, torch::Tensor> lora;
   NamedTensors params;
   for (auto& [n, t] : stored) {
-    if (n.rfind("lora/", 0) == 0) lora[n.substr(5)] = t;
-    if (n.rfind("params/", 0) == 0) params.emplace_back(n, t.to(torch::kFloat32));
+    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
+    if (n.rfind(kParamsPrefix, 0) == 0) params.emplace_back(n, t.to(torch::kFloat32));
   }
   if (params.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
   int merged = 0;
@@ -431,14 +414,14 @@ void export_merged(const std::string& checkpoint, const std::string& out) {
     double alpha = meta["lora"].at("alpha").get<double>();
     int64_t rank = meta["lora"].at("rank").get<int64_t>();
     for (auto& [n, t] : params) {
-      std::string base = n.substr(7);
+      std::string base = n.substr(kParamsPrefix.size());
       auto a = lora.find(LoraParams::a_name(base)), b = lora.find(LoraParams::b_name(base));
       if (a == lora.end() || b == lora.end()) continue;
       t = merge_lora_params(t, a->second, b->second, alpha, rank);
       ++merged;
     }
   }
-  json out_meta = {{"kind", "plain"},
+  json out_meta = {{"kind", state_kind_name(StateKind::Plain)},
                    {"weights_only", true},
                    {"step", meta.value("step", int64_t(0))},
                    {"tokens", meta.value("tokens", int64_t(0))},

@@ -42,7 +42,7 @@ class LoRATrainer : public BaseTrainer {
   // into a LoRA template (transitioning first); a plain state at or before the boundary is loaded as
   // plain (pre_lora_checkpoint included) and the transition follows at the boundary; a plain state of
   // another job given to a job without phase 1 becomes the frozen base (skip phase one).
-  void restore_from_path(const std::string& path) override;
+  void restore_from_checkpoint(const CheckpointMeta& ck) override;
   // BaseTrainer::run, then (when finished) the report: per-phase speed, parameter counts, validation
   // perplexity per dataset before and after the LoRA phase, printed and written to report.md beside
   // loss.svg (the loss curves with the boundary marked) in the run directory.
@@ -50,11 +50,10 @@ class LoRATrainer : public BaseTrainer {
   std::string report();
 
   NamedTensors state_tensors() override;
-  std::string state_kind() const override { return in_lora_ ? "lora" : "plain"; }
+  StateKind state_kind() const override { return in_lora_ ? StateKind::Lora : StateKind::Plain; }
 
   bool in_lora_phase() const { return in_lora_; }
   int64_t boundary_step() const { return boundary_step_; }
-  const LoraConfig& lora_config() const { return lora_cfg_; }
   const LoraParams& lora_params() const { return lora_; }
   // The base parameters that train in full in the LoRA phase (f32), by name; empty before it.
   const std::vector<std::string>& saved_modules() const { return saved_; }
@@ -66,6 +65,8 @@ class LoRATrainer : public BaseTrainer {
   bool shard_optimizer_state() const override;
   nlohmann::json extra_metadata() const override;
   void restore_extra(const nlohmann::json& meta) override;
+  // report()'s loss.svg at `path`: the loss curves with the boundary marked.
+  virtual void draw_loss_plot(const std::vector<nlohmann::json>& metrics, const std::string& path) const;
 
  private:
   friend void transition_to_lora(LoRATrainer& trainer, bool at_boundary);

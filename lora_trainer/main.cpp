@@ -147,14 +147,14 @@ int cmd_eval(const std::string& checkpoint, const std::vector<std::string>& name
     datasets.push_back({padded ? n.substr(0, n.size() - 7) : n, 1.0, padded ? DatasetStyle::PADDED : DatasetStyle::PMD});
   }
   auto results = t->evaluate(datasets, rows > 0 ? rows : t->config().get_int("training/validation_steps"));
-  nlohmann::json out = {{"checkpoint", checkpoint}, {"step", t->step()}, {"kind", t->state_kind()}};
+  nlohmann::json out = {{"checkpoint", checkpoint}, {"step", t->step()}, {"kind", state_kind_name(t->state_kind())}};
   for (const auto& e : results)
     out["datasets"][e.name] = {{"loss", e.loss}, {"perplexity", std::exp(e.loss)}, {"tokens", e.tokens}};
   if (as_json) {
     std::cout << out.dump(2) << "\n";
   } else {
     std::printf("%s (step %lld, %s state)\n%-20s %10s %12s %10s\n", checkpoint.c_str(), (long long)t->step(),
-                t->state_kind().c_str(), "dataset", "loss", "perplexity", "tokens");
+                state_kind_name(t->state_kind()).c_str(), "dataset", "loss", "perplexity", "tokens");
     for (const auto& e : results)
       std::printf("%-20s %10.4f %12.2f %10lld\n", e.name.c_str(), e.loss, std::exp(e.loss), (long long)e.tokens);
   }

@@ -149,7 +149,28 @@ double clip_grad_norm(const NamedTensors& params, double max_norm) {
   return norm;
 }
 
-Schedule Schedule::make(const std::string& kind, double lr, double min_lr_ratio, int64_t total_steps,
+static const std::pair<ScheduleKind, const char*> kScheduleKinds[] = {
+    {ScheduleKind::Constant, "constant"}, {ScheduleKind::Wsd, "wsd"}, {ScheduleKind::Cosine, "cosine"}};
+
+ScheduleKind parse_schedule_kind(const std::string& name) {
+  for (const auto& [kind, n] : kScheduleKinds)
+    if (name == n) return kind;
+  throw std::invalid_argument("unknown schedule \"" + name + "\" (known: constant, wsd, cosine)");
+}
+
+std::string schedule_kind_name(ScheduleKind kind) {
+  for (const auto& [k, n] : kScheduleKinds)
+    if (k == kind) return n;
+  throw std::logic_error("schedule_kind_name: not a ScheduleKind");
+}
+
+std::vector<std::string> schedule_kind_names() {
+  std::vector<std::string> out;
+  for (const auto& [k, n] : kScheduleKinds) out.push_back(n);
+  return out;
+}
+
+Schedule Schedule::make(ScheduleKind kind, double lr, double min_lr_ratio, int64_t total_steps,
                         double warmup_pct, double decay_pct) {
   Schedule s;
   s.kind = kind;
@@ -157,15 +178,15 @@ Schedule Schedule::make(const std::string& kind, double lr, double min_lr_ratio,
   s.min_lr = lr * min_lr_ratio;
   s.total_steps = std::max<int64_t>(1, total_steps);
   s.warmup_steps = static_cast<int64_t>(std::floor(warmup_pct * static_cast<double>(s.total_steps)));
-  s.decay_steps = kind == "wsd" ? static_cast<int64_t>(std::floor(decay_pct * static_cast<double>(s.total_steps))) : 0;
+  s.decay_steps = kind == ScheduleKind::Wsd ? static_cast<int64_t>(std::floor(decay_pct * static_cast<double>(s.total_steps))) : 0;
   return s;
 }
 
 double Schedule::at(int64_t step) const {
   if (warmup_steps > 0 && step < warmup_steps)
     return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
-  if (kind == "constant") return lr;
-  if (kind == "cosine") {
+  if (kind == ScheduleKind::Constant) return lr;
+  if (kind == ScheduleKind::Cosine) {
     int64_t span = std::max<int64_t>(1, total_steps - warmup_steps);
     double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(span));
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));

@@ -64,16 +64,22 @@ class AdamW {
 // Scales all gradients so that their global L2 norm is at most max_norm; returns the norm before.
 double clip_grad_norm(const NamedTensors& params, double max_norm);
 
+// The shape of a learning-rate schedule; its name in configs is "constant", "wsd" or "cosine".
+enum class ScheduleKind { Constant, Wsd, Cosine };
+ScheduleKind parse_schedule_kind(const std::string& name);  // std::invalid_argument naming the known ones
+std::string schedule_kind_name(ScheduleKind kind);
+std::vector<std::string> schedule_kind_names();  // every name, for a config check
+
 // lr(step) for step in [0, total_steps).
 //   constant: warmup then flat.
 //   wsd:      linear warmup over warmup_pct, flat, then linear decay to min_lr over the last decay_pct.
 //   cosine:   linear warmup, then cosine from lr to min_lr.
 struct Schedule {
-  std::string kind = "wsd";
+  ScheduleKind kind = ScheduleKind::Wsd;
   double lr = 3e-4, min_lr = 0.0;
   int64_t total_steps = 1, warmup_steps = 0, decay_steps = 0;
   double at(int64_t step) const;
-  static Schedule make(const std::string& kind, double lr, double min_lr_ratio, int64_t total_steps,
+  static Schedule make(ScheduleKind kind, double lr, double min_lr_ratio, int64_t total_steps,
                        double warmup_pct, double decay_pct);
 };
 

@@ -76,7 +76,8 @@ std::unique_ptr<RestoreableJob> make_job(const std::string& name, const std::str
 std::unique_ptr<RestoreableJob> from_checkpoint_path(const std::string& checkpoint, const std::string& name,
                                                      const std::string& out_dir,
                                                      const std::vector<std::string>& overrides) {
-  json meta = read_checkpoint_metadata(checkpoint);
+  const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
+  const json& meta = ck.raw;
   if (!meta.contains("config") || !meta.contains("job"))
     throw UserError(checkpoint + ": metadata has no saved config/job; it cannot be restored as a job");
   std::string kind = kind_of(meta["config"], checkpoint + "/metadata.json");
@@ -90,7 +91,7 @@ std::unique_ptr<RestoreableJob> from_checkpoint_path(const std::string& checkpoi
   JobSpec spec = JobSpec::from_json(meta["job"]);
   if (!name.empty()) spec.name = name;
   auto job = cls.make(spec, std::move(cfg), out_dir);
-  job->restore_from_path(checkpoint);
+  job->restore_from_checkpoint(ck);
   return job;
 }
 

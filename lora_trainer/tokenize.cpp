@@ -9,12 +9,27 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lora_trainer/hf_tokenizer.hpp"
 #include "lora_trainer/tokenizer.hpp"
 #include "lora_trainer/util.hpp"
 
 namespace fs = std::filesystem;
 
 namespace lt {
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& gpt2_dir) {
+  if (name == "byte") return make_byte_tokenizer();
+  if (name == "gpt2") return make_gpt2_tokenizer(gpt2_dir);
+  if (name.rfind("hf:", 0) == 0) {
+    if (name.size() == 3) throw UserError("tokenizer \"hf:\" names no directory; write hf:DIR (a directory holding tokenizer.json)");
+    return make_hf_tokenizer(name.substr(3));
+  }
+  const std::vector<std::string> known = {"byte", "gpt2", "hf:DIR"};
+  std::string msg = "unknown tokenizer \"" + name + "\"; known tokenizers: " + join(known);
+  const std::string guess = closest_match(name, known);
+  if (!guess.empty()) msg += " (did you mean \"" + guess + "\"?)";
+  throw UserError(msg);
+}
 
 static bool wanted(const fs::path& p, const std::vector<std::string>& exts) {
   if (exts.empty()) return true;

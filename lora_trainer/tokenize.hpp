@@ -2,13 +2,21 @@
 // meta.json; see data.hpp). Each file is one document, followed by the end-of-text token. Documents
 // are taken in sorted path order and every k-th one (k = 1 / val_fraction, at least one) goes to validation,
 // so the split is deterministic; a single document is split by tokens instead (its last val_fraction).
+// Also make_tokenizer, the tokenizer named by `--tokenizer` (tokenize, sample).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "lora_trainer/tokenizer.hpp"
+
 namespace lt {
+
+// name: "byte", "gpt2" (from gpt2_dir) or "hf:DIR" (hf_tokenizer.hpp). Throws lt::UserError (util.hpp)
+// naming the missing file and the command that fetches it, or the unknown name and the known ones.
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& gpt2_dir = default_gpt2_dir());
 
 struct TokenizeOptions {
   std::vector<std::string> inputs;      // files and/or directories (recursed)

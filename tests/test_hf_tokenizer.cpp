@@ -17,6 +17,7 @@
 
 #include "fixtures.hpp"
 #include "launch.hpp"
+#include "lora_trainer/tokenize.hpp"
 #include "lora_trainer/tokenizer.hpp"
 #include "lora_trainer/util.hpp"
 

@@ -6,7 +6,7 @@
 using namespace lt;
 
 TEST_CASE("wsd: linear warmup, flat, linear decay to min_lr", "[optim]") {
-  Schedule s = Schedule::make("wsd", 1.0, 0.1, 100, 0.1, 0.2);
+  Schedule s = Schedule::make(ScheduleKind::Wsd, 1.0, 0.1, 100, 0.1, 0.2);
   CHECK(s.warmup_steps == 10);
   CHECK(s.decay_steps == 20);
   CHECK(s.at(0) == Approx(0.1));
@@ -20,7 +20,7 @@ TEST_CASE("wsd: linear warmup, flat, linear decay to min_lr", "[optim]") {
 }
 
 TEST_CASE("cosine: warmup then cosine from lr to min_lr", "[optim]") {
-  Schedule s = Schedule::make("cosine", 2.0, 0.0, 110, 10.0 / 110, 0.0);
+  Schedule s = Schedule::make(ScheduleKind::Cosine, 2.0, 0.0, 110, 10.0 / 110, 0.0);
   CHECK(s.at(9) == Approx(2.0));
   CHECK(s.at(10) == Approx(2.0));
   CHECK(s.at(60) == Approx(1.0));
@@ -28,7 +28,7 @@ TEST_CASE("cosine: warmup then cosine from lr to min_lr", "[optim]") {
 }
 
 TEST_CASE("constant: warmup then flat", "[optim]") {
-  Schedule s = Schedule::make("constant", 0.5, 0.1, 10, 0.2, 0.5);
+  Schedule s = Schedule::make(ScheduleKind::Constant, 0.5, 0.1, 10, 0.2, 0.5);
   CHECK(s.at(0) == Approx(0.25));
   CHECK(s.at(1) == Approx(0.5));
   CHECK(s.at(9) == Approx(0.5));

@@ -212,6 +212,7 @@ TEST_CASE("reliability: damaged checkpoint metadata names the field", "[reliabil
            {"trainable_params", [](nlohmann::json& m) { m["trainable_params"] = 3; }},
            {"data", [](nlohmann::json& m) { m["data"]["cursors"]["0"] = -4; }},
            {"job", [](nlohmann::json& m) { m["job"]["name"] = 12; }},
+           {"kind", [](nlohmann::json& m) { m["kind"] = "full"; }},
        }) {
     fresh_copy();
     edit_metadata(dir / "ck", d.edit);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "lora_trainer/tokenize.hpp"
 #include "lora_trainer/tokenizer.hpp"
 #include "lora_trainer/util.hpp"
 
