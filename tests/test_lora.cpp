@@ -108,7 +108,7 @@ TEST_CASE("inject_lora_params with init kaiming_uniform: A ~ U(+-1/sqrt(in)) as 
   CHECK_THROWS_WITH(parse_lora_init("kaiming"), Contains("optimization/lora/init") && Contains("gaussian, kaiming_uniform"));
 }
 
-TEST_CASE("modules_to_save_filter: module or parameter names and their suffixes; nothing matched or adapted twice is an error", "[lora]") {
+TEST_CASE("modules_to_save_filter: module or parameter names and their suffixes, and an error for nothing matched or adapted twice", "[lora]") {
   GPT m = tiny_gpt();
   auto params = named_params(*m);
   auto adapted = param_filter(params, {"attn.c_attn", "mlp.c_fc"});
@@ -198,7 +198,7 @@ TEST_CASE("after one LoRA step only the adapters changed and the optimizer holds
   CHECK(t->optimizer().state().size() == 2 * adapter_names.size() + 1);
 }
 
-TEST_CASE("modules_to_save train in f32 at their own lr beside the adapters; every other base tensor stays bit-identical", "[lora]") {
+TEST_CASE("modules_to_save train in f32 at their own lr beside the adapters, and every other base tensor stays bit-identical", "[lora]") {
   Data d;
   auto t = make_lora(d, "saved", {R"(optimization/lora/modules_to_save=["wte","ln_f"])",
                                   "optimization/lora/modules_to_save_lr_ratio=0.5"});
