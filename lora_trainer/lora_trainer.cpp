@@ -1,5 +1,6 @@
 #include "lora_trainer/lora_trainer.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -95,7 +96,7 @@ LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
 }
 
 void LoRATrainer::before_step() {
-  if (!in_lora_ && step_ >= boundary_step_) transition_to_lora(*this, true);
+  if (!in_lora_ && step_ >= boundary_step_) transition_at_boundary();
 }
 
 bool LoRATrainer::shard_optimizer_state() const {
@@ -131,70 +132,77 @@ void LoRATrainer::restore_extra(const json& meta) {
   if (meta.contains("lora") && meta["lora"].is_object() && meta["lora"].contains("base")) base_ = meta["lora"]["base"];
 }
 
-void transition_to_lora(LoRATrainer& t, bool at_boundary) {
-  TORCH_CHECK(!t.in_lora_, "transition_to_lora: already in the LoRA phase");
-  // Rank 0 reads the file system for every rank: they must all take part in the save or none.
-  if (at_boundary && t.boundary_step_ > 0 && t.step_ == t.boundary_step_ &&
-      t.dist_.broadcast_flag(!is_checkpoint((fs::path(t.job_dir()) / kPreLoraCheckpoint).string()),
-                             "deciding whether to save " + std::string(kPreLoraCheckpoint)))
-    t.save(kPreLoraCheckpoint);
+void transition_to_lora(LoRATrainer& trainer) { trainer.transition_at_boundary(); }
 
+void LoRATrainer::transition_at_boundary() {
+  // Rank 0 reads the file system for every rank: they must all take part in the save or none.
+  if (boundary_step_ > 0 && step_ == boundary_step_ &&
+      dist_.broadcast_flag(!is_checkpoint((fs::path(job_dir()) / kPreLoraCheckpoint).string()),
+                           "deciding whether to save " + std::string(kPreLoraCheckpoint)))
+    save(kPreLoraCheckpoint);
+  enter_lora_phase();
+  log_transition();
+}
+
+void LoRATrainer::enter_lora_phase() {
+  TORCH_CHECK(!in_lora_, "transition_to_lora: already in the LoRA phase");
   // Freeze the base: bf16, no gradients, and (below) no optimizer state; except the modules_to_save,
   // which keep their f32 values (taken before the cast) and train.
-  NamedTensors params = named_params(*t.model_);
-  const std::vector<bool> mask = param_filter(params, t.lora_cfg_.target_modules);
-  const std::vector<bool> keep = modules_to_save_filter(params, t.lora_cfg_.modules_to_save, mask);
+  NamedTensors params = named_params(*model_);
+  const std::vector<bool> mask = param_filter(params, lora_cfg_.target_modules);
+  const std::vector<bool> keep = modules_to_save_filter(params, lora_cfg_.modules_to_save, mask);
   std::vector<torch::Tensor> masters;
   for (size_t i = 0; i < params.size(); ++i)
     if (keep[i]) masters.push_back(params[i].second.detach().to(torch::kFloat32));
-  t.model_->to(torch::kBFloat16);
-  for (auto& p : t.model_->parameters()) p.requires_grad_(false);
+  model_->to(torch::kBFloat16);
+  for (auto& p : model_->parameters()) p.requires_grad_(false);
   NamedTensors saved;
-  t.saved_.clear();
+  saved_.clear();
   for (size_t i = 0, k = 0; i < params.size(); ++i) {
     if (!keep[i]) continue;
     params[i].second.set_data(masters[k++]);
     params[i].second.requires_grad_(true);
     saved.push_back(params[i]);
-    t.saved_.push_back(params[i].first);
+    saved_.push_back(params[i].first);
   }
 
-  auto gen = at::detail::createCPUGenerator(mix64(t.seed_ ^ 0x4C6F5241ULL));  // "LoRA"
-  t.lora_ = inject_lora_params(params, mask, t.lora_cfg_.rank, gen, t.lora_cfg_.init);
-  for (auto& a : t.lora_.A) a.requires_grad_(true);
-  for (auto& b : t.lora_.B) b.requires_grad_(true);
-  attach_lora(*t.model_, t.lora_, t.lora_cfg_.alpha, t.lora_cfg_.rank);
-  t.in_lora_ = true;  // before the optimizer: its sharding depends on the phase
+  auto gen = at::detail::createCPUGenerator(mix64(seed_ ^ 0x4C6F5241ULL));  // "LoRA"
+  lora_ = inject_lora_params(params, mask, lora_cfg_.rank, gen, lora_cfg_.init);
+  for (auto& a : lora_.A) a.requires_grad_(true);
+  for (auto& b : lora_.B) b.requires_grad_(true);
+  attach_lora(*model_, lora_, lora_cfg_.alpha, lora_cfg_.rank);
+  in_lora_ = true;  // before the optimizer: its sharding depends on the phase
   // The adapters are identical on every rank (the same seed), as are the saved modules; the moments
   // of both may be sharded. The saved modules follow the adapters, at their own lr.
-  NamedTensors trained = t.lora_.named();
+  NamedTensors trained = lora_.named();
   std::vector<double> lr_scale(trained.size(), 1.0);
   for (const auto& p : saved) {
     trained.push_back(p);
-    lr_scale.push_back(t.lora_cfg_.modules_to_save_lr_ratio);
+    lr_scale.push_back(lora_cfg_.modules_to_save_lr_ratio);
   }
-  t.build_optimizer(std::move(trained), t.cfg_.get_double("optimization/lora/weight_decay"), std::move(lr_scale));
-  if (!at_boundary) return;
+  build_optimizer(std::move(trained), cfg_.get_double("optimization/lora/weight_decay"), std::move(lr_scale));
+}
 
+void LoRATrainer::log_transition() {
   int64_t frozen = 0, saved_numel = 0;
-  for (size_t i = 0; i < params.size(); ++i) (keep[i] ? saved_numel : frozen) += params[i].second.numel();
-  const int64_t adapters = count_lora_params(t.lora_), trainable = adapters + saved_numel;
+  for (const auto& [name, p] : named_params(*model_))
+    (std::find(saved_.begin(), saved_.end(), name) != saved_.end() ? saved_numel : frozen) += p.numel();
+  const int64_t adapters = count_lora_params(lora_), trainable = adapters + saved_numel;
   std::string saved_text;
-  if (!saved.empty()) {
+  if (!saved_.empty()) {
     char ratio[32];
-    std::snprintf(ratio, sizeof ratio, "%g", t.lora_cfg_.modules_to_save_lr_ratio);
-    saved_text = " + " + std::to_string(saved_numel) + " in the modules_to_save (" + join(t.saved_) + ", f32, lr x" + ratio + ")";
+    std::snprintf(ratio, sizeof ratio, "%g", lora_cfg_.modules_to_save_lr_ratio);
+    saved_text = " + " + std::to_string(saved_numel) + " in the modules_to_save (" + join(saved_) + ", f32, lr x" + ratio + ")";
   }
   std::printf("transition to LoRA at step %lld (%lld tokens): %zu adapted weights, rank %lld, alpha %g, init %s; "
               "trainable %lld (%.2f%%: %lld in adapters%s), frozen %lld (bf16)\n",
-              (long long)t.step_, (long long)t.tokens_, t.lora_.names.size(), (long long)t.lora_cfg_.rank,
-              t.lora_cfg_.alpha, to_string(t.lora_cfg_.init), (long long)trainable,
-              100.0 * trainable / std::max<int64_t>(1, frozen + trainable), (long long)adapters, saved_text.c_str(),
-              (long long)frozen);
+              (long long)step_, (long long)tokens_, lora_.names.size(), (long long)lora_cfg_.rank, lora_cfg_.alpha,
+              to_string(lora_cfg_.init), (long long)trainable, 100.0 * trainable / std::max<int64_t>(1, frozen + trainable),
+              (long long)adapters, saved_text.c_str(), (long long)frozen);
   std::fflush(stdout);
-  t.log_event({{"event", "transition"}, {"step", t.step_}, {"tokens", t.tokens_}, {"trainable_params", trainable},
-               {"adapter_params", adapters}, {"saved_params", saved_numel}, {"frozen_params", frozen},
-               {"adapted", t.lora_.names}, {"modules_to_save", t.saved_}});
+  log_event({{"event", "transition"}, {"step", step_}, {"tokens", tokens_}, {"trainable_params", trainable},
+             {"adapter_params", adapters}, {"saved_params", saved_numel}, {"frozen_params", frozen},
+             {"adapted", lora_.names}, {"modules_to_save", saved_}});
 }
 
 void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
@@ -213,7 +221,7 @@ void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
     if (step < boundary_step_)
       throw UserError(dir + " is a LoRA state at step " + std::to_string(step) + ", before this job's LoRA boundary (step " +
                       std::to_string(boundary_step_) + "): it belongs to a job with other training/pre_lora_tokens");
-    if (!in_lora_) transition_to_lora(*this, false);  // the LoRA template; the load overwrites it
+    if (!in_lora_) enter_lora_phase();  // the LoRA template; the load overwrites it
     const json& meta = ck.raw;
     const json theirs = meta.contains("lora") && meta["lora"].is_object() ? meta["lora"].value("modules_to_save", json::array())
                                                                           : json::array();

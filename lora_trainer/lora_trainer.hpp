@@ -58,6 +58,11 @@ class LoRATrainer : public BaseTrainer {
   // The base parameters that train in full in the LoRA phase (f32), by name; empty before it.
   const std::vector<std::string>& saved_modules() const { return saved_; }
 
+  // The boundary (transition_to_lora): saves `pre_lora_checkpoint` when phase 1 ran and it is not there
+  // yet, enters the LoRA phase, and reports count_lora_params and the frozen/trainable totals (printed
+  // and logged as the `transition` event).
+  void transition_at_boundary();
+
  protected:
   void before_step() override;
   double current_lr() const override;
@@ -69,7 +74,12 @@ class LoRATrainer : public BaseTrainer {
   virtual void draw_loss_plot(const std::vector<nlohmann::json>& metrics, const std::string& path) const;
 
  private:
-  friend void transition_to_lora(LoRATrainer& trainer, bool at_boundary);
+  // The state change alone: freezes the base as bf16 (no gradients, no optimizer state) except the
+  // modules_to_save, selects targets with param_filter, creates adapters with inject_lora_params (on
+  // the trainer's device, deterministic from the seed), attaches them, and rebuilds the optimizer over
+  // the adapters and the modules_to_save. A restore of a LoRA state calls it to build the template.
+  void enter_lora_phase();
+  void log_transition();
   LoraConfig lora_cfg_;
   LoraParams lora_;
   std::vector<std::string> saved_;  // parameter names selected by modules_to_save, in model order
@@ -81,13 +91,10 @@ class LoRATrainer : public BaseTrainer {
   Schedule lora_schedule_;
 };
 
-// Freezes the base as bf16 (no gradients, no optimizer state), selects targets with param_filter,
-// creates adapters with inject_lora_params (on the trainer's device, deterministic from the seed),
-// attaches them, and rebuilds the optimizer over the adapters and the modules_to_save (which stay f32
-// and train). At the boundary (`at_boundary`)
-// it first saves `pre_lora_checkpoint` (when phase 1 ran) and afterwards reports count_lora_params and
-// the frozen/trainable totals; a restore calls it only to build the LoRA template, silently.
-void transition_to_lora(LoRATrainer& trainer, bool at_boundary = true);
+// The mission's entry: the boundary of `trainer` (LoRATrainer::transition_at_boundary): the base frozen
+// as bf16, param_filter's targets given adapters by inject_lora_params, only those (and any
+// modules_to_save) trained from here on.
+void transition_to_lora(LoRATrainer& trainer);
 
 // The stages of both phases, pre-LoRA first, from the config (UserError when token and dataset lists
 // differ in length).
