@@ -3,9 +3,14 @@
 #include <cmath>
 
 #include "lora_trainer/torch_compat.hpp"
-#include "lora_trainer/util.hpp"
 
 namespace lt {
+
+static std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
 
 static std::string strip_weight(const std::string& base_name) {
   const std::string suffix = ".weight";
@@ -29,7 +34,7 @@ NamedTensors LoraParams::named() const {
 
 std::vector<bool> param_filter(const NamedTensors& params, const std::vector<std::string>& target_modules) {
   if (target_modules.empty())
-    throw UserError("optimization/lora/target_modules is empty: name at least one parameter substring");
+    throw LoraSettingError("target_modules", "the list is empty: name at least one parameter substring");
   std::vector<bool> mask(params.size(), false);
   std::vector<bool> used(target_modules.size(), false);
   for (size_t i = 0; i < params.size(); ++i) {
@@ -46,8 +51,8 @@ std::vector<bool> param_filter(const NamedTensors& params, const std::vector<std
     std::vector<std::string> names;
     for (const auto& p : params)
       if (p.second.dim() == 2) names.push_back(p.first);
-    throw UserError("optimization/lora/target_modules: \"" + target_modules[t] +
-                    "\" matches no 2-D parameter. Targets are substrings of these names: " + join(names));
+    throw LoraSettingError("target_modules", "\"" + target_modules[t] +
+                                                 "\" matches no 2-D parameter. Targets are substrings of these names: " + join(names));
   }
   return mask;
 }
@@ -55,7 +60,7 @@ std::vector<bool> param_filter(const NamedTensors& params, const std::vector<std
 LoraInit parse_lora_init(const std::string& s) {
   if (s == "gaussian") return LoraInit::Gaussian;
   if (s == "kaiming_uniform") return LoraInit::KaimingUniform;
-  throw UserError("optimization/lora/init: \"" + s + "\" is not one of gaussian, kaiming_uniform");
+  throw LoraSettingError("init", "\"" + s + "\" is not one of gaussian, kaiming_uniform");
 }
 
 const char* to_string(LoraInit init) { return init == LoraInit::Gaussian ? "gaussian" : "kaiming_uniform"; }
@@ -80,16 +85,16 @@ std::vector<bool> modules_to_save_filter(const NamedTensors& params, const std::
     for (size_t i = 0; i < params.size(); ++i) {
       if (!names_module_or_param(params[i].first, entry)) continue;
       if (lora_mask[i])
-        throw UserError("optimization/lora/modules_to_save: \"" + entry + "\" selects " + params[i].first +
-                        ", which optimization/lora/target_modules already gives an adapter; a weight either trains "
-                        "in full or through an adapter. Remove it from one of the two lists");
+        throw LoraSettingError("modules_to_save", "\"" + entry + "\" selects " + params[i].first +
+                                                      ", which target_modules already gives an adapter; a weight either "
+                                                      "trains in full or through an adapter. Remove it from one of the two lists");
       mask[i] = used = true;
     }
     if (used) continue;
     std::vector<std::string> names;
     for (const auto& p : params) names.push_back(p.first);
-    throw UserError("optimization/lora/modules_to_save: \"" + entry + "\" matches no module or parameter. An entry is a "
-                    "name or a suffix after a '.' of these parameters or their modules: " + join(names));
+    throw LoraSettingError("modules_to_save", "\"" + entry + "\" matches no module or parameter. An entry is a name or "
+                                              "a suffix after a '.' of these parameters or their modules: " + join(names));
   }
   return mask;
 }
@@ -97,14 +102,14 @@ std::vector<bool> modules_to_save_filter(const NamedTensors& params, const std::
 LoraParams inject_lora_params(const NamedTensors& params, const std::vector<bool>& mask, int64_t rank,
                               torch::Generator generator, LoraInit init) {
   TORCH_CHECK(params.size() == mask.size(), "inject_lora_params: mask size differs from params");
-  if (rank <= 0) throw UserError("optimization/lora/rank must be > 0, got " + std::to_string(rank));
+  if (rank <= 0) throw LoraSettingError("rank", "must be > 0, got " + std::to_string(rank));
   LoraParams out;
   for (size_t i = 0; i < params.size(); ++i) {
     if (!mask[i]) continue;
     const auto& W = params[i].second;  // (out, in)
     int64_t out_f = W.size(0), in_f = W.size(1);
     if (rank > std::min(in_f, out_f))
-      throw UserError("optimization/lora/rank " + std::to_string(rank) + " exceeds the size of " +
+      throw LoraSettingError("rank", std::to_string(rank) + " exceeds the size of " +
                       params[i].first + " (" + std::to_string(out_f) + " x " + std::to_string(in_f) + ")");
     auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(W.device());
     torch::Tensor A = torch::empty({in_f, rank}, opts.device(torch::kCPU));
@@ -172,12 +177,12 @@ void check_lora_targets(torch::nn::Module& root, const NamedTensors& params, con
     if (!mask[i]) continue;
     const auto& name = params[i].first;
     if (std::find(adaptable.begin(), adaptable.end(), name) == adaptable.end())
-      throw UserError("optimization/lora/target_modules selects " + name +
+      throw LoraSettingError("target_modules", "selects " + name +
                       ", which is not a linear layer's weight and cannot take an adapter. Adaptable weights: " +
                       join(adaptable));
     const auto& W = params[i].second;
     if (rank > std::min(W.size(0), W.size(1)))
-      throw UserError("optimization/lora/rank " + std::to_string(rank) + " exceeds the smaller side of " + name + " (" +
+      throw LoraSettingError("rank", std::to_string(rank) + " exceeds the smaller side of " + name + " (" +
                       std::to_string(W.size(0)) + " x " + std::to_string(W.size(1)) + ")");
   }
 }

@@ -6,9 +6,11 @@
 // In training the adapted layer computes x W^T + b + (alpha / r) (x A) B and never forms W_eff.
 //
 // This file depends on LibTorch alone: `param_filter` and `inject_lora_params` work on any
-// `named_parameters()` list; a layer takes an adapter by implementing `LoraAdaptable`.
+// `named_parameters()` list; a layer takes an adapter by implementing `LoraAdaptable`. A setting that
+// does not fit the model is a LoraSettingError naming the setting; the trainer names its config key.
 #pragma once
 
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +20,17 @@
 #include "lora_trainer/named_tensors.hpp"
 
 namespace lt {
+
+// A LoRA setting that does not fit the model. `setting()` is which ("target_modules", "rank",
+// "modules_to_save", "init"); the message says what is wrong with it and what would fit.
+class LoraSettingError : public std::invalid_argument {
+ public:
+  LoraSettingError(std::string setting, const std::string& what) : std::invalid_argument(what), setting_(std::move(setting)) {}
+  const std::string& setting() const { return setting_; }
+
+ private:
+  std::string setting_;
+};
 
 // A layer whose 2-D `weight` can carry an adapter.
 class LoraAdaptable {
@@ -47,7 +60,7 @@ LoraInit parse_lora_init(const std::string& s);  // "gaussian" | "kaiming_unifor
 const char* to_string(LoraInit init);
 
 // Which parameters get adapters: 2-D weights whose name contains any of `target_modules`.
-// A target that matches no 2-D parameter is a UserError listing the parameter names.
+// A target that matches no 2-D parameter is a LoraSettingError listing the parameter names.
 std::vector<bool> param_filter(const NamedTensors& params, const std::vector<std::string>& target_modules);
 
 // Creates f32 A/B for every masked parameter, deterministically from `generator`.
@@ -57,7 +70,7 @@ LoraParams inject_lora_params(const NamedTensors& params, const std::vector<bool
 // Which base parameters train in full beside the adapters (PEFT's `modules_to_save`): an entry names a
 // module or a parameter, by its whole name or a suffix after a '.' ("wte" and "transformer.wte" match
 // "wte.weight"; "ln_f" matches "ln_f.weight" and "ln_f.bias"; "ln_1" every block's first norm). An
-// entry that matches nothing, or a parameter that also has an adapter (`lora_mask`), is a UserError.
+// entry that matches nothing, or a parameter that also has an adapter (`lora_mask`), is a LoraSettingError.
 std::vector<bool> modules_to_save_filter(const NamedTensors& params, const std::vector<std::string>& modules,
                                          const std::vector<bool>& lora_mask);
 
@@ -74,7 +87,7 @@ int64_t count_lora_params(const LoraParams& lora);
 // Names of the weights in `root` that can take an adapter (owned by a LoraAdaptable layer).
 std::vector<std::string> adaptable_weights(torch::nn::Module& root);
 
-// UserError unless every name is an adaptable weight, and rank fits each of them.
+// LoraSettingError unless every name is an adaptable weight, and rank fits each of them.
 void check_lora_targets(torch::nn::Module& root, const NamedTensors& params, const std::vector<bool>& mask,
                         int64_t rank);
 

@@ -15,12 +15,22 @@ namespace lt {
 
 static const char* kPreLoraCheckpoint = "pre_lora_checkpoint";
 
+// lora.cpp knows its settings, not the config: its errors get their key (optimization/lora/...) here.
+template <class F>
+static auto with_lora_keys(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const LoraSettingError& e) {
+    throw UserError("optimization/lora/" + e.setting() + ": " + e.what());
+  }
+}
+
 LoraConfig LoraConfig::from_config(const Config& cfg) {
   LoraConfig c;
   c.rank = cfg.get_int("optimization/lora/rank");
   c.alpha = cfg.get_double("optimization/lora/alpha");
   c.target_modules = cfg.get("optimization/lora/target_modules").get<std::vector<std::string>>();
-  c.init = parse_lora_init(cfg.get_string("optimization/lora/init"));
+  c.init = with_lora_keys([&] { return parse_lora_init(cfg.get_string("optimization/lora/init")); });
   c.modules_to_save = cfg.get("optimization/lora/modules_to_save").get<std::vector<std::string>>();
   c.modules_to_save_lr_ratio = cfg.get_double("optimization/lora/modules_to_save_lr_ratio");
   return c;
@@ -85,9 +95,11 @@ LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
   boundary_step_ = n_pre > 0 ? stages_[n_pre - 1].end_step : 0;
   // Validate the targets now, not at the boundary hours later.
   auto params = named_params(*model_);
-  const auto mask = param_filter(params, lora_cfg_.target_modules);
-  check_lora_targets(*model_, params, mask, lora_cfg_.rank);
-  modules_to_save_filter(params, lora_cfg_.modules_to_save, mask);
+  with_lora_keys([&] {
+    const auto mask = param_filter(params, lora_cfg_.target_modules);
+    check_lora_targets(*model_, params, mask, lora_cfg_.rank);
+    modules_to_save_filter(params, lora_cfg_.modules_to_save, mask);
+  });
   schedule_ = full_schedule(boundary_step_);  // phase 1's schedule ends at the boundary
   lora_schedule_ = Schedule::make(parse_schedule_kind(cfg_.get_string("optimization/lora/schedule")), cfg_.get_double("optimization/lora/lr"),
                                   cfg_.get_double("optimization/min_lr_ratio"), total_steps_ - boundary_step_,
@@ -149,8 +161,9 @@ void LoRATrainer::enter_lora_phase() {
   // Freeze the base: bf16, no gradients, and (below) no optimizer state; except the modules_to_save,
   // which keep their f32 values (taken before the cast) and train.
   NamedTensors params = named_params(*model_);
-  const std::vector<bool> mask = param_filter(params, lora_cfg_.target_modules);
-  const std::vector<bool> keep = modules_to_save_filter(params, lora_cfg_.modules_to_save, mask);
+  const std::vector<bool> mask = with_lora_keys([&] { return param_filter(params, lora_cfg_.target_modules); });
+  const std::vector<bool> keep =
+      with_lora_keys([&] { return modules_to_save_filter(params, lora_cfg_.modules_to_save, mask); });
   std::vector<torch::Tensor> masters;
   for (size_t i = 0; i < params.size(); ++i)
     if (keep[i]) masters.push_back(params[i].second.detach().to(torch::kFloat32));
@@ -167,7 +180,7 @@ void LoRATrainer::enter_lora_phase() {
   }
 
   auto gen = at::detail::createCPUGenerator(mix64(seed_ ^ 0x4C6F5241ULL));  // "LoRA"
-  lora_ = inject_lora_params(params, mask, lora_cfg_.rank, gen, lora_cfg_.init);
+  lora_ = with_lora_keys([&] { return inject_lora_params(params, mask, lora_cfg_.rank, gen, lora_cfg_.init); });
   for (auto& a : lora_.A) a.requires_grad_(true);
   for (auto& b : lora_.B) b.requires_grad_(true);
   attach_lora(*model_, lora_, lora_cfg_.alpha, lora_cfg_.rank);
