@@ -267,24 +267,11 @@ struct MergedCheckpoint {
 };
 
 MergedCheckpoint read_merged(const std::string& checkpoint) {
+  MergedWeights w = merged_weights(checkpoint);
   MergedCheckpoint m;
-  m.meta = read_checkpoint_metadata(checkpoint);
+  m.meta = std::move(w.meta);
   m.arch = arch_of(m.meta, checkpoint);
-  std::map<std::string, torch::Tensor> lora;
-  for (auto& [n, t] : read_checkpoint_tensors(checkpoint)) {
-    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
-    if (n.rfind(kParamsPrefix, 0) == 0) m.params.emplace_back(n.substr(kParamsPrefix.size()), t.to(torch::kFloat32));
-  }
-  if (m.params.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
-  if (!lora.empty()) {
-    if (!m.meta.contains("lora")) throw UserError(checkpoint + ": adapters without lora metadata (rank, alpha)");
-    const double alpha = m.meta["lora"].at("alpha").get<double>();
-    const int64_t rank = m.meta["lora"].at("rank").get<int64_t>();
-    for (auto& [n, t] : m.params) {
-      auto a = lora.find(LoraParams::a_name(n)), b = lora.find(LoraParams::b_name(n));
-      if (a != lora.end() && b != lora.end()) t = merge_lora_params(t, a->second, b->second, alpha, rank);
-    }
-  }
+  m.params = std::move(w.params);
   return m;
 }
 
@@ -410,7 +397,7 @@ void export_peft(const std::string& checkpoint, const std::string& out) {
                  {"target_modules", target_modules},
                  {"fan_in_fan_out", true},
                  {"bias", "none"},
-                 {"use_rslora", false},
+                 {"use_rslora", meta["lora"].value("rslora", false)},
                  {"modules_to_save", peft_modules_to_save.empty() ? json(nullptr) : json(peft_modules_to_save)},
                  // PEFT's value for the init the adapters were drawn with (only used when PEFT creates new ones)
                  {"init_lora_weights", init == "gaussian" ? json("gaussian") : json(true)},
@@ -427,9 +414,10 @@ void export_peft(const std::string& checkpoint, const std::string& out) {
     write_file_atomic((dir / "adapter_config.json").string(), config.dump(2) + "\n");
     write_marker(dir, checkpoint, "peft");
   });
-  std::printf("exported %s -> %s (PEFT LoRA adapter: %zu adapted modules, r %lld, lora_alpha %g, scaling alpha/r = %g, "
+  const bool rslora = meta["lora"].value("rslora", false);
+  std::printf("exported %s -> %s (PEFT LoRA adapter: %zu adapted modules, r %lld, lora_alpha %g, scaling %s = %g, "
               "fan_in_fan_out true%s%s; base %s)\n", checkpoint.c_str(), out.c_str(), adapted.size(), (long long)r, alpha,
-              alpha / static_cast<double>(r), peft_modules_to_save.empty() ? "" : "; modules_to_save ",
+              rslora ? "alpha/sqrt(r)" : "alpha/r", lora_scale(alpha, r, rslora), peft_modules_to_save.empty() ? "" : "; modules_to_save ",
               join(peft_modules_to_save).c_str(),
               config["base_model_name_or_path"].is_string() ? config["base_model_name_or_path"].get<std::string>().c_str()
                                                             : "unknown: set base_model_name_or_path in adapter_config.json");

@@ -127,14 +127,20 @@ LoraParams inject_lora_params(const NamedTensors& params, const std::vector<bool
   return out;
 }
 
-torch::Tensor merge_lora_params(const torch::Tensor& base, const torch::Tensor& A, const torch::Tensor& B,
-                                double alpha, int64_t rank) {
-  torch::NoGradGuard ng;
-  auto delta = torch::mm(A.to(torch::kFloat32), B.to(torch::kFloat32)).t();  // (out, in)
-  return (base.to(torch::kFloat32) + (alpha / static_cast<double>(rank)) * delta).to(base.dtype());
+double lora_scale(double alpha, int64_t rank, bool rslora) {
+  const double r = static_cast<double>(rank);
+  return alpha / (rslora ? std::sqrt(r) : r);
 }
 
-NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora, double alpha, int64_t rank) {
+torch::Tensor merge_lora_params(const torch::Tensor& base, const torch::Tensor& A, const torch::Tensor& B,
+                                double alpha, int64_t rank, bool rslora) {
+  torch::NoGradGuard ng;
+  auto delta = torch::mm(A.to(torch::kFloat32), B.to(torch::kFloat32)).t();  // (out, in)
+  return (base.to(torch::kFloat32) + lora_scale(alpha, rank, rslora) * delta).to(base.dtype());
+}
+
+NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora, double alpha, int64_t rank,
+                               bool rslora) {
   NamedTensors out;
   for (const auto& [name, t] : base) {
     auto it = std::find(lora.names.begin(), lora.names.end(), name);
@@ -142,7 +148,7 @@ NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora,
       out.emplace_back(name, t);
     } else {
       size_t i = static_cast<size_t>(it - lora.names.begin());
-      out.emplace_back(name, merge_lora_params(t, lora.A[i], lora.B[i], alpha, rank));
+      out.emplace_back(name, merge_lora_params(t, lora.A[i], lora.B[i], alpha, rank, rslora));
     }
   }
   return out;
@@ -187,13 +193,13 @@ void check_lora_targets(torch::nn::Module& root, const NamedTensors& params, con
   }
 }
 
-void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, int64_t rank) {
+void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, int64_t rank, bool rslora) {
   std::vector<bool> attached(lora.names.size(), false);
   for_each_adaptable(root, [&](const std::string& module_name, LoraAdaptable& layer) {
     std::string weight_name = module_name.empty() ? "weight" : module_name + ".weight";
     for (size_t i = 0; i < lora.names.size(); ++i) {
       if (lora.names[i] == weight_name) {
-        layer.set_lora(lora.A[i], lora.B[i], alpha / static_cast<double>(rank));
+        layer.set_lora(lora.A[i], lora.B[i], lora_scale(alpha, rank, rslora));
         attached[i] = true;
       }
     }

@@ -74,12 +74,17 @@ LoraParams inject_lora_params(const NamedTensors& params, const std::vector<bool
 std::vector<bool> modules_to_save_filter(const NamedTensors& params, const std::vector<std::string>& modules,
                                          const std::vector<bool>& lora_mask);
 
-// W + (alpha / rank) (A B)^T, computed in f32 and cast back to W's dtype.
+// The adapters' scale: alpha / r, or with rsLoRA (Kalajdzievski, 2023) alpha / sqrt(r), which keeps
+// the update's size from shrinking as r grows (PEFT's use_rslora).
+double lora_scale(double alpha, int64_t rank, bool rslora = false);
+
+// W + lora_scale(alpha, rank, rslora) (A B)^T, computed in f32 and cast back to W's dtype.
 // base: (out, in), A: (in, r), B: (r, out).
 torch::Tensor merge_lora_params(const torch::Tensor& base, const torch::Tensor& A, const torch::Tensor& B,
-                                double alpha, int64_t rank);
+                                double alpha, int64_t rank, bool rslora = false);
 // Every parameter of `base`, with the adapted ones merged.
-NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora, double alpha, int64_t rank);
+NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora, double alpha, int64_t rank,
+                               bool rslora = false);
 
 // Number of trainable adapter values.
 int64_t count_lora_params(const LoraParams& lora);
@@ -92,7 +97,7 @@ void check_lora_targets(torch::nn::Module& root, const NamedTensors& params, con
                         int64_t rank);
 
 // Hands each adapter to the layer that owns its base weight (found by name in `root`'s module tree).
-void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, int64_t rank);
+void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, int64_t rank, bool rslora = false);
 void detach_lora(torch::nn::Module& root);
 
 // W as it should enter a matmul with x: unchanged under autocast (which casts both), else cast to x's

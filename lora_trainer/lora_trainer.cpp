@@ -33,6 +33,8 @@ LoraConfig LoraConfig::from_config(const Config& cfg) {
   c.init = with_lora_keys([&] { return parse_lora_init(cfg.get_string("optimization/lora/init")); });
   c.modules_to_save = cfg.get("optimization/lora/modules_to_save").get<std::vector<std::string>>();
   c.modules_to_save_lr_ratio = cfg.get_double("optimization/lora/modules_to_save_lr_ratio");
+  c.rslora = cfg.get_bool("optimization/lora/rslora");
+  c.lr_ratio = cfg.get_double("optimization/lora/lr_ratio");
   return c;
 }
 
@@ -68,6 +70,11 @@ ConfigSchema LoRATrainer::schema() {
         "suffixes after a '.'; they stay f32 with their own AdamW moments. Default: none, the whole base frozen in bf16");
   s.add("optimization/lora/modules_to_save_lr_ratio", OptType::Float, 1.0,
         "learning rate of the modules_to_save as a fraction of optimization/lora/lr (e.g. 0.1 for an embedding)",
+        check_positive());
+  s.add("optimization/lora/rslora", OptType::Bool, false,
+        "rank-stabilised LoRA: scale the adapters by alpha/sqrt(r) instead of alpha/r (PEFT's use_rslora)");
+  s.add("optimization/lora/lr_ratio", OptType::Float, 1.0,
+        "LoRA+: the learning rate of every B over that of A (the LoRA+ paper suggests 16); 1 trains both alike",
         check_positive());
   s.add("optimization/lora/lr", OptType::Float, 1e-3, "peak learning rate of the LoRA phase", check_positive());
   s.add("optimization/lora/schedule", OptType::String, "wsd", "LoRA-phase schedule: constant, wsd or cosine",
@@ -135,6 +142,8 @@ json LoRATrainer::extra_metadata() const {
             {"in_lora_phase", in_lora_},
             {"targets", lora_.names},
             {"init", to_string(lora_cfg_.init)},
+            {"rslora", lora_cfg_.rslora},
+            {"lr_ratio", lora_cfg_.lr_ratio},
             {"modules_to_save", saved_},
             {"modules_to_save_lr_ratio", lora_cfg_.modules_to_save_lr_ratio},
             {"base", base_}}}};
@@ -183,12 +192,13 @@ void LoRATrainer::enter_lora_phase() {
   lora_ = with_lora_keys([&] { return inject_lora_params(params, mask, lora_cfg_.rank, gen, lora_cfg_.init); });
   for (auto& a : lora_.A) a.requires_grad_(true);
   for (auto& b : lora_.B) b.requires_grad_(true);
-  attach_lora(*model_, lora_, lora_cfg_.alpha, lora_cfg_.rank);
+  attach_lora(*model_, lora_, lora_cfg_.alpha, lora_cfg_.rank, lora_cfg_.rslora);
   in_lora_ = true;  // before the optimizer: its sharding depends on the phase
   // The adapters are identical on every rank (the same seed), as are the saved modules; the moments
   // of both may be sharded. The saved modules follow the adapters, at their own lr.
-  NamedTensors trained = lora_.named();
-  std::vector<double> lr_scale(trained.size(), 1.0);
+  NamedTensors trained = lora_.named();  // A, B of each target in turn; B at LoRA+'s lr_ratio
+  std::vector<double> lr_scale;
+  for (size_t i = 0; i < trained.size(); ++i) lr_scale.push_back(i % 2 == 0 ? 1.0 : lora_cfg_.lr_ratio);
   for (const auto& p : saved) {
     trained.push_back(p);
     lr_scale.push_back(lora_cfg_.modules_to_save_lr_ratio);
@@ -207,11 +217,19 @@ void LoRATrainer::log_transition() {
     std::snprintf(ratio, sizeof ratio, "%g", lora_cfg_.modules_to_save_lr_ratio);
     saved_text = " + " + std::to_string(saved_numel) + " in the modules_to_save (" + join(saved_) + ", f32, lr x" + ratio + ")";
   }
-  std::printf("transition to LoRA at step %lld (%lld tokens): %zu adapted weights, rank %lld, alpha %g, init %s; "
+  std::string recipe;  // what differs from plain LoRA
+  if (lora_cfg_.rslora) recipe += ", rsLoRA (scale alpha/sqrt(r))";
+  if (lora_cfg_.lr_ratio != 1.0) {
+    char ratio[48];
+    std::snprintf(ratio, sizeof ratio, ", LoRA+ (B's lr x%g)", lora_cfg_.lr_ratio);
+    recipe += ratio;
+  }
+  std::printf("transition to LoRA at step %lld (%lld tokens): %zu adapted weights, rank %lld, alpha %g, init %s%s; "
               "trainable %lld (%.2f%%: %lld in adapters%s), frozen %lld (bf16)\n",
               (long long)step_, (long long)tokens_, lora_.names.size(), (long long)lora_cfg_.rank, lora_cfg_.alpha,
-              to_string(lora_cfg_.init), (long long)trainable, 100.0 * trainable / std::max<int64_t>(1, frozen + trainable),
-              (long long)adapters, saved_text.c_str(), (long long)frozen);
+              to_string(lora_cfg_.init), recipe.c_str(), (long long)trainable,
+              100.0 * trainable / std::max<int64_t>(1, frozen + trainable), (long long)adapters, saved_text.c_str(),
+              (long long)frozen);
   std::fflush(stdout);
   log_event({{"event", "transition"}, {"step", step_}, {"tokens", tokens_}, {"trainable_params", trainable},
              {"adapter_params", adapters}, {"saved_params", saved_numel}, {"frozen_params", frozen},
@@ -418,30 +436,37 @@ void check_export_target(const std::string& source, const std::string& out, cons
                   "directory, or move that one away yourself. Nothing was written");
 }
 
+MergedWeights merged_weights(const std::string& checkpoint) {
+  MergedWeights m;
+  m.meta = read_checkpoint_metadata(checkpoint);
+  std::map<std::string, torch::Tensor> lora;
+  for (auto& [n, t] : read_checkpoint_tensors(checkpoint)) {
+    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
+    if (n.rfind(kParamsPrefix, 0) == 0) m.params.emplace_back(n.substr(kParamsPrefix.size()), t.to(torch::kFloat32));
+  }
+  if (m.params.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
+  if (lora.empty()) return m;
+  if (!m.meta.contains("lora")) throw UserError(checkpoint + ": adapters without lora metadata (rank, alpha)");
+  const json& l = m.meta["lora"];
+  const double alpha = l.at("alpha").get<double>();
+  const int64_t rank = l.at("rank").get<int64_t>();
+  const bool rslora = l.value("rslora", false);
+  for (auto& [n, t] : m.params) {
+    auto a = lora.find(LoraParams::a_name(n)), b = lora.find(LoraParams::b_name(n));
+    if (a == lora.end() || b == lora.end()) continue;
+    t = merge_lora_params(t, a->second, b->second, alpha, rank, rslora);
+    ++m.merged;
+  }
+  return m;
+}
+
 void export_merged(const std::string& checkpoint, const std::string& out) {
   check_export_target(checkpoint, out, "export");
-  json meta = read_checkpoint_metadata(checkpoint);
-  NamedTensors stored = read_checkpoint_tensors(checkpoint);
-  std::map<std::string, torch::Tensor> lora;
+  MergedWeights m = merged_weights(checkpoint);
+  const json& meta = m.meta;
   NamedTensors params;
-  for (auto& [n, t] : stored) {
-    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
-    if (n.rfind(kParamsPrefix, 0) == 0) params.emplace_back(n, t.to(torch::kFloat32));
-  }
-  if (params.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
-  int merged = 0;
-  if (!lora.empty()) {
-    if (!meta.contains("lora")) throw UserError(checkpoint + ": adapters without lora metadata (rank, alpha)");
-    double alpha = meta["lora"].at("alpha").get<double>();
-    int64_t rank = meta["lora"].at("rank").get<int64_t>();
-    for (auto& [n, t] : params) {
-      std::string base = n.substr(kParamsPrefix.size());
-      auto a = lora.find(LoraParams::a_name(base)), b = lora.find(LoraParams::b_name(base));
-      if (a == lora.end() || b == lora.end()) continue;
-      t = merge_lora_params(t, a->second, b->second, alpha, rank);
-      ++merged;
-    }
-  }
+  for (auto& [n, t] : m.params) params.emplace_back(kParamsPrefix + n, t);
+  const int merged = m.merged;
   json out_meta = {{"kind", state_kind_name(StateKind::Plain)},
                    {"weights_only", true},
                    {"step", meta.value("step", int64_t(0))},

@@ -28,6 +28,8 @@ struct LoraConfig {
   double alpha = 16.0;
   std::vector<std::string> target_modules;
   LoraInit init = LoraInit::Gaussian;
+  bool rslora = false;     // scale alpha / sqrt(r) instead of alpha / r
+  double lr_ratio = 1.0;   // LoRA+: B's learning rate over A's
   std::vector<std::string> modules_to_save;  // entries as given (module or parameter names, or suffixes)
   double modules_to_save_lr_ratio = 1.0;
   static LoraConfig from_config(const Config& cfg);
@@ -99,6 +101,15 @@ void transition_to_lora(LoRATrainer& trainer);
 // The stages of both phases, pre-LoRA first, from the config (UserError when token and dataset lists
 // differ in length).
 StagePlan lora_stage_plan(const Config& cfg);
+
+// The parameters of a checkpoint in f32, by name (without "params/"), with its adapters merged in
+// (the scale its metadata records: alpha, rank, rslora); `merged` counts them. What every export writes.
+struct MergedWeights {
+  nlohmann::json meta;
+  NamedTensors params;
+  int merged = 0;
+};
+MergedWeights merged_weights(const std::string& checkpoint);
 
 // Writes a weights-only plain checkpoint of `checkpoint` with any adapters merged in; it initialises
 // another job (`run ... --restore OUT`), e.g. as the pretrained base of a LoRA job.

@@ -170,7 +170,8 @@ def check_adapter(args):
         elif base_sd is not None and (name not in base_sd or base_sd[name].shape != tensors[k].shape):
             problems.append(f"{k}: the base has no {name} of shape {tuple(tensors[k].shape)}")
     print(f"{args.adapter_dir}: {len(modules)} adapted modules, r {r}, lora_alpha {cfg.get('lora_alpha')}, "
-          f"scaling lora_alpha/r = {cfg.get('lora_alpha') / r:g}; {len(tensors)} tensors read with safetensors "
+          f"scaling = {cfg.get('lora_alpha') / (r ** 0.5 if cfg.get('use_rslora') else r):g}"
+          f"{' (use_rslora: lora_alpha/sqrt(r))' if cfg.get('use_rslora') else ' (lora_alpha/r)'}; {len(tensors)} tensors read with safetensors "
           f"{__import__('safetensors').__version__}")
     for p in problems:
         print("error: " + p, file=sys.stderr)
@@ -184,7 +185,7 @@ def manual_merge(args):
     model = AutoModelForCausalLM.from_pretrained(args.base, attn_implementation="eager")
     with open(os.path.join(args.adapter_dir, "adapter_config.json")) as f:
         cfg = json.load(f)
-    scaling = cfg["lora_alpha"] / cfg["r"]
+    scaling = cfg["lora_alpha"] / (cfg["r"] ** 0.5 if cfg.get("use_rslora") else cfg["r"])
     ad = load_file(os.path.join(args.adapter_dir, "adapter_model.safetensors"))
     params = dict(model.named_parameters())
     with torch.no_grad():

@@ -204,6 +204,7 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
   // The token embedding (tied to the output head) and the final norm train in full beside the adapters.
   c.apply_override(R"(optimization/lora/modules_to_save=["wte","ln_f"])");
   c.apply_override("optimization/lora/modules_to_save_lr_ratio=0.5");
+  c.apply_override("optimization/lora/rslora=true");  // scaling lora_alpha / sqrt(r), PEFT's use_rslora
   c.apply_override("runtime/precision=f32");
   JobSpec s;
   s.name = "adapt";
@@ -236,6 +237,7 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
   // PEFT lists whole modules; the tied head is listed beside the embedding so that both get the trained tensor.
   CHECK(cfg["modules_to_save"] == nlohmann::json::array({"transformer.ln_f", "transformer.wte", "lm_head"}));
   CHECK(cfg["init_lora_weights"] == "gaussian");
+  CHECK(cfg["use_rslora"] == true);
   NamedTensors adapter = read_safetensors(d / "peft/adapter_model.safetensors");
   CHECK(adapter.size() == 2 * 3 * 2 + 4);  // + ln_f weight and bias, wte, lm_head
   std::map<std::string, torch::Tensor> by_name(adapter.begin(), adapter.end());
@@ -256,7 +258,7 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
     params.emplace_back(n.substr(7), saved ? imported.at(n) : t.to(torch::kFloat32));
   }
   NamedTensors hf = gpt2_to_hf(params);
-  const double scaling = cfg["lora_alpha"].get<double>() / cfg["r"].get<double>();
+  const double scaling = cfg["lora_alpha"].get<double>() / std::sqrt(cfg["r"].get<double>());  // use_rslora
   int applied = 0;
   for (auto& [n, w] : hf) {
     const std::string mod = "base_model.model." + n.substr(0, n.size() - std::string(".weight").size());
@@ -307,7 +309,7 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
     // PEFT computes them on the original Hugging Face model.
     Loaded f32 = load(d / "imported");
     auto& trained = dynamic_cast<LoRATrainer&>(*lora.trainer);
-    attach_lora(*f32.trainer->model(), trained.lora_params(), 8.0, 4);
+    attach_lora(*f32.trainer->model(), trained.lora_params(), 8.0, 4, /*rslora=*/true);
     {
       torch::NoGradGuard ng;  // and the modules_to_save as trained
       auto from = named_params(*trained.model());

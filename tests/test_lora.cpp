@@ -382,7 +382,15 @@ TEST_CASE("skip phase one: a plain checkpoint of another job becomes the frozen 
 
 TEST_CASE("export merges the adapters: the exported model computes what base + adapters compute", "[lora]") {
   Data d;
-  auto a = make_lora(d, "exp", {"runtime/precision=f32"});
+  std::vector<std::string> opts = {"runtime/precision=f32"};
+  SECTION("LoRA") {}
+  // rsLoRA scales by alpha/sqrt(r), LoRA+ trains B faster, and the token embedding trains in full:
+  // the export must merge with the scale that was trained and carry the trained embedding.
+  SECTION("rsLoRA, LoRA+ and modules_to_save") {
+    for (const char* o : {"optimization/lora/rslora=true", "optimization/lora/lr_ratio=16", R"(optimization/lora/modules_to_save=["wte"])"})
+      opts.push_back(o);
+  }
+  auto a = make_lora(d, "exp", opts);
   a->run();
   std::string out = d.dir / "exported";
   export_merged(a->job_dir() + "/final/1280", out);
@@ -401,6 +409,47 @@ TEST_CASE("export merges the adapters: the exported model computes what base + a
   CHECK(plain.step() == 0);
   auto idx = torch::randint(0, 257, {2, 32}, torch::kLong);
   CHECK((logits_of(plain.model(), idx) - logits_of(a->model(), idx)).abs().max().item<double>() < 1e-4);
+}
+
+TEST_CASE("rsLoRA scales by alpha/sqrt(r) and LoRA+ gives every B its lr ratio", "[lora]") {
+  CHECK(lora_scale(32, 16) == 2.0);
+  CHECK(lora_scale(32, 16, true) == 8.0);
+  CHECK(lora_scale(8, 4, true) == 4.0);
+  Data d;
+  auto t = make_lora(d, "plus", {"optimization/lora/rslora=true", "optimization/lora/lr_ratio=16", "optimization/lora/alpha=8"});
+  for (int i = 0; i < 6; ++i) t->train_step();
+  REQUIRE(t->in_lora_phase());
+  const auto names = t->optimizer().param_names();
+  const auto& scale = t->optimizer().lr_scale();
+  REQUIRE(names.size() == 16);
+  for (size_t i = 0; i < names.size(); ++i) {
+    INFO(names[i]);
+    CHECK(scale[i] == (names[i].find("lora_B") != std::string::npos ? 16.0 : 1.0));
+  }
+  // The adapted layer computes x W^T + b + (alpha / sqrt(r)) (x A) B: with B set by hand, the output
+  // moves by that scale exactly.
+  GPT m = tiny_gpt();
+  auto params = named_params(*m);
+  auto lora = inject_lora_params(params, param_filter(params, {"mlp.c_fc"}), 4, at::detail::createCPUGenerator(1));
+  for (auto& b : lora.B) b.normal_(0, 0.1);
+  auto idx = torch::randint(0, 257, {2, 16}, torch::kLong);
+  auto base = logits_of(m, idx);
+  attach_lora(*m, lora, 8.0, 4, true);
+  auto ours = logits_of(m, idx);
+  detach_lora(*m);
+  GPT merged = tiny_gpt();
+  {
+    torch::NoGradGuard ng;
+    auto into = named_params(*merged);
+    auto from = merge_lora_params(named_params(*m), lora, 8.0, 4, true);
+    for (size_t i = 0; i < into.size(); ++i) into[i].second.copy_(from[i].second);
+  }
+  CHECK((logits_of(merged, idx) - ours).abs().max().item<double>() < 1e-4);
+  CHECK((ours - base).abs().max().item<double>() > 1e-3);
+  t->save("ntoks/768");
+  auto meta = read_checkpoint_metadata(t->job_dir() + "/ntoks/768");
+  CHECK(meta["lora"]["rslora"] == true);
+  CHECK(meta["lora"]["lr_ratio"] == 16.0);
 }
 
 TEST_CASE("export never replaces what it did not write, nor its own source", "[lora]") {
