@@ -79,24 +79,6 @@ ConfigSchema BaseTrainer::schema() {
   return s;
 }
 
-StagePlan StagePlan::from_config(const Config& cfg, const std::string& tokens_key, const std::string& dataset_key,
-                                 const std::string& hint) {
-  StagePlan plan;
-  plan.tokens = cfg.get(tokens_key).get<std::vector<int64_t>>();
-  const json& data = cfg.get(dataset_key);
-  if (plan.tokens.size() != data.size())
-    throw UserError(tokens_key + " has " + std::to_string(plan.tokens.size()) + " stages but " + dataset_key + " has " +
-                    std::to_string(data.size()) + "; give one dataset mixture per token budget" + hint);
-  for (const auto& d : data) plan.datasets.push_back(parse_samplings(d));
-  return plan;
-}
-
-StagePlan& StagePlan::append(const StagePlan& next) {
-  tokens.insert(tokens.end(), next.tokens.begin(), next.tokens.end());
-  datasets.insert(datasets.end(), next.datasets.begin(), next.datasets.end());
-  return *this;
-}
-
 static StagePlan single_stage(const Config& cfg) {
   return {{cfg.get_int("training/tokens")}, {parse_samplings(cfg.get("training/dataset"))}};
 }
@@ -169,25 +151,10 @@ void BaseTrainer::sync_sharded_params() {
 }
 
 void BaseTrainer::plan_stages(const StagePlan& plan) {
-  stages_.clear();
+  stages_ = split_stages(plan, tokens_per_step());
   samplers_.clear();
-  int64_t step = 0;
-  for (size_t i = 0; i < plan.tokens.size(); ++i) {
-    Stage s;
-    s.tokens = plan.tokens[i];
-    s.samplings = plan.datasets.at(i);
-    int64_t steps = s.tokens / tokens_per_step();
-    if (steps <= 0)
-      throw UserError("stage " + std::to_string(i) + ": a budget of " + std::to_string(s.tokens) +
-                      " tokens is less than one step (batch_size x block_size = " + std::to_string(tokens_per_step()) +
-                      " tokens); raise the token budget or lower training/batch_size");
-    s.first_step = step;
-    s.end_step = step + steps;
-    step = s.end_step;
-    stages_.push_back(std::move(s));
-    samplers_.emplace_back();
-  }
-  total_steps_ = step;
+  samplers_.resize(stages_.size());
+  total_steps_ = stages_.empty() ? 0 : stages_.back().end_step;
   schedule_ = full_schedule(total_steps_);
 }
 
@@ -357,22 +324,9 @@ int BaseTrainer::trained_stage() const {
   return step_ == 0 ? 0 : stage_of(step_ - 1);
 }
 
-int BaseTrainer::stage_of(int64_t step) const {
-  for (size_t i = 0; i < stages_.size(); ++i)
-    if (step < stages_[i].end_step) return static_cast<int>(i);
-  return static_cast<int>(stages_.size()) - 1;
-}
+int BaseTrainer::stage_of(int64_t step) const { return lt::stage_of(stages_, step); }
 
-static bool same_dataset(const Sampling& a, const Sampling& b) { return a.name == b.name && a.style == b.style; }
-
-std::vector<Sampling> BaseTrainer::plan_datasets() const {
-  std::vector<Sampling> all;
-  for (const auto& st : stages_)
-    for (const auto& smp : st.samplings)
-      if (std::none_of(all.begin(), all.end(), [&](const Sampling& x) { return same_dataset(x, smp); }))
-        all.push_back(smp);
-  return all;
-}
+std::vector<Sampling> BaseTrainer::plan_datasets() const { return lt::plan_datasets(stages_); }
 
 void BaseTrainer::check_datasets() {
   for (const auto& s : plan_datasets()) open_dataset(s);

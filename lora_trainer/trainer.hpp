@@ -31,6 +31,7 @@
 #include "lora_trainer/model.hpp"
 #include "lora_trainer/optim.hpp"
 #include "lora_trainer/runtime.hpp"
+#include "lora_trainer/stage_plan.hpp"
 
 namespace lt {
 
@@ -62,25 +63,6 @@ struct ValResult {
   double loss = 0.0;  // token-weighted over the datasets of the stage just trained
   std::vector<DatasetEval> per_dataset;
   int64_t tokens = 0;
-};
-
-struct Stage {
-  int64_t tokens = 0;
-  std::vector<Sampling> samplings;
-  int64_t first_step = 0, end_step = 0;  // [first_step, end_step)
-};
-
-// Token budgets and dataset mixtures of consecutive stages.
-struct StagePlan {
-  std::vector<int64_t> tokens;
-  std::vector<std::vector<Sampling>> datasets;
-  // The stages of a token-budget list (`tokens_key`) and a list of dataset mixtures (`dataset_key`, one
-  // list of samplings per budget) of the config; UserError naming both when their lengths differ,
-  // ending with `hint`.
-  static StagePlan from_config(const Config& cfg, const std::string& tokens_key, const std::string& dataset_key,
-                               const std::string& hint = "");
-  // This plan's stages, then `next`'s.
-  StagePlan& append(const StagePlan& next);
 };
 
 class BaseTrainer : public RestoreableJob {
@@ -138,7 +120,7 @@ class BaseTrainer : public RestoreableJob {
  protected:
   // For subclasses with their own stages.
   BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan);
-  // Splits token budgets into consecutive stages of whole steps.
+  // Splits token budgets into consecutive stages of whole steps (split_stages) and sets the schedule.
   void plan_stages(const StagePlan& plan);
   // The full-parameter learning-rate schedule over `steps` steps: training/schedule, optimization/lr,
   // optimization/min_lr_ratio, training/warmup_pct and training/decay_pct.
