@@ -333,57 +333,16 @@ void BaseTrainer::check_datasets() {
 }
 
 std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& datasets, int64_t rows) {
-  torch::NoGradGuard ng;
-  const bool was_training = model_->is_training();
-  model_->eval();
-  std::vector<DatasetEval> out;
-  // With several ranks, micro-batch k is evaluated by rank k % ranks and the sums are reduced.
-  auto sums = torch::zeros({static_cast<int64_t>(datasets.size()), 2}, torch::kFloat64);
-  for (size_t d = 0; d < datasets.size(); ++d) {
-    const Sampling& smp = datasets[d];
-    const Dataset& ds = open_dataset(smp);
-    double loss_sum_total = 0, tokens = 0;
-    int64_t k = 0;
-    for (int64_t first = 0; first < rows; first += micro_batch_, ++k) {
-      if (k % dist_.world_size() != dist_.rank()) continue;
-      int64_t n = std::min(micro_batch_, rows - first);
-      Batch b = validation_rows(ds, block_size_, static_cast<uint64_t>(first), n);
-      AutocastGuard autocast(rt_);
-      auto loss_sum = model_->loss_sum(rt_.to_device(b.inputs), rt_.to_device(b.targets));
-      loss_sum_total += loss_sum.item<double>();
-      tokens += static_cast<double>(count_targets(b.targets));
-    }
-    sums[static_cast<int64_t>(d)][0] = loss_sum_total;
-    sums[static_cast<int64_t>(d)][1] = tokens;
-  }
-  dist_.all_reduce_sum({sums}, "the validation loss sum");
-  for (size_t d = 0; d < datasets.size(); ++d) {
-    DatasetEval e;
-    e.name = datasets[d].name;
-    e.style = datasets[d].style;
-    e.tokens = static_cast<int64_t>(sums[static_cast<int64_t>(d)][1].item<double>());
-    e.loss = sums[static_cast<int64_t>(d)][0].item<double>() / static_cast<double>(std::max<int64_t>(1, e.tokens));
-    out.push_back(e);
-  }
-  if (was_training) model_->train();
-  return out;
+  return held_out_loss(model_, datasets, rows, [this](const Sampling& smp) -> const Dataset& { return open_dataset(smp); },
+                       {micro_batch_, block_size_}, rt_, dist_);
 }
 
 ValResult BaseTrainer::validate() {
   const Stage& scored = stages_[static_cast<size_t>(trained_stage())];
   auto evals = cfg_.get("eval/evaluations");
   bool perplexity = std::find(evals.begin(), evals.end(), json("perplexity")) != evals.end();
-  ValResult out;
-  out.per_dataset = evaluate(perplexity ? plan_datasets() : scored.samplings, cfg_.get_int("training/validation_steps"));
-  double loss = 0;
-  for (const auto& e : out.per_dataset) {
-    if (std::none_of(scored.samplings.begin(), scored.samplings.end(), [&](const Sampling& x) { return x.name == e.name && x.style == e.style; }))
-      continue;
-    loss += e.loss * static_cast<double>(e.tokens);
-    out.tokens += e.tokens;
-  }
-  out.loss = loss / static_cast<double>(std::max<int64_t>(1, out.tokens));
-  return out;
+  return validation_score(evaluate(perplexity ? plan_datasets() : scored.samplings, cfg_.get_int("training/validation_steps")),
+                          scored.samplings);
 }
 
 NamedTensors BaseTrainer::state_tensors() {

@@ -27,6 +27,7 @@
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/data.hpp"
 #include "lora_trainer/distributed.hpp"
+#include "lora_trainer/evaluation.hpp"
 #include "lora_trainer/job.hpp"
 #include "lora_trainer/model.hpp"
 #include "lora_trainer/optim.hpp"
@@ -51,19 +52,6 @@ class TrainingDiverged : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 constexpr int kExitDiverged = 4;
-
-struct DatasetEval {
-  std::string name;
-  DatasetStyle style = DatasetStyle::PMD;
-  double loss = 0.0;  // mean cross-entropy per target token (nats); perplexity = exp(loss)
-  int64_t tokens = 0;
-};
-
-struct ValResult {
-  double loss = 0.0;  // token-weighted over the datasets of the stage just trained
-  std::vector<DatasetEval> per_dataset;
-  int64_t tokens = 0;
-};
 
 class BaseTrainer : public RestoreableJob {
  public:
