@@ -5,10 +5,8 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 #include "lora_trainer/checkpoint.hpp"
-#include "lora_trainer/report.hpp"
 #include "lora_trainer/util.hpp"
 
 namespace fs = std::filesystem;
@@ -87,7 +85,9 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir)
     : BaseTrainer(spec, cfg, out_dir, single_stage(cfg)) {}
 
 BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan)
-    : RestoreableJob(std::move(spec), std::move(cfg), std::move(out_dir)), dist_(distributed()) {
+    : RestoreableJob(std::move(spec), std::move(cfg), std::move(out_dir)),
+      dist_(distributed()),
+      metrics_(run_dir(), dist_.is_main()) {
   rt_ = Runtime::from_config(cfg_);
   seed_ = static_cast<uint64_t>(cfg_.get_int("training/seed"));
   batch_size_ = cfg_.get_int("training/batch_size");
@@ -458,28 +458,28 @@ void BaseTrainer::load_weights_from(const CheckpointMeta& ck) {
               (long long)step_);
 }
 
-void BaseTrainer::log_event(json event) {
-  if (!is_main()) return;
-  fs::create_directories(run_dir());
-  std::ofstream out(fs::path(run_dir()) / "metrics.jsonl", std::ios::app);
-  out << event.dump() << "\n";
+void BaseTrainer::validate_and_keep_best(bool stage_end) {
+  ValResult v = validate();
+  metrics_.log_validation(step_, tokens_, trained_stage(), v, stage_end);
+  if (!std::isfinite(v.loss)) {
+    std::printf("  warning: the validation loss is not finite; `best` is not updated\n");
+  } else if (!best_score_ || v.loss < *best_score_ || best_stage_ != trained_stage()) {
+    best_score_ = v.loss;
+    best_stage_ = trained_stage();
+    save("best", false);
+  }
 }
 
-void BaseTrainer::truncate_metrics_after(int64_t step) {
-  fs::path p = fs::path(run_dir()) / "metrics.jsonl";
-  if (!is_main() || !fs::exists(p)) return;
-  std::string kept;  // an event dumps back to the line it was read from; a torn last line is dropped
-  for (const auto& e : read_metrics(run_dir()))
-    if (e.value("step", int64_t(0)) <= step) kept += e.dump() + "\n";
-  write_file_atomic(p.string(), kept);
-}
-
-void BaseTrainer::log_step(const StepResult& r, double mean_loss, double tok_per_s) {
-  std::printf("step %6lld/%lld | tokens %10lld | loss %.4f | lr %.2e | grad %.3f | %.0f tok/s\n",
-              (long long)r.step, (long long)total_steps_, (long long)tokens_, mean_loss, r.lr, r.grad_norm, tok_per_s);
-  std::fflush(stdout);
-  log_event({{"event", "train"}, {"step", r.step}, {"tokens", tokens_}, {"loss", mean_loss}, {"lr", r.lr},
-             {"grad_norm", r.grad_norm}, {"tok_per_s", tok_per_s}, {"stage", trained_stage()}});
+bool BaseTrainer::save_or_stop() {
+  // One process stops on a signal seen any time; ranks on the one they agreed on in the step.
+  const bool stop = dist_.active() ? stopping_ : stop_requested.load();
+  if (step_ >= total_steps_ || (step_ % cfg_.get_int("logging/checkpoint_interval") != 0 && !stop)) return false;
+  save("ntoks/" + std::to_string(tokens_));
+  if (stop)
+    std::printf("stopped by signal after step %lld; checkpoint %s/ntoks/%lld saved.\n"
+                "Resume with the same `lora_trainer run %s ...` command (it continues from `latest`).\n",
+                (long long)step_, job_dir().c_str(), (long long)tokens_, spec_.name.c_str());
+  return stop;
 }
 
 extern "C" void lt_on_signal(int) { BaseTrainer::stop_requested.store(true); }
@@ -496,10 +496,7 @@ void BaseTrainer::run() {
                       std::to_string(step_) + "): every rank must see the same checkpoints under OUT_DIR (" + out_dir_ +
                       "); on several machines, put OUT_DIR on a shared file system");
   }
-  if (is_main()) {
-    fs::create_directories(run_dir());
-    write_file_atomic((fs::path(run_dir()) / "config.json").string(), cfg_.to_json().dump(2) + "\n");
-  }
+  metrics_.write_config(cfg_.to_json());
   if (done()) {
     std::printf("job %s already finished at step %lld (%lld tokens); checkpoints in %s\n", spec_.name.c_str(),
                 (long long)step_, (long long)tokens_, job_dir().c_str());
@@ -514,63 +511,23 @@ void BaseTrainer::run() {
               (long long)step_, (long long)total_steps_, (long long)tokens_per_step());
   std::fflush(stdout);
   check_datasets();  // a missing dataset is found now, not at its stage
-  truncate_metrics_after(step_);  // a resumed run drops the lines of steps it will redo
+  metrics_.truncate_after(step_);  // a resumed run drops the lines of steps it will redo
   stop_requested = false;
   stopping_ = false;
   SignalGuard signals(lt_on_signal);  // the previous handlers come back however run() ends
   const int64_t report_every = cfg_.get_int("logging/report_interval");
-  const int64_t ckpt_every = cfg_.get_int("logging/checkpoint_interval");
   const int64_t val_every = cfg_.get_int("logging/validation_interval");
   const bool validation = cfg_.get_bool("training/validation");
-  double window_loss = 0, window_time = 0;
-  int64_t window_steps = 0;
+  StepWindow window;  // the steps since the last step line
   while (step_ < total_steps_) {
     StepResult r = train_step();
-    window_loss += r.loss;
-    window_time += r.seconds;
-    ++window_steps;
-    if (step_ % report_every == 0 || step_ == total_steps_) {
-      log_step(r, window_loss / window_steps, window_steps * tokens_per_step() / std::max(1e-9, window_time));
-      window_loss = window_time = 0;
-      window_steps = 0;
-    }
+    window.add(r.loss, r.seconds);
+    if (step_ % report_every == 0 || step_ == total_steps_)
+      metrics_.log_train({r.step, total_steps_, tokens_, trained_stage(), r.lr, r.grad_norm}, window, tokens_per_step());
     const bool stage_end = step_ == stages_[static_cast<size_t>(trained_stage())].end_step;
     if (stage_end) on_stage_end(trained_stage());  // before validation, so `best` includes its effects
-    if (validation && (step_ % val_every == 0 || stage_end)) {
-      ValResult v = validate();
-      std::string per;
-      json per_json = json::object(), ppl_json = json::object();
-      for (const auto& e : v.per_dataset) {
-        char buf[96];
-        std::snprintf(buf, sizeof buf, " %s %.4f (ppl %.1f)", e.name.c_str(), e.loss, std::exp(e.loss));
-        per += buf;
-        per_json[e.name] = e.loss;
-        ppl_json[e.name] = std::exp(e.loss);
-      }
-      std::printf("  validation at step %lld (stage %d): loss %.4f |%s\n", (long long)step_, trained_stage(), v.loss,
-                  per.c_str());
-      std::fflush(stdout);
-      log_event({{"event", "val"}, {"step", step_}, {"tokens", tokens_}, {"stage", trained_stage()}, {"loss", v.loss},
-                 {"per_dataset", per_json}, {"perplexity", ppl_json}, {"stage_end", stage_end}});
-      if (!std::isfinite(v.loss)) {
-        std::printf("  warning: the validation loss is not finite; `best` is not updated\n");
-      } else if (!best_score_ || v.loss < *best_score_ || best_stage_ != trained_stage()) {
-        best_score_ = v.loss;
-        best_stage_ = trained_stage();
-        save("best", false);
-      }
-    }
-    // One process stops on a signal seen any time; ranks on the one they agreed on in the step.
-    const bool stop = dist_.active() ? stopping_ : stop_requested.load();
-    if (step_ < total_steps_ && (step_ % ckpt_every == 0 || stop)) {
-      save("ntoks/" + std::to_string(tokens_));
-      if (stop) {
-        std::printf("stopped by signal after step %lld; checkpoint %s/ntoks/%lld saved.\n"
-                    "Resume with the same `lora_trainer run %s ...` command (it continues from `latest`).\n",
-                    (long long)step_, job_dir().c_str(), (long long)tokens_, spec_.name.c_str());
-        return;
-      }
-    }
+    if (validation && (step_ % val_every == 0 || stage_end)) validate_and_keep_best(stage_end);
+    if (save_or_stop()) return;
   }
   save("final/" + std::to_string(tokens_));
   std::printf("finished: %lld steps, %lld tokens; final checkpoint %s/final/%lld\n", (long long)step_,

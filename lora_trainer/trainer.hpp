@@ -29,6 +29,7 @@
 #include "lora_trainer/distributed.hpp"
 #include "lora_trainer/evaluation.hpp"
 #include "lora_trainer/job.hpp"
+#include "lora_trainer/metrics_log.hpp"
 #include "lora_trainer/model.hpp"
 #include "lora_trainer/optim.hpp"
 #include "lora_trainer/runtime.hpp"
@@ -136,21 +137,24 @@ class BaseTrainer : public RestoreableJob {
   void build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale = {});
   // Trainable parameters in their fixed order (the optimizer's order).
   const NamedTensors& trainable() const { return optimizer_->params(); }
-  void log_event(nlohmann::json event);
-  // Prints the step line and logs the "train" event (loss and speed averaged since the last one).
-  void log_step(const StepResult& r, double mean_loss, double tok_per_s);
+  // Appends an event to the run's metrics.jsonl (rank 0 only).
+  void log_event(const nlohmann::json& event) const { metrics_.event(event); }
   nlohmann::json checkpoint_metadata() const;
   // Loads only the model's parameters ("params/*") from a checkpoint; step and tokens stay as they are.
   void load_weights_from(const CheckpointMeta& ck);
-  void truncate_metrics_after(int64_t step);
   // After a sharded optimizer step: every rank gets each parameter from the rank that updated it.
   void sync_sharded_params();
   // A step with a non-finite loss or gradient norm: throws TrainingDiverged, or (skip policy) logs it.
   void on_nonfinite(const StepResult& r);
   // Throws TrainingDiverged naming the first non-finite floating-point tensor, if any.
   void check_finite(const NamedTensors& tensors, const std::string& what) const;
+  // The periodic validation's line and event, and the `best` checkpoint when the score improved.
+  void validate_and_keep_best(bool stage_end);
+  // Saves the periodic checkpoint when one is due or a signal asked to stop; true when the run stops.
+  bool save_or_stop();
 
   Distributed& dist_;
+  MetricsLog metrics_;  // the run directory's metrics.jsonl and config.json, and the lines printed with them
   Runtime rt_;
   GPT model_{nullptr};
   std::unique_ptr<AdamW> optimizer_;
