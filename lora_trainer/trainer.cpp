@@ -15,8 +15,6 @@ namespace lt {
 
 std::atomic<bool> BaseTrainer::stop_requested{false};
 
-static constexpr int kMaxSkippedInARow = 10;
-
 static const json kDefaultDataset = json::array({{{"name", "english"}, {"rate", 1}, {"style", "pmd"}}});
 
 void add_trainer_options(ConfigSchema& s) {
@@ -87,7 +85,8 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir)
 BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan)
     : RestoreableJob(std::move(spec), std::move(cfg), std::move(out_dir)),
       dist_(distributed()),
-      metrics_(run_dir(), dist_.is_main()) {
+      metrics_(run_dir(), dist_.is_main()),
+      divergence_(cfg_.get_string("training/on_nonfinite") == "skip", spec_.name, job_dir()) {
   rt_ = Runtime::from_config(cfg_);
   seed_ = static_cast<uint64_t>(cfg_.get_int("training/seed"));
   batch_size_ = cfg_.get_int("training/batch_size");
@@ -250,9 +249,9 @@ StepResult BaseTrainer::train_step() {
   // Every rank sees the same global loss and norm, so all take the same branch.
   r.skipped = !std::isfinite(loss) || !std::isfinite(r.grad_norm);
   if (r.skipped) {
-    on_nonfinite(r);  // throws unless the policy is to skip the update
+    divergence_.on_nonfinite(step_ + 1, r.loss, r.grad_norm, r.lr, metrics_);  // throws unless the policy is to skip
   } else {
-    skipped_in_a_row_ = 0;
+    divergence_.on_finite();
     optimizer_->step(r.lr);
     if (optimizer_->sharded()) sync_sharded_params();
   }
@@ -262,62 +261,6 @@ StepResult BaseTrainer::train_step() {
   r.seconds = now_seconds() - t0;
   after_step(r);
   return r;
-}
-
-static std::string num(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.4g", v);
-  return b;
-}
-
-// What to do after a divergence: said by every message that stops a run for one.
-static const char* const kDivergenceAdvice =
-    "Lower optimization/lr (or optimization/lora/lr in the LoRA phase), raise training/warmup_pct, or check the data, "
-    "then run the same command again (it continues from the job's `latest` checkpoint, when there is one)";
-
-void BaseTrainer::on_nonfinite(const StepResult& r) {
-  const std::string what = "step " + std::to_string(step_ + 1) + " of job " + spec_.name + ": loss " + num(r.loss) +
-                           ", gradient norm " + num(r.grad_norm) + " at lr " + num(r.lr);
-  std::optional<std::string> latest;  // every rank sees OUT_DIR (run() checks), so every rank's message is true
-  try {
-    latest = read_latest(job_dir());
-  } catch (const UserError&) {
-  }
-  const std::string kept = latest ? "the job's checkpoints are all finite (latest: " + job_dir() + "/" + *latest + ")"
-                                  : "no checkpoint of this job was saved yet";
-  const std::string advice = kDivergenceAdvice;
-  if (cfg_.get_string("training/on_nonfinite") == "stop")
-    throw TrainingDiverged("training diverged at " + what + ". Stopped without updating the weights; " + kept + ". " +
-                           advice + " (training/on_nonfinite=skip drops such steps instead)");
-  ++skipped_in_a_row_;
-  std::printf("warning: skipped the update of %s (training/on_nonfinite=skip; %d in a row)\n", what.c_str(),
-              skipped_in_a_row_);
-  std::fflush(stdout);
-  log_event({{"event", "nonfinite"}, {"step", step_ + 1}, {"loss", std::isfinite(r.loss) ? json(r.loss) : json(num(r.loss))},
-             {"grad_norm", std::isfinite(r.grad_norm) ? json(r.grad_norm) : json(num(r.grad_norm))}, {"lr", r.lr},
-             {"action", "skipped"}});
-  if (skipped_in_a_row_ >= kMaxSkippedInARow)
-    throw TrainingDiverged("training diverged: " + std::to_string(skipped_in_a_row_) + " steps in a row had a non-finite "
-                           "loss or gradient norm, the last " + what + "; " + kept + ". " + advice);
-}
-
-void BaseTrainer::check_finite(const NamedTensors& tensors, const std::string& what) const {
-  torch::NoGradGuard ng;
-  std::vector<torch::Tensor> flags;
-  std::vector<const std::string*> names;
-  for (const auto& [name, t] : tensors)
-    if (t.is_floating_point() && t.numel() > 0) {
-      flags.push_back(torch::isfinite(t).all().reshape({1}));
-      names.push_back(&name);
-    }
-  if (flags.empty()) return;
-  auto ok = torch::cat(flags).cpu();  // one read-back
-  if (ok.all().item<bool>()) return;
-  for (size_t i = 0; i < names.size(); ++i)
-    if (!ok[static_cast<int64_t>(i)].item<bool>())
-      throw TrainingDiverged("training diverged: after step " + std::to_string(step_) + " of job " + spec_.name + ", " +
-                             *names[i] + " holds NaN or infinite values, so " + what + " was not saved. " +
-                             kDivergenceAdvice);
 }
 
 int BaseTrainer::trained_stage() const {
@@ -385,7 +328,7 @@ void BaseTrainer::save(const std::string& suffix, bool update_latest) {
       if (n.rfind("optim/exp_avg", 0) == 0) moments.push_back(t);
     dist_.all_reduce_sum(moments, "gathering the sharded optimizer state for " + suffix);
   }
-  check_finite(tensors, "checkpoint " + suffix);  // every rank holds the whole state, so all decide alike
+  check_finite(tensors, step_, spec_.name, "checkpoint " + suffix);  // every rank holds the whole state, so all decide alike
   if (is_main()) {
     save_checkpoint(dir, tensors, checkpoint_metadata());
     if (update_latest) write_latest(job_dir(), suffix);

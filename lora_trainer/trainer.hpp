@@ -20,13 +20,13 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/data.hpp"
 #include "lora_trainer/distributed.hpp"
+#include "lora_trainer/divergence.hpp"
 #include "lora_trainer/evaluation.hpp"
 #include "lora_trainer/job.hpp"
 #include "lora_trainer/metrics_log.hpp"
@@ -45,14 +45,6 @@ struct StepResult {
   double seconds = 0.0;
   bool skipped = false;  // non-finite loss or gradient norm: no update was made (training/on_nonfinite=skip)
 };
-
-// Training produced a non-finite loss, gradient norm or state (training/on_nonfinite). Nothing
-// non-finite was saved; the launcher exits with kExitDiverged.
-class TrainingDiverged : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-constexpr int kExitDiverged = 4;
 
 class BaseTrainer : public RestoreableJob {
  public:
@@ -144,10 +136,6 @@ class BaseTrainer : public RestoreableJob {
   void load_weights_from(const CheckpointMeta& ck);
   // After a sharded optimizer step: every rank gets each parameter from the rank that updated it.
   void sync_sharded_params();
-  // A step with a non-finite loss or gradient norm: throws TrainingDiverged, or (skip policy) logs it.
-  void on_nonfinite(const StepResult& r);
-  // Throws TrainingDiverged naming the first non-finite floating-point tensor, if any.
-  void check_finite(const NamedTensors& tensors, const std::string& what) const;
   // The periodic validation's line and event, and the `best` checkpoint when the score improved.
   void validate_and_keep_best(bool stage_end);
   // Saves the periodic checkpoint when one is due or a signal asked to stop; true when the run stops.
@@ -166,7 +154,7 @@ class BaseTrainer : public RestoreableJob {
   int64_t batch_size_, micro_batch_, block_size_, total_steps_ = 0;
   int64_t rank_rows_ = 0;  // this rank's share of the global batch
   bool stopping_ = false;  // a signal was seen (by any rank) during the last step
-  int skipped_in_a_row_ = 0;  // non-finite steps skipped since the last finite one
+  DivergenceGuard divergence_;  // training/on_nonfinite
   int64_t step_ = 0, tokens_ = 0;
   std::optional<double> best_score_;  // of stage best_stage_: `best` is the best of the latest stage
   int best_stage_ = 0;
