@@ -195,19 +195,11 @@ Batch BaseTrainer::next_batch(int64_t first, int64_t count) {
   return sampler(current_stage()).next_share(batch_size_, first, count);
 }
 
-StepResult BaseTrainer::train_step() {
-  TORCH_CHECK(step_ < total_steps_, "train_step past the end of training");
-  before_step();
-  double t0 = now_seconds();
-  model_->train();
-  const std::string which = " of step " + std::to_string(step_ + 1);
-  if (dist_.active())  // each rank its own dropout masks, the same after a restore
-    torch::manual_seed(mix64(seed_ ^ mix64((static_cast<uint64_t>(step_) << 16) + static_cast<uint64_t>(dist_.rank()))));
-  Batch batch = next_batch(rank_rows_ * dist_.rank(), rank_rows_);
+double BaseTrainer::forward_backward(const Batch& batch) {
   int64_t n_valid = batch.targets.ge(0).sum().item<int64_t>();
   if (dist_.active()) {  // the loss is a mean over the targets of the whole global batch
     auto count = torch::tensor({n_valid}, torch::kLong);
-    dist_.all_reduce_sum({count}, "the target count" + which);
+    dist_.all_reduce_sum({count}, "the target count of step " + std::to_string(step_ + 1));
     n_valid = count.item<int64_t>();
   }
   optimizer_->zero_grad();
@@ -221,23 +213,36 @@ StepResult BaseTrainer::train_step() {
     auto part = scaled.detach().to(torch::kFloat64);
     loss_total = loss_total.defined() ? loss_total + part : part;
   }
-  double loss = loss_total.item<double>();
+  return loss_total.item<double>();
+}
+
+double BaseTrainer::sum_over_ranks(double loss) {
   stopping_ = stop_requested.load();
-  if (dist_.active()) {
-    // One sum over the ranks: the gradients (so clipping sees the global norm), the loss, and
-    // whether any rank was asked to stop (so all stop after the same step).
-    std::vector<torch::Tensor> sums;
-    for (const auto& [name, p] : trainable()) {
-      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-      sums.push_back(p.grad());
-    }
-    auto extra = torch::tensor({static_cast<float>(loss), stopping_ ? 1.0f : 0.0f}, torch::kFloat32).to(rt_.device);
-    sums.push_back(extra);
-    dist_.all_reduce_sum(sums, "the gradient sum" + which);
-    auto host = extra.cpu();
-    loss = host[0].item<double>();
-    stopping_ = host[1].item<float>() > 0;
+  if (!dist_.active()) return loss;
+  // One sum over the ranks: the gradients (so clipping sees the global norm), the loss, and
+  // whether any rank was asked to stop (so all stop after the same step).
+  std::vector<torch::Tensor> sums;
+  for (const auto& [name, p] : trainable()) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    sums.push_back(p.grad());
   }
+  auto extra = torch::tensor({static_cast<float>(loss), stopping_ ? 1.0f : 0.0f}, torch::kFloat32).to(rt_.device);
+  sums.push_back(extra);
+  dist_.all_reduce_sum(sums, "the gradient sum of step " + std::to_string(step_ + 1));
+  auto host = extra.cpu();
+  stopping_ = host[1].item<float>() > 0;
+  return host[0].item<double>();
+}
+
+StepResult BaseTrainer::train_step() {
+  TORCH_CHECK(step_ < total_steps_, "train_step past the end of training");
+  before_step();
+  double t0 = now_seconds();
+  model_->train();
+  if (dist_.active())  // each rank its own dropout masks, the same after a restore
+    torch::manual_seed(mix64(seed_ ^ mix64((static_cast<uint64_t>(step_) << 16) + static_cast<uint64_t>(dist_.rank()))));
+  Batch batch = next_batch(rank_rows_ * dist_.rank(), rank_rows_);
+  const double loss = sum_over_ranks(forward_backward(batch));
   StepResult r;
   r.grad_norm = clip_grad_norm(trainable(), cfg_.get_double("optimization/grad_clip"));
   r.lr = current_lr();

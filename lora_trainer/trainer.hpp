@@ -134,6 +134,12 @@ class BaseTrainer : public RestoreableJob {
   nlohmann::json checkpoint_metadata() const;
   // Loads only the model's parameters ("params/*") from a checkpoint; step and tokens stay as they are.
   void load_weights_from(const CheckpointMeta& ck);
+  // This rank's micro-batches of `batch`: forward, loss / (targets of the whole global batch), backward
+  // (gradients accumulate). Returns this rank's part of the step's mean loss.
+  double forward_backward(const Batch& batch);
+  // Reads the stop flag; with several ranks, sums the gradients, `loss` and the flag over the ranks.
+  // Returns the step's global loss.
+  double sum_over_ranks(double loss);
   // After a sharded optimizer step: every rank gets each parameter from the rank that updated it.
   void sync_sharded_params();
   // The periodic validation's line and event, and the `best` checkpoint when the score improved.
