@@ -4,20 +4,12 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 
-#include "lora_trainer/checkpoint.hpp"
-#include "lora_trainer/report.hpp"
 #include "lora_trainer/util.hpp"
-
-namespace fs = std::filesystem;
 
 namespace lt {
 
 std::atomic<bool> BaseTrainer::stop_requested{false};
-
-static constexpr int kMaxSkippedInARow = 10;
 
 static const json kDefaultDataset = json::array({{{"name", "english"}, {"rate", 1}, {"style", "pmd"}}});
 
@@ -79,24 +71,6 @@ ConfigSchema BaseTrainer::schema() {
   return s;
 }
 
-StagePlan StagePlan::from_config(const Config& cfg, const std::string& tokens_key, const std::string& dataset_key,
-                                 const std::string& hint) {
-  StagePlan plan;
-  plan.tokens = cfg.get(tokens_key).get<std::vector<int64_t>>();
-  const json& data = cfg.get(dataset_key);
-  if (plan.tokens.size() != data.size())
-    throw UserError(tokens_key + " has " + std::to_string(plan.tokens.size()) + " stages but " + dataset_key + " has " +
-                    std::to_string(data.size()) + "; give one dataset mixture per token budget" + hint);
-  for (const auto& d : data) plan.datasets.push_back(parse_samplings(d));
-  return plan;
-}
-
-StagePlan& StagePlan::append(const StagePlan& next) {
-  tokens.insert(tokens.end(), next.tokens.begin(), next.tokens.end());
-  datasets.insert(datasets.end(), next.datasets.begin(), next.datasets.end());
-  return *this;
-}
-
 static StagePlan single_stage(const Config& cfg) {
   return {{cfg.get_int("training/tokens")}, {parse_samplings(cfg.get("training/dataset"))}};
 }
@@ -105,7 +79,10 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir)
     : BaseTrainer(spec, cfg, out_dir, single_stage(cfg)) {}
 
 BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan)
-    : RestoreableJob(std::move(spec), std::move(cfg), std::move(out_dir)), dist_(distributed()) {
+    : RestoreableJob(std::move(spec), std::move(cfg), std::move(out_dir)),
+      dist_(distributed()),
+      metrics_(run_dir(), dist_.is_main()),
+      divergence_(cfg_.get_string("training/on_nonfinite") == "skip", spec_.name, job_dir()) {
   rt_ = Runtime::from_config(cfg_);
   seed_ = static_cast<uint64_t>(cfg_.get_int("training/seed"));
   batch_size_ = cfg_.get_int("training/batch_size");
@@ -169,25 +146,10 @@ void BaseTrainer::sync_sharded_params() {
 }
 
 void BaseTrainer::plan_stages(const StagePlan& plan) {
-  stages_.clear();
+  stages_ = split_stages(plan, tokens_per_step());
   samplers_.clear();
-  int64_t step = 0;
-  for (size_t i = 0; i < plan.tokens.size(); ++i) {
-    Stage s;
-    s.tokens = plan.tokens[i];
-    s.samplings = plan.datasets.at(i);
-    int64_t steps = s.tokens / tokens_per_step();
-    if (steps <= 0)
-      throw UserError("stage " + std::to_string(i) + ": a budget of " + std::to_string(s.tokens) +
-                      " tokens is less than one step (batch_size x block_size = " + std::to_string(tokens_per_step()) +
-                      " tokens); raise the token budget or lower training/batch_size");
-    s.first_step = step;
-    s.end_step = step + steps;
-    step = s.end_step;
-    stages_.push_back(std::move(s));
-    samplers_.emplace_back();
-  }
-  total_steps_ = step;
+  samplers_.resize(stages_.size());
+  total_steps_ = stages_.empty() ? 0 : stages_.back().end_step;
   schedule_ = full_schedule(total_steps_);
 }
 
@@ -233,19 +195,11 @@ Batch BaseTrainer::next_batch(int64_t first, int64_t count) {
   return sampler(current_stage()).next_share(batch_size_, first, count);
 }
 
-StepResult BaseTrainer::train_step() {
-  TORCH_CHECK(step_ < total_steps_, "train_step past the end of training");
-  before_step();
-  double t0 = now_seconds();
-  model_->train();
-  const std::string which = " of step " + std::to_string(step_ + 1);
-  if (dist_.active())  // each rank its own dropout masks, the same after a restore
-    torch::manual_seed(mix64(seed_ ^ mix64((static_cast<uint64_t>(step_) << 16) + static_cast<uint64_t>(dist_.rank()))));
-  Batch batch = next_batch(rank_rows_ * dist_.rank(), rank_rows_);
+double BaseTrainer::forward_backward(const Batch& batch) {
   int64_t n_valid = batch.targets.ge(0).sum().item<int64_t>();
   if (dist_.active()) {  // the loss is a mean over the targets of the whole global batch
     auto count = torch::tensor({n_valid}, torch::kLong);
-    dist_.all_reduce_sum({count}, "the target count" + which);
+    dist_.all_reduce_sum({count}, "the target count of step " + std::to_string(step_ + 1));
     n_valid = count.item<int64_t>();
   }
   optimizer_->zero_grad();
@@ -259,23 +213,36 @@ StepResult BaseTrainer::train_step() {
     auto part = scaled.detach().to(torch::kFloat64);
     loss_total = loss_total.defined() ? loss_total + part : part;
   }
-  double loss = loss_total.item<double>();
+  return loss_total.item<double>();
+}
+
+double BaseTrainer::sum_over_ranks(double loss) {
   stopping_ = stop_requested.load();
-  if (dist_.active()) {
-    // One sum over the ranks: the gradients (so clipping sees the global norm), the loss, and
-    // whether any rank was asked to stop (so all stop after the same step).
-    std::vector<torch::Tensor> sums;
-    for (const auto& [name, p] : trainable()) {
-      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-      sums.push_back(p.grad());
-    }
-    auto extra = torch::tensor({static_cast<float>(loss), stopping_ ? 1.0f : 0.0f}, torch::kFloat32).to(rt_.device);
-    sums.push_back(extra);
-    dist_.all_reduce_sum(sums, "the gradient sum" + which);
-    auto host = extra.cpu();
-    loss = host[0].item<double>();
-    stopping_ = host[1].item<float>() > 0;
+  if (!dist_.active()) return loss;
+  // One sum over the ranks: the gradients (so clipping sees the global norm), the loss, and
+  // whether any rank was asked to stop (so all stop after the same step).
+  std::vector<torch::Tensor> sums;
+  for (const auto& [name, p] : trainable()) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    sums.push_back(p.grad());
   }
+  auto extra = torch::tensor({static_cast<float>(loss), stopping_ ? 1.0f : 0.0f}, torch::kFloat32).to(rt_.device);
+  sums.push_back(extra);
+  dist_.all_reduce_sum(sums, "the gradient sum of step " + std::to_string(step_ + 1));
+  auto host = extra.cpu();
+  stopping_ = host[1].item<float>() > 0;
+  return host[0].item<double>();
+}
+
+StepResult BaseTrainer::train_step() {
+  TORCH_CHECK(step_ < total_steps_, "train_step past the end of training");
+  before_step();
+  double t0 = now_seconds();
+  model_->train();
+  if (dist_.active())  // each rank its own dropout masks, the same after a restore
+    torch::manual_seed(mix64(seed_ ^ mix64((static_cast<uint64_t>(step_) << 16) + static_cast<uint64_t>(dist_.rank()))));
+  Batch batch = next_batch(rank_rows_ * dist_.rank(), rank_rows_);
+  const double loss = sum_over_ranks(forward_backward(batch));
   StepResult r;
   r.grad_norm = clip_grad_norm(trainable(), cfg_.get_double("optimization/grad_clip"));
   r.lr = current_lr();
@@ -283,9 +250,9 @@ StepResult BaseTrainer::train_step() {
   // Every rank sees the same global loss and norm, so all take the same branch.
   r.skipped = !std::isfinite(loss) || !std::isfinite(r.grad_norm);
   if (r.skipped) {
-    on_nonfinite(r);  // throws unless the policy is to skip the update
+    divergence_.on_nonfinite(step_ + 1, r.loss, r.grad_norm, r.lr, metrics_);  // throws unless the policy is to skip
   } else {
-    skipped_in_a_row_ = 0;
+    divergence_.on_finite();
     optimizer_->step(r.lr);
     if (optimizer_->sharded()) sync_sharded_params();
   }
@@ -297,276 +264,53 @@ StepResult BaseTrainer::train_step() {
   return r;
 }
 
-static std::string num(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.4g", v);
-  return b;
-}
-
-// What to do after a divergence: said by every message that stops a run for one.
-static const char* const kDivergenceAdvice =
-    "Lower optimization/lr (or optimization/lora/lr in the LoRA phase), raise training/warmup_pct, or check the data, "
-    "then run the same command again (it continues from the job's `latest` checkpoint, when there is one)";
-
-void BaseTrainer::on_nonfinite(const StepResult& r) {
-  const std::string what = "step " + std::to_string(step_ + 1) + " of job " + spec_.name + ": loss " + num(r.loss) +
-                           ", gradient norm " + num(r.grad_norm) + " at lr " + num(r.lr);
-  std::optional<std::string> latest;  // every rank sees OUT_DIR (run() checks), so every rank's message is true
-  try {
-    latest = read_latest(job_dir());
-  } catch (const UserError&) {
-  }
-  const std::string kept = latest ? "the job's checkpoints are all finite (latest: " + job_dir() + "/" + *latest + ")"
-                                  : "no checkpoint of this job was saved yet";
-  const std::string advice = kDivergenceAdvice;
-  if (cfg_.get_string("training/on_nonfinite") == "stop")
-    throw TrainingDiverged("training diverged at " + what + ". Stopped without updating the weights; " + kept + ". " +
-                           advice + " (training/on_nonfinite=skip drops such steps instead)");
-  ++skipped_in_a_row_;
-  std::printf("warning: skipped the update of %s (training/on_nonfinite=skip; %d in a row)\n", what.c_str(),
-              skipped_in_a_row_);
-  std::fflush(stdout);
-  log_event({{"event", "nonfinite"}, {"step", step_ + 1}, {"loss", std::isfinite(r.loss) ? json(r.loss) : json(num(r.loss))},
-             {"grad_norm", std::isfinite(r.grad_norm) ? json(r.grad_norm) : json(num(r.grad_norm))}, {"lr", r.lr},
-             {"action", "skipped"}});
-  if (skipped_in_a_row_ >= kMaxSkippedInARow)
-    throw TrainingDiverged("training diverged: " + std::to_string(skipped_in_a_row_) + " steps in a row had a non-finite "
-                           "loss or gradient norm, the last " + what + "; " + kept + ". " + advice);
-}
-
-void BaseTrainer::check_finite(const NamedTensors& tensors, const std::string& what) const {
-  torch::NoGradGuard ng;
-  std::vector<torch::Tensor> flags;
-  std::vector<const std::string*> names;
-  for (const auto& [name, t] : tensors)
-    if (t.is_floating_point() && t.numel() > 0) {
-      flags.push_back(torch::isfinite(t).all().reshape({1}));
-      names.push_back(&name);
-    }
-  if (flags.empty()) return;
-  auto ok = torch::cat(flags).cpu();  // one read-back
-  if (ok.all().item<bool>()) return;
-  for (size_t i = 0; i < names.size(); ++i)
-    if (!ok[static_cast<int64_t>(i)].item<bool>())
-      throw TrainingDiverged("training diverged: after step " + std::to_string(step_) + " of job " + spec_.name + ", " +
-                             *names[i] + " holds NaN or infinite values, so " + what + " was not saved. " +
-                             kDivergenceAdvice);
-}
-
 int BaseTrainer::trained_stage() const {
   return step_ == 0 ? 0 : stage_of(step_ - 1);
 }
 
-int BaseTrainer::stage_of(int64_t step) const {
-  for (size_t i = 0; i < stages_.size(); ++i)
-    if (step < stages_[i].end_step) return static_cast<int>(i);
-  return static_cast<int>(stages_.size()) - 1;
-}
+int BaseTrainer::stage_of(int64_t step) const { return lt::stage_of(stages_, step); }
 
-static bool same_dataset(const Sampling& a, const Sampling& b) { return a.name == b.name && a.style == b.style; }
-
-std::vector<Sampling> BaseTrainer::plan_datasets() const {
-  std::vector<Sampling> all;
-  for (const auto& st : stages_)
-    for (const auto& smp : st.samplings)
-      if (std::none_of(all.begin(), all.end(), [&](const Sampling& x) { return same_dataset(x, smp); }))
-        all.push_back(smp);
-  return all;
-}
+std::vector<Sampling> BaseTrainer::plan_datasets() const { return lt::plan_datasets(stages_); }
 
 void BaseTrainer::check_datasets() {
   for (const auto& s : plan_datasets()) open_dataset(s);
 }
 
 std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& datasets, int64_t rows) {
-  torch::NoGradGuard ng;
-  const bool was_training = model_->is_training();
-  model_->eval();
-  std::vector<DatasetEval> out;
-  // With several ranks, micro-batch k is evaluated by rank k % ranks and the sums are reduced.
-  auto sums = torch::zeros({static_cast<int64_t>(datasets.size()), 2}, torch::kFloat64);
-  for (size_t d = 0; d < datasets.size(); ++d) {
-    const Sampling& smp = datasets[d];
-    const Dataset& ds = open_dataset(smp);
-    double loss_sum_total = 0, tokens = 0;
-    int64_t k = 0;
-    for (int64_t first = 0; first < rows; first += micro_batch_, ++k) {
-      if (k % dist_.world_size() != dist_.rank()) continue;
-      int64_t n = std::min(micro_batch_, rows - first);
-      Batch b = validation_rows(ds, block_size_, static_cast<uint64_t>(first), n);
-      AutocastGuard autocast(rt_);
-      auto loss_sum = model_->loss_sum(rt_.to_device(b.inputs), rt_.to_device(b.targets));
-      loss_sum_total += loss_sum.item<double>();
-      tokens += static_cast<double>(count_targets(b.targets));
-    }
-    sums[static_cast<int64_t>(d)][0] = loss_sum_total;
-    sums[static_cast<int64_t>(d)][1] = tokens;
-  }
-  dist_.all_reduce_sum({sums}, "the validation loss sum");
-  for (size_t d = 0; d < datasets.size(); ++d) {
-    DatasetEval e;
-    e.name = datasets[d].name;
-    e.style = datasets[d].style;
-    e.tokens = static_cast<int64_t>(sums[static_cast<int64_t>(d)][1].item<double>());
-    e.loss = sums[static_cast<int64_t>(d)][0].item<double>() / static_cast<double>(std::max<int64_t>(1, e.tokens));
-    out.push_back(e);
-  }
-  if (was_training) model_->train();
-  return out;
+  return held_out_loss(model_, datasets, rows, [this](const Sampling& smp) -> const Dataset& { return open_dataset(smp); },
+                       {micro_batch_, block_size_}, rt_, dist_);
 }
 
 ValResult BaseTrainer::validate() {
   const Stage& scored = stages_[static_cast<size_t>(trained_stage())];
   auto evals = cfg_.get("eval/evaluations");
   bool perplexity = std::find(evals.begin(), evals.end(), json("perplexity")) != evals.end();
-  ValResult out;
-  out.per_dataset = evaluate(perplexity ? plan_datasets() : scored.samplings, cfg_.get_int("training/validation_steps"));
-  double loss = 0;
-  for (const auto& e : out.per_dataset) {
-    if (std::none_of(scored.samplings.begin(), scored.samplings.end(), [&](const Sampling& x) { return x.name == e.name && x.style == e.style; }))
-      continue;
-    loss += e.loss * static_cast<double>(e.tokens);
-    out.tokens += e.tokens;
+  return validation_score(evaluate(perplexity ? plan_datasets() : scored.samplings, cfg_.get_int("training/validation_steps")),
+                          scored.samplings);
+}
+
+void BaseTrainer::validate_and_keep_best(bool stage_end) {
+  ValResult v = validate();
+  metrics_.log_validation(step_, tokens_, trained_stage(), v, stage_end);
+  if (!std::isfinite(v.loss)) {
+    std::printf("  warning: the validation loss is not finite; `best` is not updated\n");
+  } else if (!best_score_ || v.loss < *best_score_ || best_stage_ != trained_stage()) {
+    best_score_ = v.loss;
+    best_stage_ = trained_stage();
+    save("best", false);
   }
-  out.loss = loss / static_cast<double>(std::max<int64_t>(1, out.tokens));
-  return out;
 }
 
-NamedTensors BaseTrainer::state_tensors() {
-  NamedTensors out;
-  for (auto& [name, t] : named_params(*model_)) out.emplace_back(kParamsPrefix + name, t);
-  for (auto& kv : optimizer_->state()) out.push_back(kv);
-  out.emplace_back("rng/generators", rng_state(rt_));
-  return out;
-}
-
-json BaseTrainer::checkpoint_metadata() const {
-  json cursors = json::object();
-  for (size_t i = 0; i < samplers_.size(); ++i) {
-    if (samplers_[i]) cursors[std::to_string(i)] = samplers_[i]->cursor();
-    else if (restored_cursors_.count(static_cast<int>(i))) cursors[std::to_string(i)] = restored_cursors_.at(static_cast<int>(i));
-  }
-  json m = {{"kind", state_kind_name(state_kind())},
-            {"step", step_},
-            {"tokens", tokens_},
-            {"total_steps", total_steps_},
-            {"finished", step_ >= total_steps_},
-            {"best_score", best_score_ ? json(*best_score_) : json(nullptr)},
-            {"best_stage", best_stage_},
-            {"trainable_params", optimizer_->param_names()},
-            {"distributed", {{"ranks", dist_.world_size()}, {"optimizer_sharded", optimizer_->sharded()}}},
-            {"data", {{"stage", current_stage()}, {"cursors", cursors}}},
-            {"job", spec_.to_json()},
-            {"config", cfg_.to_json()}};
-  if (!base_model_.is_null()) m["base_model"] = base_model_;
-  m.update(extra_metadata());
-  return m;
-}
-
-void BaseTrainer::save(const std::string& suffix, bool update_latest) {
-  std::string dir = (fs::path(job_dir()) / suffix).string();
-  NamedTensors tensors = state_tensors();
-  if (optimizer_->sharded()) {  // the whole state: each rank contributes its share of the moments, zeros elsewhere
-    std::vector<torch::Tensor> moments;
-    for (auto& [n, t] : tensors)
-      if (n.rfind("optim/exp_avg", 0) == 0) moments.push_back(t);
-    dist_.all_reduce_sum(moments, "gathering the sharded optimizer state for " + suffix);
-  }
-  check_finite(tensors, "checkpoint " + suffix);  // every rank holds the whole state, so all decide alike
-  if (is_main()) {
-    save_checkpoint(dir, tensors, checkpoint_metadata());
-    if (update_latest) write_latest(job_dir(), suffix);
-  }
-  dist_.barrier("saving checkpoint " + suffix);  // the others go on once it is complete
-}
-
-void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
-  const std::string& dir = ck.dir;
-  const json& meta = ck.raw;
-  if (ck.weights_only) {
-    load_weights_from(ck);
-    return;
-  }
-  if (ck.kind != state_kind())
-    throw UserError(dir + " holds a \"" + state_kind_name(ck.kind) + "\" state; job kind " + spec_.kind +
-                    " expects \"" + state_kind_name(state_kind()) + "\"");
-  auto names = meta.value("trainable_params", std::vector<std::string>());
-  if (names != optimizer_->param_names())
-    throw UserError(dir + ": its trainable parameters (" + std::to_string(names.size()) +
-                    ") differ from this job's (" + std::to_string(optimizer_->param_names().size()) +
-                    "); is it a checkpoint of this model (architecture/*)?");
-  // Parameters and moments are loaded in place; the step count and RNG state come back as the fresh
-  // scalars that state_tensors() made for them, and are applied here.
-  NamedTensors into = state_tensors();
-  load_checkpoint_into(ck, into);
-  for (auto& [n, t] : into) {
-    if (n == "rng/generators") set_rng_state(rt_, t);
-    if (n == "optim/step") optimizer_->set_steps_taken(t.item<int64_t>());
-  }
-  step_ = ck.step;
-  tokens_ = ck.tokens;
-  const json best = meta.value("best_score", json());
-  best_score_ = best.is_number() ? std::optional<double>(best.get<double>()) : std::nullopt;
-  best_stage_ = meta.value("best_stage", 0);
-  base_model_ = meta.value("base_model", json());
-  restore_extra(meta);
-  const std::string& from_job = ck.job_name;
-  if (from_job != spec_.name)  // another job's state: say what was loaded and that its counters go on
-    std::fprintf(stderr,
-                 "loaded the %s state of job %s at step %lld (%lld tokens) from %s; job %s continues from there: its "
-                 "step, tokens, learning-rate schedule, optimizer moments and data position are that state's\n",
-                 state_kind_name(state_kind()).c_str(), from_job.c_str(), (long long)step_, (long long)tokens_, dir.c_str(),
-                 spec_.name.c_str());
-  // Samplers are rebuilt when next used (a checkpoint read for eval needs no training data).
-  for (auto& s : samplers_) s.reset();
-  restored_cursors_.clear();
-  for (auto& [k, v] : meta["data"]["cursors"].items()) restored_cursors_[std::stoi(k)] = v.get<uint64_t>();
-}
-
-void BaseTrainer::load_weights_from(const CheckpointMeta& ck) {
-  const std::string& dir = ck.dir;
-  const json& meta = ck.raw;
-  if (ck.kind != StateKind::Plain)
-    throw UserError(dir + " holds a \"" + state_kind_name(ck.kind) +
-                    "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
-  // The shapes say nothing about the activation: weights trained with one GELU would load silently
-  // into a model computing the other (GPT-2's own weights need gelu_tanh).
-  const json arch = meta.value("config", json::object()).value("architecture", json::object());
-  const std::string theirs = arch.value("activation", std::string("gelu")), ours = cfg_.get_string("architecture/activation");
-  if (theirs != ours)
-    throw UserError(dir + " holds weights of a model with architecture/activation=" + theirs + "; this job has " + ours +
-                    ". Set architecture/activation=" + theirs + " (import-hf prints the architecture a job needs)");
-  NamedTensors into;
-  for (auto& [name, t] : named_params(*model_)) into.emplace_back(kParamsPrefix + name, t);
-  load_checkpoint_into(ck, into, {kParamsPrefix});
-  base_model_ = meta.value("base_model", json());
-  std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", dir.c_str(),
-              (long long)ck.step, ck.job_name.c_str(),
-              (long long)step_);
-}
-
-void BaseTrainer::log_event(json event) {
-  if (!is_main()) return;
-  fs::create_directories(run_dir());
-  std::ofstream out(fs::path(run_dir()) / "metrics.jsonl", std::ios::app);
-  out << event.dump() << "\n";
-}
-
-void BaseTrainer::truncate_metrics_after(int64_t step) {
-  fs::path p = fs::path(run_dir()) / "metrics.jsonl";
-  if (!is_main() || !fs::exists(p)) return;
-  std::string kept;  // an event dumps back to the line it was read from; a torn last line is dropped
-  for (const auto& e : read_metrics(run_dir()))
-    if (e.value("step", int64_t(0)) <= step) kept += e.dump() + "\n";
-  write_file_atomic(p.string(), kept);
-}
-
-void BaseTrainer::log_step(const StepResult& r, double mean_loss, double tok_per_s) {
-  std::printf("step %6lld/%lld | tokens %10lld | loss %.4f | lr %.2e | grad %.3f | %.0f tok/s\n",
-              (long long)r.step, (long long)total_steps_, (long long)tokens_, mean_loss, r.lr, r.grad_norm, tok_per_s);
-  std::fflush(stdout);
-  log_event({{"event", "train"}, {"step", r.step}, {"tokens", tokens_}, {"loss", mean_loss}, {"lr", r.lr},
-             {"grad_norm", r.grad_norm}, {"tok_per_s", tok_per_s}, {"stage", trained_stage()}});
+bool BaseTrainer::save_or_stop() {
+  // One process stops on a signal seen any time; ranks on the one they agreed on in the step.
+  const bool stop = dist_.active() ? stopping_ : stop_requested.load();
+  if (step_ >= total_steps_ || (step_ % cfg_.get_int("logging/checkpoint_interval") != 0 && !stop)) return false;
+  save("ntoks/" + std::to_string(tokens_));
+  if (stop)
+    std::printf("stopped by signal after step %lld; checkpoint %s/ntoks/%lld saved.\n"
+                "Resume with the same `lora_trainer run %s ...` command (it continues from `latest`).\n",
+                (long long)step_, job_dir().c_str(), (long long)tokens_, spec_.name.c_str());
+  return stop;
 }
 
 extern "C" void lt_on_signal(int) { BaseTrainer::stop_requested.store(true); }
@@ -583,10 +327,7 @@ void BaseTrainer::run() {
                       std::to_string(step_) + "): every rank must see the same checkpoints under OUT_DIR (" + out_dir_ +
                       "); on several machines, put OUT_DIR on a shared file system");
   }
-  if (is_main()) {
-    fs::create_directories(run_dir());
-    write_file_atomic((fs::path(run_dir()) / "config.json").string(), cfg_.to_json().dump(2) + "\n");
-  }
+  metrics_.write_config(cfg_.to_json());
   if (done()) {
     std::printf("job %s already finished at step %lld (%lld tokens); checkpoints in %s\n", spec_.name.c_str(),
                 (long long)step_, (long long)tokens_, job_dir().c_str());
@@ -601,63 +342,23 @@ void BaseTrainer::run() {
               (long long)step_, (long long)total_steps_, (long long)tokens_per_step());
   std::fflush(stdout);
   check_datasets();  // a missing dataset is found now, not at its stage
-  truncate_metrics_after(step_);  // a resumed run drops the lines of steps it will redo
+  metrics_.truncate_after(step_);  // a resumed run drops the lines of steps it will redo
   stop_requested = false;
   stopping_ = false;
   SignalGuard signals(lt_on_signal);  // the previous handlers come back however run() ends
   const int64_t report_every = cfg_.get_int("logging/report_interval");
-  const int64_t ckpt_every = cfg_.get_int("logging/checkpoint_interval");
   const int64_t val_every = cfg_.get_int("logging/validation_interval");
   const bool validation = cfg_.get_bool("training/validation");
-  double window_loss = 0, window_time = 0;
-  int64_t window_steps = 0;
+  StepWindow window;  // the steps since the last step line
   while (step_ < total_steps_) {
     StepResult r = train_step();
-    window_loss += r.loss;
-    window_time += r.seconds;
-    ++window_steps;
-    if (step_ % report_every == 0 || step_ == total_steps_) {
-      log_step(r, window_loss / window_steps, window_steps * tokens_per_step() / std::max(1e-9, window_time));
-      window_loss = window_time = 0;
-      window_steps = 0;
-    }
+    window.add(r.loss, r.seconds);
+    if (step_ % report_every == 0 || step_ == total_steps_)
+      metrics_.log_train({r.step, total_steps_, tokens_, trained_stage(), r.lr, r.grad_norm}, window, tokens_per_step());
     const bool stage_end = step_ == stages_[static_cast<size_t>(trained_stage())].end_step;
     if (stage_end) on_stage_end(trained_stage());  // before validation, so `best` includes its effects
-    if (validation && (step_ % val_every == 0 || stage_end)) {
-      ValResult v = validate();
-      std::string per;
-      json per_json = json::object(), ppl_json = json::object();
-      for (const auto& e : v.per_dataset) {
-        char buf[96];
-        std::snprintf(buf, sizeof buf, " %s %.4f (ppl %.1f)", e.name.c_str(), e.loss, std::exp(e.loss));
-        per += buf;
-        per_json[e.name] = e.loss;
-        ppl_json[e.name] = std::exp(e.loss);
-      }
-      std::printf("  validation at step %lld (stage %d): loss %.4f |%s\n", (long long)step_, trained_stage(), v.loss,
-                  per.c_str());
-      std::fflush(stdout);
-      log_event({{"event", "val"}, {"step", step_}, {"tokens", tokens_}, {"stage", trained_stage()}, {"loss", v.loss},
-                 {"per_dataset", per_json}, {"perplexity", ppl_json}, {"stage_end", stage_end}});
-      if (!std::isfinite(v.loss)) {
-        std::printf("  warning: the validation loss is not finite; `best` is not updated\n");
-      } else if (!best_score_ || v.loss < *best_score_ || best_stage_ != trained_stage()) {
-        best_score_ = v.loss;
-        best_stage_ = trained_stage();
-        save("best", false);
-      }
-    }
-    // One process stops on a signal seen any time; ranks on the one they agreed on in the step.
-    const bool stop = dist_.active() ? stopping_ : stop_requested.load();
-    if (step_ < total_steps_ && (step_ % ckpt_every == 0 || stop)) {
-      save("ntoks/" + std::to_string(tokens_));
-      if (stop) {
-        std::printf("stopped by signal after step %lld; checkpoint %s/ntoks/%lld saved.\n"
-                    "Resume with the same `lora_trainer run %s ...` command (it continues from `latest`).\n",
-                    (long long)step_, job_dir().c_str(), (long long)tokens_, spec_.name.c_str());
-        return;
-      }
-    }
+    if (validation && (step_ % val_every == 0 || stage_end)) validate_and_keep_best(stage_end);
+    if (save_or_stop()) return;
   }
   save("final/" + std::to_string(tokens_));
   std::printf("finished: %lld steps, %lld tokens; final checkpoint %s/final/%lld\n", (long long)step_,

@@ -20,17 +20,20 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/data.hpp"
 #include "lora_trainer/distributed.hpp"
+#include "lora_trainer/divergence.hpp"
+#include "lora_trainer/evaluation.hpp"
 #include "lora_trainer/job.hpp"
+#include "lora_trainer/metrics_log.hpp"
 #include "lora_trainer/model.hpp"
 #include "lora_trainer/optim.hpp"
 #include "lora_trainer/runtime.hpp"
+#include "lora_trainer/stage_plan.hpp"
 
 namespace lt {
 
@@ -41,46 +44,6 @@ struct StepResult {
   double lr = 0.0;
   double seconds = 0.0;
   bool skipped = false;  // non-finite loss or gradient norm: no update was made (training/on_nonfinite=skip)
-};
-
-// Training produced a non-finite loss, gradient norm or state (training/on_nonfinite). Nothing
-// non-finite was saved; the launcher exits with kExitDiverged.
-class TrainingDiverged : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-constexpr int kExitDiverged = 4;
-
-struct DatasetEval {
-  std::string name;
-  DatasetStyle style = DatasetStyle::PMD;
-  double loss = 0.0;  // mean cross-entropy per target token (nats); perplexity = exp(loss)
-  int64_t tokens = 0;
-};
-
-struct ValResult {
-  double loss = 0.0;  // token-weighted over the datasets of the stage just trained
-  std::vector<DatasetEval> per_dataset;
-  int64_t tokens = 0;
-};
-
-struct Stage {
-  int64_t tokens = 0;
-  std::vector<Sampling> samplings;
-  int64_t first_step = 0, end_step = 0;  // [first_step, end_step)
-};
-
-// Token budgets and dataset mixtures of consecutive stages.
-struct StagePlan {
-  std::vector<int64_t> tokens;
-  std::vector<std::vector<Sampling>> datasets;
-  // The stages of a token-budget list (`tokens_key`) and a list of dataset mixtures (`dataset_key`, one
-  // list of samplings per budget) of the config; UserError naming both when their lengths differ,
-  // ending with `hint`.
-  static StagePlan from_config(const Config& cfg, const std::string& tokens_key, const std::string& dataset_key,
-                               const std::string& hint = "");
-  // This plan's stages, then `next`'s.
-  StagePlan& append(const StagePlan& next);
 };
 
 class BaseTrainer : public RestoreableJob {
@@ -138,7 +101,7 @@ class BaseTrainer : public RestoreableJob {
  protected:
   // For subclasses with their own stages.
   BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan);
-  // Splits token budgets into consecutive stages of whole steps.
+  // Splits token budgets into consecutive stages of whole steps (split_stages) and sets the schedule.
   void plan_stages(const StagePlan& plan);
   // The full-parameter learning-rate schedule over `steps` steps: training/schedule, optimization/lr,
   // optimization/min_lr_ratio, training/warmup_pct and training/decay_pct.
@@ -166,21 +129,26 @@ class BaseTrainer : public RestoreableJob {
   void build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale = {});
   // Trainable parameters in their fixed order (the optimizer's order).
   const NamedTensors& trainable() const { return optimizer_->params(); }
-  void log_event(nlohmann::json event);
-  // Prints the step line and logs the "train" event (loss and speed averaged since the last one).
-  void log_step(const StepResult& r, double mean_loss, double tok_per_s);
+  // Appends an event to the run's metrics.jsonl (rank 0 only).
+  void log_event(const nlohmann::json& event) const { metrics_.event(event); }
   nlohmann::json checkpoint_metadata() const;
   // Loads only the model's parameters ("params/*") from a checkpoint; step and tokens stay as they are.
   void load_weights_from(const CheckpointMeta& ck);
-  void truncate_metrics_after(int64_t step);
+  // This rank's micro-batches of `batch`: forward, loss / (targets of the whole global batch), backward
+  // (gradients accumulate). Returns this rank's part of the step's mean loss.
+  double forward_backward(const Batch& batch);
+  // Reads the stop flag; with several ranks, sums the gradients, `loss` and the flag over the ranks.
+  // Returns the step's global loss.
+  double sum_over_ranks(double loss);
   // After a sharded optimizer step: every rank gets each parameter from the rank that updated it.
   void sync_sharded_params();
-  // A step with a non-finite loss or gradient norm: throws TrainingDiverged, or (skip policy) logs it.
-  void on_nonfinite(const StepResult& r);
-  // Throws TrainingDiverged naming the first non-finite floating-point tensor, if any.
-  void check_finite(const NamedTensors& tensors, const std::string& what) const;
+  // The periodic validation's line and event, and the `best` checkpoint when the score improved.
+  void validate_and_keep_best(bool stage_end);
+  // Saves the periodic checkpoint when one is due or a signal asked to stop; true when the run stops.
+  bool save_or_stop();
 
   Distributed& dist_;
+  MetricsLog metrics_;  // the run directory's metrics.jsonl and config.json, and the lines printed with them
   Runtime rt_;
   GPT model_{nullptr};
   std::unique_ptr<AdamW> optimizer_;
@@ -192,7 +160,7 @@ class BaseTrainer : public RestoreableJob {
   int64_t batch_size_, micro_batch_, block_size_, total_steps_ = 0;
   int64_t rank_rows_ = 0;  // this rank's share of the global batch
   bool stopping_ = false;  // a signal was seen (by any rank) during the last step
-  int skipped_in_a_row_ = 0;  // non-finite steps skipped since the last finite one
+  DivergenceGuard divergence_;  // training/on_nonfinite
   int64_t step_ = 0, tokens_ = 0;
   std::optional<double> best_score_;  // of stage best_stage_: `best` is the best of the latest stage
   int best_stage_ = 0;

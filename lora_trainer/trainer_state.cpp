@@ -1,0 +1,128 @@
+// BaseTrainer's state as a checkpoint: what a checkpoint of it holds (state_tensors,
+// checkpoint_metadata), saving it, and restoring it (a full state, or weights only). The format itself
+// is checkpoint.hpp's; the loop that decides when to save is in trainer.cpp.
+#include <cstdio>
+#include <filesystem>
+
+#include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/trainer.hpp"
+#include "lora_trainer/util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+NamedTensors BaseTrainer::state_tensors() {
+  NamedTensors out;
+  for (auto& [name, t] : named_params(*model_)) out.emplace_back(kParamsPrefix + name, t);
+  for (auto& kv : optimizer_->state()) out.push_back(kv);
+  out.emplace_back("rng/generators", rng_state(rt_));
+  return out;
+}
+
+json BaseTrainer::checkpoint_metadata() const {
+  json cursors = json::object();
+  for (size_t i = 0; i < samplers_.size(); ++i) {
+    if (samplers_[i]) cursors[std::to_string(i)] = samplers_[i]->cursor();
+    else if (restored_cursors_.count(static_cast<int>(i))) cursors[std::to_string(i)] = restored_cursors_.at(static_cast<int>(i));
+  }
+  json m = {{"kind", state_kind_name(state_kind())},
+            {"step", step_},
+            {"tokens", tokens_},
+            {"total_steps", total_steps_},
+            {"finished", step_ >= total_steps_},
+            {"best_score", best_score_ ? json(*best_score_) : json(nullptr)},
+            {"best_stage", best_stage_},
+            {"trainable_params", optimizer_->param_names()},
+            {"distributed", {{"ranks", dist_.world_size()}, {"optimizer_sharded", optimizer_->sharded()}}},
+            {"data", {{"stage", current_stage()}, {"cursors", cursors}}},
+            {"job", spec_.to_json()},
+            {"config", cfg_.to_json()}};
+  if (!base_model_.is_null()) m["base_model"] = base_model_;
+  m.update(extra_metadata());
+  return m;
+}
+
+void BaseTrainer::save(const std::string& suffix, bool update_latest) {
+  std::string dir = (fs::path(job_dir()) / suffix).string();
+  NamedTensors tensors = state_tensors();
+  if (optimizer_->sharded()) {  // the whole state: each rank contributes its share of the moments, zeros elsewhere
+    std::vector<torch::Tensor> moments;
+    for (auto& [n, t] : tensors)
+      if (n.rfind("optim/exp_avg", 0) == 0) moments.push_back(t);
+    dist_.all_reduce_sum(moments, "gathering the sharded optimizer state for " + suffix);
+  }
+  check_finite(tensors, step_, spec_.name, "checkpoint " + suffix);  // every rank holds the whole state, so all decide alike
+  if (is_main()) {
+    save_checkpoint(dir, tensors, checkpoint_metadata());
+    if (update_latest) write_latest(job_dir(), suffix);
+  }
+  dist_.barrier("saving checkpoint " + suffix);  // the others go on once it is complete
+}
+
+void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
+  const std::string& dir = ck.dir;
+  const json& meta = ck.raw;
+  if (ck.weights_only) {
+    load_weights_from(ck);
+    return;
+  }
+  if (ck.kind != state_kind())
+    throw UserError(dir + " holds a \"" + state_kind_name(ck.kind) + "\" state; job kind " + spec_.kind +
+                    " expects \"" + state_kind_name(state_kind()) + "\"");
+  auto names = meta.value("trainable_params", std::vector<std::string>());
+  if (names != optimizer_->param_names())
+    throw UserError(dir + ": its trainable parameters (" + std::to_string(names.size()) +
+                    ") differ from this job's (" + std::to_string(optimizer_->param_names().size()) +
+                    "); is it a checkpoint of this model (architecture/*)?");
+  // Parameters and moments are loaded in place; the step count and RNG state come back as the fresh
+  // scalars that state_tensors() made for them, and are applied here.
+  NamedTensors into = state_tensors();
+  load_checkpoint_into(ck, into);
+  for (auto& [n, t] : into) {
+    if (n == "rng/generators") set_rng_state(rt_, t);
+    if (n == "optim/step") optimizer_->set_steps_taken(t.item<int64_t>());
+  }
+  step_ = ck.step;
+  tokens_ = ck.tokens;
+  const json best = meta.value("best_score", json());
+  best_score_ = best.is_number() ? std::optional<double>(best.get<double>()) : std::nullopt;
+  best_stage_ = meta.value("best_stage", 0);
+  base_model_ = meta.value("base_model", json());
+  restore_extra(meta);
+  const std::string& from_job = ck.job_name;
+  if (from_job != spec_.name)  // another job's state: say what was loaded and that its counters go on
+    std::fprintf(stderr,
+                 "loaded the %s state of job %s at step %lld (%lld tokens) from %s; job %s continues from there: its "
+                 "step, tokens, learning-rate schedule, optimizer moments and data position are that state's\n",
+                 state_kind_name(state_kind()).c_str(), from_job.c_str(), (long long)step_, (long long)tokens_, dir.c_str(),
+                 spec_.name.c_str());
+  // Samplers are rebuilt when next used (a checkpoint read for eval needs no training data).
+  for (auto& s : samplers_) s.reset();
+  restored_cursors_.clear();
+  for (auto& [k, v] : meta["data"]["cursors"].items()) restored_cursors_[std::stoi(k)] = v.get<uint64_t>();
+}
+
+void BaseTrainer::load_weights_from(const CheckpointMeta& ck) {
+  const std::string& dir = ck.dir;
+  const json& meta = ck.raw;
+  if (ck.kind != StateKind::Plain)
+    throw UserError(dir + " holds a \"" + state_kind_name(ck.kind) +
+                    "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
+  // The shapes say nothing about the activation: weights trained with one GELU would load silently
+  // into a model computing the other (GPT-2's own weights need gelu_tanh).
+  const json arch = meta.value("config", json::object()).value("architecture", json::object());
+  const std::string theirs = arch.value("activation", std::string("gelu")), ours = cfg_.get_string("architecture/activation");
+  if (theirs != ours)
+    throw UserError(dir + " holds weights of a model with architecture/activation=" + theirs + "; this job has " + ours +
+                    ". Set architecture/activation=" + theirs + " (import-hf prints the architecture a job needs)");
+  NamedTensors into;
+  for (auto& [name, t] : named_params(*model_)) into.emplace_back(kParamsPrefix + name, t);
+  load_checkpoint_into(ck, into, {kParamsPrefix});
+  base_model_ = meta.value("base_model", json());
+  std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", dir.c_str(),
+              (long long)ck.step, ck.job_name.c_str(),
+              (long long)step_);
+}
+
+}  // namespace lt
