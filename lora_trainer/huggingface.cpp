@@ -9,6 +9,7 @@
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/config.hpp"
 #include "lora_trainer/lora.hpp"
+#include "lora_trainer/export.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/safetensors.hpp"
 #include "lora_trainer/util.hpp"

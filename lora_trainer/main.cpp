@@ -17,6 +17,7 @@
 #include "lora_trainer/tokenizer.hpp"
 #include "lora_trainer/trainer.hpp"
 #include "lora_trainer/job.hpp"
+#include "lora_trainer/export.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/registry.hpp"
 #include "lora_trainer/tokenize.hpp"

@@ -4,6 +4,7 @@
 #include <csignal>
 
 #include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/export.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "fixtures.hpp"
 

@@ -1,0 +1,97 @@
+#include "lora_trainer/export.hpp"
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/lora.hpp"
+#include "lora_trainer/util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+using json = nlohmann::json;
+
+// An export writes only where nothing of anyone else's is lost: a new directory, or an earlier export
+// or import of ours (which it replaces, saying so); never the source itself or a directory holding it.
+void check_export_target(const std::string& source, const std::string& out, const std::string& verb) {
+  const fs::path src = fs::weakly_canonical(source), dst = fs::weakly_canonical(out);
+  auto within = [](const fs::path& inner, const fs::path& outer) {
+    auto rel = inner.lexically_relative(outer);
+    return !rel.empty() && *rel.begin() != "..";
+  };
+  const std::string what = verb == "import-hf" ? "the model being imported" : "the checkpoint being exported";
+  const char* clash = dst == src            ? " is "
+                      : within(dst, src) ? " is inside "
+                      : within(src, dst) ? " holds "
+                                         : nullptr;
+  if (clash) throw UserError(verb + ": OUT " + out + clash + what + " (" + source + "); give a new directory. Nothing was written");
+  if (!fs::exists(dst)) return;
+  std::string earlier;
+  if (is_checkpoint(dst.string())) {
+    json m = read_checkpoint_metadata(dst.string());
+    if (m.value("weights_only", false) && m.contains("exported_from")) earlier = m["exported_from"].is_string() ? m["exported_from"].get<std::string>() : "?";
+    if (m.value("weights_only", false) && m.contains("imported_from")) earlier = m["imported_from"].is_string() ? m["imported_from"].get<std::string>() : "?";
+  } else if (fs::exists(dst / kExportMarker)) {
+    json marker = json::parse(read_file((dst / kExportMarker).string()), nullptr, false);
+    earlier = marker.is_object() && marker.contains("exported_from") && marker["exported_from"].is_string()
+                  ? marker["exported_from"].get<std::string>()
+                  : "?";
+  }
+  if (!earlier.empty()) {
+    std::printf("%s: replacing the earlier %s at %s (of %s)\n", verb.c_str(), verb == "import-hf" ? "import" : "export",
+                out.c_str(), earlier.c_str());
+    return;
+  }
+  throw UserError(verb + ": OUT " + out + " already exists and is not an earlier export or import of lora_trainer; give a new "
+                  "directory, or move that one away yourself. Nothing was written");
+}
+
+MergedWeights merged_weights(const std::string& checkpoint) {
+  MergedWeights m;
+  m.meta = read_checkpoint_metadata(checkpoint);
+  std::map<std::string, torch::Tensor> lora;
+  for (auto& [n, t] : read_checkpoint_tensors(checkpoint)) {
+    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
+    if (n.rfind(kParamsPrefix, 0) == 0) m.params.emplace_back(n.substr(kParamsPrefix.size()), t.to(torch::kFloat32));
+  }
+  if (m.params.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
+  if (lora.empty()) return m;
+  if (!m.meta.contains("lora")) throw UserError(checkpoint + ": adapters without lora metadata (rank, alpha)");
+  const json& l = m.meta["lora"];
+  const double alpha = l.at("alpha").get<double>();
+  const int64_t rank = l.at("rank").get<int64_t>();
+  const bool rslora = l.value("rslora", false);
+  for (auto& [n, t] : m.params) {
+    auto a = lora.find(LoraParams::a_name(n)), b = lora.find(LoraParams::b_name(n));
+    if (a == lora.end() || b == lora.end()) continue;
+    t = merge_lora_params(t, a->second, b->second, alpha, rank, rslora);
+    ++m.merged;
+  }
+  return m;
+}
+
+void export_merged(const std::string& checkpoint, const std::string& out) {
+  check_export_target(checkpoint, out, "export");
+  MergedWeights m = merged_weights(checkpoint);
+  const json& meta = m.meta;
+  NamedTensors params;
+  for (auto& [n, t] : m.params) params.emplace_back(kParamsPrefix + n, t);
+  const int merged = m.merged;
+  json out_meta = {{"kind", state_kind_name(StateKind::Plain)},
+                   {"weights_only", true},
+                   {"step", meta.value("step", int64_t(0))},
+                   {"tokens", meta.value("tokens", int64_t(0))},
+                   {"exported_from", fs::absolute(checkpoint).string()},
+                   {"merged_adapters", merged},
+                   {"job", meta.value("job", json::object())},
+                   {"config", meta.value("config", json::object())}};
+  if (meta.contains("base_model")) out_meta["base_model"] = meta["base_model"];
+  save_checkpoint(out, params, out_meta);
+  std::printf("exported %s -> %s (%zu tensors, %d adapters merged, float32)\n", checkpoint.c_str(), out.c_str(),
+              params.size(), merged);
+}
+
+}  // namespace lt

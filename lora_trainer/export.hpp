@@ -1,0 +1,39 @@
+// Exports of our own format, and the rule every export and import follows for its OUT.
+//
+// merged_weights reads a checkpoint's parameters with its adapters merged in (the one merge loop that
+// `export`, `export --format hf` and the tests use); export_merged writes them as a weights-only plain
+// checkpoint; check_export_target decides whether OUT may be written. Depends on checkpoint and lora,
+// not on the trainers.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "lora_trainer/named_tensors.hpp"
+
+namespace lt {
+
+// The parameters of a checkpoint in f32, by name (without "params/"), with its adapters merged in
+// (the scale its metadata records: alpha, rank, rslora); `merged` counts them. What every export writes.
+struct MergedWeights {
+  nlohmann::json meta;
+  NamedTensors params;
+  int merged = 0;
+};
+MergedWeights merged_weights(const std::string& checkpoint);
+
+// Writes a weights-only plain checkpoint of `checkpoint` with any adapters merged in; it initialises
+// another job (`run ... --restore OUT`), e.g. as the pretrained base of a LoRA job.
+void export_merged(const std::string& checkpoint, const std::string& out);
+
+// The file that marks a directory written by `export --format hf|peft` (JSON: exported_from, format).
+inline constexpr const char* kExportMarker = "lora_trainer_export.json";
+
+// The rule for every export's (and import-hf's) OUT: a new directory, or an earlier export or import of
+// lora_trainer (a weights-only checkpoint with exported_from/imported_from, or a directory with
+// kExportMarker), which is then replaced, saying so. OUT being the source, inside it or holding it, or
+// anything else that exists, is a UserError saying nothing was written. `verb` names the command.
+void check_export_target(const std::string& source, const std::string& out, const std::string& verb);
+
+}  // namespace lt
