@@ -1,5 +1,6 @@
 #include "lora_trainer/lora.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "lora_trainer/torch_compat.hpp"
@@ -91,10 +92,22 @@ std::vector<bool> modules_to_save_filter(const NamedTensors& params, const std::
       mask[i] = used = true;
     }
     if (used) continue;
-    std::vector<std::string> names;
-    for (const auto& p : params) names.push_back(p.first);
-    throw LoraSettingError("modules_to_save", "\"" + entry + "\" matches no module or parameter. An entry is a name or "
-                                              "a suffix after a '.' of these parameters or their modules: " + join(names));
+    // The modules, once each, with every layer index written as * (h.*.ln_1): short for any depth.
+    std::vector<std::string> modules;
+    for (const auto& p : params) {
+      std::string m = p.first.substr(0, p.first.rfind('.')), starred;
+      for (size_t at = 0; at <= m.size();) {
+        size_t dot = std::min(m.find('.', at), m.size());
+        std::string part = m.substr(at, dot - at);
+        bool index = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
+        starred += (at ? "." : "") + (index ? std::string("*") : part);
+        at = dot + 1;
+      }
+      if (std::find(modules.begin(), modules.end(), starred) == modules.end()) modules.push_back(starred);
+    }
+    throw LoraSettingError("modules_to_save", "\"" + entry + "\" matches no module or parameter. An entry is a name, or "
+                                              "a suffix after a '.', of a module (* stands for each layer's index) or of "
+                                              "one of its parameters (.weight, .bias): " + join(modules));
   }
   return mask;
 }
