@@ -98,6 +98,17 @@ bool is_valid_utf8(std::string_view s) {
   return true;
 }
 
+std::string_view valid_utf8(std::string_view s, std::string& storage) {
+  if (is_valid_utf8(s)) return s;
+  storage = sanitize_utf8(s);
+  return storage;
+}
+
+void WordCache::remember(WordIds& words, std::string word, std::vector<uint32_t> ids) {
+  if (words.size() >= kMaxWords) words.clear();
+  words.emplace(std::move(word), std::move(ids));
+}
+
 // GPT-2's reversible byte -> code point table: printable Latin-1 bytes map to themselves, the other
 // 68 bytes to U+0100.. in byte order, so every byte string is a printable token string.
 std::vector<uint32_t> bytes_to_unicode() {

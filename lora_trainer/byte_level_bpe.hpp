@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -22,6 +23,33 @@ size_t utf8_sequence_length(std::string_view s, size_t i, size_t* valid_prefix);
 // Replaces each maximal invalid subsequence by U+FFFD (WHATWG, as Node and Python's errors="replace").
 std::string sanitize_utf8(std::string_view s);
 bool is_valid_utf8(std::string_view s);
+// `s` itself when it is valid UTF-8, else sanitize_utf8(s) kept in `storage`: what encode() works on.
+std::string_view valid_utf8(std::string_view s, std::string& storage);
+
+// Word -> ids already computed, shared by the encode() calls of one tokenizer and bounded in size
+// (cleared when full, to bound memory on huge corpora). A call holds it through a Lease: the shared
+// map when no other thread holds it, else a private one for that call, so calls never wait.
+using WordIds = std::unordered_map<std::string, std::vector<uint32_t>>;
+class WordCache {
+ public:
+  static constexpr size_t kMaxWords = size_t{1} << 20;
+  class Lease {
+   public:
+    explicit Lease(WordCache& c) : lock_(c.mutex_, std::try_to_lock), shared_(c.words_) {}
+    WordIds& words() { return lock_.owns_lock() ? shared_ : private_; }
+
+   private:
+    std::unique_lock<std::mutex> lock_;
+    WordIds& shared_;
+    WordIds private_;
+  };
+  // Adds a word's ids to `words` (a leased map), clearing it first when it is full.
+  static void remember(WordIds& words, std::string word, std::vector<uint32_t> ids);
+
+ private:
+  std::mutex mutex_;
+  WordIds words_;
+};
 
 // GPT-2's reversible byte -> code point table: printable Latin-1 bytes map to themselves, the other
 // 68 bytes to U+0100.. in byte order, so every byte string is a printable token string.

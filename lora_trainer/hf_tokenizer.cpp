@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -45,8 +44,6 @@ class HfTokenizer final : public Tokenizer {
     std::string content;
     uint32_t id;
   };
-  using WordCache = std::unordered_map<std::string, std::vector<uint32_t>>;
-  static constexpr size_t kMaxCachedWords = size_t{1} << 20;
 
   UserError unsupported(const std::string& what) const;
   void read_model(const json& model);
@@ -57,8 +54,8 @@ class HfTokenizer final : public Tokenizer {
   void read_eot(const std::string& dir);
   // The next added token at or after pos: its index in added_ and where it starts; false if none.
   bool next_added(std::string_view text, size_t pos, size_t* index, size_t* begin) const;
-  void split_and_encode(std::string_view piece, size_t level, WordCache& cache, std::vector<uint32_t>& out) const;
-  void encode_word(std::string_view word, WordCache& cache, std::vector<uint32_t>& out) const;
+  void split_and_encode(std::string_view piece, size_t level, WordIds& cache, std::vector<uint32_t>& out) const;
+  void encode_word(std::string_view word, WordIds& cache, std::vector<uint32_t>& out) const;
 
   std::string name_, path_;
   std::vector<std::string> id_bytes_;   // id -> its bytes (an added token: its content)
@@ -72,8 +69,7 @@ class HfTokenizer final : public Tokenizer {
   std::string added_first_bytes_;       // the first bytes of the added tokens, for find_first_of
   std::vector<Regex> splits_;           // Split / ByteLevel patterns, applied in order (Isolated)
   uint32_t eot_id_ = 0;
-  mutable std::mutex cache_mutex_;
-  mutable WordCache cache_;
+  mutable WordCache cache_;  // encode() leases it for the whole call
 };
 
 UserError HfTokenizer::unsupported(const std::string& what) const {
@@ -292,7 +288,7 @@ bool HfTokenizer::next_added(std::string_view text, size_t pos, size_t* index, s
 }
 
 // Split with behavior Isolated: the matches and the text between them are pieces, in order.
-void HfTokenizer::split_and_encode(std::string_view piece, size_t level, WordCache& cache,
+void HfTokenizer::split_and_encode(std::string_view piece, size_t level, WordIds& cache,
                                    std::vector<uint32_t>& out) const {
   if (piece.empty()) return;
   if (level == splits_.size()) return encode_word(piece, cache, out);
@@ -311,7 +307,7 @@ void HfTokenizer::split_and_encode(std::string_view piece, size_t level, WordCac
   split_and_encode(piece.substr(pos), level + 1, cache, out);
 }
 
-void HfTokenizer::encode_word(std::string_view word, WordCache& cache, std::vector<uint32_t>& out) const {
+void HfTokenizer::encode_word(std::string_view word, WordIds& cache, std::vector<uint32_t>& out) const {
   if (word.size() == 1) return out.push_back(byte_id_[static_cast<unsigned char>(word[0])]);
   std::string key(word);
   if (ignore_merges_) {  // a word that is a token is that token, whatever the merges would make
@@ -327,19 +323,14 @@ void HfTokenizer::encode_word(std::string_view word, WordCache& cache, std::vect
   for (size_t i = 0; i < word.size(); ++i) sym[i] = byte_id_[static_cast<unsigned char>(word[i])];
   bpe_merge(sym, merges_, MergeOrder::kHuggingFace);
   out.insert(out.end(), sym.begin(), sym.end());
-  if (cache.size() >= kMaxCachedWords) cache.clear();
-  cache.emplace(std::move(key), std::move(sym));
+  WordCache::remember(cache, std::move(key), std::move(sym));
 }
 
 std::vector<uint32_t> HfTokenizer::encode(std::string_view text) const {
   std::string cleaned;
-  if (!is_valid_utf8(text)) {
-    cleaned = sanitize_utf8(text);
-    text = cleaned;
-  }
-  std::unique_lock<std::mutex> lock(cache_mutex_, std::try_to_lock);
-  WordCache private_cache;
-  WordCache& cache = lock.owns_lock() ? cache_ : private_cache;
+  text = valid_utf8(text, cleaned);
+  WordCache::Lease lease(cache_);
+  WordIds& cache = lease.words();
   std::vector<uint32_t> ids;
   ids.reserve(text.size() / 3);
   size_t pos = 0, index = 0, begin = 0;

@@ -20,7 +20,6 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <mutex>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -118,22 +117,17 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::string name() const override { return "gpt2"; }
 
  private:
-  using WordCache = std::unordered_map<std::string, std::vector<uint32_t>>;
-  static constexpr size_t kMaxCachedWords = size_t{1} << 20;  // bounds memory on huge corpora
   void load_vocab(const std::string& dir);
   void compile_pattern();
   void bpe(std::string_view word, std::vector<uint32_t>& out) const;
-  void encode_word(std::string_view word, WordCache& cache, std::vector<uint32_t>& out) const;
+  void encode_word(std::string_view word, WordIds& cache, std::vector<uint32_t>& out) const;
 
   std::vector<std::string> id_bytes_;  // id -> the raw bytes it stands for
   uint32_t byte_id_[256] = {};         // the id of each single byte
   MergeTable merges_;
   uint32_t eot_id_ = 0;
   Regex re_;
-  // Shared word -> ids cache. encode() holds the lock for the whole call; a concurrent call that
-  // finds it taken uses a private cache instead of waiting.
-  mutable std::mutex cache_mutex_;
-  mutable WordCache cache_;
+  mutable WordCache cache_;  // encode() leases it for the whole call
 };
 
 std::string missing_file_message(const std::string& path) {
@@ -243,7 +237,7 @@ void Gpt2Tokenizer::bpe(std::string_view word, std::vector<uint32_t>& out) const
   out.insert(out.end(), sym.begin(), sym.end());
 }
 
-void Gpt2Tokenizer::encode_word(std::string_view word, WordCache& cache,
+void Gpt2Tokenizer::encode_word(std::string_view word, WordIds& cache,
                                 std::vector<uint32_t>& out) const {
   if (word.size() == 1) {
     out.push_back(byte_id_[static_cast<unsigned char>(word[0])]);
@@ -257,20 +251,15 @@ void Gpt2Tokenizer::encode_word(std::string_view word, WordCache& cache,
   }
   const size_t before = out.size();
   bpe(word, out);
-  if (cache.size() >= kMaxCachedWords) cache.clear();
-  cache.emplace(std::move(key), std::vector<uint32_t>(out.begin() + before, out.end()));
+  WordCache::remember(cache, std::move(key), std::vector<uint32_t>(out.begin() + before, out.end()));
 }
 
 std::vector<uint32_t> Gpt2Tokenizer::encode(std::string_view text) const {
   std::string cleaned;
-  if (!is_valid_utf8(text)) {
-    cleaned = sanitize_utf8(text);
-    text = cleaned;
-  }
+  text = valid_utf8(text, cleaned);
   MatchData md;
-  std::unique_lock<std::mutex> lock(cache_mutex_, std::try_to_lock);
-  WordCache private_cache;
-  WordCache& cache = lock.owns_lock() ? cache_ : private_cache;
+  WordCache::Lease lease(cache_);
+  WordIds& cache = lease.words();
 
   std::vector<uint32_t> ids;
   ids.reserve(text.size() / 3);

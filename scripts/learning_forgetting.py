@@ -30,6 +30,7 @@ Usage:
 """
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -257,7 +258,6 @@ def main():
                      "seconds": round(seconds, 1), "overrides": overrides, "checkpoint": ckpt})
         print(f"    {a.target} {loss[a.target]:.3f}  {a.source} {loss[a.source]:.3f}  ({seconds:.0f} s)", flush=True)
 
-    import math
     b = rows[0]
     lines = [f"# What LoRA learns and forgets: {a.target} learned, {a.source} forgotten", "",
              f"Base: `{a.base}`. Every run: {a.tokens} tokens of `{a.target}`, then `eval --rows {a.rows}` on both "
