@@ -131,7 +131,7 @@ nlohmann::json run_bench(const BenchOptions& o) {
   auto job = make_job("bench", o.config_path, tmp.string(), ov);
   auto* t = dynamic_cast<LoRATrainer*>(job.get());
   const Runtime& rt = t->runtime();
-  const GPTOptions& m = t->model()->options();
+  const ModelOptions& m = t->model()->options();
 
   const std::string where = rt.device.is_cuda() ? rt.device.str() : std::to_string(rt.threads) + " threads";
   std::printf("bench: measuring the %s matmul peak (%s)...\n", rt.bf16_autocast ? "bf16" : "f32", where.c_str());
@@ -167,7 +167,7 @@ nlohmann::json run_bench(const BenchOptions& o) {
   // Matmul parameters (the tied head counts; the embedding lookups do not), adapters, attention.
   int64_t n_matmul = 0;
   for (auto& [n, p] : named_params(*t->model()))
-    if (p.dim() == 2 && n != "wpe.weight") n_matmul += p.numel();
+    if (p.dim() == 2 && !t->model()->is_lookup(n)) n_matmul += p.numel();
   const double attn = 12.0 * m.n_layer * m.d_model * m.block_size;  // fwd + bwd, per token
   nlohmann::json result = {{"config", o.config_path},
                            {"model", {{"n_layers", m.n_layer}, {"d_model", m.d_model}, {"n_heads", m.n_head},

@@ -4,7 +4,7 @@
 
 namespace lt {
 
-std::vector<DatasetEval> held_out_loss(GPT& model, const std::vector<Sampling>& datasets, int64_t rows,
+std::vector<DatasetEval> held_out_loss(CausalLM& model, const std::vector<Sampling>& datasets, int64_t rows,
                                        const std::function<const Dataset&(const Sampling&)>& open, EvalShape shape,
                                        const Runtime& rt, Distributed& dist) {
   torch::NoGradGuard ng;

@@ -39,7 +39,7 @@ struct EvalShape {
 // Held-out loss of `model` (in eval mode for the call; its training mode comes back after) on the first
 // `rows` validation rows of each of `datasets`, each opened by `open` when its turn comes. Micro-batch k
 // is evaluated by rank k % ranks and the sums are reduced over the ranks.
-std::vector<DatasetEval> held_out_loss(GPT& model, const std::vector<Sampling>& datasets, int64_t rows,
+std::vector<DatasetEval> held_out_loss(CausalLM& model, const std::vector<Sampling>& datasets, int64_t rows,
                                        const std::function<const Dataset&(const Sampling&)>& open, EvalShape shape,
                                        const Runtime& rt, Distributed& dist);
 

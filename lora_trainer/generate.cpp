@@ -7,7 +7,7 @@
 
 namespace lt {
 
-std::vector<uint32_t> generate(GPT& model, const Runtime& rt, const std::vector<uint32_t>& prompt,
+std::vector<uint32_t> generate(CausalLM& model, const Runtime& rt, const std::vector<uint32_t>& prompt,
                                const GenerateOptions& o) {
   if (prompt.empty()) throw UserError("sample: the prompt encodes to no tokens; give some text");
   torch::NoGradGuard ng;

@@ -21,7 +21,7 @@ struct GenerateOptions {
 
 // Continues `prompt` (token ids, at least one). The context is the last block_size tokens.
 // Returns only the new ids. Deterministic for a given seed.
-std::vector<uint32_t> generate(GPT& model, const Runtime& rt, const std::vector<uint32_t>& prompt,
+std::vector<uint32_t> generate(CausalLM& model, const Runtime& rt, const std::vector<uint32_t>& prompt,
                                const GenerateOptions& opts);
 
 }  // namespace lt

@@ -45,15 +45,7 @@ void add_trainer_options(ConfigSchema& s) {
             std::to_string(kMaxSkippedInARow) + " in a row)",
         check_one_of({"stop", "skip"}));
   s.add("optimization/grad_clip", OptType::Float, 1.0, "global gradient-norm clip; 0 = off", check_nonnegative());
-  s.add("architecture/block_size", OptType::Int, 256, "context length T in tokens", check_positive());
-  s.add("architecture/n_layers", OptType::Int, 6, "transformer blocks", check_positive());
-  s.add("architecture/n_heads", OptType::Int, 6, "attention heads (must divide d_model)", check_positive());
-  s.add("architecture/d_model", OptType::Int, 384, "residual width C", check_positive());
-  s.add("architecture/vocab_size", OptType::Int, 50257, "vocabulary size V (>= the tokenizer's)", check_positive());
-  s.add("architecture/dropout", OptType::Float, 0.0, "dropout probability", check_range(0, 0.9));
-  s.add("architecture/activation", OptType::String, "gelu",
-        "the MLP's GELU: gelu (exact, erf) or gelu_tanh (the tanh approximation of GPT-2 and HF's gelu_new)",
-        check_one_of({"gelu", "gelu_tanh"}));
+  add_model_options(s);
   s.add("eval/evaluations", OptType::StringList, json::array({"perplexity"}),
         "evaluations at every validation and stage boundary: \"perplexity\" = held-out loss and perplexity of "
         "every dataset of the plan ([] = only the datasets of the current stage)",
@@ -110,7 +102,7 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const St
                                      "training/per_device_batch_size (" + std::to_string(micro_batch_) +
                                      "); set it to a divisor of " + std::to_string(rank_rows_) + ", or -1");
   torch::manual_seed(seed_);
-  model_ = GPT(GPTOptions::from_config(cfg_));
+  model_ = make_model(ModelOptions::from_config(cfg_));
   auto gen = at::detail::createCPUGenerator(seed_);
   model_->init_weights(gen);
   model_->to(rt_.device);

@@ -79,7 +79,7 @@ class BaseTrainer : public RestoreableJob {
   int64_t tokens() const { return tokens_; }
   int64_t total_steps() const { return total_steps_; }
   int64_t tokens_per_step() const { return batch_size_ * block_size_; }
-  GPT& model() { return model_; }
+  CausalLM& model() { return model_; }
   // Rank 0, or the only process: the one that writes files and prints.
   bool is_main() const { return dist_.is_main(); }
   AdamW& optimizer() { return *optimizer_; }
@@ -134,6 +134,9 @@ class BaseTrainer : public RestoreableJob {
   nlohmann::json checkpoint_metadata() const;
   // Loads only the model's parameters ("params/*") from a checkpoint; step and tokens stay as they are.
   void load_weights_from(const CheckpointMeta& ck);
+  // A UserError naming the architecture/ key when the checkpoint's model computes differently from ours
+  // with the same shapes (activation, heads, norm epsilon, rotary base, family).
+  void check_same_architecture(const CheckpointMeta& ck) const;
   // This rank's micro-batches of `batch`: forward, loss / (targets of the whole global batch), backward
   // (gradients accumulate). Returns this rank's part of the step's mean loss.
   double forward_backward(const Batch& batch);
@@ -150,7 +153,7 @@ class BaseTrainer : public RestoreableJob {
   Distributed& dist_;
   MetricsLog metrics_;  // the run directory's metrics.jsonl and config.json, and the lines printed with them
   Runtime rt_;
-  GPT model_{nullptr};
+  CausalLM model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<DataCatalog> catalog_;
   std::vector<Stage> stages_;

@@ -60,6 +60,22 @@ void BaseTrainer::save(const std::string& suffix, bool update_latest) {
   dist_.barrier("saving checkpoint " + suffix);  // the others go on once it is complete
 }
 
+// The shapes say nothing about these: weights trained with one GELU, head count, norm epsilon or
+// rotary base would load silently into a model computing another (GPT-2's own weights need gelu_tanh).
+// A key the checkpoint's config lacks (an older checkpoint) had its default.
+void BaseTrainer::check_same_architecture(const CheckpointMeta& ck) const {
+  const json arch = ck.raw.value("config", json::object()).value("architecture", json::object());
+  for (const char* key : {"family", "activation", "n_heads", "norm_eps", "rope_theta"}) {
+    const std::string path = std::string("architecture/") + key;
+    const json theirs = arch.contains(key) ? arch[key] : cfg_.schema().find(path)->default_value;
+    const json& ours = cfg_.get(path);
+    if (theirs == ours || (theirs.is_number() && ours.is_number() && theirs.get<double>() == ours.get<double>())) continue;
+    auto text = [](const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+    throw UserError(ck.dir + " holds weights of a model with " + path + "=" + text(theirs) + "; this job has " + text(ours) +
+                    ". Set " + path + "=" + text(theirs) + " (import-hf prints the architecture a job needs)");
+  }
+}
+
 void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
   const std::string& dir = ck.dir;
   const json& meta = ck.raw;
@@ -70,6 +86,7 @@ void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
   if (ck.kind != state_kind())
     throw UserError(dir + " holds a \"" + state_kind_name(ck.kind) + "\" state; job kind " + spec_.kind +
                     " expects \"" + state_kind_name(state_kind()) + "\"");
+  check_same_architecture(ck);
   auto names = meta.value("trainable_params", std::vector<std::string>());
   if (names != optimizer_->param_names())
     throw UserError(dir + ": its trainable parameters (" + std::to_string(names.size()) +
@@ -109,13 +126,7 @@ void BaseTrainer::load_weights_from(const CheckpointMeta& ck) {
   if (ck.kind != StateKind::Plain)
     throw UserError(dir + " holds a \"" + state_kind_name(ck.kind) +
                     "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
-  // The shapes say nothing about the activation: weights trained with one GELU would load silently
-  // into a model computing the other (GPT-2's own weights need gelu_tanh).
-  const json arch = meta.value("config", json::object()).value("architecture", json::object());
-  const std::string theirs = arch.value("activation", std::string("gelu")), ours = cfg_.get_string("architecture/activation");
-  if (theirs != ours)
-    throw UserError(dir + " holds weights of a model with architecture/activation=" + theirs + "; this job has " + ours +
-                    ". Set architecture/activation=" + theirs + " (import-hf prints the architecture a job needs)");
+  check_same_architecture(ck);
   NamedTensors into;
   for (auto& [name, t] : named_params(*model_)) into.emplace_back(kParamsPrefix + name, t);
   load_checkpoint_into(ck, into, {kParamsPrefix});

@@ -5,7 +5,7 @@
 #include "catch.hpp"
 
 #include "lora_trainer/config.hpp"
-#include "lora_trainer/model.hpp"
+#include "lora_trainer/gpt2.hpp"
 #include "lora_trainer/runtime.hpp"
 #include "lora_trainer/torch_compat.hpp"
 #include "lora_trainer/trainer.hpp"
@@ -64,19 +64,19 @@ TEST_CASE("fused and manual attention agree, forward and gradients", "[attention
 TEST_CASE("runtime/attention: auto is fused on CUDA (where LibTorch has it) and manual on the CPU, and fused without it is a clear error", "[attention]") {
   const torch::Device cpu(torch::kCPU), gpu(torch::kCUDA, 0);
   Config c(BaseTrainer::schema());
-  auto o = GPTOptions::from_config(c);
+  auto o = ModelOptions::from_config(c);
   CHECK_FALSE(o.fused_attention_on(cpu));
   CHECK(o.fused_attention_on(gpu) == fused_attention_available());
   c.apply_override("runtime/attention=manual");
-  o = GPTOptions::from_config(c);
+  o = ModelOptions::from_config(c);
   CHECK_FALSE(o.fused_attention_on(cpu));
   CHECK_FALSE(o.fused_attention_on(gpu));
   c.apply_override("runtime/attention=fused");
   if (fused_attention_available()) {
-    o = GPTOptions::from_config(c);
+    o = ModelOptions::from_config(c);
     CHECK(o.fused_attention_on(cpu));
     CHECK(o.fused_attention_on(gpu));
   } else {
-    CHECK_THROWS_WITH(GPTOptions::from_config(c), Contains("runtime/attention=fused needs LibTorch 2.0 or newer"));
+    CHECK_THROWS_WITH(ModelOptions::from_config(c), Contains("runtime/attention=fused needs LibTorch 2.0 or newer"));
   }
 }

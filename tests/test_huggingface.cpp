@@ -43,7 +43,7 @@ struct Loaded {
     torch::NoGradGuard ng;
     auto m = trainer->model();
     m->eval();
-    return m->forward(ids.to(m->wte->weight.device())).to(torch::kFloat32).cpu();  // the model may be on CUDA
+    return m->forward(ids.to(m->parameters()[0].device())).to(torch::kFloat32).cpu();  // the model may be on CUDA
   }
 };
 Loaded load(const std::string& checkpoint) {
@@ -282,7 +282,7 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
   CHECK(replaced == 3);
   CHECK(torch::equal(by_name.at("base_model.model.lm_head.weight"), by_name.at("base_model.model.transformer.wte.weight")));
   auto merged_params = gpt2_from_hf(hf, params, "peft-merged");
-  GPT m(lora.trainer->model()->options());
+  CausalLM m = make_model(lora.trainer->model()->options());
   {
     torch::NoGradGuard ng;
     std::map<std::string, torch::Tensor> merged_by_name(merged_params.begin(), merged_params.end());

@@ -5,6 +5,7 @@
 
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/export.hpp"
+#include "lora_trainer/gpt2.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "fixtures.hpp"
 
@@ -14,7 +15,7 @@ using lt::test::Contains;
 namespace {
 
 GPT tiny_gpt() {
-  GPTOptions o;
+  ModelOptions o;
   o.vocab_size = 257;
   o.block_size = 16;
   o.n_layer = 2;
@@ -49,10 +50,10 @@ NamedTensors snapshot(const NamedTensors& in) {
 }
 
 // Logits on the CPU in f32, whatever device the model is on (CUDA when the suite runs on a GPU).
-torch::Tensor logits_of(GPT& m, const torch::Tensor& idx) {
+torch::Tensor logits_of(CausalLMImpl& m, const torch::Tensor& idx) {
   torch::NoGradGuard ng;
-  m->eval();
-  return m->forward(idx.to(m->wte->weight.device())).to(torch::kFloat32).cpu();
+  m.eval();
+  return m.forward(idx.to(m.parameters()[0].device())).to(torch::kFloat32).cpu();
 }
 
 }  // namespace
@@ -153,10 +154,10 @@ TEST_CASE("merged and unmerged forward agree (f32, |diff| < 1e-4)", "[lora]") {
     for (size_t i = 0; i < target.size(); ++i) target[i].second.copy_(values[i].second);
   }
   auto idx = torch::randint(0, 257, {2, 16}, torch::kLong);
-  auto a = logits_of(adapted, idx), m = logits_of(merged, idx);
+  auto a = logits_of(*adapted, idx), m = logits_of(*merged, idx);
   CHECK((a - m).abs().max().item<double>() < 1e-4);
   detach_lora(*adapted);
-  CHECK((logits_of(adapted, idx) - m).abs().max().item<double>() > 1e-3);  // the adapters did matter
+  CHECK((logits_of(*adapted, idx) - m).abs().max().item<double>() > 1e-3);  // the adapters did matter
 }
 
 TEST_CASE("with B = 0 the transition keeps the output, up to the bf16 cast of the base", "[lora]") {
@@ -164,19 +165,19 @@ TEST_CASE("with B = 0 the transition keeps the output, up to the bf16 cast of th
   auto t = make_lora(d, "b0", {"runtime/precision=f32"});
   for (int i = 0; i < 5; ++i) t->train_step();
   auto idx = torch::randint(0, 257, {2, 32}, torch::kLong);
-  auto before = logits_of(t->model(), idx);
+  auto before = logits_of(*t->model(), idx);
   // The same weights rounded to bf16, no adapters: what the frozen base computes.
   GPT rounded(t->model()->options());
-  rounded->to(t->model()->wte->weight.device());
+  rounded->to(t->model()->parameters()[0].device());
   {
     torch::NoGradGuard ng;
     auto dst = named_params(*rounded), src = named_params(*t->model());
     for (size_t i = 0; i < dst.size(); ++i) dst[i].second.copy_(src[i].second.to(torch::kBFloat16).to(torch::kFloat32));
   }
-  auto expected = logits_of(rounded, idx);
+  auto expected = logits_of(*rounded, idx);
   transition_to_lora(*t);
   REQUIRE(t->in_lora_phase());
-  auto after = logits_of(t->model(), idx);
+  auto after = logits_of(*t->model(), idx);
   CHECK((after - expected).abs().max().item<double>() < 1e-5);  // B = 0: adapters add exactly nothing
   CHECK((after - before).abs().max().item<double>() < 0.05);    // bf16 rounding of the base only
 }
@@ -411,7 +412,7 @@ TEST_CASE("export merges the adapters: the exported model computes what base + a
   plain.restore_from_path(out);
   CHECK(plain.step() == 0);
   auto idx = torch::randint(0, 257, {2, 32}, torch::kLong);
-  CHECK((logits_of(plain.model(), idx) - logits_of(a->model(), idx)).abs().max().item<double>() < 1e-4);
+  CHECK((logits_of(*plain.model(), idx) - logits_of(*a->model(), idx)).abs().max().item<double>() < 1e-4);
 }
 
 TEST_CASE("rsLoRA scales by alpha/sqrt(r) and LoRA+ gives every B its lr ratio", "[lora]") {
@@ -436,9 +437,9 @@ TEST_CASE("rsLoRA scales by alpha/sqrt(r) and LoRA+ gives every B its lr ratio",
   auto lora = inject_lora_params(params, param_filter(params, {"mlp.c_fc"}), 4, at::detail::createCPUGenerator(1));
   for (auto& b : lora.B) b.normal_(0, 0.1);
   auto idx = torch::randint(0, 257, {2, 16}, torch::kLong);
-  auto base = logits_of(m, idx);
+  auto base = logits_of(*m, idx);
   attach_lora(*m, lora, 8.0, 4, true);
-  auto ours = logits_of(m, idx);
+  auto ours = logits_of(*m, idx);
   detach_lora(*m);
   GPT merged = tiny_gpt();
   {
@@ -447,7 +448,7 @@ TEST_CASE("rsLoRA scales by alpha/sqrt(r) and LoRA+ gives every B its lr ratio",
     auto from = merge_lora_params(named_params(*m), lora, 8.0, 4, true);
     for (size_t i = 0; i < into.size(); ++i) into[i].second.copy_(from[i].second);
   }
-  CHECK((logits_of(merged, idx) - ours).abs().max().item<double>() < 1e-4);
+  CHECK((logits_of(*merged, idx) - ours).abs().max().item<double>() < 1e-4);
   CHECK((ours - base).abs().max().item<double>() > 1e-3);
   t->save("ntoks/768");
   auto meta = read_checkpoint_metadata(t->job_dir() + "/ntoks/768");

@@ -1,0 +1,88 @@
+#include "lora_trainer/layers.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "lora_trainer/torch_compat.hpp"
+
+namespace lt {
+
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias) {
+  weight = register_parameter("weight", torch::empty({out_features, in_features}));
+  if (with_bias) bias = register_parameter("bias", torch::zeros({out_features}));
+}
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  return lora_linear(x, weight, bias, lora_A_, lora_B_, lora_scale_);
+}
+
+void LinearImpl::set_lora(torch::Tensor A, torch::Tensor B, double scale) {
+  lora_A_ = std::move(A);
+  lora_B_ = std::move(B);
+  lora_scale_ = scale;
+}
+
+LayerNormImpl::LayerNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+  bias = register_parameter("bias", torch::zeros({dim}));
+}
+
+torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
+  auto f = torch::kFloat32;
+  return torch::layer_norm(x.to(f), {weight.size(0)}, weight.to(f), bias.to(f), eps_);
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  auto xf = x.to(torch::kFloat32);
+  return xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight.to(torch::kFloat32);
+}
+
+bool fused_attention_available() { return LT_HAS_SDPA; }
+
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               double dropout, bool fused) {
+#if LT_HAS_SDPA
+  if (fused) return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
+#else
+  TORCH_CHECK(!fused, "fused attention needs LibTorch 2.0 or newer");
+#endif
+  const int64_t T = q.size(-2), D = q.size(-1);
+  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B,H,T,T)
+  auto causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+  att = att.masked_fill(causal, -std::numeric_limits<float>::infinity());
+  att = torch::softmax(att.to(torch::kFloat32), -1).to(v.scalar_type());  // softmax in f32
+  if (dropout > 0) att = torch::dropout(att, dropout, true);
+  return torch::matmul(att, v);
+}
+
+RopeTables rope_tables(int64_t T, int64_t head_dim, double theta, const torch::Device& device) {
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  auto inv_freq = 1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim));
+  auto angles = torch::outer(torch::arange(T, f32), inv_freq);  // (T, D/2)
+  auto emb = torch::cat({angles, angles}, -1);                  // (T, D)
+  return {emb.cos(), emb.sin()};
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& rope) {
+  auto xf = x.to(torch::kFloat32);
+  const int64_t half = xf.size(-1) / 2;
+  auto rotated = torch::cat({-xf.slice(-1, half), xf.slice(-1, 0, half)}, -1);
+  return xf * rope.cos + rotated * rope.sin;
+}
+
+torch::Tensor output_logits(const torch::Tensor& x, const torch::Tensor& W, bool padded) {
+  const int64_t V = W.size(0);
+  if (!x.is_cuda() || V % 64 == 0) return torch::linear(x, weight_for(W, x));
+  const int64_t Vp = (V + 63) / 64 * 64;
+  auto Wp = torch::cat({W, torch::zeros({Vp - V, W.size(1)}, W.options().requires_grad(false))});
+  auto bias = torch::zeros({Vp}, x.options().dtype(torch::kFloat32));
+  bias.slice(0, V).fill_(-std::numeric_limits<float>::infinity());
+  auto logits = torch::linear(x, weight_for(Wp, x), weight_for(bias, x));  // (B, T, Vp)
+  return padded ? logits : logits.slice(-1, 0, V);
+}
+
+}  // namespace lt

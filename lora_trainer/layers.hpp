@@ -1,0 +1,77 @@
+// The layers both model families are built from (gpt2.hpp, llama.hpp). Every layer computes in f32
+// whatever its parameters' dtype, so a bf16-frozen base works unchanged; shapes use B = batch rows,
+// T = time, C = width, H = heads, D = head size.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "lora_trainer/lora.hpp"
+
+namespace lt {
+
+// A linear layer y = x W^T (+ b) that can carry a LoRA adapter (lora.hpp). W: (out, in).
+class LinearImpl : public torch::nn::Module, public LoraAdaptable {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
+  torch::Tensor forward(const torch::Tensor& x);  // x: (..., in) -> (..., out)
+  void set_lora(torch::Tensor A, torch::Tensor B, double scale) override;
+  bool has_lora() const { return lora_A_.defined(); }
+  torch::Tensor weight, bias;  // bias undefined when built without one
+
+ private:
+  torch::Tensor lora_A_, lora_B_;
+  double lora_scale_ = 0.0;
+};
+TORCH_MODULE(Linear);
+
+// Layer norm (weight and bias), computed in f32.
+class LayerNormImpl : public torch::nn::Module {
+ public:
+  LayerNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(LayerNorm);
+
+// RMS norm (Llama's): x / sqrt(mean(x^2) + eps) * weight, computed in f32.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+// Causal self-attention of q, k, v (B, H, T, D), with dropout p on the attention weights: either
+// LibTorch's fused scaled_dot_product_attention (LibTorch 2.0+) or masked softmax computed in f32.
+// Both give the same result within rounding (tests/test_attention.cpp states the tolerance).
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               double dropout, bool fused);
+// Whether this LibTorch has the fused path.
+bool fused_attention_available();
+
+// Rotary position embeddings as Hugging Face's Llama applies them: each head's two halves rotate
+// together ("rotate_half", not interleaved pairs), position p by the angles p * inv_freq[i],
+// inv_freq[i] = theta^(-2i/D) for i < D/2, computed in f32.
+struct RopeTables {
+  torch::Tensor cos, sin;  // (T, D) f32: cat(angles, angles).cos() / .sin()
+};
+RopeTables rope_tables(int64_t T, int64_t head_dim, double theta, const torch::Device& device);
+// x: (B, H, T, D) -> x cos + rotate_half(x) sin, in f32; rotate_half(x) = cat(-x[D/2:], x[:D/2]).
+torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& rope);
+
+// Logits of x (B, T, C) against an output matrix W (V, C). cuBLAS multiplies fast only when each
+// row of the (N, V) output starts 16-byte aligned; with GPT-2's V = 50,257 it fell back to old sm75
+// kernels, which took a third of a training step on an H100 (docs/performance.md). On CUDA the head
+// therefore runs over V rounded up to a multiple of 64, the extra columns held at -inf by a bias so
+// that softmax gives them no weight and no gradient; `padded` keeps them (for the loss), else the V
+// real columns are returned.
+torch::Tensor output_logits(const torch::Tensor& x, const torch::Tensor& W, bool padded);
+
+}  // namespace lt
