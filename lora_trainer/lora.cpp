@@ -58,6 +58,19 @@ std::vector<bool> param_filter(const NamedTensors& params, const std::vector<std
   return mask;
 }
 
+std::vector<std::string> expand_target_modules(torch::nn::Module& root, const std::vector<std::string>& targets) {
+  std::vector<std::string> out;
+  for (const auto& t : targets) {
+    if (t != kAllLinear) {
+      out.push_back(t);
+      continue;
+    }
+    for (const auto& w : adaptable_weights(root))
+      if (w != "lm_head.weight") out.push_back(w);
+  }
+  return out;
+}
+
 LoraInit parse_lora_init(const std::string& s) {
   if (s == "gaussian") return LoraInit::Gaussian;
   if (s == "kaiming_uniform") return LoraInit::KaimingUniform;

@@ -63,6 +63,12 @@ const char* to_string(LoraInit init);
 // A target that matches no 2-D parameter is a LoraSettingError listing the parameter names.
 std::vector<bool> param_filter(const NamedTensors& params, const std::vector<std::string>& target_modules);
 
+// PEFT's "all-linear" as a target_modules entry: every weight of `root` that can take an adapter
+// except the output head (lm_head.weight), as PEFT leaves the output layer out. Returns `targets` with
+// that entry replaced by those full names (other entries unchanged).
+inline const char* kAllLinear = "all-linear";
+std::vector<std::string> expand_target_modules(torch::nn::Module& root, const std::vector<std::string>& targets);
+
 // Creates f32 A/B for every masked parameter, deterministically from `generator`.
 LoraParams inject_lora_params(const NamedTensors& params, const std::vector<bool>& mask, int64_t rank,
                               torch::Generator generator, LoraInit init = LoraInit::Gaussian);

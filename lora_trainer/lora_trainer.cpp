@@ -58,8 +58,10 @@ ConfigSchema LoRATrainer::schema() {
   s.add("optimization/lora/rank", OptType::Int, 16, "adapter rank r", check_positive());
   s.add("optimization/lora/alpha", OptType::Float, 16.0, "adapter scale numerator: W + (alpha/r) A B", check_positive());
   s.add("optimization/lora/target_modules", OptType::StringList,
-        json::array({"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}),
-        "substrings of parameter names whose 2-D weights get adapters (default: every linear layer of the blocks)");
+        json::array({kAllLinear}),
+        "substrings of parameter names whose 2-D weights get adapters, or \"all-linear\" (PEFT's value, the default): "
+        "every linear layer of the blocks (gpt2: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj; llama: q/k/v/o_proj, "
+        "gate/up/down_proj), not the output head");
   s.add("optimization/lora/init", OptType::String, "gaussian",
         "how adapter A is drawn (B starts at zero): gaussian, normal(0, 1/r) as in the reference framework and PEFT's "
         "\"gaussian\"; or kaiming_uniform, uniform(+-1/sqrt(in)) as PEFT's default",
@@ -103,7 +105,7 @@ LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
   // Validate the targets now, not at the boundary hours later.
   auto params = named_params(*model_);
   with_lora_keys([&] {
-    const auto mask = param_filter(params, lora_cfg_.target_modules);
+    const auto mask = param_filter(params, expand_target_modules(*model_, lora_cfg_.target_modules));
     check_lora_targets(*model_, params, mask, lora_cfg_.rank);
     modules_to_save_filter(params, lora_cfg_.modules_to_save, mask);
   });
@@ -170,7 +172,8 @@ void LoRATrainer::enter_lora_phase() {
   // Freeze the base: bf16, no gradients, and (below) no optimizer state; except the modules_to_save,
   // which keep their f32 values (taken before the cast) and train.
   NamedTensors params = named_params(*model_);
-  const std::vector<bool> mask = with_lora_keys([&] { return param_filter(params, lora_cfg_.target_modules); });
+  const std::vector<bool> mask =
+      with_lora_keys([&] { return param_filter(params, expand_target_modules(*model_, lora_cfg_.target_modules)); });
   const std::vector<bool> keep =
       with_lora_keys([&] { return modules_to_save_filter(params, lora_cfg_.modules_to_save, mask); });
   std::vector<torch::Tensor> masters;

@@ -166,7 +166,14 @@ int cmd_sample(const std::string& checkpoint, const std::string& prompt, std::st
                const GenerateOptions& opts, const std::vector<std::string>& overrides) {
   BaseTrainer* t = nullptr;
   auto job = load_for_reading(checkpoint, overrides, &t);
-  if (tokenizer_name == "auto") tokenizer_name = t->model()->options().vocab_size == 257 ? "byte" : "gpt2";
+  if (tokenizer_name == "auto") {
+    // The imported model's own tokenizer.json where its directory still has one; else by vocabulary.
+    const nlohmann::json& base = t->base_model();
+    const std::string hf = base.is_object() ? base.value("hf_dir", std::string()) : std::string();
+    tokenizer_name = !hf.empty() && std::filesystem::exists(hf + "/tokenizer.json") ? "hf:" + hf
+                     : t->model()->options().vocab_size == 257                         ? "byte"
+                                                                                       : "gpt2";
+  }
   auto tok = make_tokenizer(tokenizer_name);
   GenerateOptions o = opts;
   o.stop_id = tok->eot_id();
@@ -178,7 +185,7 @@ int cmd_sample(const std::string& checkpoint, const std::string& prompt, std::st
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"lora_trainer: train a GPT in two phases (full parameters, then LoRA adapters), with restorable jobs.\n"
+  CLI::App app{"lora_trainer: train a language model (GPT-2 or Llama family) in two phases (full parameters, then LoRA adapters), with restorable jobs.\n"
                "Docs: docs/cli.md, docs/config.md, checkpoints/README.md"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "help for every subcommand");
@@ -229,14 +236,16 @@ int main(int argc, char** argv) {
   export_cmd->add_option("OUT", export_out, "directory to write (native: usable with `run ... --restore OUT`)")->required();
   export_cmd->add_option("--format", export_format,
                          "native: our weights-only checkpoint, adapters merged; hf: model.safetensors + config.json "
-                         "(transformers' GPT2LMHeadModel), adapters merged; peft: adapter_config.json + "
+                         "(transformers' GPT2LMHeadModel, or LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM for the llama family), "
+                         "adapters merged; peft: adapter_config.json + "
                          "adapter_model.safetensors (the adapters of a LoRA checkpoint only)")
       ->capture_default_str()->check(CLI::IsMember({"native", "hf", "peft"}));
 
   std::string hf_dir, import_out;
-  auto* import_cmd = app.add_subcommand("import-hf", "import a Hugging Face GPT-2 (config.json + safetensors) as a weights-only "
-                                                     "checkpoint for `run ... --restore`, `eval` and `sample`");
-  import_cmd->add_option("HF_DIR", hf_dir, "a transformers model directory (model_type gpt2)")->required()->check(CLI::ExistingDirectory);
+  auto* import_cmd = app.add_subcommand("import-hf", "import a Hugging Face model (config.json + safetensors: GPT-2, "
+                                                     "Llama, Qwen2, Mistral) as a weights-only checkpoint for `run ... --restore`, "
+                                                     "`eval` and `sample`");
+  import_cmd->add_option("HF_DIR", hf_dir, "a transformers model directory (model_type gpt2, llama, qwen2 or mistral)")->required()->check(CLI::ExistingDirectory);
   import_cmd->add_option("OUT", import_out, "checkpoint directory to write")->required();
 
   std::vector<std::string> eval_datasets;
@@ -266,8 +275,8 @@ int main(int argc, char** argv) {
   sample_cmd->add_option("--top-k", gen.top_k, "sample from the k most likely tokens; 0 = all")->capture_default_str()
       ->check(CLI::Range(int64_t(0), int64_t(1) << 31));
   sample_cmd->add_option("--seed", gen.seed, "random seed")->capture_default_str();
-  sample_cmd->add_option("--tokenizer", sample_tokenizer, "auto (byte when the vocabulary is 257), gpt2, byte, or hf:DIR "
-                         "(a Hugging Face tokenizer.json in DIR)")
+  sample_cmd->add_option("--tokenizer", sample_tokenizer, "auto (an imported model's own tokenizer.json when its directory has one, else byte when "
+                         "the vocabulary is 257, else gpt2), gpt2, byte, or hf:DIR (a Hugging Face tokenizer.json in DIR)")
       ->capture_default_str()->check(tokenizer_name({"auto", "gpt2", "byte"}));
   sample_cmd->add_option("overrides", overrides, "key=value settings over the saved config (e.g. runtime/threads=1)");
 

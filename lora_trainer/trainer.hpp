@@ -80,6 +80,8 @@ class BaseTrainer : public RestoreableJob {
   int64_t total_steps() const { return total_steps_; }
   int64_t tokens_per_step() const { return batch_size_ * block_size_; }
   CausalLM& model() { return model_; }
+  // Where the weights came from when imported (import-hf's base_model record: family, hf_dir, ...), else null.
+  const nlohmann::json& base_model() const { return base_model_; }
   // Rank 0, or the only process: the one that writes files and prints.
   bool is_main() const { return dist_.is_main(); }
   AdamW& optimizer() { return *optimizer_; }

@@ -10,11 +10,13 @@
 #include "catch.hpp"
 
 #include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/hf_families.hpp"
 #include "lora_trainer/huggingface.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/registry.hpp"
 #include "lora_trainer/safetensors.hpp"
 #include "fixtures.hpp"
+#include "hf_fixtures.hpp"
 #include "launch.hpp"
 
 using namespace lt;
@@ -25,36 +27,11 @@ namespace {
 
 const std::string kGolden = std::string(LT_SOURCE_DIR) + "/tests/data/hf_gpt2";
 
-torch::Tensor golden_ids() {  // (2, 16) int64
-  auto rows = nlohmann::json::parse(read_file(kGolden + "/ids.json"))["ids"].get<std::vector<std::vector<int64_t>>>();
-  std::vector<torch::Tensor> t;
-  for (auto& r : rows) t.push_back(torch::tensor(r, torch::kLong));
-  return torch::stack(t);
-}
-
-torch::Tensor golden_logits() { return SafetensorsFile(kGolden + "/logits.safetensors").tensor("logits"); }  // (2, 16, 300)
-
-// The model of a checkpoint as `eval` and `sample` rebuild it (adapters attached, unmerged, on the
-// runtime's device), and its f32 logits without autocast, on the CPU.
-struct Loaded {
-  std::unique_ptr<RestoreableJob> job;
-  BaseTrainer* trainer;
-  torch::Tensor logits(const torch::Tensor& ids) {
-    torch::NoGradGuard ng;
-    auto m = trainer->model();
-    m->eval();
-    return m->forward(ids.to(m->parameters()[0].device())).to(torch::kFloat32).cpu();  // the model may be on CUDA
-  }
-};
-Loaded load(const std::string& checkpoint) {
-  Loaded l;
-  l.job = from_checkpoint_path(checkpoint, "", "/nonexistent-lt-test-out", {"runtime/threads=2"});
-  l.trainer = dynamic_cast<BaseTrainer*>(l.job.get());
-  REQUIRE(l.trainer);
-  return l;
-}
-
-double max_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
+torch::Tensor golden_ids() { return test::golden_ids(kGolden); }
+torch::Tensor golden_logits() { return test::golden_logits(kGolden); }
+using test::Loaded;
+using test::load;
+using test::max_diff;
 
 // A copy of the golden model directory with its tensors changed by `edit` (and config.json by `cfg`).
 std::string edited_model(const test::TempDir& d, const std::string& name, const std::function<void(NamedTensors&)>& edit,
@@ -102,7 +79,7 @@ TEST_CASE("import-hf of a transformers GPT-2 gives transformers' logits", "[hugg
   }
 }
 
-TEST_CASE("import-hf refuses what our GPT cannot represent, naming it, and writes nothing", "[huggingface]") {
+TEST_CASE("import-hf refuses a GPT-2 our gpt2 family cannot represent, naming it, and writes nothing", "[huggingface]") {
   test::TempDir d;
   const std::string out = d / "out";
   auto refused = [&](const std::string& dir, const std::string& text) {
@@ -112,10 +89,11 @@ TEST_CASE("import-hf refuses what our GPT cannot represent, naming it, and write
     for (auto& e : fs::directory_iterator(d.path)) CHECK(e.path().filename().string().find(".tmp-") == std::string::npos);
   };
   auto same = [](NamedTensors&) {};
-  refused(edited_model(d, "llama", same, [](auto& c) { c["model_type"] = "llama"; }),
-          "model_type \"llama\" is not supported; import-hf reads gpt2 (GPT2LMHeadModel) only. The llama family");
+  refused(edited_model(d, "qwen3", same, [](auto& c) { c["model_type"] = "qwen3"; }),
+          "model_type \"qwen3\" is not supported; import-hf reads gpt2 (GPT2LMHeadModel) and the llama family");
   refused(edited_model(d, "relu", same, [](auto& c) { c["activation_function"] = "relu"; }), "activation_function \"relu\"");
-  refused(edited_model(d, "eps", same, [](auto& c) { c["layer_norm_epsilon"] = 1e-6; }), "layer_norm_epsilon");
+  refused(edited_model(d, "inverse", same, [](auto& c) { c["scale_attn_by_inverse_layer_idx"] = true; }),
+          "scale_attn_by_inverse_layer_idx true");
   refused(edited_model(d, "untied", same, [](auto& c) { c["tie_word_embeddings"] = false; }), "tie_word_embeddings false");
   refused(edited_model(d, "missing",
                        [](NamedTensors& t) {
@@ -257,7 +235,7 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
     const bool saved = n == "params/wte.weight" || n.rfind("params/ln_f.", 0) == 0;
     params.emplace_back(n.substr(7), saved ? imported.at(n) : t.to(torch::kFloat32));
   }
-  NamedTensors hf = gpt2_to_hf(params);
+  NamedTensors hf = to_hf(ModelFamily::Gpt2, params);
   const double scaling = cfg["lora_alpha"].get<double>() / std::sqrt(cfg["r"].get<double>());  // use_rslora
   int applied = 0;
   for (auto& [n, w] : hf) {
@@ -281,7 +259,7 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
   }
   CHECK(replaced == 3);
   CHECK(torch::equal(by_name.at("base_model.model.lm_head.weight"), by_name.at("base_model.model.transformer.wte.weight")));
-  auto merged_params = gpt2_from_hf(hf, params, "peft-merged");
+  auto merged_params = from_hf(ModelFamily::Gpt2, hf, params, "peft-merged");
   CausalLM m = make_model(lora.trainer->model()->options());
   {
     torch::NoGradGuard ng;
