@@ -4,13 +4,22 @@
 // The library runs its patterns with Oniguruma; lora_trainer with PCRE2 (UTF + UCP). For the GPT-2,
 // Llama 3 and Qwen2 patterns they agree except on code points assigned after PCRE2's Unicode version
 // (PCRE2 10.42: Unicode 14), which the tests do not cover.
+//
+// Normalizers (NFC, NFD, NFKC, NFKD, and Sequences of them) are utf8proc's (Debian's libutf8proc), as
+// the library applies them (tokenizers' AddedVocabulary::extract_and_normalize): the added tokens with
+// normalized false are matched in the raw text first; each piece between them is normalized; then the
+// added tokens with normalized true are matched in the normalized pieces, by their normalized content.
 #include "lora_trainer/hf_tokenizer.hpp"
 
 #include <nlohmann/json.hpp>
+#include <utf8proc.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <stdexcept>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "lora_trainer/byte_level_bpe.hpp"
@@ -43,17 +52,29 @@ class HfTokenizer final : public Tokenizer {
   struct AddedToken {
     std::string content;
     uint32_t id;
+    bool normalized;  // matched in the normalized text, by its normalized content
+  };
+  // The added tokens matched in one pass: longest content first, and their first bytes.
+  struct AddedSet {
+    std::vector<AddedToken> tokens;
+    std::string first_bytes;
+    void add(AddedToken t);
   };
 
   UserError unsupported(const std::string& what) const;
   void read_model(const json& model);
   void read_added_tokens(const json& added);
   void read_normalizer(const json& n);
+  void split_added_tokens();
   void read_pre_tokenizer(const json& p, bool* byte_level_seen);
   void read_decoder(const json& d);
   void read_eot(const std::string& dir);
-  // The next added token at or after pos: its index in added_ and where it starts; false if none.
-  bool next_added(std::string_view text, size_t pos, size_t* index, size_t* begin) const;
+  // text after the normalizers: text itself, or a view of storage holding the normalized text.
+  std::string_view normalize(std::string_view text, std::string& storage) const;
+  // The next token of `set` at or after pos: its index in set.tokens and where it starts; false if none.
+  static bool next_added(const AddedSet& set, std::string_view text, size_t pos, size_t* index,
+                         size_t* begin);
+  void encode_normalized(std::string_view piece, WordIds& cache, std::vector<uint32_t>& out) const;
   void split_and_encode(std::string_view piece, size_t level, WordIds& cache, std::vector<uint32_t>& out) const;
   void encode_word(std::string_view word, WordIds& cache, std::vector<uint32_t>& out) const;
 
@@ -66,7 +87,8 @@ class HfTokenizer final : public Tokenizer {
   MergeTable merges_;
   bool ignore_merges_ = false;
   std::vector<AddedToken> added_;       // longest content first
-  std::string added_first_bytes_;       // the first bytes of the added tokens, for find_first_of
+  AddedSet raw_added_, normalized_added_;  // added_ by their `normalized` (contents normalized)
+  std::vector<utf8proc_option_t> normalizers_;  // utf8proc_map options, applied in order
   std::vector<Regex> splits_;           // Split / ByteLevel patterns, applied in order (Isolated)
   uint32_t eot_id_ = 0;
   mutable WordCache cache_;  // encode() leases it for the whole call
@@ -96,6 +118,7 @@ HfTokenizer::HfTokenizer(const std::string& dir) : name_("hf:" + dir) {
   if (j.contains("added_tokens")) read_added_tokens(j["added_tokens"]);
   read_model(j["model"]);
   read_normalizer(j.value("normalizer", json()));
+  split_added_tokens();
   bool byte_level = false;
   read_pre_tokenizer(j.value("pre_tokenizer", json()), &byte_level);
   if (!byte_level) throw unsupported("a pre_tokenizer without ByteLevel (not a byte-level BPE)");
@@ -113,12 +136,34 @@ void HfTokenizer::read_added_tokens(const json& added) {
     for (const char* flag : {"single_word", "lstrip", "rstrip"})
       if (t.value(flag, false)) throw unsupported("added token \"" + content + "\" with " + flag + " true");
     if (content.empty()) continue;
-    added_.push_back({content, t["id"].get<uint32_t>()});
+    // The library's files always have "normalized"; its AddedToken::from(content, special) gives !special.
+    const bool normalized = t.value("normalized", !t.value("special", false));
+    added_.push_back({content, t["id"].get<uint32_t>(), normalized});
   }
   std::stable_sort(added_.begin(), added_.end(),
                    [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
-  for (const auto& t : added_)
-    if (added_first_bytes_.find(t.content[0]) == std::string::npos) added_first_bytes_.push_back(t.content[0]);
+}
+
+void HfTokenizer::AddedSet::add(AddedToken t) {
+  if (t.content.empty()) return;
+  if (first_bytes.find(t.content[0]) == std::string::npos) first_bytes.push_back(t.content[0]);
+  auto at = std::find_if(tokens.begin(), tokens.end(),
+                         [&](const AddedToken& o) { return o.content.size() < t.content.size(); });
+  tokens.insert(at, std::move(t));
+}
+
+// After read_normalizer: a normalized token is looked for by its normalized content, as the library does.
+void HfTokenizer::split_added_tokens() {
+  for (const auto& t : added_) {
+    if (!t.normalized) {
+      raw_added_.add(t);
+    } else {
+      AddedToken n = t;
+      std::string storage;
+      n.content = std::string(normalize(t.content, storage));
+      normalized_added_.add(std::move(n));
+    }
+  }
 }
 
 void HfTokenizer::read_model(const json& model) {
@@ -206,13 +251,44 @@ void HfTokenizer::read_model(const json& model) {
 
 void HfTokenizer::read_normalizer(const json& n) {
   if (n.is_null()) return;
+  if (!n.is_object()) throw unsupported("a normalizer that is not an object");
   const std::string type = n.value("type", std::string());
-  if (type == "NFC") return;  // taken as satisfied: see docs/huggingface.md
+  // The Unicode normalization forms with the options utf8proc_NFC() etc. use, less UTF8PROC_NULLTERM
+  // (the length is given, so a NUL in the text is a character like any other).
+  static const std::vector<std::pair<std::string, int>> kForms = {
+      {"NFC", UTF8PROC_STABLE | UTF8PROC_COMPOSE},
+      {"NFD", UTF8PROC_STABLE | UTF8PROC_DECOMPOSE},
+      {"NFKC", UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT},
+      {"NFKD", UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT}};
+  for (const auto& [form, options] : kForms)
+    if (type == form) {
+      normalizers_.push_back(static_cast<utf8proc_option_t>(options));
+      return;
+    }
   if (type == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array()) {
     for (const auto& sub : n["normalizers"]) read_normalizer(sub);
     return;
   }
   throw unsupported("normalizer \"" + type + "\"");
+}
+
+std::string_view HfTokenizer::normalize(std::string_view text, std::string& storage) const {
+  if (normalizers_.empty() ||
+      std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; }))
+    return text;  // every form leaves ASCII as it is
+  storage.assign(text);
+  for (const utf8proc_option_t options : normalizers_) {
+    utf8proc_uint8_t* mapped = nullptr;
+    const utf8proc_ssize_t len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(storage.data()),
+                                              static_cast<utf8proc_ssize_t>(storage.size()), &mapped, options);
+    if (len < 0) {
+      std::free(mapped);
+      throw std::runtime_error(name_ + ": Unicode normalization failed: " + utf8proc_errmsg(len));
+    }
+    storage.assign(reinterpret_cast<const char*>(mapped), static_cast<size_t>(len));
+    std::free(mapped);
+  }
+  return storage;
 }
 
 void HfTokenizer::read_pre_tokenizer(const json& p, bool* byte_level_seen) {
@@ -273,12 +349,13 @@ void HfTokenizer::read_eot(const std::string& dir) {
                   join(kEotCandidates) + " is a token; add tokenizer_config.json with \"eos_token\"");
 }
 
-bool HfTokenizer::next_added(std::string_view text, size_t pos, size_t* index, size_t* begin) const {
-  if (added_.empty()) return false;
-  for (size_t i = text.find_first_of(added_first_bytes_, pos); i != std::string_view::npos;
-       i = text.find_first_of(added_first_bytes_, i + 1)) {
-    for (size_t k = 0; k < added_.size(); ++k)  // longest first: the library matches leftmost-longest
-      if (text.compare(i, added_[k].content.size(), added_[k].content) == 0) {
+bool HfTokenizer::next_added(const AddedSet& set, std::string_view text, size_t pos, size_t* index,
+                             size_t* begin) {
+  if (set.tokens.empty()) return false;
+  for (size_t i = text.find_first_of(set.first_bytes, pos); i != std::string_view::npos;
+       i = text.find_first_of(set.first_bytes, i + 1)) {
+    for (size_t k = 0; k < set.tokens.size(); ++k)  // longest first: the library matches leftmost-longest
+      if (text.compare(i, set.tokens[k].content.size(), set.tokens[k].content) == 0) {
         *index = k;
         *begin = i;
         return true;
@@ -334,13 +411,28 @@ std::vector<uint32_t> HfTokenizer::encode(std::string_view text) const {
   std::vector<uint32_t> ids;
   ids.reserve(text.size() / 3);
   size_t pos = 0, index = 0, begin = 0;
-  while (next_added(text, pos, &index, &begin)) {
-    split_and_encode(text.substr(pos, begin - pos), 0, cache, ids);
-    ids.push_back(added_[index].id);
-    pos = begin + added_[index].content.size();
+  while (next_added(raw_added_, text, pos, &index, &begin)) {
+    encode_normalized(text.substr(pos, begin - pos), cache, ids);
+    ids.push_back(raw_added_.tokens[index].id);
+    pos = begin + raw_added_.tokens[index].content.size();
   }
-  split_and_encode(text.substr(pos), 0, cache, ids);
+  encode_normalized(text.substr(pos), cache, ids);
   return ids;
+}
+
+// A piece of the text between two added tokens that are matched in the raw text.
+void HfTokenizer::encode_normalized(std::string_view piece, WordIds& cache,
+                                    std::vector<uint32_t>& out) const {
+  if (piece.empty()) return;
+  std::string storage;
+  const std::string_view text = normalize(piece, storage);
+  size_t pos = 0, index = 0, begin = 0;
+  while (next_added(normalized_added_, text, pos, &index, &begin)) {
+    split_and_encode(text.substr(pos, begin - pos), 0, cache, out);
+    out.push_back(normalized_added_.tokens[index].id);
+    pos = begin + normalized_added_.tokens[index].content.size();
+  }
+  split_and_encode(text.substr(pos), 0, cache, out);
 }
 
 std::string HfTokenizer::decode(const std::vector<uint32_t>& ids) const {

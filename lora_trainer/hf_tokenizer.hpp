@@ -5,12 +5,14 @@
 //  - pre_tokenizer ByteLevel (use_regex true: GPT-2's pattern; add_prefix_space false), or a Sequence
 //    of Split (a Regex pattern, behavior Isolated, not inverted) steps followed by ByteLevel with
 //    use_regex false (Llama 3, Qwen2);
-//  - normalizer none, or NFC taken as already satisfied (see docs/huggingface.md);
+//  - normalizer none, NFC, NFD, NFKC or NFKD, or a Sequence of them (utf8proc's), applied as the
+//    library applies it: to the text between the added tokens with normalized false, before the added
+//    tokens with normalized true are matched (by their normalized content) and before pre-tokenisation;
 //  - decoder none or ByteLevel; the post-processor (e.g. Llama 3's BOS) is not applied;
 //  - added_tokens (special or not): matched in the text as the library does, before pre-tokenisation,
 //    leftmost first and the longest where several start at the same place.
-// Anything else (WordPiece, Unigram/SentencePiece such as Llama 2, byte_fallback, normalizers that
-// change text, other pre-tokenizers) is refused with an lt::UserError naming it.
+// Anything else (WordPiece, Unigram/SentencePiece such as Llama 2, byte_fallback, other normalizers
+// such as Lowercase, Replace or Prepend, other pre-tokenizers) is refused with an lt::UserError naming it.
 //
 // The end-of-text id: tokenizer_config.json's eos_token when the directory has one, else the first
 // added token of <|endoftext|> (GPT-2, Qwen2), <|end_of_text|> (Llama 3 base), <|eot_id|>, </s>.

@@ -60,8 +60,8 @@ main() {
 
   COMPONENTS=(main)
   PACKAGES=(build-essential cmake ninja-build pkg-config ccache ca-certificates
-            libhdf5-dev zlib1g-dev nlohmann-json3-dev catch2 libcli11-dev libpcre2-dev libopenblas0-pthread
-            libpython3-stdlib nodejs)
+            libhdf5-dev zlib1g-dev nlohmann-json3-dev catch2 libcli11-dev libpcre2-dev libutf8proc-dev
+            libopenblas0-pthread libpython3-stdlib nodejs)
   CMAKE_ARGS=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo)
   if [[ $PLATFORM == debian13 ]]; then
     PACKAGES+=(libtorch-dev libgloo-dev)
@@ -294,7 +294,8 @@ main() {
   ver() { in_root dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo '?'; }
   if [[ $PLATFORM == debian13 ]]; then torch_pkg=libtorch-dev; else torch_pkg=libtorch-cuda-dev; fi
   log "versions: $torch_pkg $(ver "$torch_pkg"), libhdf5-dev $(ver libhdf5-dev), catch2 $(ver catch2)," \
-      "libcli11-dev $(ver libcli11-dev), g++ $(ver g++), cmake $(ver cmake)$(
+      "libcli11-dev $(ver libcli11-dev), libutf8proc-dev $(ver libutf8proc-dev), g++ $(ver g++)," \
+      "cmake $(ver cmake)$(
       [[ $PLATFORM == debian13-cuda ]] && echo ", nvidia-cuda-toolkit $(ver nvidia-cuda-toolkit), libnccl-dev $(ver libnccl-dev)")"
 
   # ---------------------------------------------------------------------------------------------------

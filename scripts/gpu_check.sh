@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a CUDA host with PyTorch's Python package (and no package registry): builds lora_trainer against
-# that package's LibTorch, with HDF5, nlohmann-json, CLI11, Catch2, PCRE2, pkgconf (and, where the
-# PyTorch package has none, the gloo headers) taken from the Debian .deb files that
+# that package's LibTorch, with HDF5, nlohmann-json, CLI11, Catch2, PCRE2, utf8proc, pkgconf (and,
+# where the PyTorch package has none, the gloo headers) taken from the Debian .deb files that
 # scripts/gpu_deps.sh downloaded into .gpu/debs on the Debian machine; then runs the test suite, the
 # benchmark (`lora_trainer bench configs/bench_gpt2_124m.json`), the plain-PyTorch reference
 # (scripts/reference_gpt.py --device cuda) and Hugging Face transformers + PEFT on the same model and
@@ -225,7 +225,8 @@ prepare_prefix() {
   if command -v pkg-config >/dev/null 2>&1; then PKGCONF="$(command -v pkg-config)"
   else PKGCONF="$P/usr/bin/pkgconf"; fi
   export PKG_CONFIG_PATH="$P/usr/lib/$ARCH_DIR/pkgconfig:$P/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
-  echo "pkg-config: $PKGCONF; libpcre2-8: $("$PKGCONF" --cflags --libs libpcre2-8 2>&1)"
+  echo "pkg-config: $PKGCONF; libpcre2-8: $("$PKGCONF" --cflags --libs libpcre2-8 2>&1);" \
+       "libutf8proc: $("$PKGCONF" --cflags --libs libutf8proc 2>&1)"
 }
 
 # Torch's CMake prefix and include directories.

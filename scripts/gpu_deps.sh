@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Downloads (here, on the Debian 12 machine) the Debian .deb files that the build on a CUDA host needs
 # and that such a host has no package registry for: HDF5 (headers, the C and C++ libraries and the
-# libraries they load), nlohmann-json, CLI11, Catch2 2, PCRE2, the gloo headers c10d's
+# libraries they load), nlohmann-json, CLI11, Catch2 2, PCRE2, utf8proc, the gloo headers c10d's
 # ProcessGroupGloo.hpp includes (used only when the PyTorch package ships none) and pkgconf.
 # They land in .gpu/debs/ (ignored by git); scripts/gpu_check.sh unpacks them on the CUDA host into
 # .gpu/prefix with `dpkg -x` (never into /). Carry `.gpu` to that host.
@@ -20,9 +20,9 @@ DEST="$(cd "$DEST" && pwd)"
 
 # Development packages: their headers, CMake/pkg-config files and .so links. Taken without their
 # Depends (libhdf5-dev would pull Fortran, libjpeg-dev, libssl-dev, ...: none of them used here).
-DEV=(libhdf5-dev zlib1g-dev nlohmann-json3-dev libcli11-dev catch2 libpcre2-dev libgloo-dev)
+DEV=(libhdf5-dev zlib1g-dev nlohmann-json3-dev libcli11-dev catch2 libpcre2-dev libutf8proc-dev libgloo-dev)
 # Runtime libraries and tools, taken with the closure of their Depends.
-RUNTIME=(libhdf5-103-1 libhdf5-cpp-103-1 libpcre2-8-0 pkgconf pkgconf-bin libpkgconf3)
+RUNTIME=(libhdf5-103-1 libhdf5-cpp-103-1 libpcre2-8-0 libutf8proc2 pkgconf pkgconf-bin libpkgconf3)
 # In every base system (and ABI-bound to the host's compiler and C library): never brought.
 EXCLUDE=(libc6 libgcc-s1 libstdc++6 gcc-12-base zlib1g libcrypt1 debconf perl-base dpkg)
 

@@ -3,7 +3,9 @@
 the real `tokenizers` library (Debian sid's python3-tokenizers; see docs/huggingface.md, "Checking
 with the real libraries").
 
-  python3 scripts/hf_tokenizer_golden.py REPO_ROOT OUT_DIR
+  python3 scripts/hf_tokenizer_golden.py REPO_ROOT OUT_DIR    train the tokenizers, then write the goldens
+  python3 scripts/hf_tokenizer_golden.py --goldens OUT_DIR    only rewrite every golden.json from the
+                                                              tokenizer.json files already in OUT_DIR
 
 With no network, small byte-level BPE tokenizers are *trained* here on text from the repository
 (docs/*.md and a few lora_trainer/*.cpp), in the three layouts lora_trainer supports:
@@ -25,13 +27,21 @@ Each supported directory gets golden.json: {"eot_token", "vocab_size" (get_vocab
 =True)), "strings": [{"text", "ids"}], "files": [{"path", "ids"}]}, ids from
 encode(text, add_special_tokens=False) (so no BOS); paths are relative to OUT_DIR, whose corpus/ gets
 copies of a few repository files (the whole-file goldens; tests tokenize them with the CLI too).
-Strings that NFC would change are left out for qwen2 (lora_trainer does not normalize, see the docs).
+qwen2's golden.json also has NORMALIZATION_STRINGS (text that Unicode normalization changes: decomposed
+accents, Hangul jamo, ligatures, compatibility characters, combining marks next to special tokens),
+"normalized" (the library's normalize_str) for each string the normalizer changes, and
+"normalizer_variants": qwen2's tokenizer.json with its normalizer replaced (NFD, NFKC, NFKD, a Sequence)
+or with added tokens of both kinds (normalized true: matched in the normalized text; false: in the
+raw text), each {"name", "normalizer", "extra_added_tokens", "strings"}.
+
+Training is deterministic for one library version and one set of input files, but the inputs (docs)
+change with the repository: to add strings without changing the committed tokenizers, run --goldens
+on a copy of tests/data/hf_tokenizers (the corpus/ copies there are what the file goldens read).
 """
 import json
 import os
 import shutil
 import sys
-import unicodedata
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -59,6 +69,33 @@ STRINGS = [
     "lora_zyxwv and the_zyxwv _zyxwvu", "abab ababab abcab",
 ]
 
+# qwen2 only (the other goldens stay as they were): what NFC, NFD, NFKC and NFKD change.
+NORMALIZATION_STRINGS = [
+    "cafe\u0301 re\u0301sume\u0301 nai\u0308ve e\u0301le\u0300ve",  # decomposed accents
+    "\ufb01le \ufb02ow o\ufb03ce \ufb00",  # ligatures: NFC and NFD keep them, NFKC and NFKD do not
+    "\u1112\u1161\u11ab\u1100\u116e\u11a8\u110b\u1165 \u1112\u1161\u11ab \ud55c",  # Hangul jamo, syllables
+    "A\u030angstr\u00f6m \u212bngstro\u0308m \u00c5 a\u030a",  # A + ring, the Angstrom sign
+    "\u03b1\u0301\u03bb\u03c6\u03b1 \u1f00\u0301 \u03b5\u0313\u0301 \u03ac\u03ad \u0390",  # Greek
+    "x = e\u0301 + 1; // caf\u00e9 vs cafe\u0301\nprint('n\u0303')",  # among ASCII
+    "\u2167 \u00bd x\u00b2 \u2460 \uff21\uff22\uff23 \u3000 \u00a0 \u3392 \u2026",  # compatibility
+    "\u1e9b\u0323 o\u0308\u0304 o\u0304\u0308 q\u0307\u0323 q\u0323\u0307",  # canonical order
+    "\u0958 \u2126 \u212a \u0344",  # singletons and composition exclusions
+    "<|im_start|>e\u0301<|im_end|>\u0301a",  # a combining mark after a special token
+    "\u0301 starts with a combining mark \u0308",
+    "\U0001d400\U0001d401 \ufdfa \u00c5\u0301",
+]
+
+# qwen2's tokenizer.json with another normalizer, or with more added tokens.
+NORMALIZER_VARIANTS = [
+    ("nfd", {"type": "NFD"}, []),
+    ("nfkc", {"type": "NFKC"}, []),
+    ("nfkd", {"type": "NFKD"}, []),
+    ("sequence", {"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "NFKC"}]}, []),
+    # normalized true: matched after NFC, with its content normalized too (U+212B -> U+00C5);
+    # normalized false: matched in the text as given, before normalization.
+    ("added_tokens", {"type": "NFC"}, [("\u212b", True, False), ("e\u0301", False, True)]),
+]
+
 CORPUS_FILES = ["lora_trainer/tokenize.hpp", "docs/huggingface.md", "configs/demo.json"]
 
 
@@ -81,13 +118,18 @@ def train(files, pre, specials, vocab_size, normalizer=None, ignore_merges=False
     return tok
 
 
-def write_golden(tok, out, eot_token, corpus, skip=lambda s: False):
-    strings = []
-    for s in STRINGS:
-        if skip(s):
-            continue
-        ids = tok.encode(s, add_special_tokens=False).ids
-        strings.append({"text": s, "ids": ids})
+def encode_strings(tok, strings):
+    out = []
+    for s in strings:
+        entry = {"text": s, "ids": tok.encode(s, add_special_tokens=False).ids}
+        if tok.normalizer is not None and tok.normalizer.normalize_str(s) != s:
+            entry["normalized"] = tok.normalizer.normalize_str(s)
+        out.append(entry)
+    return out
+
+
+def write_golden(tok, out, eot_token, corpus, extra_strings=(), variants=None):
+    strings = encode_strings(tok, STRINGS + list(extra_strings))
     files = []
     for rel in corpus or []:
         with open(os.path.join(os.path.dirname(out), rel), encoding="utf-8") as f:
@@ -95,9 +137,48 @@ def write_golden(tok, out, eot_token, corpus, skip=lambda s: False):
         files.append({"path": rel, "ids": tok.encode(text, add_special_tokens=False).ids})
     golden = {"eot_token": eot_token, "eot_id": tok.token_to_id(eot_token),
               "vocab_size": tok.get_vocab_size(with_added_tokens=True), "strings": strings, "files": files}
+    if variants is not None:
+        golden["normalizer_variants"] = variants
     with open(os.path.join(out, "golden.json"), "w", encoding="utf-8") as f:
         json.dump(golden, f, ensure_ascii=True, separators=(",", ":"))
         f.write("\n")
+
+
+def normalizer_variants(path):
+    """The NORMALIZER_VARIANTS of the tokenizer.json at path, encoded by the library."""
+    with open(path, encoding="utf-8") as f:
+        base = json.load(f)
+    variants = []
+    for name, normalizer, extra in NORMALIZER_VARIANTS:
+        j = json.loads(json.dumps(base))
+        j["normalizer"] = normalizer
+        extra_tokens = []
+        next_id = max(list(j["model"]["vocab"].values()) + [t["id"] for t in j["added_tokens"]]) + 1
+        for content, normalized, special in extra:
+            extra_tokens.append({"id": next_id, "content": content, "single_word": False, "lstrip": False,
+                                 "rstrip": False, "normalized": normalized, "special": special})
+            next_id += 1
+        j["added_tokens"] += extra_tokens
+        tok = Tokenizer.from_str(json.dumps(j))
+        variants.append({"name": name, "normalizer": normalizer, "extra_added_tokens": extra_tokens,
+                         "strings": encode_strings(tok, STRINGS + NORMALIZATION_STRINGS)})
+    return variants
+
+
+def write_goldens(out_root):
+    """Every golden.json, from the tokenizer.json files in out_root."""
+    corpus = ["corpus/" + os.path.basename(rel) for rel in CORPUS_FILES]
+    for style, eot in [("gpt2", "<|endoftext|>"), ("llama3", "<|eot_id|>")]:
+        out = os.path.join(out_root, style)
+        write_golden(Tokenizer.from_file(os.path.join(out, "tokenizer.json")), out, eot, corpus)
+    out = os.path.join(out_root, "qwen2")
+    path = os.path.join(out, "tokenizer.json")
+    write_golden(Tokenizer.from_file(path), out, "<|endoftext|>", corpus, NORMALIZATION_STRINGS,
+                 normalizer_variants(path))
+    out = os.path.join(out_root, "order")
+    order = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
+    assert order.encode("abab").ids == [order.token_to_id("aba"), order.token_to_id("b")], order.encode("abab").ids
+    write_golden(order, out, "<|endoftext|>", None)
 
 
 def save(tok, out):
@@ -106,13 +187,15 @@ def save(tok, out):
 
 
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--goldens":
+        write_goldens(sys.argv[2])
+        return
+    if len(sys.argv) != 3 or sys.argv[1].startswith("-"):
+        sys.exit("usage: hf_tokenizer_golden.py REPO_ROOT OUT_DIR | --goldens OUT_DIR")
     root, out_root = sys.argv[1], sys.argv[2]
     os.makedirs(os.path.join(out_root, "corpus"), exist_ok=True)
-    corpus = []
     for rel in CORPUS_FILES:
-        name = os.path.basename(rel)
-        shutil.copyfile(os.path.join(root, rel), os.path.join(out_root, "corpus", name))
-        corpus.append("corpus/" + name)
+        shutil.copyfile(os.path.join(root, rel), os.path.join(out_root, "corpus", os.path.basename(rel)))
     files = training_files(root)
 
     # (a) GPT-2 style; merges rewritten as "a b" strings, the older format GPT-2's own file uses.
@@ -126,8 +209,6 @@ def main():
     j["model"]["merges"] = [m if isinstance(m, str) else " ".join(m) for m in j["model"]["merges"]]
     with open(path, "w", encoding="utf-8") as f:
         json.dump(j, f, ensure_ascii=False, separators=(",", ":"))
-    gpt2 = Tokenizer.from_file(path)  # the golden ids come from the file as saved
-    write_golden(gpt2, out, "<|endoftext|>", corpus)
 
     # (b) Llama 3 style.
     pre = pre_tokenizers.Sequence([
@@ -149,7 +230,6 @@ def main():
     with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}, f, indent=2)
         f.write("\n")
-    write_golden(Tokenizer.from_file(os.path.join(out, "tokenizer.json")), out, "<|eot_id|>", corpus)
 
     # (c) Qwen2 style.
     pre = pre_tokenizers.Sequence([
@@ -158,8 +238,6 @@ def main():
     qwen = train(files, pre, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], 650, normalizer=normalizers.NFC())
     out = os.path.join(out_root, "qwen2")
     save(qwen, out)
-    write_golden(Tokenizer.from_file(os.path.join(out, "tokenizer.json")), out, "<|endoftext|>", corpus,
-                 skip=lambda s: unicodedata.normalize("NFC", s) != s)
 
     # Out-of-order merges: "abab" is [aba, b] merging one pair at a time, [ab, ab] merging all at once.
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -172,9 +250,6 @@ def main():
     order.add_special_tokens(["<|endoftext|>"])
     out = os.path.join(out_root, "order")
     save(order, out)
-    order = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
-    assert order.encode("abab").ids == [vocab["aba"], vocab["b"]], order.encode("abab").ids
-    write_golden(order, out, "<|endoftext|>", None)
 
     # Types lora_trainer refuses.
     wp = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]"))
@@ -183,6 +258,8 @@ def main():
     uni = Tokenizer(models.Unigram([("<unk>", 0.0), ("\u2581a", -1.0), ("b", -2.0)], 0))
     uni.pre_tokenizer = pre_tokenizers.Metaspace()
     save(uni, os.path.join(out_root, "unsupported", "unigram"))
+
+    write_goldens(out_root)  # the golden ids come from the files as saved
 
 
 if __name__ == "__main__":

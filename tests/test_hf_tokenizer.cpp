@@ -1,12 +1,15 @@
 // Hugging Face tokenizer.json (`--tokenizer hf:DIR`): ids equal those of the real `tokenizers` library
 // on the golden strings and files of three small byte-level BPE tokenizers trained with it (GPT-2,
 // Llama 3 and Qwen2 layouts, and one with out-of-order merges; scripts/hf_tokenizer_golden.py made tests/data/hf_tokenizers/), decode
-// inverts encode, unsupported tokenizers are refused naming what is unsupported, and `tokenize` writes
-// a dataset that names the tokenizer and ends documents with its end-of-text id.
+// inverts encode (up to the normalizer), Qwen2's NFC and the NFD, NFKC, NFKD and Sequence normalizers
+// give the library's ids on text they change, unsupported tokenizers are refused naming what is
+// unsupported, and `tokenize` writes a dataset that names the tokenizer and ends documents with its
+// end-of-text id.
 #include "catch.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -41,10 +44,10 @@ std::vector<uint32_t> read_ids(const std::string& path) {
   return ids;
 }
 
-// Writes DIR/tokenizer.json: the gpt2 golden tokenizer with `edit` applied.
+// Writes DIR/tokenizer.json: the golden tokenizer of `style` with `edit` applied.
 std::string edited_tokenizer(const lt::test::TempDir& tmp, const std::string& name,
-                             const std::function<void(json&)>& edit) {
-  json j = lt::read_json_file(kData + "/gpt2/tokenizer.json");
+                             const std::function<void(json&)>& edit, const std::string& style = "gpt2") {
+  json j = lt::read_json_file(kData + "/" + style + "/tokenizer.json");
   edit(j);
   const std::string dir = tmp / name;
   fs::create_directories(dir);
@@ -85,7 +88,8 @@ TEST_CASE("hf tokenizer decode inverts encode, added tokens included", "[tokeniz
     for (const auto& s : g["strings"]) {
       const std::string text = s["text"];
       INFO("text " << s["text"].dump());
-      CHECK(tok->decode(tok->encode(text)) == text);
+      // "normalized": the library's normalizer changes the text (qwen2's NFC).
+      CHECK(tok->decode(tok->encode(text)) == s.value("normalized", text));
     }
     for (const auto& f : g["files"]) {
       const std::string text = lt::read_file(kData + "/" + f["path"].get<std::string>());
@@ -95,6 +99,49 @@ TEST_CASE("hf tokenizer decode inverts encode, added tokens included", "[tokeniz
     const auto eot = tok->eot_id();
     const std::string eot_text = tok->decode({eot});
     CHECK(tok->encode(eot_text) == std::vector<uint32_t>{eot});
+  }
+}
+
+TEST_CASE("hf tokenizer normalizers give the library's ids on text that NFC, NFD, NFKC and NFKD change", "[tokenizer][hf]") {
+  const json g = golden("qwen2");
+  auto qwen = lt::make_tokenizer("hf:" + kData + "/qwen2");
+  // Qwen2's NFC: decomposed and composed text are the same ids, and the golden strings include text
+  // NFC changes (decomposed accents, Hangul jamo, A + ring, Greek with combining accents).
+  CHECK(qwen->encode("cafe\xcc\x81 A\xcc\x8a") == qwen->encode("caf\xc3\xa9 \xc3\x85"));
+  size_t changed = 0;
+  for (const auto& s : g["strings"]) changed += s.contains("normalized");
+  CHECK(changed >= 10);
+
+  // qwen2's tokenizer.json with other normalizers, and with added tokens matched before (normalized
+  // false) and after (normalized true) normalization; ids from the library on the same files.
+  lt::test::TempDir tmp;
+  REQUIRE(g["normalizer_variants"].size() >= 5);
+  std::vector<std::string> forms;
+  for (const auto& v : g["normalizer_variants"]) {
+    const std::string name = v["name"];
+    INFO("variant " << name << ": " << v["normalizer"].dump());
+    forms.push_back(v["normalizer"].dump());
+    const std::string dir = edited_tokenizer(tmp, name, [&](json& j) {
+      j["normalizer"] = v["normalizer"];
+      for (const auto& t : v["extra_added_tokens"]) j["added_tokens"].push_back(t);
+    }, "qwen2");
+    auto tok = lt::make_tokenizer("hf:" + dir);
+    REQUIRE(v["strings"].size() >= 50);
+    size_t normalized = 0;
+    for (const auto& s : v["strings"]) {
+      const std::string text = s["text"];
+      INFO("text " << s["text"].dump());
+      CHECK(tok->encode(text) == s["ids"].get<std::vector<uint32_t>>());
+      normalized += s.contains("normalized");
+      // Added tokens decode to their content, which need not be the normalized text.
+      if (v["extra_added_tokens"].empty()) CHECK(tok->decode(tok->encode(text)) == s.value("normalized", text));
+    }
+    CHECK(normalized >= 10);
+  }
+  for (const char* form : {"NFD", "NFKC", "NFKD", "Sequence"}) {
+    INFO("form " << form);
+    CHECK(std::any_of(forms.begin(), forms.end(),
+                      [&](const std::string& f) { return f.find(std::string("\"") + form + "\"") != std::string::npos; }));
   }
 }
 
@@ -125,6 +172,10 @@ TEST_CASE("hf tokenizer refuses what it does not support, naming it", "[tokenize
   };
   const std::vector<Case> cases = {
       {"lowercase", "normalizer \"Lowercase\"", [](json& j) { j["normalizer"] = {{"type", "Lowercase"}}; }},
+      {"sequence", "normalizer \"Replace\"",
+       [](json& j) {
+         j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Replace"}}}}};
+       }},
       {"whitespace", "pre_tokenizer \"Whitespace\"", [](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }},
       {"byte_fallback", "byte_fallback", [](json& j) { j["model"]["byte_fallback"] = true; }},
       {"prefix_space", "add_prefix_space", [](json& j) { j["pre_tokenizer"]["add_prefix_space"] = true; }},
