@@ -20,8 +20,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 }
 
 MLPImpl::MLPImpl(const ModelOptions& o) : gelu_tanh_(o.activation == ModelOptions::Activation::GeluTanh) {
-  c_fc = register_module("c_fc", Linear(o.d_model, o.d_ff));
-  c_proj = register_module("c_proj", Linear(o.d_ff, o.d_model));
+  c_fc = register_module("c_fc", Linear(o.d_model, o.ff()));
+  c_proj = register_module("c_proj", Linear(o.ff(), o.d_model));
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {

@@ -290,7 +290,7 @@ json gpt2_config(const ModelOptions& o, json hf) {
   hf["n_embd"] = o.d_model;
   hf["n_layer"] = o.n_layer;
   hf["n_head"] = o.n_head;
-  hf["n_inner"] = o.d_ff == 4 * o.d_model ? json(nullptr) : json(o.d_ff);
+  hf["n_inner"] = o.ff() == 4 * o.d_model ? json(nullptr) : json(o.ff());
   hf["activation_function"] = hf_activation(o, hf.value("activation_function", std::string()), "gelu_new");
   hf["layer_norm_epsilon"] = o.norm_eps;
   hf["scale_attn_weights"] = true;
@@ -316,10 +316,10 @@ json llama_config(const ModelOptions& o, json hf) {
   hf["model_type"] = type;
   hf["vocab_size"] = o.vocab_size;
   hf["hidden_size"] = o.d_model;
-  hf["intermediate_size"] = o.d_ff;
+  hf["intermediate_size"] = o.ff();
   hf["num_hidden_layers"] = o.n_layer;
   hf["num_attention_heads"] = o.n_head;
-  hf["num_key_value_heads"] = o.n_kv_head;
+  hf["num_key_value_heads"] = o.kv_heads();
   hf["head_dim"] = o.head_dim();
   hf["max_position_embeddings"] = std::max<int64_t>(o.block_size, hf.value("max_position_embeddings", int64_t{0}));
   hf["hidden_act"] = hf_activation(o, hf.value("hidden_act", std::string()), "gelu_pytorch_tanh");

@@ -7,13 +7,13 @@ namespace lt {
 LlamaAttentionImpl::LlamaAttentionImpl(const ModelOptions& o) : opts_(o) {
   const int64_t D = o.head_dim();
   q_proj = register_module("q_proj", Linear(o.d_model, o.n_head * D, o.qkv_bias));
-  k_proj = register_module("k_proj", Linear(o.d_model, o.n_kv_head * D, o.qkv_bias));
-  v_proj = register_module("v_proj", Linear(o.d_model, o.n_kv_head * D, o.qkv_bias));
+  k_proj = register_module("k_proj", Linear(o.d_model, o.kv_heads() * D, o.qkv_bias));
+  v_proj = register_module("v_proj", Linear(o.d_model, o.kv_heads() * D, o.qkv_bias));
   o_proj = register_module("o_proj", Linear(o.n_head * D, o.d_model, /*with_bias=*/false));
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
-  const int64_t B = x.size(0), T = x.size(1), H = opts_.n_head, KV = opts_.n_kv_head, D = opts_.head_dim();
+  const int64_t B = x.size(0), T = x.size(1), H = opts_.n_head, KV = opts_.kv_heads(), D = opts_.head_dim();
   auto v = v_proj(x).view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
   auto q = apply_rope(q_proj(x).view({B, T, H, D}).transpose(1, 2), rope).to(v.scalar_type());
   auto k = apply_rope(k_proj(x).view({B, T, KV, D}).transpose(1, 2), rope).to(v.scalar_type());
@@ -26,9 +26,9 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RopeTabl
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const ModelOptions& o) : act_(o.activation) {
-  gate_proj = register_module("gate_proj", Linear(o.d_model, o.d_ff, /*with_bias=*/false));
-  up_proj = register_module("up_proj", Linear(o.d_model, o.d_ff, /*with_bias=*/false));
-  down_proj = register_module("down_proj", Linear(o.d_ff, o.d_model, /*with_bias=*/false));
+  gate_proj = register_module("gate_proj", Linear(o.d_model, o.ff(), /*with_bias=*/false));
+  up_proj = register_module("up_proj", Linear(o.d_model, o.ff(), /*with_bias=*/false));
+  down_proj = register_module("down_proj", Linear(o.ff(), o.d_model, /*with_bias=*/false));
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {

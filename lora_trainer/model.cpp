@@ -52,9 +52,8 @@ ModelOptions ModelOptions::from_config(const Config& cfg) {
   o.n_layer = cfg.get_int("architecture/n_layers");
   o.n_head = cfg.get_int("architecture/n_heads");
   o.d_model = cfg.get_int("architecture/d_model");
-  const int64_t kv = cfg.get_int("architecture/n_kv_heads"), ff = cfg.get_int("architecture/d_ff");
-  o.n_kv_head = kv == -1 ? o.n_head : kv;
-  o.d_ff = ff == -1 ? 4 * o.d_model : ff;
+  o.n_kv_head = cfg.get_int("architecture/n_kv_heads");
+  o.d_ff = cfg.get_int("architecture/d_ff");
   o.dropout = cfg.get_double("architecture/dropout");
   const std::string act = cfg.get_string("architecture/activation");
   o.activation = act == "silu" ? Activation::Silu : act == "gelu_tanh" ? Activation::GeluTanh : Activation::Gelu;
@@ -76,7 +75,7 @@ void ModelOptions::validate() const {
   if (d_model % n_head != 0)
     throw UserError("architecture/d_model (" + n(d_model) + ") must be divisible by architecture/n_heads (" + n(n_head) + ")");
   if (family == ModelFamily::Gpt2) {
-    const char* llama_only = n_kv_head != n_head ? "architecture/n_kv_heads"
+    const char* llama_only = kv_heads() != n_head ? "architecture/n_kv_heads"
                              : !tie_embeddings   ? "architecture/tie_embeddings=false"
                              : qkv_bias          ? "architecture/qkv_bias=true"
                              : activation == Activation::Silu ? "architecture/activation=silu"
@@ -86,8 +85,8 @@ void ModelOptions::validate() const {
                       "Set architecture/family=llama, or leave it at its default");
     return;
   }
-  if (n_head % n_kv_head != 0)
-    throw UserError("architecture/n_kv_heads (" + n(n_kv_head) + ") must divide architecture/n_heads (" + n(n_head) + ")");
+  if (n_head % kv_heads() != 0)
+    throw UserError("architecture/n_kv_heads (" + n(kv_heads()) + ") must divide architecture/n_heads (" + n(n_head) + ")");
   if (head_dim() % 2 != 0)
     throw UserError("the llama family's rotary embeddings need an even head size; d_model / n_heads is " + n(head_dim()));
 }

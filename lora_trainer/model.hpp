@@ -32,9 +32,9 @@ struct ModelOptions {
   int64_t block_size = 256;
   int64_t n_layer = 6;
   int64_t n_head = 6;
-  int64_t n_kv_head = 6;   // llama: grouped-query attention (divides n_head); gpt2: n_head
+  int64_t n_kv_head = -1;  // llama: grouped-query key/value heads (divide n_head); -1 = n_head (kv_heads())
   int64_t d_model = 384;
-  int64_t d_ff = 1536;     // the MLP's hidden width
+  int64_t d_ff = -1;       // the MLP's hidden width; -1 = 4 d_model (ff())
   double dropout = 0.0;
   // The MLP's activation: GELU exact (erf) or its tanh approximation (GPT-2's own weights, HF's
   // gelu_new), or SiLU (llama's gate: SwiGLU).
@@ -48,6 +48,8 @@ struct ModelOptions {
   enum class Attention { Auto, Fused, Manual } attention = Attention::Auto;
 
   int64_t head_dim() const { return d_model / n_head; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t ff() const { return d_ff > 0 ? d_ff : 4 * d_model; }
   bool fused_attention_on(const torch::Device& device) const;
   // A UserError naming the architecture/ key of the first inconsistency.
   void validate() const;

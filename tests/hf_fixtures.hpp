@@ -2,11 +2,15 @@
 // checkpoint's model as `eval` and `sample` rebuild it: shared by the Hugging Face tests.
 #pragma once
 
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/registry.hpp"
 #include "lora_trainer/safetensors.hpp"
 #include "lora_trainer/trainer.hpp"
@@ -50,5 +54,39 @@ inline Loaded load(const std::string& checkpoint, std::vector<std::string> overr
 }
 
 inline double max_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+// With LT_HF_CHECK_DIR set, what scripts/hf_golden.py checks with the real libraries
+// (docs/huggingface.md) of the LoRA `checkpoint`: under $LT_HF_CHECK_DIR/<name>/ copies of the export directories `dirs`
+// (peft, hf), our LoRA model's logits of `ids`, and the same adapters on the f32 base as imported (the
+// job trained them on its bf16 copy), which is what PEFT computes on the original Hugging Face model.
+inline void keep_for_hf_check(const std::string& name, const std::string& from, const std::vector<std::string>& dirs,
+                              Loaded& lora, const std::string& checkpoint, const std::string& imported,
+                              const torch::Tensor& ids) {
+  const char* keep = std::getenv("LT_HF_CHECK_DIR");
+  if (!keep) return;
+  namespace fs = std::filesystem;
+  const std::string k = std::string(keep) + (name.empty() ? "" : "/" + name);
+  fs::create_directories(k);
+  for (const auto& sub : dirs) {
+    remove_tree(k + "/" + sub);
+    fs::create_directories(k + "/" + sub);  // flat directories; no recursive std::filesystem (util.hpp says why)
+    for (auto& e : fs::directory_iterator(from + "/" + sub)) fs::copy_file(e.path(), fs::path(k) / sub / e.path().filename());
+  }
+  write_safetensors(k + "/lora_logits.safetensors", {{"logits", lora.logits(ids).contiguous()}});
+  auto& trained = dynamic_cast<LoRATrainer&>(*lora.trainer);
+  const nlohmann::json lm = read_checkpoint_metadata(checkpoint)["lora"];
+  Loaded f32 = load(imported, {"optimization/lora/rank=" + std::to_string(lm["rank"].get<int64_t>())});
+  attach_lora(*f32.trainer->model(), trained.lora_params(), lm["alpha"].get<double>(), lm["rank"].get<int64_t>(),
+              lm.value("rslora", false));
+  {
+    torch::NoGradGuard ng;  // and the modules_to_save as trained
+    auto from_params = named_params(*trained.model());
+    auto into = named_params(*f32.trainer->model());
+    for (size_t i = 0; i < into.size(); ++i)
+      for (const auto& n : trained.saved_modules())
+        if (into[i].first == n) into[i].second.copy_(from_params[i].second);
+  }
+  write_safetensors(k + "/lora_on_f32_base_logits.safetensors", {{"logits", f32.logits(ids).contiguous()}});
+}
 
 }  // namespace lt::test

@@ -274,30 +274,7 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
   import_hf(d / "hf", d / "hf_again");
   CHECK(max_diff(load(d / "hf_again").logits(ids), ours) < 1e-4);
 
-  if (const char* keep = std::getenv("LT_HF_CHECK_DIR")) {  // for scripts/hf_golden.py (docs/huggingface.md)
-    const std::string k = keep;
-    fs::create_directories(k);
-    for (const char* sub : {"peft", "hf"}) {
-      remove_tree(k + "/" + sub);
-      fs::create_directories(k + "/" + sub);  // flat directories; no recursive std::filesystem (util.hpp says why)
-      for (auto& e : fs::directory_iterator(d / sub)) fs::copy_file(e.path(), fs::path(k) / sub / e.path().filename());
-    }
-    write_safetensors(k + "/lora_logits.safetensors", {{"logits", ours.contiguous()}});
-    // The adapters on the f32 base as imported (the job trained them on its bf16 copy of it), as
-    // PEFT computes them on the original Hugging Face model.
-    Loaded f32 = load(d / "imported");
-    auto& trained = dynamic_cast<LoRATrainer&>(*lora.trainer);
-    attach_lora(*f32.trainer->model(), trained.lora_params(), 8.0, 4, /*rslora=*/true);
-    {
-      torch::NoGradGuard ng;  // and the modules_to_save as trained
-      auto from = named_params(*trained.model());
-      auto into = named_params(*f32.trainer->model());
-      for (size_t i = 0; i < into.size(); ++i)
-        for (const auto& n : trained.saved_modules())
-          if (into[i].first == n) into[i].second.copy_(from[i].second);
-    }
-    write_safetensors(k + "/lora_on_f32_base_logits.safetensors", {{"logits", f32.logits(ids).contiguous()}});
-  }
+  test::keep_for_hf_check("", d.path.string(), {"peft", "hf"}, lora, ck, d / "imported", ids);
 }
 
 TEST_CASE("launcher: import-hf, LoRA without phase one, eval and sample, export --format peft and hf", "[huggingface][launcher]") {

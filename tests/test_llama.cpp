@@ -208,6 +208,7 @@ TEST_CASE("LoRA on an imported Llama: PEFT's files and rule (nn.Linear, untied h
   CHECK(nlohmann::json::parse(read_file(d / "hf/config.json"))["architectures"][0] == "LlamaForCausalLM");
   import_hf(d / "hf", d / "hf_again");
   CHECK(max_diff(test::load(d / "hf_again").logits(ids), ours) < 1e-4);
+  test::keep_for_hf_check("llama", d.path.string(), {"peft", "hf"}, lora, ck, d / "imported", ids);
 }
 
 TEST_CASE("a llama-family job crosses the LoRA boundary, and resume in either phase is bit-identical", "[lora][llama]") {
