@@ -30,6 +30,7 @@ std::vector<uint32_t> generate(CausalLM& model, const Runtime& rt, const std::ve
       logits = model->forward(ctx.to(rt.device));  // (1, t, V)
     }
     auto last = logits[0][-1].to(torch::kFloat32).to(torch::kCPU);  // (V)
+    if (o.vocab_limit > 0 && o.vocab_limit < V) last = last.slice(0, 0, o.vocab_limit);  // ids the tokenizer can decode
     if (!torch::isfinite(last).all().item<bool>())
       throw UserError("sample: the model's output is NaN or infinite after " + std::to_string(ids.size()) +
                       " tokens: the checkpoint's weights are not finite (a diverged run, or a damaged file). "
@@ -39,7 +40,7 @@ std::vector<uint32_t> generate(CausalLM& model, const Runtime& rt, const std::ve
       next = last.argmax().item<int64_t>();
     } else {
       last = last / o.temperature;
-      if (o.top_k > 0 && o.top_k < V) {
+      if (o.top_k > 0 && o.top_k < last.size(0)) {
         auto kth = std::get<0>(last.topk(o.top_k)).min();
         last = last.masked_fill(last < kth, -std::numeric_limits<float>::infinity());
       }

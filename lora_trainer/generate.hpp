@@ -17,6 +17,8 @@ struct GenerateOptions {
   int64_t top_k = 40;        // 0 = no cut-off
   uint64_t seed = 0;
   int64_t stop_id = -1;      // stop after generating this id (end-of-text); -1 = never
+  int64_t vocab_limit = -1;  // draw only ids below this (the tokenizer's vocabulary, when the model's is
+                             // padded past it, as Qwen2's and the test models' are); -1 = every id
 };
 
 // Continues `prompt` (token ids, at least one). The context is the last block_size tokens.

@@ -177,6 +177,7 @@ int cmd_sample(const std::string& checkpoint, const std::string& prompt, std::st
   auto tok = make_tokenizer(tokenizer_name);
   GenerateOptions o = opts;
   o.stop_id = tok->eot_id();
+  o.vocab_limit = tok->vocab_size();
   auto ids = generate(t->model(), t->runtime(), tok->encode(prompt), o);
   std::printf("%s%s\n", prompt.c_str(), tok->decode(ids).c_str());
   return 0;

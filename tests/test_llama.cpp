@@ -9,6 +9,7 @@
 #include "catch.hpp"
 
 #include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/generate.hpp"
 #include "lora_trainer/hf_families.hpp"
 #include "lora_trainer/huggingface.hpp"
 #include "lora_trainer/lora_trainer.hpp"
@@ -257,4 +258,21 @@ TEST_CASE("a llama-family job crosses the LoRA boundary, and resume in either ph
   auto other = make("other", {"architecture/rope_theta=10000"});
   CHECK_THROWS_WITH(other->restore_from_path(straight->job_dir() + "/pre_lora_checkpoint"),
                     Contains("holds weights of a model with architecture/rope_theta=500.0; this job has 10000.0"));
+}
+
+TEST_CASE("sample draws only ids its tokenizer can decode when the model's vocabulary is larger", "[llama]") {
+  // Qwen2 pads its vocabulary past the tokenizer's; so does this test model (300) for the byte tokenizer (257).
+  test::TempDir d;
+  import_hf(test::hf_golden("llama") + "/model", d / "imported");
+  test::Loaded l = test::load(d / "imported");
+  GenerateOptions o;
+  o.max_new_tokens = 200;
+  o.temperature = 1.5;
+  o.top_k = 0;
+  const std::vector<uint32_t> prompt = {1, 2, 3};
+  auto unlimited = generate(l.trainer->model(), l.trainer->runtime(), prompt, o);
+  CHECK(*std::max_element(unlimited.begin(), unlimited.end()) >= 257);  // the model does put weight there
+  o.vocab_limit = 257;
+  auto limited = generate(l.trainer->model(), l.trainer->runtime(), prompt, o);
+  CHECK(*std::max_element(limited.begin(), limited.end()) < 257);
 }
