@@ -269,3 +269,23 @@ TEST_CASE("distributed: mistakes in the launch get a clear error and exit 2", "[
   CHECK_THAT(read_file(dir / "r0.log"), Contains("the ranks start from different steps (rank 0 at step 16"));
   CHECK_FALSE(std::filesystem::exists(dir / "unseen/checkpoints"));
 }
+
+TEST_CASE("distributed: a llama-family job trains both phases on 2 ranks, sharded and unsharded bit-identical", "[distributed][llama]") {
+  test::TempDir dir;
+  const std::string cfg = lora_config(dir, {"architecture/family=llama", "architecture/activation=silu", "architecture/n_kv_heads=1",
+                                            "architecture/d_ff=48", "architecture/tie_embeddings=false", "architecture/qkv_bias=true"});
+  Result plain = launch({"run", "job", cfg, dir / "two", "--nproc", "2", "distributed/shard_optimizer=none"});
+  INFO(plain.out);
+  REQUIRE(plain.code == 0);
+  Result sharded = launch({"run", "job", cfg, dir / "sharded", "--nproc", "2", "distributed/shard_optimizer=all"});
+  INFO(sharded.out);
+  REQUIRE(sharded.code == 0);
+  for (const char* ckpt : {"ntoks/1024", "pre_lora_checkpoint", "final/4096"}) {
+    INFO(ckpt);
+    auto a = test::state_digests(job_dir(dir, "two", "job") + "/" + ckpt);
+    CHECK(a == test::state_digests(job_dir(dir, "sharded", "job") + "/" + ckpt));
+  }
+  auto final_digests = test::state_digests(job_dir(dir, "two", "job") + "/final/4096");
+  CHECK(final_digests.count("lora/model.layers.1.mlp.down_proj.lora_B") == 1);
+  CHECK(final_digests.count("params/lm_head.weight") == 1);
+}
