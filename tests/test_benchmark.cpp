@@ -135,22 +135,27 @@ TEST_CASE("boundaries save checkpoints and the forgetting matrix, and a resumed 
   CHECK(from_boundary->forgetting() == m);
 }
 
+// A benchmark_lora job of two pre-LoRA and two LoRA stages (12 steps) on the tiny model.
+std::unique_ptr<BenchmarkLoRABaseTrainer> make_benchmark_lora(const Data& d, const std::string& name,
+                                                              const std::vector<std::string>& extra = {}) {
+  Config c(BenchmarkLoRABaseTrainer::schema());
+  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
+  c.apply_override("training/pre_lora_tokens=[384,384]");
+  c.apply_override(R"(training/pre_lora_dataset=[[{"name":"a","rate":1}],[{"name":"b","rate":1}]])");
+  c.apply_override("training/post_lora_tokens=[384,384]");
+  c.apply_override(R"(training/post_lora_dataset=[[{"name":"c","rate":1}],[{"name":"a","rate":1}]])");
+  c.apply_override("optimization/lora/rank=4");
+  c.apply_override("training/fade/overlap=128");
+  c.apply_override("eval/boundary_rows=4");
+  for (const auto& o : extra) c.apply_override(o);
+  JobSpec s;
+  s.name = name;
+  return std::make_unique<BenchmarkLoRABaseTrainer>(s, std::move(c), d.dir / "out");
+}
+
 TEST_CASE("benchmark LoRA: pre-LoRA stages, the switch, LoRA stages, a bit-identical base and restores in each phase", "[benchmark]") {
   Data d;
-  auto make = [&](const std::string& name) {
-    Config c(BenchmarkLoRABaseTrainer::schema());
-    for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
-    c.apply_override("training/pre_lora_tokens=[384,384]");
-    c.apply_override(R"(training/pre_lora_dataset=[[{"name":"a","rate":1}],[{"name":"b","rate":1}]])");
-    c.apply_override("training/post_lora_tokens=[384,384]");
-    c.apply_override(R"(training/post_lora_dataset=[[{"name":"c","rate":1}],[{"name":"a","rate":1}]])");
-    c.apply_override("optimization/lora/rank=4");
-    c.apply_override("training/fade/overlap=128");
-    c.apply_override("eval/boundary_rows=4");
-    JobSpec s;
-    s.name = name;
-    return std::make_unique<BenchmarkLoRABaseTrainer>(s, std::move(c), d.dir / "out");
-  };
+  auto make = [&](const std::string& name) { return make_benchmark_lora(d, name); };
   auto straight = make("bl");
   std::vector<double> losses;
   NamedTensors base_at_switch;
@@ -217,4 +222,22 @@ TEST_CASE("benchmark jobs are registered and their lists are checked", "[benchma
   Data d;
   CHECK_THROWS_WITH(make_bench(d, "bad", {"training/tokens=[512,512]"}),
                     Contains("training/tokens has 2 stages but training/dataset has 3"));
+}
+
+TEST_CASE("benchmark LoRA with a llama-family model: stage ends, the switch and a restore inside the LoRA stages", "[benchmark][llama]") {
+  Data d;
+  const std::vector<std::string> llama = {"architecture/family=llama", "architecture/activation=silu",
+                                          "architecture/n_kv_heads=1", "architecture/tie_embeddings=false"};
+  auto straight = make_benchmark_lora(d, "ll", llama);
+  std::vector<double> losses;
+  while (!straight->done()) losses.push_back(straight->train_step().loss);
+  REQUIRE(losses.size() == 12);
+  CHECK(straight->in_lora_phase());
+  auto full = make_benchmark_lora(d, "ll_run", llama);
+  full->run();
+  REQUIRE(full->forgetting().size() == 4);
+  auto r = make_benchmark_lora(d, "ll_run", llama);
+  r->restore_from_path("boundary_2_3");
+  CHECK(r->in_lora_phase());
+  for (int64_t i = r->step(); i < 12; ++i) CHECK(r->train_step().loss == losses[static_cast<size_t>(i)]);
 }
