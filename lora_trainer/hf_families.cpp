@@ -116,10 +116,12 @@ std::vector<std::string> gpt2_architecture(const json& c, std::vector<std::strin
           "architecture/norm_eps=" + num(c.value("layer_norm_epsilon", 1e-5))};
 }
 
-// rope_theta: top-level (transformers 4) or inside rope_parameters (transformers 5). Only the default
-// rotary scheme is read; scaled variants (llama3, yarn, linear, dynamic) are refused by name.
-double llama_rope_theta(const json& c, std::vector<std::string>& problems) {
+// The rotary settings as overrides: rope_theta top-level (transformers 4) or inside rope_parameters
+// (transformers 5), and the scaling (rope_scaling in 4, rope_parameters in 5): default, linear and llama3
+// are read; the others (yarn, dynamic, longrope, ...) are refused by name.
+std::vector<std::string> llama_rope(const json& c, std::vector<std::string>& problems) {
   double theta = 10000.0;
+  std::vector<std::string> scaling = {"architecture/rope_scaling=none"};
   if (c.contains("rope_theta") && c["rope_theta"].is_number()) theta = c["rope_theta"].get<double>();
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     if (!c.contains(key) || c[key].is_null()) continue;
@@ -130,11 +132,26 @@ double llama_rope_theta(const json& c, std::vector<std::string>& problems) {
     }
     if (p.contains("rope_theta") && p["rope_theta"].is_number()) theta = p["rope_theta"].get<double>();
     const std::string type = p.value("rope_type", p.value("type", std::string("default")));
-    if (type != "default")
-      problems.push_back(std::string(key) + " rope_type \"" + type + "\": only the default rotary embedding is supported " +
-                         "(scaled variants such as llama3, yarn, linear and dynamic are not)");
+    auto number = [&](const char* k) {
+      if (p.contains(k) && p[k].is_number()) return p[k].get<double>();
+      problems.push_back(std::string(key) + " (rope_type " + type + ") has no number " + k);
+      return 1.0;
+    };
+    if (type == "linear") {
+      scaling = {"architecture/rope_scaling=linear", "architecture/rope_factor=" + num(number("factor"))};
+    } else if (type == "llama3") {
+      scaling = {"architecture/rope_scaling=llama3", "architecture/rope_factor=" + num(number("factor")),
+                 "architecture/rope_low_freq_factor=" + num(number("low_freq_factor")),
+                 "architecture/rope_high_freq_factor=" + num(number("high_freq_factor")),
+                 "architecture/rope_original_context=" +
+                     std::to_string(static_cast<int64_t>(number("original_max_position_embeddings")))};
+    } else if (type != "default") {
+      problems.push_back(std::string(key) + " rope_type \"" + type + "\": the rotary embeddings read are default, linear " +
+                         "and llama3 (Llama 3.1/3.2); yarn, dynamic, longrope and the others are not supported");
+    }
   }
-  return theta;
+  scaling.insert(scaling.begin(), "architecture/rope_theta=" + num(theta));
+  return scaling;
 }
 
 std::vector<std::string> llama_architecture(const json& c, std::vector<std::string>& problems) {
@@ -149,7 +166,7 @@ std::vector<std::string> llama_architecture(const json& c, std::vector<std::stri
   if (c.contains("head_dim") && !c["head_dim"].is_null() && c["head_dim"] != json(C / H))
     problems.push_back("head_dim " + c["head_dim"].dump() + ": ours is hidden_size / num_attention_heads = " + std::to_string(C / H));
   const std::string act = r.activation("hidden_act", "silu");
-  const double theta = llama_rope_theta(c, problems);
+  const std::vector<std::string> rope = llama_rope(c, problems);
   // Llama's attention_bias puts a bias on o_proj too; Qwen2 has q/k/v biases and none on o_proj.
   const bool qkv_bias = type == "qwen2";
   if (type != "qwen2" && c.value("attention_bias", false))
@@ -159,7 +176,7 @@ std::vector<std::string> llama_architecture(const json& c, std::vector<std::stri
   const bool sliding = type == "mistral" || c.value("use_sliding_window", false);
   if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer())
     T = std::min(T, c["sliding_window"].get<int64_t>());  // within the window, sliding attention is causal attention
-  return {"architecture/family=llama",
+  std::vector<std::string> arch = {"architecture/family=llama",
           "architecture/vocab_size=" + std::to_string(V),
           "architecture/block_size=" + std::to_string(T),
           "architecture/n_layers=" + std::to_string(L),
@@ -169,9 +186,10 @@ std::vector<std::string> llama_architecture(const json& c, std::vector<std::stri
           "architecture/d_ff=" + std::to_string(F),
           "architecture/activation=" + act,
           "architecture/norm_eps=" + num(c.value("rms_norm_eps", 1e-6)),
-          "architecture/rope_theta=" + num(theta),
           std::string("architecture/tie_embeddings=") + (c.value("tie_word_embeddings", false) ? "true" : "false"),
           std::string("architecture/qkv_bias=") + (qkv_bias ? "true" : "false")};
+  arch.insert(arch.end(), rope.begin(), rope.end());
+  return arch;
 }
 
 }  // namespace
@@ -332,10 +350,22 @@ json llama_config(const ModelOptions& o, json hf) {
   }
   if (type == "qwen2") hf["use_sliding_window"] = false;
   if (type == "mistral") hf["sliding_window"] = nullptr;
-  // Both spellings of the rotary base: transformers 5 reads rope_parameters, 4.x rope_theta.
+  // Both spellings of the rotary settings: transformers 5 reads rope_parameters, 4.x rope_theta and
+  // rope_scaling.
+  json rope = {{"rope_type", "default"}, {"rope_theta", o.rope_theta}};
+  const RopeScaling& s = o.rope_scaling;
+  if (s.kind == RopeScaling::Kind::Linear) rope = {{"rope_type", "linear"}, {"rope_theta", o.rope_theta}, {"factor", s.factor}};
+  if (s.kind == RopeScaling::Kind::Llama3)
+    rope = {{"rope_type", "llama3"},
+            {"rope_theta", o.rope_theta},
+            {"factor", s.factor},
+            {"low_freq_factor", s.low_freq_factor},
+            {"high_freq_factor", s.high_freq_factor},
+            {"original_max_position_embeddings", s.original_context}};
   hf["rope_theta"] = o.rope_theta;
-  hf["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", o.rope_theta}};
-  hf.erase("rope_scaling");
+  hf["rope_parameters"] = rope;
+  if (s.kind == RopeScaling::Kind::None) hf.erase("rope_scaling");
+  else hf["rope_scaling"] = rope;
   return hf;
 }
 

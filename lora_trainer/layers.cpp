@@ -59,9 +59,29 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
   return torch::matmul(att, v);
 }
 
-RopeTables rope_tables(int64_t T, int64_t head_dim, double theta, const torch::Device& device) {
+torch::Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s, const torch::Device& device) {
   auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   auto inv_freq = 1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim));
+  switch (s.kind) {
+    case RopeScaling::Kind::None: return inv_freq;
+    case RopeScaling::Kind::Linear: return inv_freq / s.factor;
+    case RopeScaling::Kind::Llama3: {
+      const double L = static_cast<double>(s.original_context);
+      const double low_wavelen = L / s.low_freq_factor, high_wavelen = L / s.high_freq_factor;
+      auto wavelen = 2.0 * M_PI / inv_freq;
+      auto scaled = torch::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
+      auto smooth = (L / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      auto smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+      auto medium = wavelen.ge(high_wavelen).logical_and(wavelen.le(low_wavelen));
+      return torch::where(medium, smoothed, scaled);
+    }
+  }
+  return inv_freq;
+}
+
+RopeTables rope_tables(int64_t T, int64_t head_dim, double theta, const RopeScaling& scaling, const torch::Device& device) {
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  auto inv_freq = rope_inv_freq(head_dim, theta, scaling, device);
   auto angles = torch::outer(torch::arange(T, f32), inv_freq);  // (T, D/2)
   auto emb = torch::cat({angles, angles}, -1);                  // (T, D)
   return {emb.cos(), emb.sin()};

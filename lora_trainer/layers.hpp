@@ -58,11 +58,25 @@ bool fused_attention_available();
 
 // Rotary position embeddings as Hugging Face's Llama applies them: each head's two halves rotate
 // together ("rotate_half", not interleaved pairs), position p by the angles p * inv_freq[i],
-// inv_freq[i] = theta^(-2i/D) for i < D/2, computed in f32.
+// inv_freq[i] = theta^(-2i/D) for i < D/2, computed in f32, then rescaled as transformers'
+// modeling_rope_utils does for the static scalings:
+//   Linear  inv_freq / factor
+//   Llama3  (Llama 3.1, 3.2) by wavelength w = 2 pi / inv_freq, with L = original_context:
+//           w < L / high_freq_factor kept; w > L / low_freq_factor divided by factor; in between
+//           (1 - s) inv_freq / factor + s inv_freq, s = (L / w - low_freq_factor) / (high_freq_factor - low_freq_factor)
+struct RopeScaling {
+  enum class Kind { None, Linear, Llama3 } kind = Kind::None;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_context = 8192;
+};
 struct RopeTables {
   torch::Tensor cos, sin;  // (T, D) f32: cat(angles, angles).cos() / .sin()
 };
-RopeTables rope_tables(int64_t T, int64_t head_dim, double theta, const torch::Device& device);
+// The D/2 inverse frequencies, f32.
+torch::Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling, const torch::Device& device);
+RopeTables rope_tables(int64_t T, int64_t head_dim, double theta, const RopeScaling& scaling, const torch::Device& device);
 // x: (B, H, T, D) -> x cos + rotate_half(x) sin, in f32; rotate_half(x) = cat(-x[D/2:], x[:D/2]).
 torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& rope);
 

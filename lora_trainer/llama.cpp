@@ -88,7 +88,7 @@ bool LlamaImpl::is_lookup(const std::string& name) const {
 torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= opts_.block_size, "sequence length ", T, " exceeds architecture/block_size ", opts_.block_size);
-  const RopeTables rope = rope_tables(T, opts_.head_dim(), opts_.rope_theta, idx.device());
+  const RopeTables rope = rope_tables(T, opts_.head_dim(), opts_.rope_theta, opts_.rope_scaling, idx.device());
   auto x = model->embed_tokens(idx).to(torch::kFloat32);  // (B, T, C)
   if (opts_.dropout > 0 && is_training()) x = torch::dropout(x, opts_.dropout, true);
   for (auto& layer : *model->layers) x = layer->as<LlamaDecoderLayer>()->forward(x, rope);

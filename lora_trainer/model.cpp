@@ -39,6 +39,17 @@ void add_model_options(ConfigSchema& s) {
         check_positive());
   s.add("architecture/rope_theta", OptType::Float, 10000.0, "llama: base of the rotary position angles",
         check_positive());
+  s.add("architecture/rope_scaling", OptType::String, "none",
+        "llama: rescaling of the rotary frequencies: none, linear (divided by rope_factor) or llama3 (Llama 3.1 and "
+        "3.2's, by wavelength: rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_context)",
+        check_one_of({"none", "linear", "llama3"}));
+  s.add("architecture/rope_factor", OptType::Float, 8.0, "llama, rope_scaling linear or llama3: the factor", check_positive());
+  s.add("architecture/rope_low_freq_factor", OptType::Float, 1.0, "llama, rope_scaling llama3: low_freq_factor",
+        check_positive());
+  s.add("architecture/rope_high_freq_factor", OptType::Float, 4.0, "llama, rope_scaling llama3: high_freq_factor",
+        check_positive());
+  s.add("architecture/rope_original_context", OptType::Int, 8192,
+        "llama, rope_scaling llama3: original_max_position_embeddings, the context of pretraining", check_positive());
   s.add("architecture/tie_embeddings", OptType::Bool, true,
         "the output head is the token embedding; false: a separate lm_head (llama only)");
   s.add("architecture/qkv_bias", OptType::Bool, false, "llama: biases on q_proj, k_proj and v_proj (Qwen2 has them)");
@@ -59,6 +70,14 @@ ModelOptions ModelOptions::from_config(const Config& cfg) {
   o.activation = act == "silu" ? Activation::Silu : act == "gelu_tanh" ? Activation::GeluTanh : Activation::Gelu;
   o.norm_eps = cfg.get_double("architecture/norm_eps");
   o.rope_theta = cfg.get_double("architecture/rope_theta");
+  const std::string scaling = cfg.get_string("architecture/rope_scaling");
+  o.rope_scaling.kind = scaling == "llama3"   ? RopeScaling::Kind::Llama3
+                        : scaling == "linear" ? RopeScaling::Kind::Linear
+                                              : RopeScaling::Kind::None;
+  o.rope_scaling.factor = cfg.get_double("architecture/rope_factor");
+  o.rope_scaling.low_freq_factor = cfg.get_double("architecture/rope_low_freq_factor");
+  o.rope_scaling.high_freq_factor = cfg.get_double("architecture/rope_high_freq_factor");
+  o.rope_scaling.original_context = cfg.get_int("architecture/rope_original_context");
   o.tie_embeddings = cfg.get_bool("architecture/tie_embeddings");
   o.qkv_bias = cfg.get_bool("architecture/qkv_bias");
   const std::string attention = cfg.get_string("runtime/attention");
@@ -79,6 +98,7 @@ void ModelOptions::validate() const {
                              : !tie_embeddings   ? "architecture/tie_embeddings=false"
                              : qkv_bias          ? "architecture/qkv_bias=true"
                              : activation == Activation::Silu ? "architecture/activation=silu"
+                             : rope_scaling.kind != RopeScaling::Kind::None ? "architecture/rope_scaling"
                                                               : nullptr;
     if (llama_only)
       throw UserError(std::string(llama_only) + " is a llama-family setting; this model is architecture/family=gpt2. "
@@ -87,6 +107,9 @@ void ModelOptions::validate() const {
   }
   if (n_head % kv_heads() != 0)
     throw UserError("architecture/n_kv_heads (" + n(kv_heads()) + ") must divide architecture/n_heads (" + n(n_head) + ")");
+  if (rope_scaling.kind == RopeScaling::Kind::Llama3 && rope_scaling.high_freq_factor <= rope_scaling.low_freq_factor)
+    throw UserError("architecture/rope_high_freq_factor (" + std::to_string(rope_scaling.high_freq_factor) +
+                    ") must exceed architecture/rope_low_freq_factor (" + std::to_string(rope_scaling.low_freq_factor) + ")");
   if (head_dim() % 2 != 0)
     throw UserError("the llama family's rotary embeddings need an even head size; d_model / n_heads is " + n(head_dim()));
 }

@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include "lora_trainer/layers.hpp"
 #include "lora_trainer/named_tensors.hpp"
 
 namespace lt {
@@ -41,6 +42,7 @@ struct ModelOptions {
   enum class Activation { Gelu, GeluTanh, Silu } activation = Activation::Gelu;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;  // llama
+  RopeScaling rope_scaling;     // llama: none, linear or Llama 3.1's (layers.hpp)
   bool tie_embeddings = true;   // the output head is the token embedding (gpt2: always)
   bool qkv_bias = false;        // llama: biases on q_proj, k_proj, v_proj (Qwen2)
   // runtime/attention. auto: fused on CUDA (where LibTorch has it), masked softmax on the CPU, where

@@ -65,7 +65,8 @@ void BaseTrainer::save(const std::string& suffix, bool update_latest) {
 // A key the checkpoint's config lacks (an older checkpoint) had its default.
 void BaseTrainer::check_same_architecture(const CheckpointMeta& ck) const {
   const json arch = ck.raw.value("config", json::object()).value("architecture", json::object());
-  for (const char* key : {"family", "activation", "n_heads", "norm_eps", "rope_theta"}) {
+  for (const char* key : {"family", "activation", "n_heads", "norm_eps", "rope_theta", "rope_scaling", "rope_factor",
+                          "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context"}) {
     const std::string path = std::string("architecture/") + key;
     const json theirs = arch.contains(key) ? arch[key] : cfg_.schema().find(path)->default_value;
     const json& ours = cfg_.get(path);

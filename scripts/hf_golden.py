@@ -3,7 +3,7 @@
 exports (docs/huggingface.md), and checks of what lora_trainer writes, with those libraries.
 
 Modes:
-  make OUT_DIR [--family gpt2|llama|qwen2]
+  make OUT_DIR [--family gpt2|llama|qwen2|llama3]
       gpt2 (the default): a small random GPT2LMHeadModel (vocab 300, n_embd 32, 2 layers, 4 heads, n_positions 32,
       activation gelu_new, tied head), its weights perturbed so that the logits are far from uniform,
       saved with save_pretrained (safetensors, f32) as OUT_DIR/model/; the same model in bf16, sharded
@@ -15,7 +15,10 @@ Modes:
       2 kv heads (GQA), 64 positions, rms_norm_eps 1e-5, rope_theta 1e4 (config.json: rope_parameters), SiLU, no
       biases, untied lm_head; seed 10): tests/data/hf_llama/. qwen2: a Qwen2ForCausalLM of the same sizes with 1 kv
       head, q/k/v biases, rms_norm_eps 1e-6, rope_theta 1e6, tied lm_head (absent from model.safetensors), no sliding
-      window (seed 20): tests/data/hf_qwen2/. Prints config.json, what the file holds and how much RoPE moves the
+      window (seed 20): tests/data/hf_qwen2/. llama3: the llama model with Llama 3.1's scaled rotary embedding
+      (rope_type llama3, theta 100, factor 8, low/high_freq_factor 1/4, original_max_position_embeddings 64 of 512, so its
+      four frequencies are kept, smoothed and divided), 2 kv heads, tied head (seed 30): tests/data/hf_llama3/.
+      Prints config.json, what the file holds and how much RoPE moves the
       logits.
   check-hf EXPORT_DIR IDS_JSON EXPECTED_SAFETENSORS [--tol T] [--expect-class NAME]
       Loads `lora_trainer export --format hf` output with transformers (AutoModelForCausalLM, which
@@ -152,6 +155,16 @@ def llama_family(family):
                            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
                            tie_word_embeddings=True, use_sliding_window=False,
                            bos_token_id=VOCAB - 2, eos_token_id=VOCAB - 1), Qwen2ForCausalLM, SEED + 20
+    if family == "llama3":
+        # Llama 3.1's scaled rotary embedding, sized so that the tiny model's 4 frequencies fall in all three
+        # regimes (wavelengths 6.3 < 16 kept, 19.9 and 62.8 smoothed, 198.7 > 64 divided by the factor).
+        from transformers import LlamaConfig, LlamaForCausalLM
+        return LlamaConfig(**dict(LLAMA_SIZES, max_position_embeddings=512), num_key_value_heads=2, rms_norm_eps=1e-5,
+                           rope_parameters={"rope_type": "llama3", "rope_theta": 100.0, "factor": 8.0,
+                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 64},
+                           attention_bias=False, mlp_bias=False, tie_word_embeddings=True,
+                           bos_token_id=1, eos_token_id=2), LlamaForCausalLM, SEED + 30
     raise SystemExit(f"error: unknown family {family!r}")
 
 
@@ -454,7 +467,7 @@ def main():
     sub = p.add_subparsers(dest="mode", required=True)
     m = sub.add_parser("make")
     m.add_argument("out_dir")
-    m.add_argument("--family", choices=("gpt2", "llama", "qwen2"), default="gpt2")
+    m.add_argument("--family", choices=("gpt2", "llama", "qwen2", "llama3"), default="gpt2")
     c = sub.add_parser("check-hf")
     c.add_argument("export_dir")
     c.add_argument("ids")

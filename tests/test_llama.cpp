@@ -93,6 +93,41 @@ TEST_CASE("import-hf of transformers' Llama (GQA, untied head) and Qwen2 (q/k/v 
   }
 }
 
+TEST_CASE("import-hf of a Llama 3.1-style model (rope_type llama3) gives transformers' logits, and exports its rope_parameters", "[huggingface][llama]") {
+  const std::string g = test::hf_golden("llama3");
+  test::TempDir d;
+  auto arch = import_hf(g + "/model", d / "imported");
+  CHECK(has(arch, "architecture/rope_scaling=llama3"));
+  CHECK(has(arch, "architecture/rope_factor=8"));
+  CHECK(has(arch, "architecture/rope_original_context=64"));
+  CHECK(has(arch, "architecture/block_size=512"));
+  const torch::Tensor ids = test::golden_ids(g), ref = test::golden_logits(g);
+  CHECK(max_diff(test::load(d / "imported", {"optimization/lora/rank=4"}).logits(ids), ref) < 1e-4);
+  // Its four frequencies fall in the three regimes: wavelength 6.3 < 64/4 kept, 19.9 and 62.8 smoothed,
+  // 198.7 > 64/1 divided by the factor.
+  RopeScaling s;
+  s.kind = RopeScaling::Kind::Llama3;
+  s.factor = 8;
+  s.original_context = 64;
+  auto scaled = rope_inv_freq(8, 100.0, s, torch::kCPU), plain = rope_inv_freq(8, 100.0, {}, torch::kCPU);
+  CHECK(scaled[0].item<double>() == plain[0].item<double>());
+  for (int i : {1, 2}) {
+    CHECK(scaled[i].item<double>() < plain[i].item<double>());
+    CHECK(scaled[i].item<double>() > plain[i].item<double>() / 8);
+  }
+  CHECK(scaled[3].item<double>() == Approx(plain[3].item<double>() / 8));
+  // Loading the weights into a model with plain rotary frequencies is refused (the shapes would agree).
+  CHECK_THROWS_WITH(test::load(d / "imported", {"optimization/lora/rank=4", "architecture/rope_scaling=none"}),
+                    Contains("architecture/rope_scaling=llama3; this job has none"));
+  export_hf(d / "imported", d / "hf");
+  auto config = nlohmann::json::parse(read_file(d / "hf/config.json"));
+  CHECK(config["rope_parameters"]["rope_type"] == "llama3");
+  CHECK(config["rope_parameters"]["original_max_position_embeddings"] == 64);
+  CHECK(config["rope_parameters"]["low_freq_factor"] == 1.0);
+  import_hf(d / "hf", d / "again");
+  CHECK(max_diff(test::load(d / "again", {"optimization/lora/rank=4"}).logits(ids), ref) < 1e-4);
+}
+
 TEST_CASE("import-hf refuses a llama-family model it cannot represent, naming the setting or tensor", "[huggingface][llama]") {
   test::TempDir d;
   const std::string g = test::hf_golden("llama");
@@ -115,8 +150,10 @@ TEST_CASE("import-hf refuses a llama-family model it cannot represent, naming th
     CHECK_THROWS_WITH(import_hf(dir, d / "out"), Contains(text));
     CHECK_FALSE(fs::exists(d / "out"));
   };
-  refused(edited("llama3_rope", same, [](auto& c) { c["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 5e5}, {"factor", 32.0}}; }),
-          "rope_parameters rope_type \"llama3\": only the default rotary embedding is supported");
+  refused(edited("yarn", same, [](auto& c) { c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 5e5}, {"factor", 32.0}}; }),
+          "rope_parameters rope_type \"yarn\": the rotary embeddings read are default, linear and llama3");
+  refused(edited("llama3_incomplete", same, [](auto& c) { c["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 5e5}, {"factor", 32.0}}; }),
+          "rope_parameters (rope_type llama3) has no number low_freq_factor");
   refused(edited("head_dim", same, [](auto& c) { c["head_dim"] = 16; }), "head_dim 16: ours is hidden_size / num_attention_heads = 8");
   refused(edited("o_bias", same, [](auto& c) { c["attention_bias"] = true; }), "attention_bias true");
   refused(edited("gqa", same, [](auto& c) { c["num_key_value_heads"] = 3; }), "num_key_value_heads 3 does not divide num_attention_heads 4");
