@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "lora_trainer/adapter_source.hpp"
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/report.hpp"
 #include "lora_trainer/util.hpp"
@@ -33,6 +34,7 @@ LoraConfig LoraConfig::from_config(const Config& cfg) {
   c.init = with_lora_keys([&] { return parse_lora_init(cfg.get_string("optimization/lora/init")); });
   c.modules_to_save = cfg.get("optimization/lora/modules_to_save").get<std::vector<std::string>>();
   c.modules_to_save_lr_ratio = cfg.get_double("optimization/lora/modules_to_save_lr_ratio");
+  c.init_from = cfg.get_string("optimization/lora/init_from");
   c.rslora = cfg.get_bool("optimization/lora/rslora");
   c.lr_ratio = cfg.get_double("optimization/lora/lr_ratio");
   return c;
@@ -73,6 +75,10 @@ ConfigSchema LoRATrainer::schema() {
   s.add("optimization/lora/modules_to_save_lr_ratio", OptType::Float, 1.0,
         "learning rate of the modules_to_save as a fraction of optimization/lora/lr (e.g. 0.1 for an embedding)",
         check_positive());
+  s.add("optimization/lora/init_from", OptType::String, "",
+        "start the adapters from an earlier run's instead of drawing them: one of our LoRA checkpoints or a PEFT adapter "
+        "directory (adapter_config.json + adapter_model.safetensors) with the same targets, rank and scale. Applied at "
+        "the transition; \"\" = drawn by optimization/lora/init");
   s.add("optimization/lora/rslora", OptType::Bool, false,
         "rank-stabilised LoRA: scale the adapters by alpha/sqrt(r) instead of alpha/r (PEFT's use_rslora)");
   s.add("optimization/lora/lr_ratio", OptType::Float, 1.0,
@@ -148,11 +154,13 @@ json LoRATrainer::extra_metadata() const {
             {"lr_ratio", lora_cfg_.lr_ratio},
             {"modules_to_save", saved_},
             {"modules_to_save_lr_ratio", lora_cfg_.modules_to_save_lr_ratio},
+            {"adapters_from", adapters_from_},
             {"base", base_}}}};
 }
 
 void LoRATrainer::restore_extra(const json& meta) {
   if (meta.contains("lora") && meta["lora"].is_object() && meta["lora"].contains("base")) base_ = meta["lora"]["base"];
+  if (meta.contains("lora") && meta["lora"].is_object()) adapters_from_ = meta["lora"].value("adapters_from", std::string());
 }
 
 void transition_to_lora(LoRATrainer& trainer) { trainer.transition_at_boundary(); }
@@ -164,7 +172,27 @@ void LoRATrainer::transition_at_boundary() {
                            "deciding whether to save " + std::string(kPreLoraCheckpoint)))
     save(kPreLoraCheckpoint);
   enter_lora_phase();
+  if (!lora_cfg_.init_from.empty()) load_initial_adapters();
   log_transition();
+}
+
+void LoRATrainer::load_initial_adapters() {
+  AdapterSource src = read_adapter_source(lora_cfg_.init_from, model_->options().family, lora_.names, lora_cfg_.rank,
+                                          lora_cfg_.alpha, lora_cfg_.rslora);
+  torch::NoGradGuard ng;
+  for (size_t i = 0; i < lora_.names.size(); ++i) {
+    if (src.adapters.A[i].sizes() != lora_.A[i].sizes() || src.adapters.B[i].sizes() != lora_.B[i].sizes())
+      throw UserError("optimization/lora/init_from: " + src.path + ": the adapter of " + lora_.names[i] +
+                      " does not fit this model's weight (another model size?)");
+    lora_.A[i].copy_(src.adapters.A[i]);
+    lora_.B[i].copy_(src.adapters.B[i]);
+  }
+  adapters_from_ = src.path;
+  std::printf("adapters of the %zu adapted weights start from %s (%s)%s\n", lora_.names.size(), src.path.c_str(),
+              src.format == "peft" ? "a PEFT adapter" : "a LoRA checkpoint",
+              src.modules_to_save.empty() ? ""
+                                          : ("; its modules_to_save (" + join(src.modules_to_save) +
+                                             ") are not loaded: they start from this job's base").c_str());
 }
 
 void LoRATrainer::enter_lora_phase() {

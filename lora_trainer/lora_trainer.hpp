@@ -32,6 +32,7 @@ struct LoraConfig {
   double lr_ratio = 1.0;   // LoRA+: B's learning rate over A's
   std::vector<std::string> modules_to_save;  // entries as given (module or parameter names, or suffixes)
   double modules_to_save_lr_ratio = 1.0;
+  std::string init_from;  // adapters of an earlier run to start from (adapter_source.hpp); "" = drawn by init
   static LoraConfig from_config(const Config& cfg);
 };
 
@@ -82,9 +83,13 @@ class LoRATrainer : public BaseTrainer {
   // the adapters and the modules_to_save. A restore of a LoRA state calls it to build the template.
   void enter_lora_phase();
   void log_transition();
+  // optimization/lora/init_from: the source's A and B copied into the fresh adapters (at the transition
+  // only; a restore in the LoRA phase reads them from its checkpoint).
+  void load_initial_adapters();
   LoraConfig lora_cfg_;
   LoraParams lora_;
   std::vector<std::string> saved_;  // parameter names selected by modules_to_save, in model order
+  std::string adapters_from_;       // where the adapters started from (init_from), "" = drawn
   bool in_lora_ = false;
   int64_t boundary_step_ = 0;
   // Without phase one: where the frozen base came from ({"path", "job", "step"}), or "random" when

@@ -6,6 +6,7 @@
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/export.hpp"
 #include "lora_trainer/gpt2.hpp"
+#include "lora_trainer/huggingface.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "fixtures.hpp"
 
@@ -525,4 +526,48 @@ TEST_CASE("run() puts the previous SIGINT and SIGTERM handlers back however it e
   }
   CHECK(std::signal(SIGINT, before_int) == sentinel_handler);
   CHECK(std::signal(SIGTERM, before_term) == sentinel_handler);
+}
+
+TEST_CASE("init_from starts the adapters from an earlier run's, read from our checkpoint or its PEFT export", "[lora]") {
+  Data d;
+  auto src = make_lora(d, "src");
+  src->run();
+  const std::string final_ck = src->job_dir() + "/final/1280";
+  REQUIRE(is_checkpoint(final_ck));
+  export_peft(final_ck, d.dir / "peft");
+  auto started_from = [&](const std::string& name, const std::string& from) {
+    auto t = make_lora(d, name, {"optimization/lora/init_from=\"" + from + "\""});
+    for (int i = 0; i < 5; ++i) t->train_step();
+    transition_to_lora(*t);
+    const auto& a = t->lora_params();
+    const auto& b = src->lora_params();
+    REQUIRE(a.names == b.names);
+    for (size_t i = 0; i < a.names.size(); ++i) {
+      INFO(a.names[i]);
+      CHECK(torch::equal(a.A[i], b.A[i]));
+      CHECK(torch::equal(a.B[i], b.B[i]));
+    }
+    CHECK(torch::count_nonzero(a.B[0]).item<int64_t>() > 0);  // trained adapters, not fresh ones
+    return t;
+  };
+  SECTION("our checkpoint") {
+    auto t = started_from("from_ck", final_ck);
+    t->train_step();  // and they train on from there
+    CHECK_FALSE(torch::equal(t->lora_params().B[0], src->lora_params().B[0]));
+  }
+  SECTION("a PEFT adapter directory") { started_from("from_peft", d.dir / "peft"); }
+  SECTION("a source that does not fit is refused, naming the key to change") {
+    auto refused = [&](const std::vector<std::string>& extra, const std::string& text) {
+      INFO(text);
+      std::vector<std::string> o = {"optimization/lora/init_from=\"" + final_ck + "\""};
+      o.insert(o.end(), extra.begin(), extra.end());  // later overrides win
+      auto t = make_lora(d, "bad", o);
+      for (int i = 0; i < 5; ++i) t->train_step();
+      CHECK_THROWS_WITH(transition_to_lora(*t), Contains(text));
+    };
+    refused({"optimization/lora/rank=2"}, "Set optimization/lora/rank=4");
+    refused({"optimization/lora/alpha=32"}, "they would compute another function");
+    refused({R"(optimization/lora/target_modules=["attn.c_attn"])"}, "which this job does not");
+    refused({"optimization/lora/init_from=\"" + src->job_dir() + "/pre_lora_checkpoint\""}, "is a plain checkpoint");
+  }
 }

@@ -1,0 +1,151 @@
+#include "lora_trainer/adapter_source.hpp"
+
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/hf_families.hpp"
+#include "lora_trainer/safetensors.hpp"
+#include "lora_trainer/util.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace lt {
+
+namespace {
+
+const char* kKey = "optimization/lora/init_from";
+
+std::string shape_text(at::IntArrayRef s) {
+  std::string out = "(";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + ")";
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The source's adapted weights (our names for a checkpoint, PEFT module paths for PEFT) that this job
+// does not adapt, or the job's that the source lacks: one error listing both.
+void check_same_targets(const std::string& path, const std::vector<std::string>& missing,
+                        const std::vector<std::string>& extra) {
+  if (missing.empty() && extra.empty()) return;
+  std::string msg = std::string(kKey) + ": " + path + " does not adapt the weights this job adapts";
+  if (!missing.empty()) msg += "; it has no adapter for " + join(missing);
+  if (!extra.empty()) msg += "; it adapts " + join(extra) + ", which this job does not";
+  throw UserError(msg + ". Set optimization/lora/target_modules to the source's targets");
+}
+
+void add(AdapterSource& s, const std::string& w, torch::Tensor A, torch::Tensor B, const std::string& where) {
+  if (A.dim() != 2 || B.dim() != 2 || A.size(1) != s.rank || B.size(0) != s.rank)
+    throw UserError(std::string(kKey) + ": " + where + ": the adapter of " + w + " has shapes A " + shape_text(A.sizes()) +
+                    ", B " + shape_text(B.sizes()) + ", not rank " + std::to_string(s.rank));
+  s.adapters.names.push_back(w);
+  s.adapters.A.push_back(A.to(torch::kFloat32).contiguous());
+  s.adapters.B.push_back(B.to(torch::kFloat32).contiguous());
+}
+
+AdapterSource from_checkpoint(const std::string& path, const std::vector<std::string>& targets) {
+  const json meta = read_checkpoint_metadata(path);
+  if (meta.value("kind", std::string()) != "lora" || !meta.contains("lora"))
+    throw UserError(std::string(kKey) + ": " + path + " is a " + meta.value("kind", std::string("?")) +
+                    " checkpoint; adapters come from a LoRA-phase checkpoint (kind lora) or a PEFT adapter directory");
+  AdapterSource s;
+  s.format = "checkpoint";
+  s.rank = meta["lora"].value("rank", int64_t{0});
+  s.alpha = meta["lora"].value("alpha", 0.0);
+  s.rslora = meta["lora"].value("rslora", false);
+  s.modules_to_save = meta["lora"].value("modules_to_save", std::vector<std::string>());
+  const auto theirs = meta["lora"].value("targets", std::vector<std::string>());
+  std::vector<std::string> missing, extra;
+  for (const auto& w : targets)
+    if (std::find(theirs.begin(), theirs.end(), w) == theirs.end()) missing.push_back(w);
+  for (const auto& w : theirs)
+    if (std::find(targets.begin(), targets.end(), w) == targets.end()) extra.push_back(w);
+  check_same_targets(path, missing, extra);
+  std::map<std::string, torch::Tensor> lora;
+  for (auto& [n, t] : read_checkpoint_tensors(path))
+    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
+  for (const auto& w : targets) {
+    auto a = lora.find(LoraParams::a_name(w)), b = lora.find(LoraParams::b_name(w));
+    if (a == lora.end() || b == lora.end())
+      throw UserError(std::string(kKey) + ": " + path + " lists " + w + " as adapted but holds no " + kLoraPrefix +
+                      LoraParams::a_name(w) + "; is the checkpoint complete?");
+    add(s, w, a->second, b->second, path);
+  }
+  return s;
+}
+
+AdapterSource from_peft(const std::string& path, ModelFamily family, const std::vector<std::string>& targets) {
+  const std::string config_path = (fs::path(path) / "adapter_config.json").string();
+  const json c = read_json_file(config_path);
+  if (c.value("peft_type", std::string()) != "LORA")
+    throw UserError(std::string(kKey) + ": " + config_path + ": peft_type " + c.value("peft_type", std::string("?")) +
+                    ", not LORA");
+  AdapterSource s;
+  s.format = "peft";
+  s.rank = c.value("r", int64_t{0});
+  s.alpha = c.value("lora_alpha", 0.0);
+  s.rslora = c.value("use_rslora", false);
+  if (c.contains("modules_to_save") && c["modules_to_save"].is_array())
+    s.modules_to_save = c["modules_to_save"].get<std::vector<std::string>>();
+  for (const char* unsupported : {"use_dora"})
+    if (c.value(unsupported, false))
+      throw UserError(std::string(kKey) + ": " + config_path + ": " + unsupported + " true is not supported");
+  const std::string file = (fs::path(path) / "adapter_model.safetensors").string();
+  std::map<std::string, torch::Tensor> by_key;
+  for (auto& [k, t] : read_safetensors(file)) by_key[k] = t;
+  std::set<std::string> theirs;  // PEFT module paths with a lora_A
+  for (const auto& [k, t] : by_key)
+    if (ends_with(k, ".lora_A.weight")) theirs.insert(k.substr(0, k.size() - std::string(".lora_A.weight").size()));
+  std::vector<std::string> missing, extra;
+  std::set<std::string> ours;
+  for (const auto& w : targets) {
+    const std::string mod = peft_module_path(family, w);
+    ours.insert(mod);
+    if (!theirs.count(mod)) missing.push_back(w + " (" + mod + ".lora_A.weight)");
+  }
+  for (const auto& m : theirs)
+    if (!ours.count(m)) extra.push_back(m);
+  check_same_targets(file, missing, extra);
+  for (const auto& w : targets) {
+    const std::string mod = peft_module_path(family, w);
+    auto b = by_key.find(mod + ".lora_B.weight");
+    if (b == by_key.end()) throw UserError(std::string(kKey) + ": " + file + " has " + mod + ".lora_A.weight but no .lora_B.weight");
+    add(s, w, by_key.at(mod + ".lora_A.weight").t(), b->second.t(), file);  // (r, in) -> (in, r); (out, r) -> (r, out)
+  }
+  return s;
+}
+
+}  // namespace
+
+AdapterSource read_adapter_source(const std::string& path, ModelFamily family, const std::vector<std::string>& targets,
+                                  int64_t rank, double alpha, bool rslora) {
+  if (!fs::is_directory(path))
+    throw UserError(std::string(kKey) + ": " + path + " is not a directory (give a LoRA checkpoint or a PEFT adapter directory)");
+  AdapterSource s;
+  if (is_checkpoint(path)) s = from_checkpoint(path, targets);
+  else if (fs::exists(fs::path(path) / "adapter_config.json")) s = from_peft(path, family, targets);
+  else
+    throw UserError(std::string(kKey) + ": " + path + " is neither one of our checkpoints (metadata.json) nor a PEFT adapter " +
+                    "directory (adapter_config.json)");
+  s.path = path;
+  char theirs[96], ours[96];
+  std::snprintf(theirs, sizeof theirs, "rank %lld, alpha %g%s (scale %g)", (long long)s.rank, s.alpha,
+                s.rslora ? ", rsLoRA" : "", lora_scale(s.alpha, std::max<int64_t>(1, s.rank), s.rslora));
+  std::snprintf(ours, sizeof ours, "rank %lld, alpha %g%s (scale %g)", (long long)rank, alpha, rslora ? ", rsLoRA" : "",
+                lora_scale(alpha, rank, rslora));
+  if (s.rank != rank)
+    throw UserError(std::string(kKey) + ": " + path + " holds adapters of " + theirs + "; this job has " + ours +
+                    ". Set optimization/lora/rank=" + std::to_string(s.rank));
+  if (lora_scale(s.alpha, s.rank, s.rslora) != lora_scale(alpha, rank, rslora))
+    throw UserError(std::string(kKey) + ": " + path + " holds adapters of " + theirs + "; this job has " + ours +
+                    ": they would compute another function. Set optimization/lora/alpha and optimization/lora/rslora "
+                    "as the source's");
+  return s;
+}
+
+}  // namespace lt

@@ -1,0 +1,37 @@
+// Adapters into a fresh run (`optimization/lora/init_from`, seed 000's lora_restore_path): the A and B of
+// an earlier run, read from one of our LoRA checkpoints or from a PEFT adapter directory
+// (adapter_config.json + adapter_model.safetensors, as `export --format peft` or PEFT's
+// save_pretrained writes it), for the weights this job adapts.
+//
+// PEFT's lora_A.weight is (r, in) and lora_B.weight (out, r): our A (in, r) and B (r, out) are their
+// transposes (huggingface.hpp). The source must adapt exactly this job's weights, with this job's rank
+// and the same scale (alpha / r, or alpha / sqrt(r) with rsLoRA), so that the adapters compute what
+// they computed there; anything else is a UserError naming the setting to change.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "lora_trainer/lora.hpp"
+#include "lora_trainer/model.hpp"
+
+namespace lt {
+
+struct AdapterSource {
+  std::string path;
+  std::string format;  // "checkpoint" or "peft"
+  int64_t rank = 0;
+  double alpha = 0;
+  bool rslora = false;
+  LoraParams adapters;  // f32, ours layouts, in the order of the job's targets
+  std::vector<std::string> modules_to_save;  // what the source also trained (not loaded: reported)
+};
+
+// Reads `path` for the weights `targets` (our names) of a `family` model and checks it against the
+// job's rank, alpha and rsLoRA.
+AdapterSource read_adapter_source(const std::string& path, ModelFamily family, const std::vector<std::string>& targets,
+                                  int64_t rank, double alpha, bool rslora);
+
+}  // namespace lt
