@@ -23,6 +23,15 @@ void add_continual_options(ConfigSchema& s) {
   s.add("eval/boundary_rows", OptType::Int, 32, "held-out rows per dataset for the forgetting matrix", check_positive());
 }
 
+ContinualOptions ContinualOptions::from_config(const Config& cfg) {
+  ContinualOptions o;
+  o.fade_overlap = cfg.get_int("training/fade/overlap");
+  o.fade_curve = cfg.get_string("training/fade/curve");
+  o.reset_optimizer = cfg.get_bool("training/reset_optimizer");
+  o.boundary_rows = cfg.get_int("eval/boundary_rows");
+  return o;
+}
+
 double fade_curve(double p, const std::string& curve) {
   p = std::min(1.0, std::max(0.0, p));
   if (curve == "cosine") return 0.5 * (1.0 - std::cos(M_PI * p));
@@ -95,9 +104,8 @@ ContinualTrainer<LoRATrainer>::ContinualTrainer(JobSpec spec, Config cfg, std::s
 
 template <class Base>
 void ContinualTrainer<Base>::read_continual_options() {
-  overlap_steps_ = this->cfg_.get_int("training/fade/overlap") / this->tokens_per_step();
-  curve_ = this->cfg_.get_string("training/fade/curve");
-  reset_optimizer_ = this->cfg_.get_bool("training/reset_optimizer");
+  continual_ = ContinualOptions::from_config(this->cfg_);
+  overlap_steps_ = continual_.fade_overlap / this->tokens_per_step();
 }
 
 template <class Base>
@@ -109,7 +117,7 @@ int ContinualTrainer<Base>::no_fade_after() const {
 
 template <class Base>
 Batch ContinualTrainer<Base>::next_batch(int64_t first, int64_t count) {
-  FadeAt f = fade_at(this->stages_, this->step_, overlap_steps_, curve_, no_fade_after());
+  FadeAt f = fade_at(this->stages_, this->step_, overlap_steps_, continual_.fade_curve, no_fade_after());
   if (f.weight <= 0.0) return this->sampler(f.from).next_share(this->batch_size_, first, count);
   // The global batch is the old stage's rows then the new stage's; this rank takes [first, first + count).
   auto rows = largest_remainder({1.0 - f.weight, f.weight}, this->batch_size_);
@@ -128,7 +136,7 @@ Batch ContinualTrainer<Base>::next_batch(int64_t first, int64_t count) {
 
 template <class Base>
 void ContinualTrainer<Base>::on_stage_end(int stage) {
-  auto evals = this->evaluate(this->plan_datasets(), this->cfg_.get_int("eval/boundary_rows"));
+  auto evals = this->evaluate(this->plan_datasets(), continual_.boundary_rows);
   json losses = json::object();
   for (const auto& e : evals) losses[e.name] = e.loss;
   matrix_.push_back({{"after_stage", stage}, {"step", this->step_}, {"loss", losses}});
@@ -137,7 +145,7 @@ void ContinualTrainer<Base>::on_stage_end(int stage) {
   const bool last = stage + 1 == static_cast<int>(this->stages_.size());
   // Reset before the boundary checkpoint, so that a run resumed from it starts the next stage as the
   // uninterrupted run does.
-  if (reset_optimizer_ && !last) {
+  if (continual_.reset_optimizer && !last) {
     // The same parameters, weight decay and per-parameter lr (a LoRA stage's modules_to_save keep their ratio).
     auto params = this->optimizer_->params();
     this->build_optimizer(params, this->optimizer_->weight_decay(), this->optimizer_->lr_scale());

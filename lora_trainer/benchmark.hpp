@@ -30,6 +30,17 @@ namespace lt {
 
 void add_continual_options(ConfigSchema& s);
 
+// The keys add_continual_options declares (their defaults and docs are there), read once by
+// ContinualTrainer's constructor: training/fade/overlap, training/fade/curve,
+// training/reset_optimizer and eval/boundary_rows. from_config sets every field.
+struct ContinualOptions {
+  int64_t fade_overlap{};   // training/fade/overlap, in tokens (whole steps of it fade); 0 = no fade
+  std::string fade_curve;   // training/fade/curve: linear, cosine or sigmoid (fade_curve)
+  bool reset_optimizer{};   // training/reset_optimizer: fresh moments at every stage boundary
+  int64_t boundary_rows{};  // eval/boundary_rows: held-out rows per dataset in each row of the forgetting matrix
+  static ContinualOptions from_config(const Config& cfg);
+};
+
 // w in [0, 1] for p in [0, 1]: the share of the next stage's rows.
 double fade_curve(double p, const std::string& curve);
 
@@ -66,9 +77,8 @@ class ContinualTrainer : public Base {
  private:
   void read_continual_options();
   int no_fade_after() const;
-  int64_t overlap_steps_ = 0;
-  std::string curve_;
-  bool reset_optimizer_ = false;
+  ContinualOptions continual_;
+  int64_t overlap_steps_ = 0;  // continual_.fade_overlap in whole steps
   nlohmann::json matrix_ = nlohmann::json::array();
 };
 

@@ -37,6 +37,13 @@ LoraConfig LoraConfig::from_config(const Config& cfg) {
   c.init_from = cfg.get_string("optimization/lora/init_from");
   c.rslora = cfg.get_bool("optimization/lora/rslora");
   c.lr_ratio = cfg.get_double("optimization/lora/lr_ratio");
+  c.schedule.kind = parse_schedule_kind(cfg.get_string("optimization/lora/schedule"));
+  c.schedule.lr = cfg.get_double("optimization/lora/lr");
+  c.schedule.min_lr_ratio = cfg.get_double("optimization/min_lr_ratio");  // shared with phase 1
+  c.schedule.warmup_pct = cfg.get_double("optimization/lora/warmup_pct");
+  c.schedule.decay_pct = cfg.get_double("optimization/lora/decay_pct");
+  c.weight_decay = cfg.get_double("optimization/lora/weight_decay");
+  c.allow_random_base = cfg.get_bool("training/allow_random_base");
   return c;
 }
 
@@ -116,10 +123,7 @@ LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
     modules_to_save_filter(params, lora_cfg_.modules_to_save, mask);
   });
   schedule_ = full_schedule(boundary_step_);  // phase 1's schedule ends at the boundary
-  lora_schedule_ = Schedule::make(parse_schedule_kind(cfg_.get_string("optimization/lora/schedule")), cfg_.get_double("optimization/lora/lr"),
-                                  cfg_.get_double("optimization/min_lr_ratio"), total_steps_ - boundary_step_,
-                                  cfg_.get_double("optimization/lora/warmup_pct"),
-                                  cfg_.get_double("optimization/lora/decay_pct"));
+  lora_schedule_ = lora_cfg_.schedule.make(total_steps_ - boundary_step_);
 }
 
 void LoRATrainer::before_step() {
@@ -127,7 +131,7 @@ void LoRATrainer::before_step() {
 }
 
 bool LoRATrainer::shard_optimizer_state() const {
-  const ShardMode mode = parse_shard_mode(cfg_.get_string("distributed/shard_optimizer"));
+  const ShardMode mode = opts_.shard_optimizer;
   return in_lora_ ? mode != ShardMode::None : mode == ShardMode::All;
 }
 
@@ -219,7 +223,7 @@ void LoRATrainer::enter_lora_phase() {
     saved_.push_back(params[i].first);
   }
 
-  auto gen = at::detail::createCPUGenerator(mix64(seed_ ^ 0x4C6F5241ULL));  // "LoRA"
+  auto gen = at::detail::createCPUGenerator(mix64(opts_.seed ^ 0x4C6F5241ULL));  // "LoRA"
   lora_ = with_lora_keys([&] { return inject_lora_params(params, mask, lora_cfg_.rank, gen, lora_cfg_.init); });
   for (auto& a : lora_.A) a.requires_grad_(true);
   for (auto& b : lora_.B) b.requires_grad_(true);
@@ -234,7 +238,7 @@ void LoRATrainer::enter_lora_phase() {
     trained.push_back(p);
     lr_scale.push_back(lora_cfg_.modules_to_save_lr_ratio);
   }
-  build_optimizer(std::move(trained), cfg_.get_double("optimization/lora/weight_decay"), std::move(lr_scale));
+  build_optimizer(std::move(trained), lora_cfg_.weight_decay, std::move(lr_scale));
 }
 
 void LoRATrainer::log_transition() {
@@ -304,7 +308,7 @@ void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
 void LoRATrainer::run() {
   if (boundary_step_ == 0 && step_ == 0 && base_.is_null()) {
     // No phase one and no base given: adapters on random weights teach nothing about LoRA on a model.
-    if (!cfg_.get_bool("training/allow_random_base"))
+    if (!lora_cfg_.allow_random_base)
       throw UserError("job " + spec_.name + " has no pre-LoRA stages (training/pre_lora_tokens is []), so its base must "
                       "come from a pretrained checkpoint: add `--restore CHECKPOINT` (a plain checkpoint, an `export`, "
                       "or an `import-hf` output). To train adapters on randomly initialised weights on purpose, set "

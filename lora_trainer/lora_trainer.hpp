@@ -23,16 +23,26 @@
 
 namespace lt {
 
+// The LoRA trainer's own options, read once by from_config (in LoRATrainer's constructor) and
+// declared, with their defaults and docs, by LoRATrainer::schema(): optimization/lora/* (the
+// adapters, their recipe and the phase-2 optimizer) and training/allow_random_base. The schema holds
+// the defaults: from_config sets every field.
 struct LoraConfig {
-  int64_t rank = 16;
-  double alpha = 16.0;
-  std::vector<std::string> target_modules;
-  LoraInit init = LoraInit::Gaussian;
-  bool rslora = false;     // scale alpha / sqrt(r) instead of alpha / r
-  double lr_ratio = 1.0;   // LoRA+: B's learning rate over A's
-  std::vector<std::string> modules_to_save;  // entries as given (module or parameter names, or suffixes)
-  double modules_to_save_lr_ratio = 1.0;
-  std::string init_from;  // adapters of an earlier run to start from (adapter_source.hpp); "" = drawn by init
+  int64_t rank{};                         // optimization/lora/rank
+  double alpha{};                         // optimization/lora/alpha
+  std::vector<std::string> target_modules;  // optimization/lora/target_modules (as given: "all-linear" unexpanded)
+  LoraInit init{};                        // optimization/lora/init
+  bool rslora{};                          // optimization/lora/rslora: scale alpha / sqrt(r) instead of alpha / r
+  double lr_ratio{};                      // optimization/lora/lr_ratio (LoRA+): B's learning rate over A's
+  std::vector<std::string> modules_to_save;  // optimization/lora/modules_to_save, entries as given (module or
+                                             // parameter names, or suffixes)
+  double modules_to_save_lr_ratio{};      // optimization/lora/modules_to_save_lr_ratio
+  std::string init_from;                  // optimization/lora/init_from: an earlier run's adapters to start from
+                                          // (adapter_source.hpp); "" = drawn by init
+  // Phase 2's optimizer: AdamW with phase 1's betas and epsilon (TrainingOptions) and these.
+  ScheduleOptions schedule;  // optimization/lora/{schedule, lr, warmup_pct, decay_pct}, optimization/min_lr_ratio
+  double weight_decay{};     // optimization/lora/weight_decay
+  bool allow_random_base{};  // training/allow_random_base: with no phase 1, the adapters may train on random weights
   static LoraConfig from_config(const Config& cfg);
 };
 

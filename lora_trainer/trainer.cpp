@@ -56,6 +56,34 @@ void add_trainer_options(ConfigSchema& s) {
   s.add("logging/validation_interval", OptType::Int, 200, "steps between validations", check_positive());
 }
 
+TrainingOptions TrainingOptions::from_config(const Config& cfg) {
+  TrainingOptions o;
+  o.seed = static_cast<uint64_t>(cfg.get_int("training/seed"));
+  o.batch_size = cfg.get_int("training/batch_size");
+  o.per_device_batch_size = cfg.get_int("training/per_device_batch_size");
+  o.data_dir = cfg.get_string("data/dir");
+  OptimizerOptions& opt = o.optimizer;
+  opt.adamw.beta1 = cfg.get_double("optimization/beta1");
+  opt.adamw.beta2 = cfg.get_double("optimization/beta2");
+  opt.adamw.eps = cfg.get_double("optimization/eps");
+  opt.adamw.weight_decay = cfg.get_double("optimization/weight_decay");
+  opt.grad_clip = cfg.get_double("optimization/grad_clip");
+  opt.schedule.kind = parse_schedule_kind(cfg.get_string("training/schedule"));
+  opt.schedule.lr = cfg.get_double("optimization/lr");
+  opt.schedule.min_lr_ratio = cfg.get_double("optimization/min_lr_ratio");
+  opt.schedule.warmup_pct = cfg.get_double("training/warmup_pct");
+  opt.schedule.decay_pct = cfg.get_double("training/decay_pct");
+  o.shard_optimizer = parse_shard_mode(cfg.get_string("distributed/shard_optimizer"));
+  o.skip_nonfinite = cfg.get_string("training/on_nonfinite") == "skip";
+  o.validation = cfg.get_bool("training/validation");
+  o.validation_steps = cfg.get_int("training/validation_steps");
+  o.evaluations = cfg.get("eval/evaluations").get<std::vector<std::string>>();
+  o.report_interval = cfg.get_int("logging/report_interval");
+  o.checkpoint_interval = cfg.get_int("logging/checkpoint_interval");
+  o.validation_interval = cfg.get_int("logging/validation_interval");
+  return o;
+}
+
 ConfigSchema BaseTrainer::schema() {
   ConfigSchema s;
   add_job_options(s, "train");
@@ -72,19 +100,18 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir)
 
 BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan)
     : RestoreableJob(std::move(spec), std::move(cfg), std::move(out_dir)),
+      opts_(TrainingOptions::from_config(cfg_)),
       dist_(distributed()),
       metrics_(run_dir(), dist_.is_main()),
-      divergence_(cfg_.get_string("training/on_nonfinite") == "skip", spec_.name, job_dir()) {
+      divergence_(opts_.skip_nonfinite, spec_.name, job_dir()) {
   rt_ = Runtime::from_config(cfg_);
-  seed_ = static_cast<uint64_t>(cfg_.get_int("training/seed"));
-  batch_size_ = cfg_.get_int("training/batch_size");
-  block_size_ = cfg_.get_int("architecture/block_size");
+  batch_size_ = opts_.batch_size;
   const int64_t ranks = dist_.world_size();
   if (batch_size_ % ranks != 0)
     throw UserError("training/batch_size (" + std::to_string(batch_size_) + ") must be a multiple of the number of ranks (" +
                     std::to_string(ranks) + "): each rank takes an equal share of every batch");
   rank_rows_ = batch_size_ / ranks;
-  int64_t micro = cfg_.get_int("training/per_device_batch_size");
+  const int64_t micro = opts_.per_device_batch_size;
   micro_batch_ = micro < 0 ? rank_rows_ : micro;
   if (ranks > 1 && micro_batch_ > rank_rows_) {
     // More ranks than the config was written for: each rank's share is one micro-batch.
@@ -101,28 +128,26 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const St
                                      " = " + std::to_string(rank_rows_) + " rows a step, which must be a multiple of "
                                      "training/per_device_batch_size (" + std::to_string(micro_batch_) +
                                      "); set it to a divisor of " + std::to_string(rank_rows_) + ", or -1");
-  torch::manual_seed(seed_);
+  torch::manual_seed(opts_.seed);
   model_ = make_model(ModelOptions::from_config(cfg_));
-  auto gen = at::detail::createCPUGenerator(seed_);
+  block_size_ = model_->options().block_size;
+  auto gen = at::detail::createCPUGenerator(opts_.seed);
   model_->init_weights(gen);
   model_->to(rt_.device);
-  catalog_ = std::make_unique<DataCatalog>(cfg_.get_string("data/dir"), model_->options().vocab_size);
+  catalog_ = std::make_unique<DataCatalog>(opts_.data_dir, model_->options().vocab_size);
   plan_stages(plan);
-  build_optimizer(named_params(*model_), cfg_.get_double("optimization/weight_decay"));
+  build_optimizer(named_params(*model_), opts_.optimizer.adamw.weight_decay);
 }
 
 void BaseTrainer::build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale) {
-  AdamWOptions o;
-  o.beta1 = cfg_.get_double("optimization/beta1");
-  o.beta2 = cfg_.get_double("optimization/beta2");
-  o.eps = cfg_.get_double("optimization/eps");
+  AdamWOptions o = opts_.optimizer.adamw;  // the configured betas and epsilon
   o.weight_decay = weight_decay;
   optimizer_ = std::make_unique<AdamW>(std::move(params), o, std::move(lr_scale));
   if (dist_.active() && shard_optimizer_state()) optimizer_->shard(dist_.rank(), dist_.world_size());
 }
 
 bool BaseTrainer::shard_optimizer_state() const {
-  return parse_shard_mode(cfg_.get_string("distributed/shard_optimizer")) == ShardMode::All;
+  return opts_.shard_optimizer == ShardMode::All;
 }
 
 void BaseTrainer::sync_sharded_params() {
@@ -146,9 +171,7 @@ void BaseTrainer::plan_stages(const StagePlan& plan) {
 }
 
 Schedule BaseTrainer::full_schedule(int64_t steps) const {
-  return Schedule::make(parse_schedule_kind(cfg_.get_string("training/schedule")), cfg_.get_double("optimization/lr"),
-                        cfg_.get_double("optimization/min_lr_ratio"), steps, cfg_.get_double("training/warmup_pct"),
-                        cfg_.get_double("training/decay_pct"));
+  return opts_.optimizer.schedule.make(steps);
 }
 
 int BaseTrainer::current_stage() const { return stage_of(step_); }
@@ -167,7 +190,7 @@ MixtureSampler& BaseTrainer::sampler(int stage) {
   auto& s = samplers_.at(static_cast<size_t>(stage));
   if (!s) {
     for (const auto& smp : stages_[stage].samplings) open_dataset(smp);
-    s = std::make_unique<MixtureSampler>(*catalog_, stages_[stage].samplings, block_size_, seed_,
+    s = std::make_unique<MixtureSampler>(*catalog_, stages_[stage].samplings, block_size_, opts_.seed,
                                          static_cast<uint64_t>(stage));
     // A sampler made after a restore continues where the checkpoint says it was; one made fresh
     // starts at the stage's position by the step count (rows drawn before, e.g. in a fade, are
@@ -232,11 +255,11 @@ StepResult BaseTrainer::train_step() {
   double t0 = now_seconds();
   model_->train();
   if (dist_.active())  // each rank its own dropout masks, the same after a restore
-    torch::manual_seed(mix64(seed_ ^ mix64((static_cast<uint64_t>(step_) << 16) + static_cast<uint64_t>(dist_.rank()))));
+    torch::manual_seed(mix64(opts_.seed ^ mix64((static_cast<uint64_t>(step_) << 16) + static_cast<uint64_t>(dist_.rank()))));
   Batch batch = next_batch(rank_rows_ * dist_.rank(), rank_rows_);
   const double loss = sum_over_ranks(forward_backward(batch));
   StepResult r;
-  r.grad_norm = clip_grad_norm(trainable(), cfg_.get_double("optimization/grad_clip"));
+  r.grad_norm = clip_grad_norm(trainable(), opts_.optimizer.grad_clip);
   r.lr = current_lr();
   r.loss = loss;
   // Every rank sees the same global loss and norm, so all take the same branch.
@@ -275,9 +298,9 @@ std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& data
 
 ValResult BaseTrainer::validate() {
   const Stage& scored = stages_[static_cast<size_t>(trained_stage())];
-  auto evals = cfg_.get("eval/evaluations");
-  bool perplexity = std::find(evals.begin(), evals.end(), json("perplexity")) != evals.end();
-  return validation_score(evaluate(perplexity ? plan_datasets() : scored.samplings, cfg_.get_int("training/validation_steps")),
+  const auto& evals = opts_.evaluations;
+  bool perplexity = std::find(evals.begin(), evals.end(), "perplexity") != evals.end();
+  return validation_score(evaluate(perplexity ? plan_datasets() : scored.samplings, opts_.validation_steps),
                           scored.samplings);
 }
 
@@ -296,7 +319,7 @@ void BaseTrainer::validate_and_keep_best(bool stage_end) {
 bool BaseTrainer::save_or_stop() {
   // One process stops on a signal seen any time; ranks on the one they agreed on in the step.
   const bool stop = dist_.active() ? stopping_ : stop_requested.load();
-  if (step_ >= total_steps_ || (step_ % cfg_.get_int("logging/checkpoint_interval") != 0 && !stop)) return false;
+  if (step_ >= total_steps_ || (step_ % opts_.checkpoint_interval != 0 && !stop)) return false;
   save("ntoks/" + std::to_string(tokens_));
   if (stop)
     std::printf("stopped by signal after step %lld; checkpoint %s/ntoks/%lld saved.\n"
@@ -338,9 +361,9 @@ void BaseTrainer::run() {
   stop_requested = false;
   stopping_ = false;
   SignalGuard signals(lt_on_signal);  // the previous handlers come back however run() ends
-  const int64_t report_every = cfg_.get_int("logging/report_interval");
-  const int64_t val_every = cfg_.get_int("logging/validation_interval");
-  const bool validation = cfg_.get_bool("training/validation");
+  const int64_t report_every = opts_.report_interval;
+  const int64_t val_every = opts_.validation_interval;
+  const bool validation = opts_.validation;
   StepWindow window;  // the steps since the last step line
   while (step_ < total_steps_) {
     StepResult r = train_step();

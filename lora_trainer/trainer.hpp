@@ -37,6 +37,44 @@
 
 namespace lt {
 
+// A learning-rate schedule's settings, as Schedule::make takes them; make(steps) is lr(step) over
+// `steps` steps. Filled from the config: TrainingOptions::from_config (the full-parameter schedule)
+// and LoraConfig::from_config (the LoRA phase's); the defaults are the schema's.
+struct ScheduleOptions {
+  ScheduleKind kind{};
+  double lr{}, min_lr_ratio{}, warmup_pct{}, decay_pct{};
+  Schedule make(int64_t steps) const { return Schedule::make(kind, lr, min_lr_ratio, steps, warmup_pct, decay_pct); }
+};
+
+// The full-parameter optimizer (AdamW, gradient clipping, the lr schedule). The LoRA phase keeps the
+// betas, epsilon and clip, with its own schedule and weight decay (LoraConfig).
+struct OptimizerOptions {
+  AdamWOptions adamw;         // optimization/beta1, optimization/beta2, optimization/eps, optimization/weight_decay
+  double grad_clip{};         // optimization/grad_clip; 0 = off
+  ScheduleOptions schedule;   // training/schedule, optimization/lr, optimization/min_lr_ratio,
+                              // training/warmup_pct, training/decay_pct
+};
+
+// Every trainer's options besides the architecture (ModelOptions), the runtime (Runtime) and the
+// stage plan: the keys add_trainer_options declares (and distributed/shard_optimizer, which it adds
+// with add_distributed_options), read once by BaseTrainer's constructor. The schema holds their
+// names, defaults and docs: from_config sets every field.
+struct TrainingOptions {
+  uint64_t seed{};                  // training/seed
+  int64_t batch_size{};             // training/batch_size: the global batch in rows
+  int64_t per_device_batch_size{};  // training/per_device_batch_size; -1 = batch_size / ranks
+  std::string data_dir;             // data/dir
+  OptimizerOptions optimizer;       // optimization/* and training/{schedule, warmup_pct, decay_pct}
+  ShardMode shard_optimizer{};      // distributed/shard_optimizer
+  bool skip_nonfinite{};            // training/on_nonfinite: skip (true) or stop
+  bool validation{};                // training/validation
+  int64_t validation_steps{};       // training/validation_steps: rows per dataset
+  std::vector<std::string> evaluations;  // eval/evaluations
+  // logging/report_interval, logging/checkpoint_interval, logging/validation_interval (in steps).
+  int64_t report_interval{}, checkpoint_interval{}, validation_interval{};
+  static TrainingOptions from_config(const Config& cfg);
+};
+
 struct StepResult {
   int64_t step = 0;     // the step just taken (1-based count after it)
   double loss = 0.0;    // token-weighted mean over the global batch
@@ -105,8 +143,8 @@ class BaseTrainer : public RestoreableJob {
   BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan);
   // Splits token budgets into consecutive stages of whole steps (split_stages) and sets the schedule.
   void plan_stages(const StagePlan& plan);
-  // The full-parameter learning-rate schedule over `steps` steps: training/schedule, optimization/lr,
-  // optimization/min_lr_ratio, training/warmup_pct and training/decay_pct.
+  // The full-parameter learning-rate schedule over `steps` steps (opts_.optimizer.schedule:
+  // training/schedule, optimization/lr, optimization/min_lr_ratio, training/warmup_pct, training/decay_pct).
   Schedule full_schedule(int64_t steps) const;
   MixtureSampler& sampler(int stage);
   // Opens a dataset and checks its vocabulary fits the model.
@@ -152,6 +190,7 @@ class BaseTrainer : public RestoreableJob {
   // Saves the periodic checkpoint when one is due or a signal asked to stop; true when the run stops.
   bool save_or_stop();
 
+  const TrainingOptions opts_;  // declared first: the members after it are built from it
   Distributed& dist_;
   MetricsLog metrics_;  // the run directory's metrics.jsonl and config.json, and the lines printed with them
   Runtime rt_;
@@ -173,11 +212,12 @@ class BaseTrainer : public RestoreableJob {
   // `base_model` metadata (an import's Hugging Face name and config), carried into every checkpoint
   // of this job so that exports can name the base. null when the job trained its own.
   nlohmann::json base_model_;
-  uint64_t seed_;
 };
 
 // Options of every trainer (runtime, optimizer, model, data, logging) and the plain trainer's
-// training/tokens and training/dataset.
+// training/tokens and training/dataset. They are read by TrainingOptions::from_config (above), by
+// ModelOptions::from_config (architecture/*) and Runtime::from_config (runtime/*); the plain trainer's
+// two by its constructor (its stage plan).
 void add_trainer_options(ConfigSchema& s);
 
 }  // namespace lt
