@@ -16,6 +16,7 @@
 #include "lora_trainer/trainer.hpp"
 #include "lora_trainer/util.hpp"
 #include "catch.hpp"
+#include "fixtures.hpp"
 
 namespace lt::test {
 
@@ -51,6 +52,22 @@ inline Loaded load(const std::string& checkpoint, std::vector<std::string> overr
   l.trainer = dynamic_cast<BaseTrainer*>(l.job.get());
   REQUIRE(l.trainer);
   return l;
+}
+
+// A lora/train config without phase one on an imported model: its saved architecture, the tiny test
+// settings otherwise (fixtures.hpp), 1280 tokens of the dataset "gen" in `data`, rank 4, alpha 8,
+// lr 0.01, f32; then `extra`.
+inline Config imported_lora_config(const std::string& imported, const std::string& data, const std::vector<std::string>& extra) {
+  Config c(LoRATrainer::schema());
+  c.merge_json(read_checkpoint_metadata(imported)["config"], "import");
+  for (const auto& o : tiny_overrides(data))
+    if (o.rfind("architecture/", 0) != 0) c.apply_override(o);
+  for (const auto& o : {"training/post_lora_tokens=[1280]", R"(training/post_lora_dataset=[[{"name":"gen","rate":1}]])",
+                        "optimization/lora/rank=4", "optimization/lora/alpha=8", "optimization/lora/lr=0.01",
+                        "runtime/precision=f32"})
+    c.apply_override(o);
+  for (const auto& o : extra) c.apply_override(o);
+  return c;
 }
 
 inline double max_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }

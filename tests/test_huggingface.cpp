@@ -169,21 +169,12 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
   test::make_byte_dataset(d / "data", "gen", 1);
   import_hf(kGolden + "/model", d / "imported");
   // A LoRA job without phase one on the imported base (vocab 300 holds the byte tokenizer's 257 ids).
-  Config c(LoRATrainer::schema());
-  c.merge_json(read_checkpoint_metadata(d / "imported")["config"], "import");
-  for (const auto& o : test::tiny_overrides(d / "data"))
-    if (o.rfind("architecture/", 0) != 0) c.apply_override(o);
-  c.apply_override("training/post_lora_tokens=[1280]");
-  c.apply_override(R"(training/post_lora_dataset=[[{"name":"gen","rate":1}]])");
-  c.apply_override("optimization/lora/rank=4");
-  c.apply_override("optimization/lora/alpha=8");
-  c.apply_override("optimization/lora/lr=0.01");
-  c.apply_override(R"(optimization/lora/target_modules=["attn.c_attn","mlp.c_fc","mlp.c_proj"])");
-  // The token embedding (tied to the output head) and the final norm train in full beside the adapters.
-  c.apply_override(R"(optimization/lora/modules_to_save=["wte","ln_f"])");
-  c.apply_override("optimization/lora/modules_to_save_lr_ratio=0.5");
-  c.apply_override("optimization/lora/rslora=true");  // scaling lora_alpha / sqrt(r), PEFT's use_rslora
-  c.apply_override("runtime/precision=f32");
+  Config c = test::imported_lora_config(
+      d / "imported", d / "data",
+      {R"(optimization/lora/target_modules=["attn.c_attn","mlp.c_fc","mlp.c_proj"])",
+       // The token embedding (tied to the output head) and the final norm train in full beside the adapters.
+       R"(optimization/lora/modules_to_save=["wte","ln_f"])", "optimization/lora/modules_to_save_lr_ratio=0.5",
+       "optimization/lora/rslora=true"});  // scaling lora_alpha / sqrt(r), PEFT's use_rslora
   JobSpec s;
   s.name = "adapt";
   {

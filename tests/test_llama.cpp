@@ -174,18 +174,10 @@ TEST_CASE("LoRA on an imported Llama: PEFT's files and rule (nn.Linear, untied h
   const std::string g = test::hf_golden("llama");
   test::make_byte_dataset(d / "data", "gen", 1);
   import_hf(g + "/model", d / "imported");
-  Config c(LoRATrainer::schema());
-  c.merge_json(read_checkpoint_metadata(d / "imported")["config"], "import");
-  for (const auto& o : test::tiny_overrides(d / "data"))
-    if (o.rfind("architecture/", 0) != 0) c.apply_override(o);
-  c.apply_override("training/post_lora_tokens=[1280]");
-  c.apply_override(R"(training/post_lora_dataset=[[{"name":"gen","rate":1}]])");
-  c.apply_override("optimization/lora/rank=4");
-  c.apply_override("optimization/lora/alpha=8");
-  c.apply_override("optimization/lora/lr=0.01");
-  c.apply_override(R"(optimization/lora/target_modules=["q_proj","v_proj","down_proj","lm_head"])");
-  c.apply_override(R"(optimization/lora/modules_to_save=["norm"])");  // model.norm, not the layers' norms
-  c.apply_override("runtime/precision=f32");
+  Config c = test::imported_lora_config(d / "imported", d / "data",
+                                        {R"(optimization/lora/target_modules=["q_proj","v_proj","down_proj","lm_head"])",
+                                         // model.norm, not the layers' norms
+                                         R"(optimization/lora/modules_to_save=["norm"])"});
   JobSpec s;
   s.name = "adapt";
   {
