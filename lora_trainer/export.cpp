@@ -5,6 +5,7 @@
 #include <map>
 
 #include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/ema.hpp"
 #include "lora_trainer/lora.hpp"
 #include "lora_trainer/util.hpp"
 
@@ -49,11 +50,29 @@ void check_export_target(const std::string& source, const std::string& out, cons
                   "directory, or move that one away yourself. Nothing was written");
 }
 
-MergedWeights merged_weights(const std::string& checkpoint) {
+NamedTensors export_tensors(const std::string& checkpoint, bool use_ema) {
+  NamedTensors all = read_checkpoint_tensors(checkpoint);
+  if (!use_ema) return all;
+  std::map<std::string, torch::Tensor> ema;
+  for (auto& [n, t] : all)
+    if (n.rfind(kEmaPrefix, 0) == 0) ema[n.substr(kEmaPrefix.size())] = t;
+  if (ema.empty())
+    throw UserError("export --ema: " + checkpoint + " holds no moving average (its run had optimization/ema/decay 0). "
+                    "Nothing was written");
+  for (auto& [n, t] : all) {
+    const size_t slash = n.find('/');
+    if (slash == std::string::npos || n.rfind(kEmaPrefix, 0) == 0) continue;
+    auto it = ema.find(n.substr(slash + 1));
+    if (it != ema.end() && (n.rfind(kParamsPrefix, 0) == 0 || n.rfind(kLoraPrefix, 0) == 0)) t = it->second;
+  }
+  return all;
+}
+
+MergedWeights merged_weights(const std::string& checkpoint, bool use_ema) {
   MergedWeights m;
   m.meta = read_checkpoint_metadata(checkpoint);
   std::map<std::string, torch::Tensor> lora;
-  for (auto& [n, t] : read_checkpoint_tensors(checkpoint)) {
+  for (auto& [n, t] : export_tensors(checkpoint, use_ema)) {
     if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
     if (n.rfind(kParamsPrefix, 0) == 0) m.params.emplace_back(n.substr(kParamsPrefix.size()), t.to(torch::kFloat32));
   }
@@ -73,9 +92,9 @@ MergedWeights merged_weights(const std::string& checkpoint) {
   return m;
 }
 
-void export_merged(const std::string& checkpoint, const std::string& out) {
+void export_merged(const std::string& checkpoint, const std::string& out, bool use_ema) {
   check_export_target(checkpoint, out, "export");
-  MergedWeights m = merged_weights(checkpoint);
+  MergedWeights m = merged_weights(checkpoint, use_ema);
   const json& meta = m.meta;
   NamedTensors params;
   for (auto& [n, t] : m.params) params.emplace_back(kParamsPrefix + n, t);

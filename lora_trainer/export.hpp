@@ -21,11 +21,16 @@ struct MergedWeights {
   NamedTensors params;
   int merged = 0;
 };
-MergedWeights merged_weights(const std::string& checkpoint);
+MergedWeights merged_weights(const std::string& checkpoint, bool use_ema = false);
+
+// A checkpoint's tensors for an export: as saved, or with `use_ema` (export --ema) each trained
+// tensor (params/<n>, lora/<n>) replaced by its moving average (ema/<n>, optimization/ema/decay); a
+// checkpoint without one is then a UserError.
+NamedTensors export_tensors(const std::string& checkpoint, bool use_ema);
 
 // Writes a weights-only plain checkpoint of `checkpoint` with any adapters merged in; it initialises
 // another job (`run ... --restore OUT`), e.g. as the pretrained base of a LoRA job.
-void export_merged(const std::string& checkpoint, const std::string& out);
+void export_merged(const std::string& checkpoint, const std::string& out, bool use_ema = false);
 
 // The file that marks a directory written by `export --format hf|peft` (JSON: exported_from, format).
 inline constexpr const char* kExportMarker = "lora_trainer_export.json";

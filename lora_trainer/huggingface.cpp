@@ -106,8 +106,8 @@ struct MergedCheckpoint {
   NamedTensors params;  // our names, without "params/"
 };
 
-MergedCheckpoint read_merged(const std::string& checkpoint) {
-  MergedWeights w = merged_weights(checkpoint);
+MergedCheckpoint read_merged(const std::string& checkpoint, bool use_ema) {
+  MergedWeights w = merged_weights(checkpoint, use_ema);
   MergedCheckpoint m;
   m.meta = std::move(w.meta);
   m.options = options_of(m.meta, checkpoint);
@@ -117,9 +117,9 @@ MergedCheckpoint read_merged(const std::string& checkpoint) {
 
 }  // namespace
 
-void export_hf(const std::string& checkpoint, const std::string& out) {
+void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema) {
   check_export_target(checkpoint, out, "export");
-  MergedCheckpoint m = read_merged(checkpoint);
+  MergedCheckpoint m = read_merged(checkpoint, use_ema);
   // An imported model keeps its own config (token ids, task settings); the architecture is ours.
   const json imported = m.meta.contains("base_model") && m.meta["base_model"].contains("hf_config")
                             ? m.meta["base_model"]["hf_config"] : json();
@@ -134,7 +134,7 @@ void export_hf(const std::string& checkpoint, const std::string& out) {
               "config.json)\n", checkpoint.c_str(), out.c_str(), hf_class_name(hf).c_str(), tensors.size());
 }
 
-void export_peft(const std::string& checkpoint, const std::string& out) {
+void export_peft(const std::string& checkpoint, const std::string& out, bool use_ema) {
   check_export_target(checkpoint, out, "export");
   json meta = read_checkpoint_metadata(checkpoint);
   if (meta.value("kind", std::string()) != "lora" || !meta.contains("lora"))
@@ -144,7 +144,7 @@ void export_peft(const std::string& checkpoint, const std::string& out) {
   const double alpha = meta["lora"].at("alpha").get<double>();
   const int64_t r = meta["lora"].at("rank").get<int64_t>();
   std::map<std::string, torch::Tensor> lora, base;
-  for (auto& [n, t] : read_checkpoint_tensors(checkpoint)) {
+  for (auto& [n, t] : export_tensors(checkpoint, use_ema)) {
     if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
     if (n.rfind(kParamsPrefix, 0) == 0) base[n.substr(kParamsPrefix.size())] = t;
   }

@@ -36,9 +36,10 @@ std::vector<std::string> import_hf(const std::string& hf_dir, const std::string&
 
 // Writes OUT/model.safetensors (f32, HF names and layouts, adapters merged) and OUT/config.json
 // (the family's class; an imported model's own config with our architecture values on top).
-void export_hf(const std::string& checkpoint, const std::string& out);
+// With `use_ema`, the moving average of the trained tensors (export --ema; export.hpp's export_tensors).
+void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema = false);
 
 // Writes OUT/adapter_config.json and OUT/adapter_model.safetensors (f32) from a LoRA checkpoint.
-void export_peft(const std::string& checkpoint, const std::string& out);
+void export_peft(const std::string& checkpoint, const std::string& out, bool use_ema = false);
 
 }  // namespace lt

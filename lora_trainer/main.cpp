@@ -178,6 +178,7 @@ int cmd_sample(const std::string& checkpoint, const std::string& prompt, std::st
   GenerateOptions o = opts;
   o.stop_id = tok->eot_id();
   o.vocab_limit = tok->vocab_size();
+  auto ema = t->ema_weights();  // with eval/use_ema, the moving average generates
   auto ids = generate(t->model(), t->runtime(), tok->encode(prompt), o);
   std::printf("%s%s\n", prompt.c_str(), tok->decode(ids).c_str());
   return 0;
@@ -231,6 +232,7 @@ int main(int argc, char** argv) {
                     "match, exit 2 naming the first corrupt tensor");
 
   std::string export_out, export_format = "native";
+  bool export_ema = false;
   auto* export_cmd = app.add_subcommand("export", "write a checkpoint's model elsewhere: by default a weights-only plain checkpoint "
                                                   "with the adapters merged in; or Hugging Face / PEFT files (docs/huggingface.md)");
   export_cmd->add_option("CHECKPOINT", checkpoint, "checkpoint directory (plain or LoRA)")->required()->check(CLI::ExistingDirectory);
@@ -241,6 +243,8 @@ int main(int argc, char** argv) {
                          "adapters merged; peft: adapter_config.json + "
                          "adapter_model.safetensors (the adapters of a LoRA checkpoint only)")
       ->capture_default_str()->check(CLI::IsMember({"native", "hf", "peft"}));
+  export_cmd->add_flag("--ema", export_ema,
+                       "write the moving average of the trained tensors (optimization/ema/decay) instead of their values");
 
   std::string hf_dir, import_out;
   auto* import_cmd = app.add_subcommand("import-hf", "import a Hugging Face model (config.json + safetensors: GPT-2, "
@@ -381,9 +385,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*export_cmd) {
-      if (export_format == "hf") export_hf(checkpoint, export_out);
-      else if (export_format == "peft") export_peft(checkpoint, export_out);
-      else export_merged(checkpoint, export_out);
+      if (export_format == "hf") export_hf(checkpoint, export_out, export_ema);
+      else if (export_format == "peft") export_peft(checkpoint, export_out, export_ema);
+      else export_merged(checkpoint, export_out, export_ema);
       return 0;
     }
     if (*import_cmd) {

@@ -12,4 +12,10 @@ namespace lt {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
+inline std::vector<std::string> names_of(const NamedTensors& t) {
+  std::vector<std::string> out;
+  for (const auto& p : t) out.push_back(p.first);
+  return out;
+}
+
 }  // namespace lt

@@ -44,12 +44,19 @@ void add_trainer_options(ConfigSchema& s) {
         "and lr; every checkpoint stays finite) or skip (no update for that step, logged; stops after " +
             std::to_string(kMaxSkippedInARow) + " in a row)",
         check_one_of({"stop", "skip"}));
+  s.add("optimization/ema/decay", OptType::Float, 0.0,
+        "keep an exponential moving average of the trainable parameters (the adapters in the LoRA phase): after "
+        "every step avg = decay * avg + (1 - decay) * p, e.g. 0.999; saved in checkpoints; 0 = none",
+        check_range(0, 0.999999));
   s.add("optimization/grad_clip", OptType::Float, 1.0, "global gradient-norm clip; 0 = off", check_nonnegative());
   add_model_options(s);
   s.add("eval/evaluations", OptType::StringList, json::array({"perplexity"}),
         "evaluations at every validation and stage boundary: \"perplexity\" = held-out loss and perplexity of "
         "every dataset of the plan ([] = only the datasets of the current stage)",
         check_each_one_of({"perplexity"}));
+  s.add("eval/use_ema", OptType::Bool, false,
+        "validation, eval and sample use the average of optimization/ema/decay instead of the trained weights "
+        "(export takes --ema)");
   s.add("data/dir", OptType::String, "datasets/data", "directory holding one sub-directory per tokenized dataset");
   s.add("logging/report_interval", OptType::Int, 10, "steps between metrics lines", check_positive());
   s.add("logging/checkpoint_interval", OptType::Int, 200, "steps between periodic checkpoints", check_positive());
@@ -68,6 +75,7 @@ TrainingOptions TrainingOptions::from_config(const Config& cfg) {
   opt.adamw.eps = cfg.get_double("optimization/eps");
   opt.adamw.weight_decay = cfg.get_double("optimization/weight_decay");
   opt.grad_clip = cfg.get_double("optimization/grad_clip");
+  opt.ema_decay = cfg.get_double("optimization/ema/decay");
   opt.schedule.kind = parse_schedule_kind(cfg.get_string("training/schedule"));
   opt.schedule.lr = cfg.get_double("optimization/lr");
   opt.schedule.min_lr_ratio = cfg.get_double("optimization/min_lr_ratio");
@@ -78,6 +86,7 @@ TrainingOptions TrainingOptions::from_config(const Config& cfg) {
   o.validation = cfg.get_bool("training/validation");
   o.validation_steps = cfg.get_int("training/validation_steps");
   o.evaluations = cfg.get("eval/evaluations").get<std::vector<std::string>>();
+  o.use_ema = cfg.get_bool("eval/use_ema");
   o.report_interval = cfg.get_int("logging/report_interval");
   o.checkpoint_interval = cfg.get_int("logging/checkpoint_interval");
   o.validation_interval = cfg.get_int("logging/validation_interval");
@@ -144,6 +153,10 @@ void BaseTrainer::build_optimizer(NamedTensors params, double weight_decay, std:
   o.weight_decay = weight_decay;
   optimizer_ = std::make_unique<AdamW>(std::move(params), o, std::move(lr_scale));
   if (dist_.active() && shard_optimizer_state()) optimizer_->shard(dist_.rank(), dist_.world_size());
+  // A new trainable set (the start, the LoRA transition) starts a new average; a rebuilt optimizer over
+  // the same parameters (a benchmark's reset_optimizer) keeps it.
+  if (opts_.optimizer.ema_decay > 0 && (!ema_ || optimizer_->param_names() != names_of(ema_->params())))
+    ema_ = std::make_unique<Ema>(optimizer_->params(), opts_.optimizer.ema_decay);
 }
 
 bool BaseTrainer::shard_optimizer_state() const {
@@ -270,6 +283,7 @@ StepResult BaseTrainer::train_step() {
     divergence_.on_finite();
     optimizer_->step(r.lr);
     if (optimizer_->sharded()) sync_sharded_params();
+    if (ema_) ema_->update();
   }
   ++step_;
   tokens_ += tokens_per_step();
@@ -291,7 +305,16 @@ void BaseTrainer::check_datasets() {
   for (const auto& s : plan_datasets()) open_dataset(s);
 }
 
+std::unique_ptr<Ema::Swap> BaseTrainer::ema_weights() {
+  if (!opts_.use_ema) return nullptr;
+  if (!ema_)
+    throw UserError("eval/use_ema is true but this job keeps no average: set optimization/ema/decay (for eval and "
+                    "sample, on a checkpoint of a run that had it)");
+  return std::make_unique<Ema::Swap>(*ema_);
+}
+
 std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& datasets, int64_t rows) {
+  auto ema = ema_weights();  // the average in place of the weights while evaluating, with eval/use_ema
   return held_out_loss(model_, datasets, rows, [this](const Sampling& smp) -> const Dataset& { return open_dataset(smp); },
                        {micro_batch_, block_size_}, rt_, dist_);
 }

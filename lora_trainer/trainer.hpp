@@ -27,6 +27,7 @@
 #include "lora_trainer/data.hpp"
 #include "lora_trainer/distributed.hpp"
 #include "lora_trainer/divergence.hpp"
+#include "lora_trainer/ema.hpp"
 #include "lora_trainer/evaluation.hpp"
 #include "lora_trainer/job.hpp"
 #include "lora_trainer/metrics_log.hpp"
@@ -51,6 +52,7 @@ struct ScheduleOptions {
 struct OptimizerOptions {
   AdamWOptions adamw;         // optimization/beta1, optimization/beta2, optimization/eps, optimization/weight_decay
   double grad_clip{};         // optimization/grad_clip; 0 = off
+  double ema_decay{};         // optimization/ema/decay; 0 = no average (ema.hpp)
   ScheduleOptions schedule;   // training/schedule, optimization/lr, optimization/min_lr_ratio,
                               // training/warmup_pct, training/decay_pct
 };
@@ -70,6 +72,7 @@ struct TrainingOptions {
   bool validation{};                // training/validation
   int64_t validation_steps{};       // training/validation_steps: rows per dataset
   std::vector<std::string> evaluations;  // eval/evaluations
+  bool use_ema{};                   // eval/use_ema: validation, eval and sample on the EMA weights
   // logging/report_interval, logging/checkpoint_interval, logging/validation_interval (in steps).
   int64_t report_interval{}, checkpoint_interval{}, validation_interval{};
   static TrainingOptions from_config(const Config& cfg);
@@ -100,6 +103,9 @@ class BaseTrainer : public RestoreableJob {
   // Held-out loss of the model (base + adapters in the LoRA phase) on the first `rows` validation
   // samples of each dataset.
   std::vector<DatasetEval> evaluate(const std::vector<Sampling>& datasets, int64_t rows);
+  // With eval/use_ema: the EMA weights in place of the trainable parameters while the result lives
+  // (evaluate() takes it itself; `sample` holds it while generating); else null.
+  std::unique_ptr<Ema::Swap> ema_weights();
   // Every distinct dataset of the plan, in order of first use.
   std::vector<Sampling> plan_datasets() const;
   // The periodic validation: `training/validation_steps` rows of the datasets of the stage just
@@ -118,6 +124,9 @@ class BaseTrainer : public RestoreableJob {
   int64_t total_steps() const { return total_steps_; }
   int64_t tokens_per_step() const { return batch_size_ * block_size_; }
   CausalLM& model() { return model_; }
+  // Trainable parameters in their fixed order (the optimizer's order).
+  const NamedTensors& trainable() const { return optimizer_->params(); }
+
   // Where the weights came from when imported (import-hf's base_model record: family, hf_dir, ...), else null.
   const nlohmann::json& base_model() const { return base_model_; }
   // Rank 0, or the only process: the one that writes files and prints.
@@ -167,8 +176,6 @@ class BaseTrainer : public RestoreableJob {
   // (Re)builds the optimizer over `params` (which must require gradients) with the configured betas
   // and epsilon, the given weight decay and per-parameter lr multipliers (empty: 1 for all).
   void build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale = {});
-  // Trainable parameters in their fixed order (the optimizer's order).
-  const NamedTensors& trainable() const { return optimizer_->params(); }
   // Appends an event to the run's metrics.jsonl (rank 0 only).
   void log_event(const nlohmann::json& event) const { metrics_.event(event); }
   nlohmann::json checkpoint_metadata() const;
@@ -196,6 +203,7 @@ class BaseTrainer : public RestoreableJob {
   Runtime rt_;
   CausalLM model_;
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<Ema> ema_;  // with optimization/ema/decay > 0: the average of optimizer_'s parameters
   std::unique_ptr<DataCatalog> catalog_;
   std::vector<Stage> stages_;
   std::vector<std::unique_ptr<MixtureSampler>> samplers_;

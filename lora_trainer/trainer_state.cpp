@@ -2,7 +2,9 @@
 // checkpoint_metadata), saving it, and restoring it (a full state, or weights only). The format itself
 // is checkpoint.hpp's; the loop that decides when to save is in trainer.cpp.
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/trainer.hpp"
@@ -16,6 +18,8 @@ NamedTensors BaseTrainer::state_tensors() {
   NamedTensors out;
   for (auto& [name, t] : named_params(*model_)) out.emplace_back(kParamsPrefix + name, t);
   for (auto& kv : optimizer_->state()) out.push_back(kv);
+  if (ema_)
+    for (auto& kv : ema_->state()) out.push_back(kv);
   out.emplace_back("rng/generators", rng_state(rt_));
   return out;
 }
@@ -39,6 +43,7 @@ json BaseTrainer::checkpoint_metadata() const {
             {"job", spec_.to_json()},
             {"config", cfg_.to_json()}};
   if (!base_model_.is_null()) m["base_model"] = base_model_;
+  if (ema_) m["ema"] = {{"decay", ema_->decay()}, {"params", names_of(ema_->params())}};
   m.update(extra_metadata());
   return m;
 }
@@ -96,7 +101,20 @@ void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
   // Parameters and moments are loaded in place; the step count and RNG state come back as the fresh
   // scalars that state_tensors() made for them, and are applied here.
   NamedTensors into = state_tensors();
-  load_checkpoint_into(ck, into);
+  // The EMA is loaded where both have one; a checkpoint without it (saved with optimization/ema/decay 0)
+  // starts this job's average at its weights, and one with it loads into a job without one as weights only.
+  const bool ema_saved = meta.contains("ema");
+  if (ema_ && !ema_saved)
+    into.erase(std::remove_if(into.begin(), into.end(), [](const auto& p) { return p.first.rfind(kEmaPrefix, 0) == 0; }),
+               into.end());
+  std::set<std::string> prefixes;  // without an EMA here: every kind of tensor but the saved average
+  if (!ema_ && ema_saved)
+    for (const auto& [n, t] : into) prefixes.insert(n.substr(0, n.find('/') + 1));
+  load_checkpoint_into(ck, into, std::vector<std::string>(prefixes.begin(), prefixes.end()));
+  if (ema_ && !ema_saved) {
+    ema_->reset();
+    std::fprintf(stderr, "note: %s has no EMA (its run had optimization/ema/decay 0); the average starts here\n", dir.c_str());
+  }
   for (auto& [n, t] : into) {
     if (n == "rng/generators") set_rng_state(rt_, t);
     if (n == "optim/step") optimizer_->set_steps_taken(t.item<int64_t>());

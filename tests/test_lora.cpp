@@ -7,6 +7,7 @@
 #include "lora_trainer/export.hpp"
 #include "lora_trainer/gpt2.hpp"
 #include "lora_trainer/huggingface.hpp"
+#include "lora_trainer/registry.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "fixtures.hpp"
 
@@ -570,4 +571,100 @@ TEST_CASE("init_from starts the adapters from an earlier run's, read from our ch
     refused({R"(optimization/lora/target_modules=["attn.c_attn"])"}, "which this job does not");
     refused({"optimization/lora/init_from=\"" + src->job_dir() + "/pre_lora_checkpoint\""}, "is a plain checkpoint");
   }
+}
+
+namespace {
+// The ema/<name> tensors of a trainer's state, by name (without "ema/").
+std::map<std::string, torch::Tensor> ema_of(BaseTrainer& t) {
+  std::map<std::string, torch::Tensor> out;
+  for (auto& [n, v] : t.state_tensors())
+    if (n.rfind("ema/", 0) == 0) out[n.substr(4)] = v.clone();
+  return out;
+}
+}  // namespace
+
+TEST_CASE("EMA: the average equals the hand-computed one in both phases, restarts over the adapters, and resumes bit-identically", "[lora][ema]") {
+  Data d;
+  const std::vector<std::string> ema = {"optimization/ema/decay=0.75", "runtime/precision=f32"};
+  auto t = make_lora(d, "ema", ema);
+  // by hand: avg_0 = p_0, avg_k = 0.75 avg_{k-1} + 0.25 p_k, over the trainable parameters of each phase
+  std::map<std::string, torch::Tensor> hand;
+  for (auto& [n, p] : t->trainable()) hand[n] = p.detach().clone();
+  for (int i = 1; i <= 5; ++i) {
+    t->train_step();
+    for (auto& [n, p] : t->trainable()) hand[n] = 0.75 * hand[n] + 0.25 * p.detach();
+  }
+  auto avg = ema_of(*t);
+  REQUIRE(avg.size() == hand.size());
+  REQUIRE(avg.count("wte.weight") == 1);
+  for (auto& [n, h] : hand) {
+    INFO(n);
+    CHECK(torch::allclose(avg.at(n), h, 1e-6, 1e-7));
+  }
+  CHECK_FALSE(torch::equal(avg.at("wte.weight"), t->trainable()[0].second));  // an average, not the weights
+  transition_to_lora(*t);
+  hand.clear();
+  for (auto& [n, p] : t->trainable()) hand[n] = p.detach().clone();
+  for (int i = 6; i <= 8; ++i) {
+    t->train_step();
+    for (auto& [n, p] : t->trainable()) hand[n] = 0.75 * hand[n] + 0.25 * p.detach();
+  }
+  avg = ema_of(*t);
+  REQUIRE(avg.size() == t->lora_params().names.size() * 2);  // only the adapters now
+  for (auto& [n, h] : hand) {
+    INFO(n);
+    CHECK(torch::allclose(avg.at(n), h, 1e-6, 1e-7));
+  }
+
+  // Resume mid phase 2: the average comes back with everything else.
+  auto straight = make_lora(d, "ema_straight", ema);
+  std::vector<double> losses;
+  for (int i = 0; i < 10; ++i) losses.push_back(straight->train_step().loss);
+  {
+    auto first = make_lora(d, "ema_split", ema);
+    for (int i = 0; i < 8; ++i) first->train_step();
+    first->save("ntoks/1024");
+  }
+  auto resumed = make_lora(d, "ema_split", ema);
+  resumed->restore_from_path("ntoks/1024");
+  for (int64_t i = resumed->step(); i < 10; ++i) REQUIRE(resumed->train_step().loss == losses[static_cast<size_t>(i)]);
+  test::require_same_state(*straight, *resumed);
+  CHECK(ema_of(*resumed).size() == 2 * resumed->lora_params().names.size());
+}
+
+TEST_CASE("EMA weights: eval/use_ema evaluates the average and puts the weights back, export --ema writes it", "[lora][ema]") {
+  Data d;
+  auto t = make_lora(d, "ema", {"optimization/ema/decay=0.5", "runtime/precision=f32"});
+  t->run();
+  const std::string ck = t->job_dir() + "/final/1280";
+  // export --ema merges the averaged adapters; without --ema the trained ones.
+  const auto meta = read_checkpoint_metadata(ck);
+  CHECK(meta["ema"]["decay"] == 0.5);
+  auto plain = merged_weights(ck), averaged = merged_weights(ck, /*use_ema=*/true);
+  std::map<std::string, torch::Tensor> tensors;
+  for (auto& [n, v] : read_checkpoint_tensors(ck)) tensors[n] = v;
+  const std::string w = "h.0.attn.c_attn.weight";
+  auto find = [&](const MergedWeights& m) {
+    for (auto& [n, v] : m.params)
+      if (n == w) return v;
+    return torch::Tensor();
+  };
+  auto expected = merge_lora_params(tensors.at("params/" + w).to(torch::kFloat32), tensors.at("ema/h.0.attn.c_attn.lora_A"),
+                                    tensors.at("ema/h.0.attn.c_attn.lora_B"), meta["lora"]["alpha"].get<double>(), 4);
+  CHECK(torch::equal(find(averaged), expected));
+  CHECK_FALSE(torch::equal(find(averaged), find(plain)));
+  // eval with and without the average: different losses, and the weights are the trained ones after.
+  test::TempDir out;
+  auto with = from_checkpoint_path(ck, "", out / "a", {"eval/use_ema=true"});
+  auto without = from_checkpoint_path(ck, "", out / "b", {});
+  auto* tw = dynamic_cast<LoRATrainer*>(with.get());
+  auto* tn = dynamic_cast<LoRATrainer*>(without.get());
+  const auto rows = parse_samplings(nlohmann::json::parse(R"([{"name":"gen2","rate":1}])"));
+  const double lw = tw->evaluate(rows, 4)[0].loss, ln = tn->evaluate(rows, 4)[0].loss;
+  CHECK(lw != ln);
+  for (size_t i = 0; i < tw->lora_params().A.size(); ++i) CHECK(torch::equal(tw->lora_params().A[i], tn->lora_params().A[i]));
+  // A checkpoint without an average: export --ema says so.
+  auto none = make_lora(d, "none", {"runtime/precision=f32"});
+  none->run();
+  CHECK_THROWS_WITH(merged_weights(none->job_dir() + "/final/1280", true), Contains("holds no moving average"));
 }
