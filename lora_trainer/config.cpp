@@ -19,6 +19,7 @@ std::string opt_type_name(OptType t) {
     case OptType::StringList: return "list of strings";
     case OptType::Samplings: return "list of samplings [{\"name\":..,\"rate\":..,\"style\":\"pmd\"}]";
     case OptType::SamplingStages: return "list of stages, each a list of samplings";
+    case OptType::ParamRules: return "list of rules [{\"match\":..,\"lr_ratio\":..,\"weight_decay\":true|false}]";
   }
   return "?";
 }
@@ -182,6 +183,23 @@ static std::string coerce(OptType type, json& v) {
       return "";
     case OptType::Samplings:
       return check_samplings(v);
+    case OptType::ParamRules:
+      if (!v.is_array()) return "must be a list of rules, got " + v.dump();
+      for (size_t i = 0; i < v.size(); ++i) {
+        const json& r = v[i];
+        const std::string at = "rule " + std::to_string(i) + " (" + r.dump() + ")";
+        if (!r.is_object()) return at + " is not an object";
+        if (!r.contains("match") || !r["match"].is_string() || r["match"].get<std::string>().empty())
+          return at + " needs \"match\": a non-empty substring of parameter names";
+        for (auto it = r.begin(); it != r.end(); ++it)
+          if (it.key() != "match" && it.key() != "lr_ratio" && it.key() != "weight_decay")
+            return at + ": unknown field \"" + it.key() + "\" (known: match, lr_ratio, weight_decay)";
+        if (r.contains("lr_ratio") && (!r["lr_ratio"].is_number() || r["lr_ratio"].get<double>() <= 0))
+          return at + ": lr_ratio must be a number > 0";
+        if (r.contains("weight_decay") && !r["weight_decay"].is_boolean())
+          return at + ": weight_decay must be true or false";
+      }
+      return "";
     case OptType::SamplingStages:
       if (!v.is_array()) return "must be a list of stages (each a list of samplings)";
       for (size_t i = 0; i < v.size(); ++i) {

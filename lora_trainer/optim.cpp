@@ -19,6 +19,24 @@ AdamW::AdamW(NamedTensors params, AdamWOptions opts, std::vector<double> lr_scal
   }
 }
 
+std::vector<ParamRule> parse_param_rules(const nlohmann::json& v) {
+  std::vector<ParamRule> out;
+  for (const auto& r : v) {
+    ParamRule p;
+    p.match = r.at("match").get<std::string>();
+    p.lr_ratio = r.value("lr_ratio", 1.0);
+    if (r.contains("weight_decay")) p.weight_decay = r["weight_decay"].get<bool>() ? 1 : 0;
+    out.push_back(p);
+  }
+  return out;
+}
+
+int match_param_rule(const std::vector<ParamRule>& rules, const std::string& name) {
+  for (size_t i = 0; i < rules.size(); ++i)
+    if (name.find(rules[i].match) != std::string::npos) return static_cast<int>(i);
+  return -1;
+}
+
 std::vector<std::string> AdamW::param_names() const {
   std::vector<std::string> out;
   for (const auto& p : params_) out.push_back(p.first);

@@ -10,6 +10,8 @@
 
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include "lora_trainer/named_tensors.hpp"
 
 namespace lt {
@@ -30,6 +32,9 @@ class AdamW {
   int64_t steps_taken() const { return t_; }
   double weight_decay() const { return o_.weight_decay; }
   const std::vector<double>& lr_scale() const { return lr_scale_; }
+  // Whether parameter i decays (default: 2 or more dimensions); a param_groups rule may say otherwise.
+  void set_decay(size_t i, bool on) { decay_.at(i) = on; }
+  bool decays(size_t i) const { return decay_.at(i); }
   const NamedTensors& params() const { return params_; }
   std::vector<std::string> param_names() const;
   // optim/exp_avg/<name>, optim/exp_avg_sq/<name> and optim/step, in parameter order.
@@ -69,6 +74,18 @@ enum class ScheduleKind { Constant, Wsd, Cosine };
 ScheduleKind parse_schedule_kind(const std::string& name);  // std::invalid_argument naming the known ones
 std::string schedule_kind_name(ScheduleKind kind);
 std::vector<std::string> schedule_kind_names();  // every name, for a config check
+
+// optimization/param_groups: rules by parameter name, the first whose `match` is a substring of the
+// name applying. `lr_ratio` multiplies the parameter's learning rate (on top of the LoRA phase's own
+// ratios), `weight_decay` switches its decoupled weight decay on or off (unset: matrices decay).
+struct ParamRule {
+  std::string match;
+  double lr_ratio = 1.0;
+  int weight_decay = -1;  // -1 unset, 0 off, 1 on
+};
+std::vector<ParamRule> parse_param_rules(const nlohmann::json& v);
+// The index of the first rule matching `name`, or -1.
+int match_param_rule(const std::vector<ParamRule>& rules, const std::string& name);
 
 // lr(step) for step in [0, total_steps).
 //   constant: warmup then flat.

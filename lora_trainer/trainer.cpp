@@ -44,6 +44,11 @@ void add_trainer_options(ConfigSchema& s) {
         "and lr; every checkpoint stays finite) or skip (no update for that step, logged; stops after " +
             std::to_string(kMaxSkippedInARow) + " in a row)",
         check_one_of({"stop", "skip"}));
+  s.add("optimization/param_groups", OptType::ParamRules, json::array(),
+        "per-parameter learning rate and weight decay by name, in both phases: rules [{\"match\": \"wte\", \"lr_ratio\": "
+        "0.1, \"weight_decay\": false}], the first whose match is a substring of a trainable parameter's name (e.g. "
+        "\"ln_\", \"lora_B\") applying; lr_ratio multiplies its lr, weight_decay turns its decay on or off (default: "
+        "matrices decay). [] = none");
   s.add("optimization/ema/decay", OptType::Float, 0.0,
         "keep an exponential moving average of the trainable parameters (the adapters in the LoRA phase): after "
         "every step avg = decay * avg + (1 - decay) * p, e.g. 0.999; saved in checkpoints; 0 = none",
@@ -76,6 +81,7 @@ TrainingOptions TrainingOptions::from_config(const Config& cfg) {
   opt.adamw.weight_decay = cfg.get_double("optimization/weight_decay");
   opt.grad_clip = cfg.get_double("optimization/grad_clip");
   opt.ema_decay = cfg.get_double("optimization/ema/decay");
+  opt.param_rules = parse_param_rules(cfg.get("optimization/param_groups"));
   opt.schedule.kind = parse_schedule_kind(cfg.get_string("training/schedule"));
   opt.schedule.lr = cfg.get_double("optimization/lr");
   opt.schedule.min_lr_ratio = cfg.get_double("optimization/min_lr_ratio");
@@ -145,18 +151,59 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const St
   model_->to(rt_.device);
   catalog_ = std::make_unique<DataCatalog>(opts_.data_dir, model_->options().vocab_size);
   plan_stages(plan);
+  // A rule must match some parameter, or some adapter a LoRA phase could put on a matrix.
+  for (const auto& rule : opts_.optimizer.param_rules) {
+    std::vector<std::string> names;
+    for (const auto& [n, p] : named_params(*model_)) {
+      names.push_back(n);
+      if (p.dim() == 2) names.insert(names.end(), {LoraParams::a_name(n), LoraParams::b_name(n)});
+    }
+    if (std::none_of(names.begin(), names.end(), [&](const std::string& n) { return n.find(rule.match) != std::string::npos; }))
+      throw UserError("optimization/param_groups: \"" + rule.match + "\" matches no parameter of this model (nor an "
+                      "adapter's lora_A/lora_B); names look like " + names.front() + ", " + names[names.size() / 2]);
+  }
   build_optimizer(named_params(*model_), opts_.optimizer.adamw.weight_decay);
 }
 
 void BaseTrainer::build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale) {
   AdamWOptions o = opts_.optimizer.adamw;  // the configured betas and epsilon
   o.weight_decay = weight_decay;
+  const auto& rules = opts_.optimizer.param_rules;
+  if (lr_scale.empty()) lr_scale.assign(params.size(), 1.0);
+  std::vector<int> rule_of;
+  for (size_t i = 0; i < params.size(); ++i) {
+    rule_of.push_back(match_param_rule(rules, params[i].first));
+    if (rule_of.back() >= 0) lr_scale[i] *= rules[static_cast<size_t>(rule_of.back())].lr_ratio;
+  }
   optimizer_ = std::make_unique<AdamW>(std::move(params), o, std::move(lr_scale));
+  for (size_t i = 0; i < rule_of.size(); ++i)
+    if (rule_of[i] >= 0 && rules[static_cast<size_t>(rule_of[i])].weight_decay >= 0)
+      optimizer_->set_decay(i, rules[static_cast<size_t>(rule_of[i])].weight_decay == 1);
+  if (!rules.empty() && is_main()) log_param_groups(rule_of);
   if (dist_.active() && shard_optimizer_state()) optimizer_->shard(dist_.rank(), dist_.world_size());
   // A new trainable set (the start, the LoRA transition) starts a new average; a rebuilt optimizer over
   // the same parameters (a benchmark's reset_optimizer) keeps it.
   if (opts_.optimizer.ema_decay > 0 && (!ema_ || optimizer_->param_names() != names_of(ema_->params())))
     ema_ = std::make_unique<Ema>(optimizer_->params(), opts_.optimizer.ema_decay);
+}
+
+void BaseTrainer::log_param_groups(const std::vector<int>& rule_of) const {
+  const auto& rules = opts_.optimizer.param_rules;
+  const auto& params = optimizer_->params();
+  for (size_t r = 0; r < rules.size(); ++r) {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < rule_of.size(); ++i)
+      if (rule_of[i] == static_cast<int>(r)) names.push_back(params[i].first);
+    char what[96];
+    std::snprintf(what, sizeof what, "lr x%g%s", rules[r].lr_ratio,
+                  rules[r].weight_decay < 0 ? "" : rules[r].weight_decay ? ", weight decay" : ", no weight decay");
+    std::string shown = names.size() <= 4 ? join(names)
+                                          : join(std::vector<std::string>(names.begin(), names.begin() + 3)) + ", ... (" +
+                                                std::to_string(names.size()) + " in all)";
+    std::printf("param group %zu (match \"%s\", %s): %s\n", r, rules[r].match.c_str(), what,
+                names.empty() ? "no trainable parameter now" : shown.c_str());
+  }
+  std::fflush(stdout);
 }
 
 bool BaseTrainer::shard_optimizer_state() const {

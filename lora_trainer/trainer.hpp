@@ -53,6 +53,7 @@ struct OptimizerOptions {
   AdamWOptions adamw;         // optimization/beta1, optimization/beta2, optimization/eps, optimization/weight_decay
   double grad_clip{};         // optimization/grad_clip; 0 = off
   double ema_decay{};         // optimization/ema/decay; 0 = no average (ema.hpp)
+  std::vector<ParamRule> param_rules;  // optimization/param_groups: lr ratio and weight decay by name, both phases
   ScheduleOptions schedule;   // training/schedule, optimization/lr, optimization/min_lr_ratio,
                               // training/warmup_pct, training/decay_pct
 };
@@ -176,6 +177,8 @@ class BaseTrainer : public RestoreableJob {
   // (Re)builds the optimizer over `params` (which must require gradients) with the configured betas
   // and epsilon, the given weight decay and per-parameter lr multipliers (empty: 1 for all).
   void build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale = {});
+  // The parameters each optimization/param_groups rule took (rule_of[i]: the rule of trainable i, or -1).
+  void log_param_groups(const std::vector<int>& rule_of) const;
   // Appends an event to the run's metrics.jsonl (rank 0 only).
   void log_event(const nlohmann::json& event) const { metrics_.event(event); }
   nlohmann::json checkpoint_metadata() const;

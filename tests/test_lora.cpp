@@ -668,3 +668,35 @@ TEST_CASE("EMA weights: eval/use_ema evaluates the average and puts the weights 
   none->run();
   CHECK_THROWS_WITH(merged_weights(none->job_dir() + "/final/1280", true), Contains("holds no moving average"));
 }
+
+TEST_CASE("param_groups: a rule's lr ratio applies in phase 1 and to the adapters, and a rule that matches nothing is refused", "[lora][optim]") {
+  Data d;
+  auto t = make_lora(d, "groups", {R"(optimization/param_groups=[{"match":"h.0.","lr_ratio":1e-9},{"match":"lora_A","lr_ratio":1e-9,"weight_decay":false}])",
+                                   "runtime/precision=f32"});
+  auto before = snapshot(named_params(*t->model()));
+  for (int i = 0; i < 3; ++i) t->train_step();
+  auto after = named_params(*t->model());
+  for (size_t i = 0; i < before.size(); ++i) {
+    INFO(before[i].first);
+    const double moved = (after[i].second - before[i].second).abs().max().item<double>();
+    if (before[i].first.rfind("h.0.", 0) == 0) CHECK(moved < 1e-8);
+    else if (before[i].first.find("ln_") == std::string::npos && before[i].first.find("bias") == std::string::npos)
+      CHECK(moved > 1e-5);
+  }
+  for (int i = 0; i < 2; ++i) t->train_step();
+  transition_to_lora(*t);
+  auto A = snapshot(t->lora_params().named());
+  for (int i = 0; i < 3; ++i) t->train_step();
+  auto now = t->lora_params().named();
+  for (size_t i = 0; i < A.size(); ++i) {
+    INFO(A[i].first);
+    const double moved = (now[i].second - A[i].second).abs().max().item<double>();
+    // h.0.'s adapters fall under the first rule too (the first match applies); the other B train.
+    if (A[i].first.find("lora_A") != std::string::npos || A[i].first.rfind("h.0.", 0) == 0) CHECK(moved < 1e-8);
+    else CHECK(moved > 1e-5);
+  }
+  CHECK_THROWS_WITH(make_lora(d, "bad", {R"(optimization/param_groups=[{"match":"q_proj"}])"}),
+                    Contains("optimization/param_groups: \"q_proj\" matches no parameter of this model"));
+  CHECK_THROWS_WITH(make_lora(d, "bad", {R"(optimization/param_groups=[{"match":"wte","lr":0.1}])"}),
+                    Contains("unknown field \"lr\" (known: match, lr_ratio, weight_decay)"));
+}

@@ -101,3 +101,25 @@ TEST_CASE("AdamW lr_scale: a parameter trains as if alone at lr x its scale", "[
   CHECK_FALSE(torch::equal(together[1].second, make()[1].second));  // it did move
   CHECK_THROWS(AdamW(make(), o, {1.0}));  // one scale per parameter
 }
+
+TEST_CASE("AdamW set_decay: a parameter's decoupled weight decay switched off or on (param_groups' weight_decay)", "[optim]") {
+  AdamWOptions o;
+  o.weight_decay = 0.5;
+  auto run = [&](bool decay, torch::Tensor p) {
+    p.requires_grad_(true);
+    p.mutable_grad() = torch::zeros_like(p);  // no gradient signal: only the decay moves it
+    AdamW opt({{"p", p}}, o);
+    opt.set_decay(0, decay);
+    opt.step(0.1);
+    return p.detach().clone();
+  };
+  CHECK(torch::allclose(run(true, torch::ones({2, 2})), torch::full({2, 2}, 0.95)));
+  CHECK(torch::equal(run(false, torch::ones({2, 2})), torch::ones({2, 2})));
+  CHECK(torch::allclose(run(true, torch::ones({3})), torch::full({3}, 0.95)));  // a vector decays when a rule says so
+  auto rules = parse_param_rules(nlohmann::json::parse(R"([{"match":"ln_","weight_decay":true},{"match":"h.","lr_ratio":0.5}])"));
+  CHECK(match_param_rule(rules, "h.0.ln_1.weight") == 0);  // the first match applies
+  CHECK(match_param_rule(rules, "h.0.mlp.c_fc.weight") == 1);
+  CHECK(match_param_rule(rules, "wte.weight") == -1);
+  CHECK(rules[1].lr_ratio == 0.5);
+  CHECK(rules[1].weight_decay == -1);
+}
