@@ -155,7 +155,9 @@ herr_t collect_dataset(hid_t group, const char* name, const H5L_info_t*, void* o
   return 0;
 }
 
-torch::Tensor read_dataset(hid_t file, const std::string& name, const std::string& path, int* verified = nullptr) {
+// `crc` (when given) receives the data's CRC-32, the one computed for the check (inspect reuses it).
+torch::Tensor read_dataset(hid_t file, const std::string& name, const std::string& path, int* verified = nullptr,
+                           std::string* crc = nullptr) {
   H5Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
   h5check(ds.id, "opening " + name + " in " + path);
   std::string dtype = read_string_attr(ds, "dtype");
@@ -171,14 +173,13 @@ torch::Tensor read_dataset(hid_t file, const std::string& name, const std::strin
                              "reading " + name + " from " + path);
   // Checkpoints written before checksums have none; every later one is verified here, at every load.
   std::string stored = read_string_attr(ds, "crc32");
-  if (!stored.empty()) {
-    std::string actual = crc32_hex(t);
-    if (actual != stored)
-      throw UserError(path + ": tensor " + name + " is corrupt: its data's CRC-32 is " + actual + ", the save recorded " +
-                      stored + ". The file was damaged after it was written (disk, copy or transfer); restore from "
-                      "another checkpoint (`lora_trainer checkpoints JOB OUT_DIR` lists them) or copy it again");
-  }
+  const std::string actual = !stored.empty() || crc ? crc32_hex(t) : std::string();
+  if (!stored.empty() && actual != stored)
+    throw UserError(path + ": tensor " + name + " is corrupt: its data's CRC-32 is " + actual + ", the save recorded " +
+                    stored + ". The file was damaged after it was written (disk, copy or transfer); restore from "
+                    "another checkpoint (`lora_trainer checkpoints JOB OUT_DIR` lists them) or copy it again");
   if (verified) *verified += stored.empty() ? 0 : 1;
+  if (crc) *crc = actual;
   return t;
 }
 
@@ -322,7 +323,9 @@ NamedTensors read_checkpoint_tensors(const std::string& dir, int* verified) {
   return read_checkpoint_tensors(CheckpointMeta::read(dir), verified);
 }
 
-NamedTensors read_checkpoint_tensors(const CheckpointMeta& ck, int* verified) {
+// read_checkpoint_tensors; `crcs` (when given) receives each tensor's CRC-32, in the same order: the
+// one computed for the check, so `inspect` does not compute it again.
+static NamedTensors read_tensors(const CheckpointMeta& ck, int* verified, std::vector<std::string>* crcs) {
   quiet_hdf5();
   std::string path = (fs::path(ck.dir) / "state.h5").string();
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
@@ -332,8 +335,14 @@ NamedTensors read_checkpoint_tensors(const CheckpointMeta& ck, int* verified) {
   std::sort(names.begin(), names.end());
   NamedTensors out;
   if (verified) *verified = 0;
-  for (const auto& n : names) out.emplace_back(n, read_dataset(file, n, path, verified));
+  if (crcs) crcs->assign(names.size(), std::string());
+  for (size_t i = 0; i < names.size(); ++i)
+    out.emplace_back(names[i], read_dataset(file, names[i], path, verified, crcs ? &(*crcs)[i] : nullptr));
   return out;
+}
+
+NamedTensors read_checkpoint_tensors(const CheckpointMeta& ck, int* verified) {
+  return read_tensors(ck, verified, nullptr);
 }
 
 void load_checkpoint_into(const std::string& dir, const NamedTensors& into,
@@ -389,14 +398,18 @@ void load_checkpoint_into(const CheckpointMeta& ck, const NamedTensors& into,
 nlohmann::json inspect_checkpoint(const std::string& dir) {
   nlohmann::json out;
   out["path"] = dir;
-  out["metadata"] = read_checkpoint_metadata(dir);
+  const CheckpointMeta ck = CheckpointMeta::read(dir);
+  out["metadata"] = ck.raw;
   nlohmann::json tensors = nlohmann::json::array();
-  for (const auto& [name, t] : read_checkpoint_tensors(dir)) {
+  std::vector<std::string> crcs;
+  const NamedTensors all = read_tensors(ck, nullptr, &crcs);
+  for (size_t i = 0; i < all.size(); ++i) {
+    const auto& [name, t] = all[i];
     auto c = t.contiguous();
     tensors.push_back({{"name", name},
                        {"dtype", dtype_name(c.scalar_type())},
                        {"shape", c.sizes().vec()},
-                       {"crc32", crc32_hex(c)},
+                       {"crc32", crcs[i]},
                        {"fnv1a64", hex64(fnv1a64(c.data_ptr(), c.numel() * c.element_size()))}});
   }
   out["tensors"] = tensors;

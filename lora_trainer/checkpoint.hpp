@@ -57,7 +57,7 @@ struct CheckpointMeta {
   static CheckpointMeta read(const std::string& dir);
 };
 
-// CheckpointMeta::read(dir).raw: the metadata as JSON (`inspect`, listings).
+// CheckpointMeta::read(dir).raw: the metadata as JSON (listings, exports).
 nlohmann::json read_checkpoint_metadata(const std::string& dir);
 
 // Every tensor in the checkpoint, on the CPU, sorted by name. Each tensor's CRC-32 is checked against

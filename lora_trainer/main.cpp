@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <iostream>
 
-#include "lora_trainer/bench.hpp"
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/distributed.hpp"
 #include "lora_trainer/local_ranks.hpp"
@@ -20,6 +19,7 @@
 #include "lora_trainer/export.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/registry.hpp"
+#include "lora_trainer/speed_bench.hpp"
 #include "lora_trainer/tokenize.hpp"
 #include "lora_trainer/util.hpp"
 

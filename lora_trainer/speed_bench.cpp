@@ -1,4 +1,4 @@
-#include "lora_trainer/bench.hpp"
+#include "lora_trainer/speed_bench.hpp"
 
 #include <sys/resource.h>
 #include <unistd.h>
