@@ -75,10 +75,14 @@ std::vector<std::string> import_hf(const std::string& hf_dir, const std::string&
                {"job", {{"name", "import-hf"}, {"project", "general"}, {"group", "default"}, {"kind", "lora/train"}}},
                {"config", cfg.to_json()}};
   save_checkpoint(out, stored, meta);
-  std::printf("imported %s (%s %s: %lld layers, d_model %lld, %lld heads, vocab %lld, %s) -> %s (%zu tensors, float32)\n",
-              hf_dir.c_str(), to_string(family), hf_config.value("model_type", std::string()).c_str(), (long long)o.n_layer,
-              (long long)o.d_model, (long long)o.n_head, (long long)o.vocab_size, cfg.get_string("architecture/activation").c_str(),
-              out.c_str(), params.size());
+  // "gpt2: ..." or "qwen2, llama family: ..."
+  const std::string type = hf_config.value("model_type", std::string());
+  const std::string kind = type == to_string(family) ? type : type + ", " + to_string(family) + " family";
+  std::printf("imported %s (%s: %lld layers, d_model %lld, %lld heads, vocab %lld, context %lld, %s) -> %s (%zu tensors, "
+              "float32)\n",
+              hf_dir.c_str(), kind.c_str(), (long long)o.n_layer, (long long)o.d_model, (long long)o.n_head,
+              (long long)o.vocab_size, (long long)o.block_size, cfg.get_string("architecture/activation").c_str(), out.c_str(),
+              params.size());
   std::printf("a job that loads it (`run ... --restore %s`) needs this architecture:\n ", out.c_str());
   for (const auto& a : arch) std::printf(" %s", a.c_str());
   std::printf(" 'training/pre_lora_tokens=[]' 'training/pre_lora_dataset=[]'\n");
