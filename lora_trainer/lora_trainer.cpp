@@ -315,6 +315,17 @@ void LoRATrainer::run() {
                       "training/allow_random_base=true");
     base_ = "random";
   }
+  if (!in_lora_ && !lora_cfg_.init_from.empty()) {
+    // The adapters' source is read at the transition, maybe hours from now: check it fits before training.
+    NamedTensors params = named_params(*model_);
+    const auto mask =
+        with_lora_keys([&] { return param_filter(params, expand_target_modules(*model_, lora_cfg_.target_modules)); });
+    std::vector<std::string> targets;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (mask[i]) targets.push_back(params[i].first);
+    read_adapter_source(lora_cfg_.init_from, model_->options().family, targets, lora_cfg_.rank, lora_cfg_.alpha,
+                        lora_cfg_.rslora);
+  }
   BaseTrainer::run();
   if (!done() || !is_main()) return;
   std::string text = report();

@@ -63,6 +63,9 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const St
   model_->to(rt_.device);
   catalog_ = std::make_unique<DataCatalog>(opts_.data_dir, model_->options().vocab_size);
   plan_stages(plan);
+  if (opts_.use_ema && opts_.optimizer.ema_decay <= 0)
+    throw UserError("eval/use_ema is true but optimization/ema/decay is 0, so there is no average to use: set "
+                    "optimization/ema/decay (e.g. 0.999), or eval/use_ema=false");
   // A rule must match some parameter, or some adapter a LoRA phase could put on a matrix.
   for (const auto& rule : opts_.optimizer.param_rules) {
     std::vector<std::string> names;

@@ -700,3 +700,11 @@ TEST_CASE("param_groups: a rule's lr ratio applies in phase 1 and to the adapter
   CHECK_THROWS_WITH(make_lora(d, "bad", {R"(optimization/param_groups=[{"match":"wte","lr":0.1}])"}),
                     Contains("unknown field \"lr\" (known: match, lr_ratio, weight_decay)"));
 }
+
+TEST_CASE("init_from and eval/use_ema are checked before training starts, not at the transition", "[lora][ema]") {
+  Data d;
+  auto t = make_lora(d, "early", {"optimization/lora/init_from=\"" + (d.dir / "nowhere") + "\""});
+  CHECK_THROWS_WITH(t->run(), Contains("optimization/lora/init_from: " + (d.dir / "nowhere") + " is not a directory"));
+  CHECK(t->step() == 0);  // refused before the first step
+  CHECK_THROWS_WITH(make_lora(d, "ema", {"eval/use_ema=true"}), Contains("eval/use_ema is true but optimization/ema/decay is 0"));
+}
