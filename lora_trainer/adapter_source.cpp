@@ -18,16 +18,6 @@ namespace {
 
 const char* kKey = "optimization/lora/init_from";
 
-std::string shape_text(at::IntArrayRef s) {
-  std::string out = "(";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + ")";
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // The source's adapted weights (our names for a checkpoint, PEFT module paths for PEFT) that this job
 // does not adapt, or the job's that the source lacks: one error listing both.
 void check_same_targets(const std::string& path, const std::vector<std::string>& missing,
@@ -41,8 +31,8 @@ void check_same_targets(const std::string& path, const std::vector<std::string>&
 
 void add(AdapterSource& s, const std::string& w, torch::Tensor A, torch::Tensor B, const std::string& where) {
   if (A.dim() != 2 || B.dim() != 2 || A.size(1) != s.rank || B.size(0) != s.rank)
-    throw UserError(std::string(kKey) + ": " + where + ": the adapter of " + w + " has shapes A " + shape_text(A.sizes()) +
-                    ", B " + shape_text(B.sizes()) + ", not rank " + std::to_string(s.rank));
+    throw UserError(std::string(kKey) + ": " + where + ": the adapter of " + w + " has shapes A " + shape_text(A.sizes().vec()) +
+                    ", B " + shape_text(B.sizes().vec()) + ", not rank " + std::to_string(s.rank));
   s.adapters.names.push_back(w);
   s.adapters.A.push_back(A.to(torch::kFloat32).contiguous());
   s.adapters.B.push_back(B.to(torch::kFloat32).contiguous());

@@ -19,16 +19,6 @@ const std::string kGpt2Prefix = "transformer.";
 // rows a job trains on, not a property of the weights (rotary positions have no table).
 const int64_t kLlamaImportContext = 1024;
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-std::string shape_text(at::IntArrayRef s) {
-  std::string out = "(";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + ")";
-}
-
 // GPT-2's four projections are Conv1D layers in transformers: their weights are stored (in, out).
 bool is_conv1d_weight(ModelFamily family, const std::string& ours) {
   return family == ModelFamily::Gpt2 && ours.rfind("h.", 0) == 0 && ends_with(ours, ".weight") &&
@@ -251,7 +241,7 @@ NamedTensors from_hf(ModelFamily family, const NamedTensors& hf, const NamedTens
     const bool conv1d = is_conv1d_weight(family, name);
     auto it = by_name.find(name);
     if (it == by_name.end()) {
-      problems.push_back("missing " + hf_name(family, name) + " " + shape_text(want.sizes()));
+      problems.push_back("missing " + hf_name(family, name) + " " + shape_text(want.sizes().vec()));
       continue;
     }
     auto t = it->second.to(torch::kFloat32);
@@ -259,14 +249,14 @@ NamedTensors from_hf(ModelFamily family, const NamedTensors& hf, const NamedTens
     if (t.sizes() != want.sizes()) {
       std::vector<int64_t> hf_shape = want.sizes().vec();
       if (conv1d) std::swap(hf_shape[0], hf_shape[1]);
-      problems.push_back(hf_name(family, name) + ": shape " + shape_text(it->second.sizes()) + ", expected " +
+      problems.push_back(hf_name(family, name) + ": shape " + shape_text(it->second.sizes().vec()) + ", expected " +
                          shape_text(hf_shape) + (conv1d ? " (Conv1D: (in, out))" : ""));
     } else {
       out.emplace_back(name, t.contiguous());
     }
     by_name.erase(it);
   }
-  for (const auto& [name, t] : by_name) problems.push_back("unexpected tensor " + name + " " + shape_text(t.sizes()));
+  for (const auto& [name, t] : by_name) problems.push_back("unexpected tensor " + name + " " + shape_text(t.sizes().vec()));
   if (tied_head.defined() && problems.empty()) {
     const auto& emb = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == embedding; })->second;
     if (tied_head.sizes() != emb.sizes() || !torch::equal(tied_head.to(torch::kFloat32), emb))

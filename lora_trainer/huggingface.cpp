@@ -23,10 +23,6 @@ namespace lt {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 void write_marker(const fs::path& dir, const std::string& checkpoint, const std::string& format) {
   json m = {{"exported_from", fs::absolute(checkpoint).string()}, {"format", format}, {"by", "lora_trainer export"}};
   write_file_atomic((dir / kExportMarker).string(), m.dump(2) + "\n");

@@ -42,7 +42,7 @@ const DtypeName kDtypes[] = {{"F64", torch::kFloat64}, {"F32", torch::kFloat32},
 // The longest header we accept: the Python library's own limit (100 MB).
 constexpr uint64_t kMaxHeader = 100'000'000;
 
-std::string shape_text(const std::vector<int64_t>& s) {
+std::string json_shape(const std::vector<int64_t>& s) {  // as the header writes it: [3, 32]
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
@@ -132,7 +132,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                         "] lie outside the file's " + std::to_string(buffer) + "-byte data buffer (truncated file?)");
       const uint64_t want = numel * c10::elementSize(e.dtype);
       if (e.end - e.begin != want)
-        throw UserError(where + ": " + std::to_string(e.end - e.begin) + " bytes for shape " + shape_text(e.shape) +
+        throw UserError(where + ": " + std::to_string(e.end - e.begin) + " bytes for shape " + json_shape(e.shape) +
                         " " + dt + ", which needs " + std::to_string(want));
       entries_.push_back(std::move(e));
     }

@@ -64,6 +64,11 @@ std::string closest_match(const std::string& name, const std::vector<std::string
 // ", "-joined list, for error messages.
 std::string join(const std::vector<std::string>& items, const std::string& sep = ", ");
 
+// A tensor shape as messages write it: "(3, 32)".
+std::string shape_text(const std::vector<int64_t>& shape);
+
+bool ends_with(const std::string& s, const std::string& suffix);
+
 // 64-bit FNV-1a over raw bytes: the per-tensor digest shown by `inspect`.
 uint64_t fnv1a64(const void* data, size_t size, uint64_t seed = 1469598103934665603ULL);
 std::string hex64(uint64_t v);

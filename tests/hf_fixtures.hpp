@@ -70,6 +70,17 @@ inline Config imported_lora_config(const std::string& imported, const std::strin
   return c;
 }
 
+// Runs the LoRA job "adapt" of config `c` on `imported` as its frozen base, writing under `out`;
+// returns its final checkpoint (1280 tokens, as imported_lora_config plans).
+inline std::string run_imported_lora(Config c, const std::string& imported, const std::string& out) {
+  JobSpec s;
+  s.name = "adapt";
+  LoRATrainer t(s, std::move(c), out);
+  t.restore_from_path(imported);
+  t.run();
+  return out + "/checkpoints/general/default/adapt/final/1280";
+}
+
 inline double max_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 // With LT_HF_CHECK_DIR set, what scripts/hf_golden.py checks with the real libraries

@@ -175,14 +175,7 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
        // The token embedding (tied to the output head) and the final norm train in full beside the adapters.
        R"(optimization/lora/modules_to_save=["wte","ln_f"])", "optimization/lora/modules_to_save_lr_ratio=0.5",
        "optimization/lora/rslora=true"});  // scaling lora_alpha / sqrt(r), PEFT's use_rslora
-  JobSpec s;
-  s.name = "adapt";
-  {
-    LoRATrainer t(s, std::move(c), d / "out");
-    t.restore_from_path(d / "imported");
-    t.run();
-  }
-  const std::string ck = d / "out/checkpoints/general/default/adapt/final/1280";
+  const std::string ck = test::run_imported_lora(std::move(c), d / "imported", d / "out");
   REQUIRE(read_checkpoint_metadata(ck)["kind"] == "lora");
   CHECK(read_checkpoint_metadata(ck)["base_model"]["family"] == "gpt2");
   Loaded lora = load(ck);

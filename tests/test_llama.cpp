@@ -178,14 +178,7 @@ TEST_CASE("LoRA on an imported Llama: PEFT's files and rule (nn.Linear, untied h
                                         {R"(optimization/lora/target_modules=["q_proj","v_proj","down_proj","lm_head"])",
                                          // model.norm, not the layers' norms
                                          R"(optimization/lora/modules_to_save=["norm"])"});
-  JobSpec s;
-  s.name = "adapt";
-  {
-    LoRATrainer t(s, std::move(c), d / "out");
-    t.restore_from_path(d / "imported");
-    t.run();
-  }
-  const std::string ck = d / "out/checkpoints/general/default/adapt/final/1280";
+  const std::string ck = test::run_imported_lora(std::move(c), d / "imported", d / "out");
   test::Loaded lora = test::load(ck);
   const torch::Tensor ids = test::golden_ids(g);
   const torch::Tensor ours = lora.logits(ids);
