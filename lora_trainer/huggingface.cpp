@@ -196,13 +196,15 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
   // modules_to_save: PEFT saves the whole module (every parameter, e.g. a norm's gain and bias) under
   // its own name, base_model.model.<module>.<param>, and lists the module. A tied token embedding is
   // also the output head; PEFT would give each of the two tied modules its own copy, so both are
-  // listed and both get the trained tensor.
+  // listed and both get the trained tensor; ensure_weight_tying (peft >= 0.18; older versions ignore the key)
+  // then makes PEFT tie the two copies again, so a merged model stays tied as ours is.
   const auto saved = meta["lora"].value("modules_to_save", std::vector<std::string>());
   std::set<std::string> saved_modules;  // ours: "wte", "h.0.ln_1"
   const std::string tied_embedding =
       !options.tie_embeddings ? "" : family == ModelFamily::Gpt2 ? "wte.weight" : "model.embed_tokens.weight";
   for (const auto& p : saved) saved_modules.insert(p.substr(0, p.rfind('.')));
   std::vector<std::string> peft_modules_to_save;
+  bool saves_tied_embedding = false;
   for (const auto& m : saved_modules) {
     for (const auto& [n, t] : base) {
       if (n.rfind(m + ".", 0) != 0 || n.find('.', m.size() + 1) != std::string::npos) continue;
@@ -210,7 +212,10 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
       if (n == tied_embedding) tensors.emplace_back(root + "lm_head.weight", tensors.back().second);
     }
     peft_modules_to_save.push_back(peft_module_path(family, m + ".weight").substr(root.size()));
-    if (m + ".weight" == tied_embedding) peft_modules_to_save.push_back("lm_head");
+    if (m + ".weight" == tied_embedding) {
+      peft_modules_to_save.push_back("lm_head");
+      saves_tied_embedding = true;
+    }
   }
   const std::string init = meta["lora"].value("init", std::string("gaussian"));
   const json base_model = meta.value("base_model", json());
@@ -224,6 +229,7 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
                  {"bias", "none"},
                  {"use_rslora", meta["lora"].value("rslora", false)},
                  {"modules_to_save", peft_modules_to_save.empty() ? json(nullptr) : json(peft_modules_to_save)},
+                 {"ensure_weight_tying", saves_tied_embedding},
                  // PEFT's value for the init the adapters were drawn with (only used when PEFT creates new ones)
                  {"init_lora_weights", init == "gaussian" ? json("gaussian") : json(true)},
                  {"layers_to_transform", nullptr},

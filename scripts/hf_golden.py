@@ -416,6 +416,10 @@ def peft_logits(args):
     ok = compare("PeftModel (unmerged) vs expected", logits_of(model, ids), expected, args.tol)
     merged = model.merge_and_unload()
     ok = compare("PeftModel merge_and_unload vs expected", logits_of(merged, ids), expected, args.tol) and ok
+    if getattr(base.config, "tie_word_embeddings", False):  # a tied model stays tied, as ours is
+        tied = merged.get_input_embeddings().weight.data_ptr() == merged.get_output_embeddings().weight.data_ptr()
+        print(f"merged model's input and output embeddings tied: {tied}")
+        ok = tied and ok
     return 0 if ok else 1
 
 

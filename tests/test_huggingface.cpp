@@ -198,6 +198,7 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
   CHECK(cfg["base_model_name_or_path"] == fs::absolute(kGolden + "/model").lexically_normal().string());
   // PEFT lists whole modules; the tied head is listed beside the embedding so that both get the trained tensor.
   CHECK(cfg["modules_to_save"] == nlohmann::json::array({"transformer.ln_f", "transformer.wte", "lm_head"}));
+  CHECK(cfg["ensure_weight_tying"] == true);  // the tied wte and lm_head copies stay one tensor in PEFT
   CHECK(cfg["init_lora_weights"] == "gaussian");
   CHECK(cfg["use_rslora"] == true);
   NamedTensors adapter = read_safetensors(d / "peft/adapter_model.safetensors");

@@ -189,6 +189,7 @@ TEST_CASE("LoRA on an imported Llama: PEFT's files and rule (nn.Linear, untied h
   CHECK(cfg["fan_in_fan_out"] == false);  // nn.Linear layers
   CHECK(cfg["target_modules"] == nlohmann::json::array({"down_proj", "lm_head", "q_proj", "v_proj"}));
   CHECK(cfg["modules_to_save"] == nlohmann::json::array({"model.norm"}));
+  CHECK(cfg["ensure_weight_tying"] == false);  // an untied head: nothing to tie
   auto adapter = by_name(read_safetensors(d / "peft/adapter_model.safetensors"));
   CHECK(adapter.size() == 2 * 3 * 2 + 2 + 1);
   CHECK(adapter.at("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight").sizes() == at::IntArrayRef({4, 32}));
