@@ -86,7 +86,8 @@ inline double max_diff(const torch::Tensor& a, const torch::Tensor& b) { return 
 // With LT_HF_CHECK_DIR set, what scripts/hf_golden.py checks with the real libraries
 // (docs/huggingface.md) of the LoRA `checkpoint`: under $LT_HF_CHECK_DIR/<name>/ copies of the export directories `dirs`
 // (peft, hf), our LoRA model's logits of `ids`, and the same adapters on the f32 base as imported (the
-// job trained them on its bf16 copy), which is what PEFT computes on the original Hugging Face model.
+// job trained them on its bf16 copy; with its modules_to_save and trainable token rows), which is what
+// PEFT computes on the original Hugging Face model.
 inline void keep_for_hf_check(const std::string& name, const std::string& from, const std::vector<std::string>& dirs,
                               Loaded& lora, const std::string& checkpoint, const std::string& imported,
                               const torch::Tensor& ids) {
@@ -106,6 +107,7 @@ inline void keep_for_hf_check(const std::string& name, const std::string& from, 
   Loaded f32 = load(imported, {"optimization/lora/rank=" + std::to_string(lm["rank"].get<int64_t>())});
   attach_lora(*f32.trainer->model(), trained.lora_params(), lm["alpha"].get<double>(), lm["rank"].get<int64_t>(),
               lm.value("rslora", false));
+  if (trained.trainable_tokens().defined()) attach_token_rows(*f32.trainer->model(), trained.trainable_tokens());
   {
     torch::NoGradGuard ng;  // and the modules_to_save as trained
     auto from_params = named_params(*trained.model());
