@@ -272,7 +272,9 @@ TEST_CASE("trainable_token_indices on an imported GPT-2 (tied head): PEFT's file
                                          R"(optimization/lora/trainable_token_indices=[32,101,299])"});
   const std::string ck = test::run_imported_lora(std::move(c), d / "imported", d / "out");
   Loaded lora = load(ck);
-  const torch::Tensor ids = golden_ids();
+  torch::Tensor ids = golden_ids().contiguous();  // with the trained tokens among them
+  ids[0][3] = 101;
+  ids[1][5] = 299;
   const torch::Tensor ours = lora.logits(ids);
   const auto& trained = dynamic_cast<LoRATrainer&>(*lora.trainer).trainable_tokens();
   REQUIRE(trained.ids == rows);

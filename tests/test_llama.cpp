@@ -245,7 +245,11 @@ TEST_CASE("trainable_token_indices on an imported Llama (untied head): PEFT's fi
                                          R"(optimization/lora/trainable_token_indices={"embed_tokens":[32,101]})"});
   const std::string ck = test::run_imported_lora(std::move(c), d / "imported", d / "out");
   test::Loaded lora = test::load(ck);
-  const torch::Tensor ids = test::golden_ids(g);
+  // The golden ids with the trained tokens among them: an untied head leaves them the input rows alone.
+  torch::Tensor ids = test::golden_ids(g).contiguous();
+  ids[0][3] = 32;
+  ids[1][5] = 101;
+  ids[1][9] = 32;
   const torch::Tensor ours = lora.logits(ids);
   const auto& trained = dynamic_cast<LoRATrainer&>(*lora.trainer).trainable_tokens();
   REQUIRE(trained.name == "model.embed_tokens.weight");
@@ -257,6 +261,9 @@ TEST_CASE("trainable_token_indices on an imported Llama (untied head): PEFT's fi
   CHECK(adapter.size() == 2 * 2 * 2 + 1);
   const torch::Tensor delta = adapter.at("base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta");
   CHECK(torch::equal(delta, trained.values));
+  auto imported = by_name(read_checkpoint_tensors(d / "imported"));
+  for (int64_t r = 0; r < 2; ++r)  // trained
+    CHECK_FALSE(torch::equal(delta[r], imported.at("params/model.embed_tokens.weight")[rows[r]].to(torch::kFloat32)));
   // The untied lm_head keeps its (frozen bf16) weights: only the input rows are replaced, as in PEFT's list form.
   export_hf(ck, d / "hf");
   auto hf = by_name(read_safetensors(d / "hf/model.safetensors"));
