@@ -753,7 +753,7 @@ TEST_CASE("trainable token rows: ids checked against the vocabulary and the embe
   CHECK((logits_of(*m, idx) - logits_of(*tiny_gpt(), idx)).abs().max().item<double>() == 0);
 }
 
-TEST_CASE("trainable token rows: after LoRA steps only the adapters and the chosen rows changed; checkpointed with their moments", "[lora][tokens]") {
+TEST_CASE("trainable token rows: after LoRA steps only the adapters and the chosen rows changed, checkpointed with their moments", "[lora][tokens]") {
   Data d;
   auto t = make_lora(d, "tokens", {kTokens});
   for (int i = 0; i < 5; ++i) t->train_step();
