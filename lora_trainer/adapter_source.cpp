@@ -66,10 +66,19 @@ AdapterSource from_checkpoint(const std::string& path, const std::vector<std::st
                       LoraParams::a_name(w) + "; is the checkpoint complete?");
     add(s, w, a->second, b->second, path);
   }
+  const json token_rows = meta["lora"].value("trainable_tokens", json::object());
+  for (auto& [name, ids] : token_rows.items()) {
+    auto v = lora.find(TrainableTokens::values_name(name));
+    if (v == lora.end())
+      throw UserError(std::string(kKey) + ": " + path + " lists trainable token rows of " + name + " but holds no " +
+                      kLoraPrefix + TrainableTokens::values_name(name) + "; is the checkpoint complete?");
+    s.tokens = {name, ids.get<std::vector<int64_t>>(), v->second.to(torch::kFloat32).contiguous()};
+  }
   return s;
 }
 
-AdapterSource from_peft(const std::string& path, ModelFamily family, const std::vector<std::string>& targets) {
+AdapterSource from_peft(const std::string& path, ModelFamily family, const std::vector<std::string>& targets,
+                        const std::string& token_embedding) {
   const std::string config_path = (fs::path(path) / "adapter_config.json").string();
   const json c = read_json_file(config_path);
   if (c.value("peft_type", std::string()) != "LORA")
@@ -107,18 +116,36 @@ AdapterSource from_peft(const std::string& path, ModelFamily family, const std::
     if (b == by_key.end()) throw UserError(std::string(kKey) + ": " + file + " has " + mod + ".lora_A.weight but no .lora_B.weight");
     add(s, w, by_key.at(mod + ".lora_A.weight").t(), b->second.t(), file);  // (r, in) -> (in, r); (out, r) -> (r, out)
   }
+  // trainable_token_indices: a list (the input embedding) or {module: ids}; the rows' values under
+  // <module>.token_adapter.trainable_tokens_delta (a tied head's copy is not saved).
+  const std::string delta_suffix = ".token_adapter.trainable_tokens_delta";
+  for (const auto& [k, t] : by_key) {
+    if (!ends_with(k, delta_suffix)) continue;
+    if (s.tokens.defined())
+      throw UserError(std::string(kKey) + ": " + file + " trains token rows of more than one module; only the token "
+                      "embedding's are supported");
+    const std::string mod = k.substr(0, k.size() - delta_suffix.size());
+    const json& ids = c.value("trainable_token_indices", json());
+    if (!(ids.is_array() || (ids.is_object() && ids.size() == 1)))
+      throw UserError(std::string(kKey) + ": " + config_path + ": trainable_token_indices " + ids.dump() +
+                      " does not give the ids of the rows in " + k);
+    const bool ours = peft_module_path(family, token_embedding) == mod;
+    s.tokens = {ours ? token_embedding : mod.substr(std::string("base_model.model.").size()),
+                (ids.is_array() ? ids : ids.begin().value()).get<std::vector<int64_t>>(), t.to(torch::kFloat32).contiguous()};
+  }
   return s;
 }
 
 }  // namespace
 
 AdapterSource read_adapter_source(const std::string& path, ModelFamily family, const std::vector<std::string>& targets,
-                                  int64_t rank, double alpha, bool rslora) {
+                                  int64_t rank, double alpha, bool rslora, const std::string& token_embedding,
+                                  const std::vector<int64_t>& token_ids) {
   if (!fs::is_directory(path))
     throw UserError(std::string(kKey) + ": " + path + " is not a directory (give a LoRA checkpoint or a PEFT adapter directory)");
   AdapterSource s;
   if (is_checkpoint(path)) s = from_checkpoint(path, targets);
-  else if (fs::exists(fs::path(path) / "adapter_config.json")) s = from_peft(path, family, targets);
+  else if (fs::exists(fs::path(path) / "adapter_config.json")) s = from_peft(path, family, targets, token_embedding);
   else
     throw UserError(std::string(kKey) + ": " + path + " is neither one of our checkpoints (metadata.json) nor a PEFT adapter " +
                     "directory (adapter_config.json)");
@@ -135,6 +162,16 @@ AdapterSource read_adapter_source(const std::string& path, ModelFamily family, c
     throw UserError(std::string(kKey) + ": " + path + " holds adapters of " + theirs + "; this job has " + ours +
                     ": they would compute another function. Set optimization/lora/alpha and optimization/lora/rslora "
                     "as the source's");
+  auto rows = [](const std::string& name, const std::vector<int64_t>& ids) {
+    return ids.empty() ? std::string("none") : json{{name, ids}}.dump();
+  };
+  const std::string theirs_rows = rows(s.tokens.name, s.tokens.ids), ours_rows = rows(token_embedding, token_ids);
+  if (theirs_rows != ours_rows)
+    throw UserError(std::string(kKey) + ": " + path + " trained the token rows " + theirs_rows + "; this job's " +
+                    "optimization/lora/trainable_token_indices selects " + ours_rows + ". Set it as the source had it");
+  if (s.tokens.defined() && (s.tokens.values.dim() != 2 || s.tokens.values.size(0) != static_cast<int64_t>(token_ids.size())))
+    throw UserError(std::string(kKey) + ": " + path + ": the trainable token rows have shape " +
+                    shape_text(s.tokens.values.sizes().vec()) + " for " + std::to_string(token_ids.size()) + " ids");
   return s;
 }
 

@@ -27,11 +27,18 @@ struct AdapterSource {
   bool rslora = false;
   LoraParams adapters;  // f32, ours layouts, in the order of the job's targets
   std::vector<std::string> modules_to_save;  // what the source also trained (not loaded: reported)
+  // The token rows the source trained (trainable_token_indices), loaded with the adapters: name is ours
+  // ("wte.weight") where it is the model's token embedding, else the source's module; undefined when
+  // it trained none.
+  TrainableTokens tokens;
 };
 
 // Reads `path` for the weights `targets` (our names) of a `family` model and checks it against the
-// job's rank, alpha and rsLoRA.
+// job's rank, alpha and rsLoRA, and its trainable token rows against the job's: `token_ids` of the
+// model's token embedding `token_embedding` (our name), none when empty. The same ids of the same
+// embedding, or none on both sides.
 AdapterSource read_adapter_source(const std::string& path, ModelFamily family, const std::vector<std::string>& targets,
-                                  int64_t rank, double alpha, bool rslora);
+                                  int64_t rank, double alpha, bool rslora, const std::string& token_embedding,
+                                  const std::vector<int64_t>& token_ids);
 
 }  // namespace lt

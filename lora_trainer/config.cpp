@@ -20,6 +20,7 @@ std::string opt_type_name(OptType t) {
     case OptType::Samplings: return "list of samplings [{\"name\":..,\"rate\":..,\"style\":\"pmd\"}]";
     case OptType::SamplingStages: return "list of stages, each a list of samplings";
     case OptType::ParamRules: return "list of rules [{\"match\":..,\"lr_ratio\":..,\"weight_decay\":true|false}]";
+    case OptType::TokenIndices: return "list of integers, or {\"module\": [integers]}";
   }
   return "?";
 }
@@ -174,6 +175,14 @@ static std::string coerce(OptType type, json& v) {
       for (auto& e : v) {
         if (!is_integral(e)) return "must be a list of integers; element " + e.dump() + " is not";
         e = e.is_number_integer() ? e.get<int64_t>() : static_cast<int64_t>(e.get<double>());
+      }
+      return "";
+    case OptType::TokenIndices:
+      if (v.is_array()) return coerce(OptType::IntList, v);
+      if (!v.is_object()) return "must be a list of integers or {\"module\": [integers]}, got " + v.dump();
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        std::string e = coerce(OptType::IntList, it.value());
+        if (!e.empty()) return "\"" + it.key() + "\": " + e;
       }
       return "";
     case OptType::StringList:

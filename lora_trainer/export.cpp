@@ -1,5 +1,6 @@
 #include "lora_trainer/export.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -89,6 +90,16 @@ MergedWeights merged_weights(const std::string& checkpoint, bool use_ema) {
     t = merge_lora_params(t, a->second, b->second, alpha, rank, rslora);
     ++m.merged;
   }
+  const json token_rows = l.value("trainable_tokens", json::object());
+  for (auto& [name, ids] : token_rows.items()) {
+    auto v = lora.find(TrainableTokens::values_name(name));
+    auto p = std::find_if(m.params.begin(), m.params.end(), [&](const auto& np) { return np.first == name; });
+    if (v == lora.end() || p == m.params.end())
+      throw UserError(checkpoint + ": its metadata lists trainable token rows of " + name + " but it holds no " +
+                      (p == m.params.end() ? kParamsPrefix + name : kLoraPrefix + TrainableTokens::values_name(name)));
+    p->second = replace_token_rows(p->second, ids.get<std::vector<int64_t>>(), v->second);
+    m.token_rows += static_cast<int64_t>(ids.size());
+  }
   return m;
 }
 
@@ -109,8 +120,9 @@ void export_merged(const std::string& checkpoint, const std::string& out, bool u
                    {"config", meta.value("config", json::object())}};
   if (meta.contains("base_model")) out_meta["base_model"] = meta["base_model"];
   save_checkpoint(out, params, out_meta);
-  std::printf("exported %s -> %s (%zu tensors, %d adapters merged, float32)\n", checkpoint.c_str(), out.c_str(),
-              params.size(), merged);
+  std::printf("exported %s -> %s (%zu tensors, %d adapters merged%s, float32)\n", checkpoint.c_str(), out.c_str(),
+              params.size(), merged,
+              m.token_rows ? (", " + std::to_string(m.token_rows) + " trainable token rows replaced").c_str() : "");
 }
 
 }  // namespace lt

@@ -15,11 +15,14 @@
 namespace lt {
 
 // The parameters of a checkpoint in f32, by name (without "params/"), with its adapters merged in
-// (the scale its metadata records: alpha, rank, rslora); `merged` counts them. What every export writes.
+// (the scale its metadata records: alpha, rank, rslora); `merged` counts them. Trainable token rows
+// (trainable_token_indices) replace their rows of the embedding (a tied head is that same tensor);
+// `token_rows` counts them. What every export writes.
 struct MergedWeights {
   nlohmann::json meta;
   NamedTensors params;
   int merged = 0;
+  int64_t token_rows = 0;
 };
 MergedWeights merged_weights(const std::string& checkpoint, bool use_ema = false);
 

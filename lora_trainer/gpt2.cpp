@@ -48,7 +48,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
 }
 
 GPTImpl::GPTImpl(const ModelOptions& o) : CausalLMImpl(o) {
-  wte = register_module("wte", torch::nn::Embedding(o.vocab_size, o.d_model));
+  wte = register_module("wte", TokenEmbedding(o.vocab_size, o.d_model));
   wpe = register_module("wpe", torch::nn::Embedding(o.block_size, o.d_model));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.n_layer; ++i) h->push_back(Block(o));
@@ -85,11 +85,13 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& idx) {
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
-  return output_logits(hidden(idx), wte->weight, /*padded=*/false);  // (B, T, V)
+  auto x = hidden(idx);
+  return output_logits(x, wte->output_weight(x), /*padded=*/false);  // (B, T, V)
 }
 
 torch::Tensor GPTImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
-  auto logits = output_logits(hidden(idx), wte->weight, /*padded=*/true);  // (B, T, V or padded V), bf16 under autocast
+  auto x = hidden(idx);
+  auto logits = output_logits(x, wte->output_weight(x), /*padded=*/true);  // (B, T, V or padded V), bf16 under autocast
   return cross_entropy_sum(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
 }
 

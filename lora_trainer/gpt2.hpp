@@ -62,7 +62,8 @@ class GPTImpl : public CausalLMImpl {
   void init_weights(torch::Generator gen) override;
   bool is_lookup(const std::string& name) const override { return name == "wpe.weight"; }
 
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  TokenEmbedding wte{nullptr};
+  torch::nn::Embedding wpe{nullptr};
   torch::nn::ModuleList h{nullptr};
   LayerNorm ln_f{nullptr};
 

@@ -217,6 +217,20 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
       saves_tied_embedding = true;
     }
   }
+  // trainable_token_indices: PEFT saves the rows' values of the embedding under
+  // <module>.token_adapter.trainable_tokens_delta and lists the ids (the list form: the input
+  // embedding; PEFT ties a tied head to it, saving nothing for it).
+  json token_indices = nullptr;
+  const json token_rows = meta["lora"].value("trainable_tokens", json::object());
+  for (auto& [name, ids] : token_rows.items()) {
+    auto v = lora.find(TrainableTokens::values_name(name));
+    if (v == lora.end())
+      throw UserError(checkpoint + ": the trainable token rows of " + name + " are missing (lora/" +
+                      TrainableTokens::values_name(name) + "). Nothing was written");
+    tensors.emplace_back(peft_module_path(family, name) + ".token_adapter.trainable_tokens_delta",
+                         v->second.to(torch::kFloat32).contiguous());
+    token_indices = ids;
+  }
   const std::string init = meta["lora"].value("init", std::string("gaussian"));
   const json base_model = meta.value("base_model", json());
   json config = {{"peft_type", "LORA"},
@@ -230,6 +244,7 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
                  {"use_rslora", meta["lora"].value("rslora", false)},
                  {"modules_to_save", peft_modules_to_save.empty() ? json(nullptr) : json(peft_modules_to_save)},
                  {"ensure_weight_tying", saves_tied_embedding},
+                 {"trainable_token_indices", token_indices},
                  // PEFT's value for the init the adapters were drawn with (only used when PEFT creates new ones)
                  {"init_lora_weights", init == "gaussian" ? json("gaussian") : json(true)},
                  {"layers_to_transform", nullptr},
@@ -247,9 +262,10 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
   });
   const bool rslora = meta["lora"].value("rslora", false);
   std::printf("exported %s -> %s (PEFT LoRA adapter: %zu adapted modules, r %lld, lora_alpha %g, scaling %s = %g, "
-              "fan_in_fan_out %s%s%s; base %s)\n", checkpoint.c_str(), out.c_str(), adapted.size(), (long long)r, alpha,
+              "fan_in_fan_out %s%s%s%s%s; base %s)\n", checkpoint.c_str(), out.c_str(), adapted.size(), (long long)r, alpha,
               rslora ? "alpha/sqrt(r)" : "alpha/r", lora_scale(alpha, r, rslora), hf_fan_in_fan_out(family) ? "true" : "false", peft_modules_to_save.empty() ? "" : "; modules_to_save ",
-              join(peft_modules_to_save).c_str(),
+              join(peft_modules_to_save).c_str(), token_indices.is_null() ? "" : "; trainable_token_indices ",
+              token_indices.is_null() ? "" : token_indices.dump().c_str(),
               config["base_model_name_or_path"].is_string() ? config["base_model_name_or_path"].get<std::string>().c_str()
                                                             : "unknown: set base_model_name_or_path in adapter_config.json");
 }

@@ -22,6 +22,29 @@ void LinearImpl::set_lora(torch::Tensor A, torch::Tensor B, double scale) {
   lora_scale_ = scale;
 }
 
+torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& idx) {
+  auto e = torch::nn::EmbeddingImpl::forward(idx);
+  if (!values_.defined()) return e;
+  auto slot = slot_.index_select(0, idx.reshape({-1})).view(idx.sizes());
+  auto rows = values_.index_select(0, slot.clamp_min(0).reshape({-1})).view(e.sizes());
+  return torch::where((slot >= 0).unsqueeze(-1), rows, e.to(torch::kFloat32));
+}
+
+torch::Tensor TokenEmbeddingImpl::output_weight(const torch::Tensor& x) {
+  if (!values_.defined()) return weight;
+  auto W = weight_for(weight, x);
+  return W.index_copy(0, ids_, values_.to(W.dtype()));
+}
+
+void TokenEmbeddingImpl::set_token_rows(torch::Tensor ids, torch::Tensor values) {
+  ids_ = std::move(ids);
+  values_ = std::move(values);
+  slot_ = torch::Tensor();
+  if (!ids_.defined()) return;
+  slot_ = torch::full({weight.size(0)}, -1, ids_.options());
+  slot_.index_copy_(0, ids_, torch::arange(ids_.size(0), ids_.options()));
+}
+
 LayerNormImpl::LayerNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
   bias = register_parameter("bias", torch::zeros({dim}));

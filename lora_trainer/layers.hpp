@@ -24,6 +24,24 @@ class LinearImpl : public torch::nn::Module, public LoraAdaptable {
 };
 TORCH_MODULE(Linear);
 
+// The token embedding: torch::nn::Embedding (the same parameter, init and lookup) that can take
+// trainable token rows (lora.hpp's TrainableTokens). With rows set, the lookup returns f32 with the
+// rows of those ids replaced by their f32 values, and output_weight() the weight with the rows
+// replaced, for a head tied to the embedding.
+class TokenEmbeddingImpl : public torch::nn::EmbeddingImpl, public TokenRowsAdaptable {
+ public:
+  TokenEmbeddingImpl(int64_t num_embeddings, int64_t dim) : torch::nn::EmbeddingImpl(num_embeddings, dim) {}
+  torch::Tensor forward(const torch::Tensor& idx);  // idx: (...) int64 -> (..., dim)
+  // The (V, dim) weight as a tied head multiplies x with it: weight_for(weight, x), rows replaced.
+  torch::Tensor output_weight(const torch::Tensor& x);
+  void set_token_rows(torch::Tensor ids, torch::Tensor values) override;
+
+ private:
+  torch::Tensor ids_, values_;
+  torch::Tensor slot_;  // (V) int64: the row of values_ for each token id, -1 for the frozen ones
+};
+TORCH_MODULE(TokenEmbedding);
+
 // Layer norm (weight and bias), computed in f32.
 class LayerNormImpl : public torch::nn::Module {
  public:

@@ -55,7 +55,7 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const RopeT
 }
 
 LlamaBodyImpl::LlamaBodyImpl(const ModelOptions& o) {
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(o.vocab_size, o.d_model));
+  embed_tokens = register_module("embed_tokens", TokenEmbedding(o.vocab_size, o.d_model));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.n_layer; ++i) layers->push_back(LlamaDecoderLayer(o));
   norm = register_module("norm", RMSNorm(o.d_model, o.norm_eps));
@@ -97,7 +97,7 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx) {
 
 // A tied head takes output_logits' CUDA padding; an untied one is a Linear (it can carry an adapter).
 torch::Tensor LlamaImpl::logits(const torch::Tensor& x, bool padded) {
-  return lm_head ? lm_head(x) : output_logits(x, model->embed_tokens->weight, padded);
+  return lm_head ? lm_head(x) : output_logits(x, model->embed_tokens->output_weight(x), padded);
 }
 
 torch::Tensor LlamaImpl::forward(const torch::Tensor& idx) { return logits(hidden(idx), /*padded=*/false); }

@@ -65,7 +65,7 @@ TORCH_MODULE(LlamaDecoderLayer);
 class LlamaBodyImpl : public torch::nn::Module {
  public:
   explicit LlamaBodyImpl(const ModelOptions& o);
-  torch::nn::Embedding embed_tokens{nullptr};
+  TokenEmbedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
 };

@@ -239,6 +239,83 @@ void detach_lora(torch::nn::Module& root) {
   for_each_adaptable(root, [](const std::string&, LoraAdaptable& layer) { layer.set_lora({}, {}, 0.0); });
 }
 
+std::string TrainableTokens::values_name(const std::string& base_name) {
+  return strip_weight(base_name) + ".trainable_tokens_delta";
+}
+
+std::vector<std::string> token_embeddings(torch::nn::Module& root) {
+  std::vector<std::string> out;
+  for (const auto& item : root.named_modules())
+    if (dynamic_cast<TokenRowsAdaptable*>(item.value().get()))
+      out.push_back(item.key().empty() ? "weight" : item.key() + ".weight");
+  return out;
+}
+
+std::string resolve_trainable_tokens(torch::nn::Module& root, const NamedTensors& params, const std::string& module,
+                                     const std::vector<int64_t>& ids) {
+  const auto embeddings = token_embeddings(root);
+  TORCH_CHECK(!embeddings.empty(), "resolve_trainable_tokens: the model has no token embedding");
+  std::string name = embeddings.front();
+  if (!module.empty()) {
+    name.clear();
+    for (const auto& e : embeddings)
+      if (names_module_or_param(e, module)) name = e;
+    if (name.empty())
+      throw LoraSettingError("trainable_token_indices", "\"" + module + "\" is not a token embedding of this model; "
+                             "trainable tokens are rows of the token embedding: " + join(embeddings) +
+                             " (or give a list of ids, which applies to it)");
+  }
+  if (ids.empty()) throw LoraSettingError("trainable_token_indices", "no token ids given: list the ids whose rows train");
+  int64_t rows = -1;
+  for (const auto& [n, t] : params)
+    if (n == name) rows = t.size(0);
+  TORCH_CHECK(rows > 0, "resolve_trainable_tokens: no parameter ", name);
+  std::vector<int64_t> seen;
+  for (int64_t id : ids) {
+    if (id < 0 || id >= rows)
+      throw LoraSettingError("trainable_token_indices", "token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                                           name + " (size " + std::to_string(rows) + ": ids 0 to " +
+                                                           std::to_string(rows - 1) + ")");
+    if (std::find(seen.begin(), seen.end(), id) != seen.end())
+      throw LoraSettingError("trainable_token_indices", "token id " + std::to_string(id) + " is listed twice");
+    seen.push_back(id);
+  }
+  return name;
+}
+
+static torch::Tensor ids_tensor(const std::vector<int64_t>& ids, const torch::Device& device) {
+  return torch::tensor(ids, torch::kLong).to(device);
+}
+
+TrainableTokens make_trainable_tokens(const std::string& name, const torch::Tensor& weight, const std::vector<int64_t>& ids) {
+  torch::NoGradGuard ng;
+  TrainableTokens t;
+  t.name = name;
+  t.ids = ids;
+  t.values = weight.detach().index_select(0, ids_tensor(ids, weight.device())).to(torch::kFloat32).clone();
+  return t;
+}
+
+torch::Tensor replace_token_rows(const torch::Tensor& weight, const std::vector<int64_t>& ids, const torch::Tensor& values) {
+  return weight.index_copy(0, ids_tensor(ids, weight.device()), values.to(weight.dtype()));
+}
+
+void attach_token_rows(torch::nn::Module& root, const TrainableTokens& tokens) {
+  bool attached = false;
+  for (const auto& item : root.named_modules()) {
+    auto* layer = dynamic_cast<TokenRowsAdaptable*>(item.value().get());
+    if (!layer || (item.key().empty() ? "weight" : item.key() + ".weight") != tokens.name) continue;
+    layer->set_token_rows(ids_tensor(tokens.ids, tokens.values.device()), tokens.values);
+    attached = true;
+  }
+  TORCH_CHECK(attached, "attach_token_rows: no token embedding owns ", tokens.name);
+}
+
+void detach_token_rows(torch::nn::Module& root) {
+  for (const auto& item : root.named_modules())
+    if (auto* layer = dynamic_cast<TokenRowsAdaptable*>(item.value().get())) layer->set_token_rows({}, {});
+}
+
 torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x) {
   if (!W.defined() || W.scalar_type() == x.scalar_type()) return W;
   const bool autocast = compat::autocast_enabled(x.device().type());

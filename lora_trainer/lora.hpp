@@ -40,6 +40,49 @@ class LoraAdaptable {
   virtual void set_lora(torch::Tensor A, torch::Tensor B, double scale) = 0;
 };
 
+// A token embedding whose chosen rows can be replaced by trainable values (PEFT's trainable tokens).
+class TokenRowsAdaptable {
+ public:
+  virtual ~TokenRowsAdaptable() = default;
+  // ids: (n) int64 token ids, values: (n, d) f32, the rows that replace the weight's rows `ids` in the
+  // lookup and in a head tied to it. Undefined tensors remove them.
+  virtual void set_token_rows(torch::Tensor ids, torch::Tensor values) = 0;
+};
+
+// PEFT's `trainable_token_indices`: chosen rows of the token embedding train beside the adapters. As in
+// PEFT (trainable_tokens_delta), `values` holds the rows' new values, not a difference: initialised to
+// the base's rows, they replace those rows (W.index_copy(0, ids, values)) in the lookup and in an
+// output head tied to the embedding; every other row stays frozen.
+struct TrainableTokens {
+  std::string name;           // the embedding's weight ("wte.weight"); "" = none
+  std::vector<int64_t> ids;   // token ids, in the configured order
+  torch::Tensor values;       // (ids.size(), d) f32
+  bool defined() const { return !name.empty(); }
+  // "wte.weight" -> "wte.trainable_tokens_delta": its name in checkpoints and the optimizer.
+  static std::string values_name(const std::string& base_name);
+};
+
+// The weights of `root` owned by a TokenRowsAdaptable layer (the token embeddings), in module order.
+std::vector<std::string> token_embeddings(torch::nn::Module& root);
+
+// Which embedding weight a `trainable_token_indices` setting names: `module` "" is the model's token
+// embedding (PEFT's list form); otherwise (PEFT's dict form {module: [ids]}) the embedding module by its
+// name or a suffix after a '.' ("wte", "embed_tokens"). Each id must lie in [0, rows of the weight) and
+// appear once. A module that is not a token embedding, no ids, or an id out of range or repeated is a
+// LoraSettingError ("trainable_token_indices") naming it.
+std::string resolve_trainable_tokens(torch::nn::Module& root, const NamedTensors& params, const std::string& module,
+                                     const std::vector<int64_t>& ids);
+
+// The rows `ids` of `weight`, as f32 trainable values.
+TrainableTokens make_trainable_tokens(const std::string& name, const torch::Tensor& weight, const std::vector<int64_t>& ids);
+
+// `weight` with the rows `ids` replaced by `values` (cast to weight's dtype): the merged embedding.
+torch::Tensor replace_token_rows(const torch::Tensor& weight, const std::vector<int64_t>& ids, const torch::Tensor& values);
+
+// Hands the rows to the layer that owns `tokens.name`; detach_token_rows removes them from every layer.
+void attach_token_rows(torch::nn::Module& root, const TrainableTokens& tokens);
+void detach_token_rows(torch::nn::Module& root);
+
 // The adapters of one model, in the order of the base parameters they adapt.
 struct LoraParams {
   std::vector<std::string> names;  // base parameter names ("h.0.attn.c_attn.weight")

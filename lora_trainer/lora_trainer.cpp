@@ -34,6 +34,16 @@ LoraConfig LoraConfig::from_config(const Config& cfg) {
   c.init = with_lora_keys([&] { return parse_lora_init(cfg.get_string("optimization/lora/init")); });
   c.modules_to_save = cfg.get("optimization/lora/modules_to_save").get<std::vector<std::string>>();
   c.modules_to_save_lr_ratio = cfg.get_double("optimization/lora/modules_to_save_lr_ratio");
+  const json tokens = cfg.get("optimization/lora/trainable_token_indices");
+  if (tokens.is_object() && tokens.size() > 1)
+    throw UserError("optimization/lora/trainable_token_indices: " + tokens.dump() + " names " + std::to_string(tokens.size()) +
+                    " modules; these models have one token embedding (a head tied to it follows it): name it once");
+  if (tokens.is_object() && tokens.size() == 1) {
+    c.token_module = tokens.begin().key();
+    c.token_ids = tokens.begin().value().get<std::vector<int64_t>>();
+  } else if (tokens.is_array()) {
+    c.token_ids = tokens.get<std::vector<int64_t>>();
+  }
   c.init_from = cfg.get_string("optimization/lora/init_from");
   c.rslora = cfg.get_bool("optimization/lora/rslora");
   c.lr_ratio = cfg.get_double("optimization/lora/lr_ratio");
@@ -82,6 +92,11 @@ ConfigSchema LoRATrainer::schema() {
   s.add("optimization/lora/modules_to_save_lr_ratio", OptType::Float, 1.0,
         "learning rate of the modules_to_save as a fraction of optimization/lora/lr (e.g. 0.1 for an embedding)",
         check_positive());
+  s.add("optimization/lora/trainable_token_indices", OptType::TokenIndices, json::array(),
+        "token ids whose rows of the token embedding train beside the adapters, as PEFT's trainable_token_indices: a "
+        "list (e.g. [50256]) applies to the token embedding and a head tied to it; PEFT's dict form names the module "
+        "({\"wte\": [50256]}). The rows keep f32 values that replace the frozen ones, with their own AdamW moments at "
+        "optimization/lora/lr. Not with modules_to_save of the same embedding. Default []: none");
   s.add("optimization/lora/init_from", OptType::String, "",
         "start the adapters from an earlier run's instead of drawing them: one of our LoRA checkpoints or a PEFT adapter "
         "directory (adapter_config.json + adapter_model.safetensors) with the same targets, rank and scale. Applied at "
@@ -120,10 +135,20 @@ LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
   with_lora_keys([&] {
     const auto mask = param_filter(params, expand_target_modules(*model_, lora_cfg_.target_modules));
     check_lora_targets(*model_, params, mask, lora_cfg_.rank);
-    modules_to_save_filter(params, lora_cfg_.modules_to_save, mask);
+    token_embedding(params, modules_to_save_filter(params, lora_cfg_.modules_to_save, mask));
   });
   schedule_ = full_schedule(boundary_step_);  // phase 1's schedule ends at the boundary
   lora_schedule_ = lora_cfg_.schedule.make(total_steps_ - boundary_step_);
+}
+
+std::string LoRATrainer::token_embedding(const NamedTensors& params, const std::vector<bool>& saved) const {
+  if (lora_cfg_.token_ids.empty() && lora_cfg_.token_module.empty()) return "";
+  const std::string name = resolve_trainable_tokens(*model_, params, lora_cfg_.token_module, lora_cfg_.token_ids);
+  for (size_t i = 0; i < params.size(); ++i)
+    if (saved[i] && params[i].first == name)
+      throw LoraSettingError("trainable_token_indices", "selects rows of " + name + ", which optimization/lora/"
+                             "modules_to_save already trains in full; give the embedding to one of the two, not both");
+  return name;
 }
 
 void LoRATrainer::before_step() {
@@ -139,10 +164,16 @@ double LoRATrainer::current_lr() const {
   return in_lora_ ? lora_schedule_.at(step_ - boundary_step_) : schedule_.at(step_);
 }
 
+// The trainable token rows as checkpoints and events record them: {"wte.weight": [ids]}, {} for none.
+static json tokens_json(const TrainableTokens& t) {
+  return t.defined() ? json{{t.name, t.ids}} : json::object();
+}
+
 NamedTensors LoRATrainer::state_tensors() {
   NamedTensors out = BaseTrainer::state_tensors();
   if (in_lora_)
     for (auto& [n, t] : lora_.named()) out.emplace_back(kLoraPrefix + n, t);
+  if (token_rows_.defined()) out.emplace_back(kLoraPrefix + TrainableTokens::values_name(token_rows_.name), token_rows_.values);
   return out;
 }
 
@@ -158,6 +189,7 @@ json LoRATrainer::extra_metadata() const {
             {"lr_ratio", lora_cfg_.lr_ratio},
             {"modules_to_save", saved_},
             {"modules_to_save_lr_ratio", lora_cfg_.modules_to_save_lr_ratio},
+            {"trainable_tokens", tokens_json(token_rows_)},
             {"adapters_from", adapters_from_},
             {"base", base_}}}};
 }
@@ -182,8 +214,14 @@ void LoRATrainer::transition_at_boundary() {
 
 void LoRATrainer::load_initial_adapters() {
   AdapterSource src = read_adapter_source(lora_cfg_.init_from, model_->options().family, lora_.names, lora_cfg_.rank,
-                                          lora_cfg_.alpha, lora_cfg_.rslora);
+                                          lora_cfg_.alpha, lora_cfg_.rslora, token_embeddings(*model_).front(), token_rows_.ids);
   torch::NoGradGuard ng;
+  if (token_rows_.defined()) {
+    if (src.tokens.values.sizes() != token_rows_.values.sizes())
+      throw UserError("optimization/lora/init_from: " + src.path + ": the trainable token rows do not fit this model's " +
+                      token_rows_.name + " (another model size?)");
+    token_rows_.values.copy_(src.tokens.values);
+  }
   for (size_t i = 0; i < lora_.names.size(); ++i) {
     if (src.adapters.A[i].sizes() != lora_.A[i].sizes() || src.adapters.B[i].sizes() != lora_.B[i].sizes())
       throw UserError("optimization/lora/init_from: " + src.path + ": the adapter of " + lora_.names[i] +
@@ -192,7 +230,8 @@ void LoRATrainer::load_initial_adapters() {
     lora_.B[i].copy_(src.adapters.B[i]);
   }
   adapters_from_ = src.path;
-  std::printf("adapters of the %zu adapted weights start from %s (%s)%s\n", lora_.names.size(), src.path.c_str(),
+  std::printf("adapters of the %zu adapted weights%s start from %s (%s)%s\n", lora_.names.size(),
+              token_rows_.defined() ? " and the trainable token rows" : "", src.path.c_str(),
               src.format == "peft" ? "a PEFT adapter" : "a LoRA checkpoint",
               src.modules_to_save.empty() ? ""
                                           : ("; its modules_to_save (" + join(src.modules_to_save) +
@@ -208,9 +247,14 @@ void LoRATrainer::enter_lora_phase() {
       with_lora_keys([&] { return param_filter(params, expand_target_modules(*model_, lora_cfg_.target_modules)); });
   const std::vector<bool> keep =
       with_lora_keys([&] { return modules_to_save_filter(params, lora_cfg_.modules_to_save, mask); });
+  const std::string embedding = with_lora_keys([&] { return token_embedding(params, keep); });
   std::vector<torch::Tensor> masters;
-  for (size_t i = 0; i < params.size(); ++i)
+  token_rows_ = TrainableTokens();
+  for (size_t i = 0; i < params.size(); ++i) {
     if (keep[i]) masters.push_back(params[i].second.detach().to(torch::kFloat32));
+    if (params[i].first == embedding)  // the rows start from their f32 values, before the cast
+      token_rows_ = make_trainable_tokens(embedding, params[i].second, lora_cfg_.token_ids);
+  }
   model_->to(torch::kBFloat16);
   for (auto& p : model_->parameters()) p.requires_grad_(false);
   NamedTensors saved;
@@ -228,6 +272,10 @@ void LoRATrainer::enter_lora_phase() {
   for (auto& a : lora_.A) a.requires_grad_(true);
   for (auto& b : lora_.B) b.requires_grad_(true);
   attach_lora(*model_, lora_, lora_cfg_.alpha, lora_cfg_.rank, lora_cfg_.rslora);
+  if (token_rows_.defined()) {
+    token_rows_.values.requires_grad_(true);
+    attach_token_rows(*model_, token_rows_);
+  }
   in_lora_ = true;  // before the optimizer: its sharding depends on the phase
   // The adapters are identical on every rank (the same seed), as are the saved modules; the moments
   // of both may be sharded. The saved modules follow the adapters, at their own lr.
@@ -238,6 +286,10 @@ void LoRATrainer::enter_lora_phase() {
     trained.push_back(p);
     lr_scale.push_back(lora_cfg_.modules_to_save_lr_ratio);
   }
+  if (token_rows_.defined()) {  // the token rows at the adapters' lr, as PEFT trains them
+    trained.emplace_back(TrainableTokens::values_name(token_rows_.name), token_rows_.values);
+    lr_scale.push_back(1.0);
+  }
   build_optimizer(std::move(trained), lora_cfg_.weight_decay, std::move(lr_scale));
 }
 
@@ -245,13 +297,17 @@ void LoRATrainer::log_transition() {
   int64_t frozen = 0, saved_numel = 0;
   for (const auto& [name, p] : named_params(*model_))
     (std::find(saved_.begin(), saved_.end(), name) != saved_.end() ? saved_numel : frozen) += p.numel();
-  const int64_t adapters = count_lora_params(lora_), trainable = adapters + saved_numel;
+  const int64_t token_numel = token_rows_.defined() ? token_rows_.values.numel() : 0;
+  const int64_t adapters = count_lora_params(lora_), trainable = adapters + saved_numel + token_numel;
   std::string saved_text;
   if (!saved_.empty()) {
     char ratio[32];
     std::snprintf(ratio, sizeof ratio, "%g", lora_cfg_.modules_to_save_lr_ratio);
     saved_text = " + " + std::to_string(saved_numel) + " in the modules_to_save (" + join(saved_) + ", f32, lr x" + ratio + ")";
   }
+  if (token_rows_.defined())
+    saved_text += " + " + std::to_string(token_numel) + " in " + std::to_string(token_rows_.ids.size()) +
+                  " trainable token rows of " + token_rows_.name + " (f32)";
   std::string recipe;  // what differs from plain LoRA
   if (lora_cfg_.rslora) recipe += ", rsLoRA (scale alpha/sqrt(r))";
   if (lora_cfg_.lr_ratio != 1.0) {
@@ -267,8 +323,9 @@ void LoRATrainer::log_transition() {
               (long long)frozen);
   std::fflush(stdout);
   log_event({{"event", "transition"}, {"step", step_}, {"tokens", tokens_}, {"trainable_params", trainable},
-             {"adapter_params", adapters}, {"saved_params", saved_numel}, {"frozen_params", frozen},
-             {"adapted", lora_.names}, {"modules_to_save", saved_}});
+             {"adapter_params", adapters}, {"saved_params", saved_numel}, {"token_params", token_numel},
+             {"frozen_params", frozen}, {"adapted", lora_.names}, {"modules_to_save", saved_},
+             {"trainable_tokens", tokens_json(token_rows_)}});
 }
 
 void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
@@ -295,6 +352,13 @@ void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
       throw UserError(dir + " trained the modules_to_save " + theirs.dump() + " beside its adapters; this job's " +
                       "optimization/lora/modules_to_save selects " + json(saved_).dump() +
                       ". Set it as the job that saved the checkpoint had it");
+    const json their_tokens = meta.contains("lora") && meta["lora"].is_object()
+                                  ? meta["lora"].value("trainable_tokens", json::object())
+                                  : json::object();
+    if (their_tokens != tokens_json(token_rows_))
+      throw UserError(dir + " trained the token rows " + their_tokens.dump() + " beside its adapters; this job's " +
+                      "optimization/lora/trainable_token_indices selects " + tokens_json(token_rows_).dump() +
+                      ". Set it as the job that saved the checkpoint had it");
   } else {
     if (step > boundary_step_)
       throw UserError(dir + " is a plain state at step " + std::to_string(step) + ", past this job's LoRA boundary (step " +
@@ -320,11 +384,14 @@ void LoRATrainer::run() {
     NamedTensors params = named_params(*model_);
     const auto mask =
         with_lora_keys([&] { return param_filter(params, expand_target_modules(*model_, lora_cfg_.target_modules)); });
+    const std::string embedding = with_lora_keys(
+        [&] { return token_embedding(params, modules_to_save_filter(params, lora_cfg_.modules_to_save, mask)); });
     std::vector<std::string> targets;
     for (size_t i = 0; i < params.size(); ++i)
       if (mask[i]) targets.push_back(params[i].first);
     read_adapter_source(lora_cfg_.init_from, model_->options().family, targets, lora_cfg_.rank, lora_cfg_.alpha,
-                        lora_cfg_.rslora);
+                        lora_cfg_.rslora, token_embeddings(*model_).front(),
+                        embedding.empty() ? std::vector<int64_t>() : lora_cfg_.token_ids);
   }
   BaseTrainer::run();
   if (!done() || !is_main()) return;
@@ -394,14 +461,18 @@ std::string LoRATrainer::report() {
   r << line;
   if (transition) {
     int64_t tr = transition->value("trainable_params", int64_t(0)), fr = transition->value("frozen_params", int64_t(0));
-    const int64_t sv = transition->value("saved_params", int64_t(0));
+    const int64_t sv = transition->value("saved_params", int64_t(0)), tk = transition->value("token_params", int64_t(0));
     std::snprintf(line, sizeof line, "parameters in phase 2: %lld trainable (%.2f%%: %lld in adapters", (long long)tr,
-                  100.0 * tr / std::max<int64_t>(1, tr + fr), (long long)(tr - sv));
+                  100.0 * tr / std::max<int64_t>(1, tr + fr), (long long)(tr - sv - tk));
     r << line;
     if (sv > 0) {
       std::vector<std::string> names = transition->value("modules_to_save", std::vector<std::string>());
       r << " + " << sv << " in the modules_to_save: " << join(names);
     }
+    const json token_rows = transition->value("trainable_tokens", json::object());
+    if (tk > 0)
+      for (auto& [name, ids] : token_rows.items())
+        r << " + " << tk << " in the trainable token rows of " << name << ": " << ids.dump();
     std::snprintf(line, sizeof line, "), %lld frozen (bf16 base)\n", (long long)fr);
     r << line;
   }

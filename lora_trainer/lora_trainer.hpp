@@ -10,6 +10,9 @@
 //                        Base modules named in optimization/lora/modules_to_save (e.g. the token
 //                        embedding) train in full beside the adapters: f32, their own moments, the
 //                        LoRA lr times optimization/lora/modules_to_save_lr_ratio.
+//                        Or, cheaper, only chosen rows of the token embedding train
+//                        (optimization/lora/trainable_token_indices, PEFT's): f32 values that
+//                        replace those rows, at the adapters' lr.
 //
 // Empty pre-LoRA lists start the job in phase 2: give it a pretrained base with
 // `run ... --restore <plain checkpoint>` (its weights become the frozen base; this job's counters
@@ -37,6 +40,10 @@ struct LoraConfig {
   std::vector<std::string> modules_to_save;  // optimization/lora/modules_to_save, entries as given (module or
                                              // parameter names, or suffixes)
   double modules_to_save_lr_ratio{};      // optimization/lora/modules_to_save_lr_ratio
+  // optimization/lora/trainable_token_indices: the embedding module named by PEFT's dict form ("" for
+  // a plain list: the token embedding) and the ids whose rows train; no ids = off.
+  std::string token_module;
+  std::vector<int64_t> token_ids;
   std::string init_from;                  // optimization/lora/init_from: an earlier run's adapters to start from
                                           // (adapter_source.hpp); "" = drawn by init
   // Phase 2's optimizer: AdamW with phase 1's betas and epsilon (TrainingOptions) and these.
@@ -70,6 +77,8 @@ class LoRATrainer : public BaseTrainer {
   const LoraParams& lora_params() const { return lora_; }
   // The base parameters that train in full in the LoRA phase (f32), by name; empty before it.
   const std::vector<std::string>& saved_modules() const { return saved_; }
+  // The token rows that train in the LoRA phase (trainable_token_indices); undefined when off.
+  const TrainableTokens& trainable_tokens() const { return token_rows_; }
 
   // The boundary (transition_to_lora): saves `pre_lora_checkpoint` when phase 1 ran and it is not there
   // yet, enters the LoRA phase, and reports count_lora_params and the frozen/trainable totals (printed
@@ -92,6 +101,9 @@ class LoRATrainer : public BaseTrainer {
   // the trainer's device, deterministic from the seed), attaches them, and rebuilds the optimizer over
   // the adapters and the modules_to_save. A restore of a LoRA state calls it to build the template.
   void enter_lora_phase();
+  // The embedding weight whose rows trainable_token_indices selects ("" when off); a LoraSettingError
+  // when it is not one, or when the modules_to_save (`saved`, a mask over `params`) train it in full.
+  std::string token_embedding(const NamedTensors& params, const std::vector<bool>& saved) const;
   void log_transition();
   // optimization/lora/init_from: the source's A and B copied into the fresh adapters (at the transition
   // only; a restore in the LoRA phase reads them from its checkpoint).
@@ -99,6 +111,7 @@ class LoRATrainer : public BaseTrainer {
   LoraConfig lora_cfg_;
   LoraParams lora_;
   std::vector<std::string> saved_;  // parameter names selected by modules_to_save, in model order
+  TrainableTokens token_rows_;      // trainable_token_indices' rows, in the LoRA phase
   std::string adapters_from_;       // where the adapters started from (init_from), "" = drawn
   bool in_lora_ = false;
   int64_t boundary_step_ = 0;

@@ -33,7 +33,9 @@ Modes:
       base_model.model.<module>.<param> for modules that an entry names (whole name or suffix). With --base,
       also the in/out sizes against the base's layers (GPT-2's Conv1D weight (in, out), which needs
       fan_in_fan_out true; nn.Linear's (out, in), which needs it false), the modules_to_save names and shapes,
-      and notes on tied parameters (a tied lm_head and token embedding) that the adapter saves apart.
+      and notes on tied parameters (a tied lm_head and token embedding) that the adapter saves apart. With
+      trainable_token_indices: one base_model.model.<embedding>.token_adapter.trainable_tokens_delta of
+      (len(ids), dim), with --base the base's input embedding, wide enough and holding every id.
   peft-logits HF_BASE_DIR ADAPTER_DIR IDS_JSON EXPECTED_SAFETENSORS [--tol T]
       Needs `peft` (not in Debian; any machine with the usual Python ML stack): loads the base with
       transformers, the adapter with PeftModel.from_pretrained, and prints the max abs difference of
@@ -52,7 +54,8 @@ Modes:
       W (out, in) += scaling * lora_B @ lora_A (PEFT goes by the layer's type; a config that disagrees is
       warned about); then replaces the modules_to_save parameters with the adapter's tensors (a tied
       parameter is untied first, as PEFT's per-module copies do, so a tied embedding and lm_head both listed
-      are each set), and compares logits.
+      are each set), and the rows trainable_token_indices names with the
+      <embedding>.token_adapter.trainable_tokens_delta rows (a tied head follows), and compares logits.
 
 Run inside a chroot with Debian sid's stack: see docs/huggingface.md ("Checking with the real libraries").
 """
@@ -300,11 +303,30 @@ def check_adapter(args):
             problems.append(f"target_modules is the regex {targets!r}: not checked")
         elif not any(name == t or name.endswith("." + t) for t in targets):
             problems.append(f"{m}: not matched by target_modules {targets}")
+    # trainable_token_indices: base_model.model.<embedding>.token_adapter.trainable_tokens_delta, (len(ids), dim)
+    token_ids = token_indices(cfg)
+    token_keys = [k for k in tensors if k.endswith(TOKENS_DELTA)]
+    if token_ids is not None and len(token_keys) != 1:
+        problems.append(f"trainable_token_indices is {cfg['trainable_token_indices']} but the file holds "
+                        f"{len(token_keys)} *{TOKENS_DELTA} tensors")
+    for k in token_keys:
+        t, name = tensors[k], k[len("base_model.model."): -len(TOKENS_DELTA)]
+        if token_ids is None:
+            problems.append(f"unexpected key {k} (trainable_token_indices is not set)")
+        elif t.dim() != 2 or t.shape[0] != len(token_ids):
+            problems.append(f"{k}: shape {tuple(t.shape)}, expected ({len(token_ids)} ids, dim)")
+        if base is not None:
+            emb = base.get_input_embeddings()
+            if base.get_submodule(name) is not emb:
+                problems.append(f"{k}: {name} is not the base's input embedding")
+            elif t.shape[1:] != emb.weight.shape[1:] or max(token_ids or [0]) >= emb.weight.shape[0]:
+                problems.append(f"{k}: {tuple(t.shape)} rows of ids {token_ids} do not fit the embedding "
+                                f"{tuple(emb.weight.shape)}")
     # modules_to_save: base_model.model.<module>.<param>, the whole module, for each listed module.
     saved = cfg.get("modules_to_save") or []
     saved_keys = {}
     for k in tensors:
-        if k.endswith(".lora_A.weight") or k.endswith(".lora_B.weight"):
+        if k.endswith(".lora_A.weight") or k.endswith(".lora_B.weight") or k.endswith(TOKENS_DELTA):
             continue
         name = k[len("base_model.model."):]
         module = name.rsplit(".", 1)[0]
@@ -330,13 +352,25 @@ def check_adapter(args):
           f"{' (' + ', '.join(sorted(kinds)) + ')' if kinds else ''}, r {r}, lora_alpha {cfg.get('lora_alpha')}, "
           f"fan_in_fan_out {fan_in_fan_out}, scaling = {lora_scaling(cfg):g}"
           f"{' (use_rslora: lora_alpha/sqrt(r))' if cfg.get('use_rslora') else ' (lora_alpha/r)'}; "
-          f"{len(saved_keys)} modules_to_save tensors; {len(tensors)} tensors read with safetensors "
+          f"{len(saved_keys)} modules_to_save tensors; "
+          f"{len(token_ids) if token_keys and token_ids else 0} trainable token rows; {len(tensors)} tensors read with safetensors "
           f"{__import__('safetensors').__version__}")
     for n in notes:
         print("note: " + n)
     for p in problems:
         print("error: " + p, file=sys.stderr)
     return 1 if problems else 0
+
+
+TOKENS_DELTA = ".token_adapter.trainable_tokens_delta"
+
+
+def token_indices(cfg):
+    """The ids of adapter_config.json's trainable_token_indices (a list, or a dict of one module), or None."""
+    ids = cfg.get("trainable_token_indices")
+    if isinstance(ids, dict):
+        return next(iter(ids.values())) if len(ids) == 1 else None
+    return ids
 
 
 def tied_groups(model):
@@ -379,7 +413,8 @@ def manual_merge(args):
         # modules_to_save replace their module's parameters. PEFT wraps each listed module with its own copy, so a
         # parameter tied to another (GPT-2's and Qwen2's lm_head and token embedding) is untied first when any name
         # of its group is listed; when all are listed with equal tensors this is the same as setting the shared one.
-        replaced = {k[len("base_model.model."):]: t for k, t in ad.items() if ".lora_A." not in k and ".lora_B." not in k}
+        replaced = {k[len("base_model.model."):]: t for k, t in ad.items()
+                    if ".lora_A." not in k and ".lora_B." not in k and not k.endswith(TOKENS_DELTA)}
         for names in tied_groups(model):
             if not any(n in replaced for n in names):
                 continue
@@ -398,8 +433,17 @@ def manual_merge(args):
             if p.shape != t.shape:
                 raise SystemExit(f"error: base_model.model.{name} is {tuple(t.shape)}, the base's {tuple(p.shape)}")
             p.copy_(t)
+        # trainable tokens: the rows' values replace the embedding's rows (in place: a head tied to it follows,
+        # as PEFT ties its token adapter to the tied head).
+        rows = 0
+        for k, t in ad.items():
+            if k.endswith(TOKENS_DELTA):
+                weight = model.get_submodule(k[len("base_model.model."): -len(TOKENS_DELTA)]).weight
+                ids = torch.tensor(token_indices(cfg))
+                weight.index_copy_(0, ids, t.to(weight.dtype))
+                rows += len(ids)
     print(f"merged {counts['conv1d']} Conv1D and {counts['linear']} nn.Linear adapters (scaling {scaling:g}), "
-          f"replaced {len(replaced)} modules_to_save tensors")
+          f"replaced {len(replaced)} modules_to_save tensors and {rows} trainable token rows")
     ok = compare("base + adapters merged by hand vs expected", logits_of(model, load_ids(args.ids)),
                  load_file(args.expected)["logits"], args.tol)
     return 0 if ok else 1

@@ -85,8 +85,9 @@ inline double max_diff(const torch::Tensor& a, const torch::Tensor& b) { return 
 
 // With LT_HF_CHECK_DIR set, what scripts/hf_golden.py checks with the real libraries
 // (docs/huggingface.md) of the LoRA `checkpoint`: under $LT_HF_CHECK_DIR/<name>/ copies of the export directories `dirs`
-// (peft, hf), our LoRA model's logits of `ids`, and the same adapters on the f32 base as imported (the
-// job trained them on its bf16 copy), which is what PEFT computes on the original Hugging Face model.
+// (peft, hf), our LoRA model's logits of `ids` (and `ids` as ids.json), and the same adapters on the f32 base as imported (the
+// job trained them on its bf16 copy; with its modules_to_save and trainable token rows), which is what
+// PEFT computes on the original Hugging Face model.
 inline void keep_for_hf_check(const std::string& name, const std::string& from, const std::vector<std::string>& dirs,
                               Loaded& lora, const std::string& checkpoint, const std::string& imported,
                               const torch::Tensor& ids) {
@@ -101,11 +102,16 @@ inline void keep_for_hf_check(const std::string& name, const std::string& from, 
     for (auto& e : fs::directory_iterator(from + "/" + sub)) fs::copy_file(e.path(), fs::path(k) / sub / e.path().filename());
   }
   write_safetensors(k + "/lora_logits.safetensors", {{"logits", lora.logits(ids).contiguous()}});
+  nlohmann::json rows = nlohmann::json::array();  // the ids those logits are of, as golden_ids reads them
+  for (int64_t r = 0; r < ids.size(0); ++r)
+    rows.push_back(std::vector<int64_t>(ids[r].data_ptr<int64_t>(), ids[r].data_ptr<int64_t>() + ids.size(1)));
+  write_file_atomic(k + "/ids.json", nlohmann::json{{"ids", rows}}.dump() + "\n");
   auto& trained = dynamic_cast<LoRATrainer&>(*lora.trainer);
   const nlohmann::json lm = read_checkpoint_metadata(checkpoint)["lora"];
   Loaded f32 = load(imported, {"optimization/lora/rank=" + std::to_string(lm["rank"].get<int64_t>())});
   attach_lora(*f32.trainer->model(), trained.lora_params(), lm["alpha"].get<double>(), lm["rank"].get<int64_t>(),
               lm.value("rslora", false));
+  if (trained.trainable_tokens().defined()) attach_token_rows(*f32.trainer->model(), trained.trainable_tokens());
   {
     torch::NoGradGuard ng;  // and the modules_to_save as trained
     auto from_params = named_params(*trained.model());

@@ -133,6 +133,33 @@ TEST_CASE("distributed: the modules_to_save train on 2 ranks with their moments 
   CHECK(meta["lora"]["modules_to_save"] == nlohmann::json::array({"wte.weight", "ln_f.weight", "ln_f.bias"}));
 }
 
+TEST_CASE("distributed: trainable token rows train on 2 ranks with their moments sharded like the adapters'", "[distributed][tokens]") {
+  test::TempDir dir;
+  const std::string cfg = lora_config(dir, {"optimization/lora/trainable_token_indices=[32,101,256]"});
+  // Ids outside the vocabulary: exit 2, naming the id and the vocabulary size.
+  Result bad = launch({"run", "bad", cfg, dir / "bad", "--nproc", "2", "optimization/lora/trainable_token_indices=[32,257]"});
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.out, Contains("optimization/lora/trainable_token_indices: token id 257 is outside the vocabulary of "
+                               "wte.weight (size 257"));
+  Result plain = launch({"run", "job", cfg, dir / "two", "--nproc", "2", "distributed/shard_optimizer=none"});
+  INFO(plain.out);
+  REQUIRE(plain.code == 0);
+  CHECK_THAT(plain.out, Contains("+ 96 in 3 trainable token rows of wte.weight (f32)"));
+  Result sharded = launch({"run", "job", cfg, dir / "sharded", "--nproc", "2", "distributed/shard_optimizer=lora"});
+  INFO(sharded.out);
+  REQUIRE(sharded.code == 0);
+  for (const char* ckpt : {"ntoks/3072", "final/4096"}) {
+    INFO(ckpt);
+    auto a = test::state_digests(job_dir(dir, "two", "job") + "/" + ckpt);
+    CHECK(a == test::state_digests(job_dir(dir, "sharded", "job") + "/" + ckpt));
+    CHECK(a.count("lora/wte.trainable_tokens_delta") == 1);
+    CHECK(a.count("optim/exp_avg/wte.trainable_tokens_delta") == 1);
+  }
+  auto meta = read_checkpoint_metadata(job_dir(dir, "sharded", "job") + "/final/4096");
+  CHECK(meta["distributed"]["optimizer_sharded"] == true);
+  CHECK(meta["lora"]["trainable_tokens"] == nlohmann::json{{"wte.weight", {32, 101, 256}}});
+}
+
 TEST_CASE("distributed: checkpoints of 2 ranks restore on 1 rank and those of 1 rank on 2", "[distributed]") {
   test::TempDir dir;
   const std::string cfg = lora_config(dir);

@@ -262,6 +262,47 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
   test::keep_for_hf_check("", d.path.string(), {"peft", "hf"}, lora, ck, d / "imported", ids);
 }
 
+TEST_CASE("trainable_token_indices on an imported GPT-2 (tied head): PEFT's files, and the merged export reproduces our model", "[huggingface][tokens]") {
+  test::TempDir d;
+  test::make_byte_dataset(d / "data", "gen", 1);
+  import_hf(kGolden + "/model", d / "imported");
+  // 32 (' ') and 101 ('e') occur in the data; 299 lies past the byte ids and trains through the tied head alone.
+  const std::vector<int64_t> rows = {32, 101, 299};
+  Config c = test::imported_lora_config(d / "imported", d / "data",
+                                        {R"(optimization/lora/target_modules=["attn.c_attn"])",
+                                         R"(optimization/lora/trainable_token_indices=[32,101,299])"});
+  const std::string ck = test::run_imported_lora(std::move(c), d / "imported", d / "out");
+  Loaded lora = load(ck);
+  torch::Tensor ids = golden_ids().contiguous();  // with the trained tokens among them
+  ids[0][3] = 101;
+  ids[1][5] = 299;
+  const torch::Tensor ours = lora.logits(ids);
+  const auto& trained = dynamic_cast<LoRATrainer&>(*lora.trainer).trainable_tokens();
+  REQUIRE(trained.ids == rows);
+
+  // PEFT's layout: the ids in adapter_config.json (the list form: the input embedding, which PEFT ties
+  // to the output head), the rows' values under the embedding's token_adapter, nothing for lm_head.
+  export_peft(ck, d / "peft");
+  auto cfg = nlohmann::json::parse(read_file(d / "peft/adapter_config.json"));
+  CHECK(cfg["trainable_token_indices"] == nlohmann::json(rows));
+  CHECK(cfg["modules_to_save"].is_null());
+  std::map<std::string, torch::Tensor> adapter;
+  for (auto& [n, t] : read_safetensors(d / "peft/adapter_model.safetensors")) adapter[n] = t;
+  CHECK(adapter.size() == 2 * 2 + 1);
+  const torch::Tensor delta = adapter.at("base_model.model.transformer.wte.token_adapter.trainable_tokens_delta");
+  CHECK(delta.sizes() == at::IntArrayRef({3, 32}));
+  CHECK(torch::equal(delta, trained.values));
+  std::map<std::string, torch::Tensor> imported;
+  for (auto& [n, t] : read_checkpoint_tensors(d / "imported")) imported[n] = t.to(torch::kFloat32);
+  for (int64_t r = 0; r < 3; ++r) CHECK_FALSE(torch::equal(delta[r], imported.at("params/wte.weight")[rows[r]]));
+
+  // The merged export (rows replaced in wte, which the head shares) re-imports as the same model.
+  export_hf(ck, d / "hf");
+  import_hf(d / "hf", d / "hf_again");
+  CHECK(max_diff(load(d / "hf_again").logits(ids), ours) < 1e-4);
+  test::keep_for_hf_check("tokens", d.path.string(), {"peft", "hf"}, lora, ck, d / "imported", ids);
+}
+
 TEST_CASE("launcher: import-hf, LoRA without phase one, eval and sample, export --format peft and hf", "[huggingface][launcher]") {
   using test::launch;
   test::TempDir d;

@@ -235,6 +235,47 @@ TEST_CASE("LoRA on an imported Llama: PEFT's files and rule (nn.Linear, untied h
   test::keep_for_hf_check("llama", d.path.string(), {"peft", "hf"}, lora, ck, d / "imported", ids);
 }
 
+TEST_CASE("trainable_token_indices on an imported Llama (untied head): PEFT's files, and the merged export reproduces our model", "[huggingface][llama][tokens]") {
+  test::TempDir d;
+  const std::string g = test::hf_golden("llama");
+  test::make_byte_dataset(d / "data", "gen", 1);
+  import_hf(g + "/model", d / "imported");
+  const std::vector<int64_t> rows = {32, 101};  // ' ' and 'e': in the data, so their input rows train
+  Config c = test::imported_lora_config(d / "imported", d / "data",
+                                        {R"(optimization/lora/target_modules=["q_proj","v_proj"])",
+                                         R"(optimization/lora/trainable_token_indices={"embed_tokens":[32,101]})"});
+  const std::string ck = test::run_imported_lora(std::move(c), d / "imported", d / "out");
+  test::Loaded lora = test::load(ck);
+  // The golden ids with the trained tokens among them: an untied head leaves them the input rows alone.
+  torch::Tensor ids = test::golden_ids(g).contiguous();
+  ids[0][3] = 32;
+  ids[1][5] = 101;
+  ids[1][9] = 32;
+  const torch::Tensor ours = lora.logits(ids);
+  const auto& trained = dynamic_cast<LoRATrainer&>(*lora.trainer).trainable_tokens();
+  REQUIRE(trained.name == "model.embed_tokens.weight");
+
+  export_peft(ck, d / "peft");
+  auto cfg = nlohmann::json::parse(read_file(d / "peft/adapter_config.json"));
+  CHECK(cfg["trainable_token_indices"] == nlohmann::json(rows));
+  auto adapter = by_name(read_safetensors(d / "peft/adapter_model.safetensors"));
+  CHECK(adapter.size() == 2 * 2 * 2 + 1);
+  const torch::Tensor delta = adapter.at("base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta");
+  CHECK(torch::equal(delta, trained.values));
+  auto imported = by_name(read_checkpoint_tensors(d / "imported"));
+  for (int64_t r = 0; r < 2; ++r)  // trained
+    CHECK_FALSE(torch::equal(delta[r], imported.at("params/model.embed_tokens.weight")[rows[r]].to(torch::kFloat32)));
+  // The untied lm_head keeps its (frozen bf16) weights: only the input rows are replaced, as in PEFT's list form.
+  export_hf(ck, d / "hf");
+  auto hf = by_name(read_safetensors(d / "hf/model.safetensors"));
+  auto base = by_name(read_safetensors(g + "/model/model.safetensors"));
+  CHECK(torch::equal(hf.at("model.embed_tokens.weight").index_select(0, torch::tensor(rows)), delta));
+  CHECK(torch::equal(hf.at("lm_head.weight"), base.at("lm_head.weight").to(torch::kBFloat16).to(torch::kFloat32)));
+  import_hf(d / "hf", d / "hf_again");
+  CHECK(max_diff(test::load(d / "hf_again").logits(ids), ours) < 1e-4);
+  test::keep_for_hf_check("tokens_llama", d.path.string(), {"peft", "hf"}, lora, ck, d / "imported", ids);
+}
+
 TEST_CASE("a llama-family job crosses the LoRA boundary, and resume in either phase is bit-identical", "[lora][llama]") {
   test::TempDir dir;
   test::make_byte_dataset(dir / "data", "gen", 1);
