@@ -13,6 +13,7 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  if (!lora_on_) return lora_linear(x, weight, bias, {}, {}, 0.0);
   return lora_linear(x, weight, bias, lora_A_, lora_B_, lora_scale_);
 }
 

@@ -15,12 +15,14 @@ class LinearImpl : public torch::nn::Module, public LoraAdaptable {
   LinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
   torch::Tensor forward(const torch::Tensor& x);  // x: (..., in) -> (..., out)
   void set_lora(torch::Tensor A, torch::Tensor B, double scale) override;
+  void enable_lora(bool on) override { lora_on_ = on; }
   bool has_lora() const { return lora_A_.defined(); }
   torch::Tensor weight, bias;  // bias undefined when built without one
 
  private:
   torch::Tensor lora_A_, lora_B_;
   double lora_scale_ = 0.0;
+  bool lora_on_ = true;
 };
 TORCH_MODULE(Linear);
 

@@ -239,6 +239,14 @@ void detach_lora(torch::nn::Module& root) {
   for_each_adaptable(root, [](const std::string&, LoraAdaptable& layer) { layer.set_lora({}, {}, 0.0); });
 }
 
+AdaptersOff::AdaptersOff(torch::nn::Module& root) : root_(root) {
+  for_each_adaptable(root_, [](const std::string&, LoraAdaptable& layer) { layer.enable_lora(false); });
+}
+
+AdaptersOff::~AdaptersOff() {
+  for_each_adaptable(root_, [](const std::string&, LoraAdaptable& layer) { layer.enable_lora(true); });
+}
+
 torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x) {
   if (!W.defined() || W.scalar_type() == x.scalar_type()) return W;
   const bool autocast = compat::autocast_enabled(x.device().type());

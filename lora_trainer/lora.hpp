@@ -38,6 +38,8 @@ class LoraAdaptable {
   virtual ~LoraAdaptable() = default;
   // A: (in, r), B: (r, out), scale = alpha / r. Undefined tensors remove the adapter.
   virtual void set_lora(torch::Tensor A, torch::Tensor B, double scale) = 0;
+  // Off: the layer computes with its base weight alone, its adapter kept attached (AdaptersOff).
+  virtual void enable_lora(bool on) = 0;
 };
 
 // The adapters of one model, in the order of the base parameters they adapt.
@@ -105,6 +107,20 @@ void check_lora_targets(torch::nn::Module& root, const NamedTensors& params, con
 // Hands each adapter to the layer that owns its base weight (found by name in `root`'s module tree).
 void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, int64_t rank, bool rslora = false);
 void detach_lora(torch::nn::Module& root);
+
+// While it lives, every adapter under `root` is switched off and the model computes as its base (PEFT's
+// `disable_adapter()`): DPO's reference model without a second copy of the weights. The adapters stay
+// attached and come back on when it ends.
+class AdaptersOff {
+ public:
+  explicit AdaptersOff(torch::nn::Module& root);
+  ~AdaptersOff();
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+
+ private:
+  torch::nn::Module& root_;
+};
 
 // W as it should enter a matmul with x: unchanged under autocast (which casts both), else cast to x's
 // dtype, so a bf16-frozen weight works in an f32 forward too.
