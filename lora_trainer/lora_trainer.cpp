@@ -47,20 +47,7 @@ LoraConfig LoraConfig::from_config(const Config& cfg) {
   return c;
 }
 
-ConfigSchema LoRATrainer::schema() {
-  ConfigSchema s;
-  add_job_options(s, "lora/train");
-  add_trainer_options(s);
-  s.remove("training/tokens").remove("training/dataset");  // the phases below replace them
-  auto stage = [](const char* name) { return json::array({json::array({{{"name", name}, {"rate", 1}, {"style", "pmd"}}})}); };
-  s.add("training/pre_lora_tokens", OptType::IntList, json::array({2097152}),
-        "token budget of each pre-LoRA (full-parameter) stage; [] starts in the LoRA phase", check_positive_list());
-  s.add("training/pre_lora_dataset", OptType::SamplingStages, stage("english"),
-        "dataset mixture of each pre-LoRA stage (one list of samplings per budget)");
-  s.add("training/post_lora_tokens", OptType::IntList, json::array({524288}),
-        "token budget of each post-LoRA (adapter) stage", check_positive_list());
-  s.add("training/post_lora_dataset", OptType::SamplingStages, stage("code"),
-        "dataset mixture of each post-LoRA stage (one list of samplings per budget)");
+void add_lora_options(ConfigSchema& s) {
   s.add("training/allow_random_base", OptType::Bool, false,
         "with no pre-LoRA stages: let the adapters train on randomly initialised base weights (a study of LoRA "
         "alone). Otherwise such a job needs a pretrained base: `run ... --restore CHECKPOINT`");
@@ -97,6 +84,23 @@ ConfigSchema LoRATrainer::schema() {
   s.add("optimization/lora/warmup_pct", OptType::Float, 0.05, "LoRA-phase warmup fraction", check_range(0, 1));
   s.add("optimization/lora/decay_pct", OptType::Float, 0.1, "LoRA-phase final decay fraction (wsd)", check_range(0, 1));
   s.add("optimization/lora/weight_decay", OptType::Float, 0.0, "AdamW weight decay on the adapters", check_nonnegative());
+}
+
+ConfigSchema LoRATrainer::schema() {
+  ConfigSchema s;
+  add_job_options(s, "lora/train");
+  add_trainer_options(s);
+  s.remove("training/tokens").remove("training/dataset");  // the phases below replace them
+  auto stage = [](const char* name) { return json::array({json::array({{{"name", name}, {"rate", 1}, {"style", "pmd"}}})}); };
+  s.add("training/pre_lora_tokens", OptType::IntList, json::array({2097152}),
+        "token budget of each pre-LoRA (full-parameter) stage; [] starts in the LoRA phase", check_positive_list());
+  s.add("training/pre_lora_dataset", OptType::SamplingStages, stage("english"),
+        "dataset mixture of each pre-LoRA stage (one list of samplings per budget)");
+  s.add("training/post_lora_tokens", OptType::IntList, json::array({524288}),
+        "token budget of each post-LoRA (adapter) stage", check_positive_list());
+  s.add("training/post_lora_dataset", OptType::SamplingStages, stage("code"),
+        "dataset mixture of each post-LoRA stage (one list of samplings per budget)");
+  add_lora_options(s);
   return s;
 }
 
@@ -111,9 +115,13 @@ StagePlan lora_stage_plan(const Config& cfg) {
 }
 
 LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
-    : BaseTrainer(std::move(spec), cfg, std::move(out_dir), lora_stage_plan(cfg)) {
+    : LoRATrainer(std::move(spec), cfg, std::move(out_dir), lora_stage_plan(cfg),
+                  cfg.get("training/pre_lora_tokens").size()) {}
+
+LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan, size_t pre_lora_stages)
+    : BaseTrainer(std::move(spec), cfg, std::move(out_dir), plan) {
   lora_cfg_ = LoraConfig::from_config(cfg_);
-  const size_t n_pre = cfg_.get("training/pre_lora_tokens").size();  // the plan's first stages
+  const size_t n_pre = pre_lora_stages;  // the plan's first stages
   boundary_step_ = n_pre > 0 ? stages_[n_pre - 1].end_step : 0;
   // Validate the targets now, not at the boundary hours later.
   auto params = named_params(*model_);
@@ -405,7 +413,7 @@ std::string LoRATrainer::report() {
     std::snprintf(line, sizeof line, "), %lld frozen (bf16 base)\n", (long long)fr);
     r << line;
   }
-  if (after) {
+  if (after && !(*after)["perplexity"].empty()) {
     // One column per dataset, each as wide as its name (at least 10), numbers right-aligned under it.
     std::vector<std::pair<std::string, int>> cols;
     for (auto& [name, ppl] : (*after)["perplexity"].items()) cols.emplace_back(name, std::max<int>(10, static_cast<int>(name.size())));
@@ -431,6 +439,9 @@ std::string LoRATrainer::report() {
     };
     if (boundary_step_ > 0) row("before LoRA", before);
     row("after LoRA", after);
+  } else if (after) {
+    r << "validation perplexity: none (the datasets are preference pairs: the val events hold DPO's loss, margin and "
+         "accuracy)\n";
   } else {
     r << "validation perplexity: none recorded (training/validation is off)\n";
   }
