@@ -47,7 +47,20 @@ LoraConfig LoraConfig::from_config(const Config& cfg) {
   return c;
 }
 
-void add_lora_options(ConfigSchema& s) {
+ConfigSchema LoRATrainer::schema() {
+  ConfigSchema s;
+  add_job_options(s, "lora/train");
+  add_trainer_options(s);
+  s.remove("training/tokens").remove("training/dataset");  // the phases below replace them
+  auto stage = [](const char* name) { return json::array({json::array({{{"name", name}, {"rate", 1}, {"style", "pmd"}}})}); };
+  s.add("training/pre_lora_tokens", OptType::IntList, json::array({2097152}),
+        "token budget of each pre-LoRA (full-parameter) stage; [] starts in the LoRA phase", check_positive_list());
+  s.add("training/pre_lora_dataset", OptType::SamplingStages, stage("english"),
+        "dataset mixture of each pre-LoRA stage (one list of samplings per budget)");
+  s.add("training/post_lora_tokens", OptType::IntList, json::array({524288}),
+        "token budget of each post-LoRA (adapter) stage", check_positive_list());
+  s.add("training/post_lora_dataset", OptType::SamplingStages, stage("code"),
+        "dataset mixture of each post-LoRA stage (one list of samplings per budget)");
   s.add("training/allow_random_base", OptType::Bool, false,
         "with no pre-LoRA stages: let the adapters train on randomly initialised base weights (a study of LoRA "
         "alone). Otherwise such a job needs a pretrained base: `run ... --restore CHECKPOINT`");
@@ -84,23 +97,6 @@ void add_lora_options(ConfigSchema& s) {
   s.add("optimization/lora/warmup_pct", OptType::Float, 0.05, "LoRA-phase warmup fraction", check_range(0, 1));
   s.add("optimization/lora/decay_pct", OptType::Float, 0.1, "LoRA-phase final decay fraction (wsd)", check_range(0, 1));
   s.add("optimization/lora/weight_decay", OptType::Float, 0.0, "AdamW weight decay on the adapters", check_nonnegative());
-}
-
-ConfigSchema LoRATrainer::schema() {
-  ConfigSchema s;
-  add_job_options(s, "lora/train");
-  add_trainer_options(s);
-  s.remove("training/tokens").remove("training/dataset");  // the phases below replace them
-  auto stage = [](const char* name) { return json::array({json::array({{{"name", name}, {"rate", 1}, {"style", "pmd"}}})}); };
-  s.add("training/pre_lora_tokens", OptType::IntList, json::array({2097152}),
-        "token budget of each pre-LoRA (full-parameter) stage; [] starts in the LoRA phase", check_positive_list());
-  s.add("training/pre_lora_dataset", OptType::SamplingStages, stage("english"),
-        "dataset mixture of each pre-LoRA stage (one list of samplings per budget)");
-  s.add("training/post_lora_tokens", OptType::IntList, json::array({524288}),
-        "token budget of each post-LoRA (adapter) stage", check_positive_list());
-  s.add("training/post_lora_dataset", OptType::SamplingStages, stage("code"),
-        "dataset mixture of each post-LoRA stage (one list of samplings per budget)");
-  add_lora_options(s);
   return s;
 }
 

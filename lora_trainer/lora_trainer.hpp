@@ -46,9 +46,6 @@ struct LoraConfig {
   static LoraConfig from_config(const Config& cfg);
 };
 
-// The keys LoraConfig reads: optimization/lora/* and training/allow_random_base (lora/train, dpo/train).
-void add_lora_options(ConfigSchema& s);
-
 class LoRATrainer : public BaseTrainer {
  public:
   static ConfigSchema schema();

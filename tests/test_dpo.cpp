@@ -226,7 +226,7 @@ TEST_CASE("dpo/train from a restored base: resume mid-run is bit-identical, with
   }
 }
 
-TEST_CASE("dpo/train refuses what it cannot train: text datasets, no base, modules_to_save; other jobs refuse pairs", "[dpo]") {
+TEST_CASE("dpo/train refuses what it cannot train (text datasets, no base, modules_to_save) and other jobs refuse pairs", "[dpo]") {
   PrefData d;
   auto text = make_dpo(d, "text", true, 2, {"training/allow_random_base=true", R"(training/dataset=[{"name":"gen","rate":1}])"});
   CHECK_THROWS_WITH(text->run(), Contains("dpo/train trains on preference pairs") && Contains("\"gen\" of style pmd"));
