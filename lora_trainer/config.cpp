@@ -140,8 +140,8 @@ static std::string check_samplings(const json& v) {
     if (!s.contains("rate") || !s["rate"].is_number() || s["rate"].get<double>() <= 0)
       return at + " needs a \"rate\" > 0";
     if (s.contains("style")) {
-      if (!s["style"].is_string() || (s["style"] != "pmd" && s["style"] != "padded"))
-        return at + " has style " + s["style"].dump() + "; use \"pmd\" or \"padded\"";
+      if (!s["style"].is_string() || (s["style"] != "pmd" && s["style"] != "padded" && s["style"] != "contrastive"))
+        return at + " has style " + s["style"].dump() + "; use \"pmd\", \"padded\" or \"contrastive\"";
     }
     sum += s["rate"].get<double>();
   }

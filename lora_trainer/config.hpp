@@ -22,7 +22,7 @@ enum class OptType {
   String,
   IntList,
   StringList,
-  Samplings,       // [{"name": str, "rate": number > 0, "style": "pmd"|"padded"}], rates summing to 1
+  Samplings,       // [{"name": str, "rate": number > 0, "style": "pmd"|"padded"|"contrastive"}], rates summing to 1
   SamplingStages,  // a list of Samplings, one per stage
   ParamRules,      // [{"match": str, "lr_ratio": number > 0, "weight_decay": bool}], the last two optional
   TokenIndices,    // a list of integers, or {"module": [integers], ...} (PEFT's trainable_token_indices)

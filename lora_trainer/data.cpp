@@ -18,7 +18,17 @@ namespace fs = std::filesystem;
 
 namespace lt {
 
-std::string style_name(DatasetStyle s) { return s == DatasetStyle::PMD ? "pmd" : "padded"; }
+std::string style_name(DatasetStyle s) {
+  switch (s) {
+    case DatasetStyle::PADDED: return "padded";
+    case DatasetStyle::CONTRASTIVE: return "contrastive";
+    default: return "pmd";
+  }
+}
+
+static DatasetStyle parse_style(const std::string& s) {
+  return s == "padded" ? DatasetStyle::PADDED : s == "contrastive" ? DatasetStyle::CONTRASTIVE : DatasetStyle::PMD;
+}
 
 std::vector<Sampling> parse_samplings(const nlohmann::json& v) {
   std::vector<Sampling> out;
@@ -26,10 +36,18 @@ std::vector<Sampling> parse_samplings(const nlohmann::json& v) {
     Sampling x;
     x.name = s.at("name").get<std::string>();
     x.rate = s.at("rate").get<double>();
-    x.style = s.value("style", std::string("pmd")) == "padded" ? DatasetStyle::PADDED : DatasetStyle::PMD;
+    x.style = parse_style(s.value("style", std::string("pmd")));
     out.push_back(x);
   }
   return out;
+}
+
+Sampling parse_dataset_spec(const std::string& spec) {
+  for (DatasetStyle style : {DatasetStyle::PADDED, DatasetStyle::CONTRASTIVE}) {
+    const std::string tail = ":" + style_name(style);
+    if (spec.size() > tail.size() && ends_with(spec, tail)) return {spec.substr(0, spec.size() - tail.size()), 1.0, style};
+  }
+  return {spec, 1.0, DatasetStyle::PMD};
 }
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {
@@ -81,7 +99,7 @@ static nlohmann::json read_meta(const std::string& dir, const std::string& name)
   count("vocab_size", true);
   for (const char* k : {"eot_id", "pad_id", "train_tokens", "val_tokens", "records", "val_records", "length"}) count(k, false);
   if (m.contains("style") && !m["style"].is_string())
-    throw UserError(meta.string() + ": \"style\" must be \"pmd\" or \"padded\"; re-run the tokenize step");
+    throw UserError(meta.string() + ": \"style\" must be \"pmd\", \"padded\" or \"contrastive\"; re-run the tokenize step");
   return m;
 }
 
@@ -167,12 +185,14 @@ void PmdDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inputs,
   }
 }
 
-PaddedDataset::PaddedDataset(const std::string& dir, const std::string& name) {
+PaddedDataset::PaddedDataset(const std::string& dir, const std::string& name, DatasetStyle style) {
   name_ = name;
   meta_ = read_meta(dir, name);
-  if (meta_.value("style", std::string("pmd")) != "padded")
+  const std::string expected = style_name(style);
+  if (meta_.value("style", std::string("pmd")) != expected)
     throw UserError("dataset \"" + name + "\" is of style " + meta_.value("style", std::string("pmd")) +
-                    ", but the config samples it as \"padded\"; fix \"style\" in the sampling");
+                    ", but the config samples it as \"" + expected + "\"; fix \"style\" in the sampling");
+  const uint64_t rows_per_record = style == DatasetStyle::CONTRASTIVE ? 2 : 1;
   pad_id_ = meta_.contains("pad_id") ? meta_["pad_id"].get<uint32_t>() : 0u;
   fs::path base = fs::path(dir) / name;
   nlohmann::json shape = read_json_file((base / "shape.json").string(), "re-run the tokenize step");
@@ -185,6 +205,9 @@ PaddedDataset::PaddedDataset(const std::string& dir, const std::string& name) {
       throw UserError((base / "shape.json").string() + ": \"" + split + "\" must be [rows, length] with both > 0");
     part->rows = dims[0];
     part->length = dims[1];
+    if (part->rows % rows_per_record != 0)
+      throw UserError((base / "shape.json").string() + ": \"" + split + "\" has " + std::to_string(part->rows) +
+                      " rows, an odd number: a contrastive dataset holds pairs of rows; re-run the tokenize step");
     part->tokens = std::make_unique<TokenFile>((base / (std::string(split) + ".tokens.bin")).string());
     if (part->tokens->size() != part->rows * part->length)
       throw UserError(part->tokens->path() + " holds " + std::to_string(part->tokens->size()) + " tokens, shape.json says " +
@@ -210,11 +233,13 @@ PaddedDataset::PaddedDataset(const std::string& dir, const std::string& name) {
     mismatch("train rows have length " + std::to_string(train_.length) + ", val rows " + std::to_string(val_.length));
   if (meta_.contains("length") && meta_["length"].get<uint64_t>() != train_.length)
     mismatch("meta.json length " + meta_["length"].dump() + ", shape.json " + std::to_string(train_.length));
-  if (meta_.contains("val_records") && meta_["val_records"].get<uint64_t>() != val_.rows)
-    mismatch("meta.json val_records " + meta_["val_records"].dump() + ", shape.json val rows " + std::to_string(val_.rows));
-  if (meta_.contains("records") && meta_["records"].get<uint64_t>() != train_.rows + val_.rows)
-    mismatch("meta.json records " + meta_["records"].dump() + ", shape.json train + val rows " +
-             std::to_string(train_.rows + val_.rows));
+  const std::string per = rows_per_record == 2 ? " / 2" : "";  // a contrastive record is two rows
+  if (meta_.contains("val_records") && meta_["val_records"].get<uint64_t>() != val_.rows / rows_per_record)
+    mismatch("meta.json val_records " + meta_["val_records"].dump() + ", shape.json val rows" + per + " " +
+             std::to_string(val_.rows / rows_per_record));
+  if (meta_.contains("records") && meta_["records"].get<uint64_t>() != (train_.rows + val_.rows) / rows_per_record)
+    mismatch("meta.json records " + meta_["records"].dump() + ", shape.json (train + val rows)" + per + " " +
+             std::to_string((train_.rows + val_.rows) / rows_per_record));
 }
 
 void PaddedDataset::check_vocabulary(int64_t vocab) const {
@@ -231,8 +256,12 @@ PaddedDataset::~PaddedDataset() = default;
 uint64_t PaddedDataset::num_samples(Split split, int64_t) const { return part(split).rows; }
 
 void PaddedDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const {
+  write_row(split, index % part(split).rows, T, inputs, targets);
+}
+
+void PaddedDataset::write_row(Split split, uint64_t row, int64_t T, int64_t* inputs, int64_t* targets) const {
   const Part& p = part(split);
-  const uint64_t row = index % p.rows, L = p.length, W = static_cast<uint64_t>(T) + 1;
+  const uint64_t L = p.length, W = static_cast<uint64_t>(T) + 1;
   const uint32_t* tok = p.tokens->data() + row * L;
   const uint8_t* mask = p.mask.data() + row * L;
   // Window position w in [0, W) maps to row position w - (W - L) when W > L (extra left padding),
@@ -254,12 +283,21 @@ void PaddedDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inpu
   }
 }
 
+uint64_t ContrastiveDataset::num_samples(Split split, int64_t) const { return rows(split) / 2; }
+
+void ContrastiveDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const {
+  const uint64_t pair = index % (rows(split) / 2);
+  write_row(split, 2 * pair, T, inputs, targets);              // chosen
+  write_row(split, 2 * pair + 1, T, inputs + T, targets + T);  // rejected
+}
+
 const Dataset& DataCatalog::get(const Sampling& s) {
   std::string key = style_name(s.style) + ":" + s.name;
   auto it = open_.find(key);
   if (it != open_.end()) return *it->second;
   std::unique_ptr<Dataset> ds;
   if (s.style == DatasetStyle::PADDED) ds = std::make_unique<PaddedDataset>(dir_, s.name);
+  else if (s.style == DatasetStyle::CONTRASTIVE) ds = std::make_unique<ContrastiveDataset>(dir_, s.name);
   else ds = std::make_unique<PmdDataset>(dir_, s.name);
   if (vocab_size_ > 0) ds->check_vocabulary(vocab_size_);
   const Dataset& ref = *ds;
@@ -298,13 +336,18 @@ MixtureSampler::MixtureSampler(DataCatalog& catalog, std::vector<Sampling> sampl
     acc += s.rate;
     cumulative_.push_back(acc);
     datasets_.back()->require_samples(Split::Train, T_);
+    rows_per_sample_ = datasets_.front()->rows_per_sample();
+    if (datasets_.back()->rows_per_sample() != rows_per_sample_)
+      throw UserError("the mixture of " + samplings_.front().name + " (" + style_name(samplings_.front().style) + ") and " +
+                      s.name + " (" + style_name(s.style) + ") mixes preference pairs with single rows; a stage's "
+                      "datasets are either all contrastive or none");
   }
   for (auto& c : cumulative_) c /= acc;
 }
 
 Batch MixtureSampler::rows(uint64_t first, int64_t count) const {
-  auto inputs = torch::empty({count, T_}, torch::kLong);
-  auto targets = torch::empty({count, T_}, torch::kLong);
+  auto inputs = torch::empty({count, rows_per_sample_ * T_}, torch::kLong);
+  auto targets = torch::empty({count, rows_per_sample_ * T_}, torch::kLong);
   Batch b;
   for (int64_t r = 0; r < count; ++r) {
     uint64_t g = first + static_cast<uint64_t>(r);
@@ -356,8 +399,8 @@ std::vector<int64_t> largest_remainder(const std::vector<double>& weights, int64
 
 Batch validation_rows(const Dataset& ds, int64_t T, uint64_t first, int64_t count) {
   Batch b;
-  b.inputs = torch::empty({count, T}, torch::kLong);
-  b.targets = torch::empty({count, T}, torch::kLong);
+  b.inputs = torch::empty({count, ds.rows_per_sample() * T}, torch::kLong);
+  b.targets = torch::empty({count, ds.rows_per_sample() * T}, torch::kLong);
   uint64_t n = ds.num_samples(Split::Val, T);
   for (int64_t r = 0; r < count; ++r) {
     uint64_t idx = n ? (first + static_cast<uint64_t>(r)) % n : 0;

@@ -8,7 +8,11 @@
 //           (N, L) uint8, 1 where the token counts in the loss (e.g. a completion, not its prompt);
 //           shape.json {"train": [N, L], "val": [N, L]}. A sample is one row, its last T + 1
 //           positions (left-padded further when L < T + 1); targets whose mask is 0 are ignored.
-//   meta.json  {"style": "pmd"|"padded", "tokenizer", "vocab_size", "eot_id", counts} for both.
+//   CONTRASTIVE  PADDED's files, with the rows in pairs: row 2i is the chosen completion of preference
+//           pair i, row 2i + 1 the rejected one, both the same prompt (mask 0) + completion (mask 1).
+//           A sample is a pair, written as two windows side by side: inputs and targets [0, T) are the
+//           chosen row's, [T, 2T) the rejected row's (rows_per_sample() == 2). Records count pairs.
+//   meta.json  {"style": "pmd"|"padded"|"contrastive", "tokenizer", "vocab_size", "eot_id", counts}.
 //
 // Sampling is counter-based: global row g of a stage is drawn from hash(seed, stage, g), so a data
 // position is one integer (the cursor: rows drawn so far). A resumed run restores the cursor and sees
@@ -26,7 +30,7 @@
 
 namespace lt {
 
-enum class DatasetStyle { PMD, PADDED };
+enum class DatasetStyle { PMD, PADDED, CONTRASTIVE };
 enum class Split { Train, Val };
 
 struct Sampling {
@@ -38,6 +42,8 @@ struct Sampling {
 // From a checked config value (OptType::Samplings).
 std::vector<Sampling> parse_samplings(const nlohmann::json& v);
 std::string style_name(DatasetStyle s);
+// "NAME" (pmd), "NAME:padded" or "NAME:contrastive": a dataset named on the command line (eval --dataset).
+Sampling parse_dataset_spec(const std::string& spec);
 
 // A read-only memory-mapped file of uint32 tokens.
 class TokenFile {
@@ -62,8 +68,11 @@ class Dataset {
   virtual ~Dataset() = default;
   // Number of distinct samples of length T (+1 for the shifted target) in a split.
   virtual uint64_t num_samples(Split split, int64_t T) const = 0;
-  // Writes sample `index` into inputs[0..T) and targets[0..T); targets < 0 are ignored by the loss.
+  // Writes sample `index` into inputs[0..W) and targets[0..W), W = rows_per_sample() * T; targets < 0
+  // are ignored by the loss.
   virtual void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const = 0;
+  // Rows of T tokens in one sample: 2 for a preference pair (CONTRASTIVE), else 1.
+  virtual int64_t rows_per_sample() const { return 1; }
   // UserError saying why and what to do when the split holds no sample of T tokens.
   virtual void require_samples(Split split, int64_t T) const;
   const std::string& name() const { return name_; }
@@ -94,11 +103,18 @@ class PmdDataset : public Dataset {
 
 class PaddedDataset : public Dataset {
  public:
-  PaddedDataset(const std::string& dir, const std::string& name);
+  PaddedDataset(const std::string& dir, const std::string& name) : PaddedDataset(dir, name, DatasetStyle::PADDED) {}
   ~PaddedDataset() override;
   uint64_t num_samples(Split split, int64_t T) const override;
   void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const override;
   void check_vocabulary(int64_t vocab_size) const override;
+
+ protected:
+  // `style` PADDED or CONTRASTIVE (whose rows come in pairs: meta.json's records count pairs).
+  PaddedDataset(const std::string& dir, const std::string& name, DatasetStyle style);
+  // Row `row` of a split as one sample of T tokens: its last T + 1 positions.
+  void write_row(Split split, uint64_t row, int64_t T, int64_t* inputs, int64_t* targets) const;
+  uint64_t rows(Split s) const { return part(s).rows; }
 
  private:
   struct Part {
@@ -109,6 +125,16 @@ class PaddedDataset : public Dataset {
   const Part& part(Split s) const { return s == Split::Train ? train_ : val_; }
   Part train_, val_;
   uint32_t pad_id_ = 0;
+};
+
+// Preference pairs: PADDED rows two by two (chosen, rejected), a sample being both.
+class ContrastiveDataset : public PaddedDataset {
+ public:
+  ContrastiveDataset(const std::string& dir, const std::string& name)
+      : PaddedDataset(dir, name, DatasetStyle::CONTRASTIVE) {}
+  uint64_t num_samples(Split split, int64_t T) const override;
+  void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const override;
+  int64_t rows_per_sample() const override { return 2; }
 };
 
 // Opens datasets by name under one data directory, once each.
@@ -126,12 +152,13 @@ class DataCatalog {
 };
 
 struct Batch {
-  torch::Tensor inputs;   // (B, T) int64
-  torch::Tensor targets;  // (B, T) int64, -1 where ignored
+  torch::Tensor inputs;   // (B, W) int64, W = rows_per_sample * T (T, or 2T for preference pairs)
+  torch::Tensor targets;  // (B, W) int64, -1 where ignored
   std::vector<int> source;  // index into the stage's samplings, per row
 };
 
-// Draws rows of one stage's mixture.
+// Draws rows of one stage's mixture. The datasets of a mixture have the same rows_per_sample (a
+// UserError otherwise): preference pairs do not mix with single rows.
 class MixtureSampler {
  public:
   MixtureSampler(DataCatalog& catalog, std::vector<Sampling> samplings, int64_t block_size, uint64_t seed,
@@ -147,19 +174,21 @@ class MixtureSampler {
   void set_cursor(uint64_t c) { cursor_ = c; }
   const std::vector<Sampling>& samplings() const { return samplings_; }
   const Dataset& dataset(size_t i) const { return *datasets_[i]; }
+  int64_t rows_per_sample() const { return rows_per_sample_; }
 
  private:
   std::vector<Sampling> samplings_;
   std::vector<const Dataset*> datasets_;
   std::vector<double> cumulative_;
-  int64_t T_;
+  int64_t T_, rows_per_sample_ = 1;
   uint64_t seed_, stream_, cursor_ = 0;
 };
 
 // `total` split over `weights` by the largest-remainder method: the parts sum to `total`.
 std::vector<int64_t> largest_remainder(const std::vector<double>& weights, int64_t total);
 
-// The fixed validation rows of one dataset: samples 0..rows-1 of its val split (wrapping).
+// The fixed validation rows of one dataset: samples 0..rows-1 of its val split (wrapping); a
+// contrastive dataset's are pairs, (count, 2T).
 Batch validation_rows(const Dataset& ds, int64_t block_size, uint64_t first, int64_t count);
 
 // The baseline a language model must beat: cross-entropy (nats per token) of the validation split

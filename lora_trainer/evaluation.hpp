@@ -23,6 +23,9 @@ struct DatasetEval {
   DatasetStyle style = DatasetStyle::PMD;
   double loss = 0.0;  // mean cross-entropy per target token (nats); perplexity = exp(loss)
   int64_t tokens = 0;
+  // CONTRASTIVE (dpo.hpp): `loss` is the mean DPO loss per pair, `tokens` the pairs (the weights of
+  // validation_score), and these the mean reward margin and the share of pairs ranked right.
+  double reward_margin = 0.0, accuracy = 0.0;
 };
 
 struct ValResult {

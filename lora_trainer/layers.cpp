@@ -13,6 +13,7 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  if (!lora_on_) return lora_linear(x, weight, bias, {}, {}, 0.0);
   return lora_linear(x, weight, bias, lora_A_, lora_B_, lora_scale_);
 }
 
@@ -24,14 +25,14 @@ void LinearImpl::set_lora(torch::Tensor A, torch::Tensor B, double scale) {
 
 torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& idx) {
   auto e = torch::nn::EmbeddingImpl::forward(idx);
-  if (!values_.defined()) return e;
+  if (!values_.defined() || !rows_on_) return e;
   auto slot = slot_.index_select(0, idx.reshape({-1})).view(idx.sizes());
   auto rows = values_.index_select(0, slot.clamp_min(0).reshape({-1})).view(e.sizes());
   return torch::where((slot >= 0).unsqueeze(-1), rows, e.to(torch::kFloat32));
 }
 
 torch::Tensor TokenEmbeddingImpl::output_weight(const torch::Tensor& x) {
-  if (!values_.defined()) return weight;
+  if (!values_.defined() || !rows_on_) return weight;
   auto W = weight_for(weight, x);
   return W.index_copy(0, ids_, values_.to(W.dtype()));
 }

@@ -15,12 +15,14 @@ class LinearImpl : public torch::nn::Module, public LoraAdaptable {
   LinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
   torch::Tensor forward(const torch::Tensor& x);  // x: (..., in) -> (..., out)
   void set_lora(torch::Tensor A, torch::Tensor B, double scale) override;
+  void enable_lora(bool on) override { lora_on_ = on; }
   bool has_lora() const { return lora_A_.defined(); }
   torch::Tensor weight, bias;  // bias undefined when built without one
 
  private:
   torch::Tensor lora_A_, lora_B_;
   double lora_scale_ = 0.0;
+  bool lora_on_ = true;
 };
 TORCH_MODULE(Linear);
 
@@ -35,8 +37,10 @@ class TokenEmbeddingImpl : public torch::nn::EmbeddingImpl, public TokenRowsAdap
   // The (V, dim) weight as a tied head multiplies x with it: weight_for(weight, x), rows replaced.
   torch::Tensor output_weight(const torch::Tensor& x);
   void set_token_rows(torch::Tensor ids, torch::Tensor values) override;
+  void enable_token_rows(bool on) override { rows_on_ = on; }
 
  private:
+  bool rows_on_ = true;
   torch::Tensor ids_, values_;
   torch::Tensor slot_;  // (V) int64: the row of values_ for each token id, -1 for the frozen ones
 };

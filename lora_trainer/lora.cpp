@@ -316,6 +316,16 @@ void detach_token_rows(torch::nn::Module& root) {
     if (auto* layer = dynamic_cast<TokenRowsAdaptable*>(item.value().get())) layer->set_token_rows({}, {});
 }
 
+static void enable_adapters(torch::nn::Module& root, bool on) {
+  for_each_adaptable(root, [on](const std::string&, LoraAdaptable& layer) { layer.enable_lora(on); });
+  for (const auto& item : root.named_modules())
+    if (auto* layer = dynamic_cast<TokenRowsAdaptable*>(item.value().get())) layer->enable_token_rows(on);
+}
+
+AdaptersOff::AdaptersOff(torch::nn::Module& root) : root_(root) { enable_adapters(root_, false); }
+
+AdaptersOff::~AdaptersOff() { enable_adapters(root_, true); }
+
 torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x) {
   if (!W.defined() || W.scalar_type() == x.scalar_type()) return W;
   const bool autocast = compat::autocast_enabled(x.device().type());

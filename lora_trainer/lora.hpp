@@ -38,6 +38,8 @@ class LoraAdaptable {
   virtual ~LoraAdaptable() = default;
   // A: (in, r), B: (r, out), scale = alpha / r. Undefined tensors remove the adapter.
   virtual void set_lora(torch::Tensor A, torch::Tensor B, double scale) = 0;
+  // Off: the layer computes with its base weight alone, its adapter kept attached (AdaptersOff).
+  virtual void enable_lora(bool on) = 0;
 };
 
 // A token embedding whose chosen rows can be replaced by trainable values (PEFT's trainable tokens).
@@ -47,6 +49,8 @@ class TokenRowsAdaptable {
   // ids: (n) int64 token ids, values: (n, d) f32, the rows that replace the weight's rows `ids` in the
   // lookup and in a head tied to it. Undefined tensors remove them.
   virtual void set_token_rows(torch::Tensor ids, torch::Tensor values) = 0;
+  // Off: the lookup (and a tied head) use the frozen weight's rows, as if none were set (AdaptersOff).
+  virtual void enable_token_rows(bool on) = 0;
 };
 
 // PEFT's `trainable_token_indices`: chosen rows of the token embedding train beside the adapters. As in
@@ -148,6 +152,20 @@ void check_lora_targets(torch::nn::Module& root, const NamedTensors& params, con
 // Hands each adapter to the layer that owns its base weight (found by name in `root`'s module tree).
 void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, int64_t rank, bool rslora = false);
 void detach_lora(torch::nn::Module& root);
+
+// While it lives, every adapter and trainable token row under `root` is switched off and the model
+// computes as its base (PEFT's `disable_adapter()`): DPO's reference model without a second copy of the
+// weights. The adapters and rows stay attached and come back on when it ends.
+class AdaptersOff {
+ public:
+  explicit AdaptersOff(torch::nn::Module& root);
+  ~AdaptersOff();
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+
+ private:
+  torch::nn::Module& root_;
+};
 
 // W as it should enter a matmul with x: unchanged under autocast (which casts both), else cast to x's
 // dtype, so a bf16-frozen weight works in an f32 forward too.

@@ -126,9 +126,13 @@ StagePlan lora_stage_plan(const Config& cfg) {
 }
 
 LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
-    : BaseTrainer(std::move(spec), cfg, std::move(out_dir), lora_stage_plan(cfg)) {
+    : LoRATrainer(std::move(spec), cfg, std::move(out_dir), lora_stage_plan(cfg),
+                  cfg.get("training/pre_lora_tokens").size()) {}
+
+LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan, size_t pre_lora_stages)
+    : BaseTrainer(std::move(spec), cfg, std::move(out_dir), plan) {
   lora_cfg_ = LoraConfig::from_config(cfg_);
-  const size_t n_pre = cfg_.get("training/pre_lora_tokens").size();  // the plan's first stages
+  const size_t n_pre = pre_lora_stages;  // the plan's first stages
   boundary_step_ = n_pre > 0 ? stages_[n_pre - 1].end_step : 0;
   // Validate the targets now, not at the boundary hours later.
   auto params = named_params(*model_);
@@ -476,7 +480,7 @@ std::string LoRATrainer::report() {
     std::snprintf(line, sizeof line, "), %lld frozen (bf16 base)\n", (long long)fr);
     r << line;
   }
-  if (after) {
+  if (after && !(*after)["perplexity"].empty()) {
     // One column per dataset, each as wide as its name (at least 10), numbers right-aligned under it.
     std::vector<std::pair<std::string, int>> cols;
     for (auto& [name, ppl] : (*after)["perplexity"].items()) cols.emplace_back(name, std::max<int>(10, static_cast<int>(name.size())));
@@ -502,6 +506,9 @@ std::string LoRATrainer::report() {
     };
     if (boundary_step_ > 0) row("before LoRA", before);
     row("after LoRA", after);
+  } else if (after) {
+    r << "validation perplexity: none (the datasets are preference pairs: the val events hold DPO's loss, margin and "
+         "accuracy)\n";
   } else {
     r << "validation perplexity: none recorded (training/validation is off)\n";
   }

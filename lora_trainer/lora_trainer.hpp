@@ -85,7 +85,11 @@ class LoRATrainer : public BaseTrainer {
   // and logged as the `transition` event).
   void transition_at_boundary();
 
+  const LoraConfig& lora_config() const { return lora_cfg_; }
+
  protected:
+  // The stages of `plan`, the first `pre_lora_stages` of them full-parameter (dpo/train: none).
+  LoRATrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan, size_t pre_lora_stages);
   void before_step() override;
   double current_lr() const override;
   // distributed/shard_optimizer "lora" or "all" shard the adapters' moments; "all" phase 1's too.

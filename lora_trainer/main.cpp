@@ -143,21 +143,26 @@ int cmd_eval(const std::string& checkpoint, const std::vector<std::string>& name
   auto job = load_for_reading(checkpoint, overrides, &t);
   std::vector<Sampling> datasets;
   if (names.empty()) datasets = t->plan_datasets();
-  for (const auto& n : names) {
-    bool padded = n.size() > 7 && n.compare(n.size() - 7, 7, ":padded") == 0;
-    datasets.push_back({padded ? n.substr(0, n.size() - 7) : n, 1.0, padded ? DatasetStyle::PADDED : DatasetStyle::PMD});
-  }
+  for (const auto& n : names) datasets.push_back(parse_dataset_spec(n));
   auto results = t->evaluate(datasets, rows > 0 ? rows : t->config().get_int("training/validation_steps"));
   nlohmann::json out = {{"checkpoint", checkpoint}, {"step", t->step()}, {"kind", state_kind_name(t->state_kind())}};
   for (const auto& e : results)
-    out["datasets"][e.name] = {{"loss", e.loss}, {"perplexity", std::exp(e.loss)}, {"tokens", e.tokens}};
+    out["datasets"][e.name] = e.style == DatasetStyle::CONTRASTIVE  // preference pairs: DPO's figures
+                                  ? nlohmann::json{{"dpo_loss", e.loss}, {"reward_margin", e.reward_margin},
+                                                   {"accuracy", e.accuracy}, {"pairs", e.tokens}}
+                                  : nlohmann::json{{"loss", e.loss}, {"perplexity", std::exp(e.loss)}, {"tokens", e.tokens}};
   if (as_json) {
     std::cout << out.dump(2) << "\n";
   } else {
     std::printf("%s (step %lld, %s state)\n%-20s %10s %12s %10s\n", checkpoint.c_str(), (long long)t->step(),
                 state_kind_name(t->state_kind()).c_str(), "dataset", "loss", "perplexity", "tokens");
-    for (const auto& e : results)
-      std::printf("%-20s %10.4f %12.2f %10lld\n", e.name.c_str(), e.loss, std::exp(e.loss), (long long)e.tokens);
+    for (const auto& e : results) {
+      if (e.style == DatasetStyle::CONTRASTIVE)
+        std::printf("%-20s %10.4f (DPO loss over %lld pairs; reward margin %.4f, accuracy %.3f)\n", e.name.c_str(), e.loss,
+                    (long long)e.tokens, e.reward_margin, e.accuracy);
+      else
+        std::printf("%-20s %10.4f %12.2f %10lld\n", e.name.c_str(), e.loss, std::exp(e.loss), (long long)e.tokens);
+    }
   }
   return 0;
 }
@@ -260,7 +265,7 @@ int main(int argc, char** argv) {
   eval_cmd->add_option("CHECKPOINT", checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
   // One value per --dataset (or a comma-separated list), so that key=value overrides after it stay overrides.
   eval_cmd->add_option("--dataset", eval_datasets,
-                       "dataset name under data/dir, NAME:padded for a PADDED one; repeat it or give a comma-separated "
+                       "dataset name under data/dir, NAME:padded for a PADDED one, NAME:contrastive for preference pairs; repeat it or give a comma-separated "
                        "list (default: every dataset of the job)")
       ->allow_extra_args(false)->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   eval_cmd->add_option("--rows", eval_rows, "validation rows per dataset (default: training/validation_steps)")
@@ -299,7 +304,8 @@ int main(int argc, char** argv) {
 
   TokenizeOptions tok;
   std::string ds_name, data_dir = "datasets/data";
-  auto* tokenize = app.add_subcommand("tokenize", "turn text files/directories into a PMD dataset, or JSONL prompt/completion records into a PADDED one");
+  auto* tokenize = app.add_subcommand("tokenize", "turn text files/directories into a PMD dataset, JSONL prompt/completion records into a PADDED one, "
+                                     "or JSONL prompt/chosen/rejected preference records into a CONTRASTIVE one");
   tokenize->add_option("INPUT", tok.inputs, "text files or directories")->required();
   tokenize->add_option("--name", ds_name, "dataset name (a directory under --data-dir)")->required();
   tokenize->add_option("--data-dir", data_dir, "data directory (config key data/dir)")->capture_default_str();
@@ -312,9 +318,10 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false)->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   std::string tok_format = "text";
   tokenize->add_option("--format", tok_format,
-                       "text: each file a document -> PMD; jsonl: {\"prompt\",\"completion\"} records -> PADDED")
-      ->capture_default_str()->check(CLI::IsMember({"text", "jsonl"}));
-  tokenize->add_option("--length", tok.length, "jsonl: row length in tokens (0 = the longest record)")->capture_default_str();
+                       "text: each file a document -> PMD; jsonl: {\"prompt\",\"completion\"} records -> PADDED; pairs: "
+                       "{\"prompt\",\"chosen\",\"rejected\"} records -> CONTRASTIVE (for dpo/train)")
+      ->capture_default_str()->check(CLI::IsMember({"text", "jsonl", "pairs"}));
+  tokenize->add_option("--length", tok.length, "jsonl, pairs: row length in tokens (0 = the longest row)")->capture_default_str();
 
   try {
     check_subcommand(app, argc, argv);
@@ -396,7 +403,9 @@ int main(int argc, char** argv) {
     }
     if (*tokenize) {
       tok.out_dir = (fs::path(data_dir) / ds_name).string();
-      auto r = tok_format == "jsonl" ? tokenize_jsonl_to_padded(tok) : tokenize_to_pmd(tok);
+      auto r = tok_format == "jsonl"   ? tokenize_jsonl_to_padded(tok)
+               : tok_format == "pairs" ? tokenize_jsonl_to_contrastive(tok)
+                                       : tokenize_to_pmd(tok);
       std::printf("dataset %s: %llu documents (%llu validation), %llu bytes -> %llu train + %llu val tokens\n",
                   tok.out_dir.c_str(), (unsigned long long)r.documents, (unsigned long long)r.val_documents,
                   (unsigned long long)r.bytes, (unsigned long long)r.train_tokens, (unsigned long long)r.val_tokens);

@@ -19,6 +19,7 @@ struct StepLine {
   int64_t step = 0, total_steps = 0, tokens = 0;
   int stage = 0;  // the stage of the step just taken
   double lr = 0.0, grad_norm = 0.0;
+  nlohmann::json extra = nlohmann::json::object();  // more figures (name: number), after the others
 };
 
 // The steps since the last step line: their losses and times, summed.

@@ -2,6 +2,7 @@
 
 #include "lora_trainer/benchmark.hpp"
 #include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/dpo_trainer.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/trainer.hpp"
 #include "lora_trainer/util.hpp"
@@ -28,6 +29,14 @@ const JobRegistry& job_registry() {
            "the benchmark's stages as the pre-LoRA phase, then LoRA stages; forgetting matrix at every boundary",
            &BenchmarkLoRABaseTrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
              return std::make_unique<BenchmarkLoRABaseTrainer>(std::move(spec), std::move(cfg), std::move(out));
+           }});
+    r.add({"dpo/train",
+           "DPO on preference pairs from a pretrained base: LoRA adapters (reference: adapters off) or every parameter "
+           "(reference: a frozen bf16 copy), by optimization/dpo/lora",
+           &DpoTrainer<LoRATrainer>::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
+             if (cfg.get_bool("optimization/dpo/lora"))
+               return std::make_unique<DpoTrainer<LoRATrainer>>(std::move(spec), std::move(cfg), std::move(out));
+             return std::make_unique<DpoTrainer<BaseTrainer>>(std::move(spec), std::move(cfg), std::move(out));
            }});
     return r;
   }();

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -148,16 +149,31 @@ TokenizeResult tokenize_to_pmd(const TokenizeOptions& o) {
   return r;
 }
 
-TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& o) {
-  if (!(o.val_fraction > 0 && o.val_fraction < 1))
-    throw UserError("tokenize: --val-fraction must be between 0 and 1 (exclusive)");
-  auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
-  struct Row {
-    std::vector<uint32_t> ids;
-    std::vector<uint8_t> mask;
-  };
-  std::vector<Row> rows;
-  TokenizeResult r;
+namespace {
+
+// A row of a padded dataset before padding: prompt (mask 0) + completion + end-of-text (mask 1).
+struct MaskedRow {
+  std::vector<uint32_t> ids;
+  std::vector<uint8_t> mask;
+};
+
+MaskedRow prompt_completion_row(const Tokenizer& tok, const std::string& prompt, const std::string& completion) {
+  MaskedRow row;
+  row.ids = tok.encode(prompt);
+  row.mask.assign(row.ids.size(), 0);
+  auto c = tok.encode(completion);
+  c.push_back(tok.eot_id());
+  row.ids.insert(row.ids.end(), c.begin(), c.end());
+  row.mask.insert(row.mask.end(), c.size(), 1);
+  return row;
+}
+
+// Calls `each(record, where)` for every non-blank line of the JSONL inputs, in file order, after checking
+// that it is an object with string fields `fields` (a UserError naming FILE:LINE and the missing field).
+void for_each_record(const TokenizeOptions& o, const std::vector<std::string>& fields,
+                     const std::function<void(const nlohmann::json&, size_t bytes)>& each) {
+  std::vector<std::string> quoted;
+  for (const auto& f : fields) quoted.push_back("\"" + f + "\"");
   for (const auto& file : collect(o)) {
     std::istringstream in(read_file(file));
     std::string line;
@@ -166,21 +182,21 @@ TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& o) {
       auto j = nlohmann::json::parse(line, nullptr, false);
       auto where = file + ":" + std::to_string(line_no);
       if (j.is_discarded() || !j.is_object()) throw UserError(where + ": not a JSON object");
-      if (!j.contains("prompt") || !j["prompt"].is_string() || !j.contains("completion") || !j["completion"].is_string())
-        throw UserError(where + ": a record needs string fields \"prompt\" and \"completion\"");
-      Row row;
-      auto p = tok->encode(j["prompt"].get<std::string>());
-      auto c = tok->encode(j["completion"].get<std::string>());
-      c.push_back(tok->eot_id());
-      row.ids = p;
-      row.ids.insert(row.ids.end(), c.begin(), c.end());
-      row.mask.assign(p.size(), 0);
-      row.mask.insert(row.mask.end(), c.size(), 1);
-      r.bytes += line.size();
-      rows.push_back(std::move(row));
+      for (const auto& f : fields)
+        if (!j.contains(f) || !j[f].is_string())
+          throw UserError(where + ": a record needs string fields " + join(quoted) + "; \"" + f + "\" is " +
+                          (j.contains(f) ? "not a string" : "missing"));
+      each(j, line.size());
     }
   }
-  if (rows.size() < 2) throw UserError("tokenize: need at least 2 JSONL records (one for validation)");
+}
+
+// Writes `rows` (rows_per_record consecutive rows a record) left-padded to a common length as a dataset
+// of PADDED's layout and the given style; every k-th record (k = 1 / val_fraction) goes to validation.
+TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok, const std::vector<MaskedRow>& rows,
+                                 size_t rows_per_record, const std::string& style, uint64_t bytes) {
+  const size_t records = rows.size() / rows_per_record;
+  if (records < 2) throw UserError("tokenize: need at least 2 JSONL records (one for validation)");
   uint64_t L = static_cast<uint64_t>(o.length);
   if (L == 0)
     for (const auto& row : rows) L = std::max<uint64_t>(L, row.ids.size());
@@ -188,35 +204,72 @@ TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& o) {
   fs::remove(fs::path(o.out_dir) / "meta.json");
   std::string bufs[2][2];  // [train/val][tokens/mask]
   uint64_t counts[2] = {0, 0};
+  TokenizeResult r;
+  r.bytes = bytes;
   const double f = o.val_fraction;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    bool val = std::floor((i + 1) * f) > std::floor(i * f) || (i + 1 == rows.size() && counts[1] == 0);
-    auto& row = rows[i];
-    size_t n = row.ids.size(), keep = std::min<size_t>(n, L), pad = L - keep;
-    std::vector<uint32_t> ids(pad, tok->eot_id());
-    std::vector<uint8_t> mask(pad, 0);
-    ids.insert(ids.end(), row.ids.end() - keep, row.ids.end());
-    mask.insert(mask.end(), row.mask.end() - keep, row.mask.end());
-    bufs[val][0].append(reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
-    bufs[val][1].append(reinterpret_cast<const char*>(mask.data()), mask.size());
+  for (size_t i = 0; i < records; ++i) {
+    bool val = std::floor((i + 1) * f) > std::floor(i * f) || (i + 1 == records && counts[1] == 0);
+    for (size_t k = 0; k < rows_per_record; ++k) {
+      const auto& row = rows[i * rows_per_record + k];
+      size_t n = row.ids.size(), keep = std::min<size_t>(n, L), pad = L - keep;
+      std::vector<uint32_t> ids(pad, tok.eot_id());
+      std::vector<uint8_t> mask(pad, 0);
+      ids.insert(ids.end(), row.ids.end() - keep, row.ids.end());
+      mask.insert(mask.end(), row.mask.end() - keep, row.mask.end());
+      bufs[val][0].append(reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
+      bufs[val][1].append(reinterpret_cast<const char*>(mask.data()), mask.size());
+      (val ? r.val_tokens : r.train_tokens) += keep;
+    }
     ++counts[val];
-    (val ? r.val_tokens : r.train_tokens) += keep;
   }
-  r.documents = rows.size();
+  r.documents = records;
   r.val_documents = counts[1];
   const char* split[2] = {"train", "val"};
   for (int s = 0; s < 2; ++s) {
     write_file_atomic((fs::path(o.out_dir) / (std::string(split[s]) + ".tokens.bin")).string(), bufs[s][0]);
     write_file_atomic((fs::path(o.out_dir) / (std::string(split[s]) + ".mask.bin")).string(), bufs[s][1]);
   }
-  nlohmann::json shape = {{"train", {counts[0], L}}, {"val", {counts[1], L}}};
+  nlohmann::json shape = {{"train", {counts[0] * rows_per_record, L}}, {"val", {counts[1] * rows_per_record, L}}};
   write_file_atomic((fs::path(o.out_dir) / "shape.json").string(), shape.dump() + "\n");
-  nlohmann::json meta = {{"style", "padded"},        {"tokenizer", tok->name()}, {"vocab_size", tok->vocab_size()},
-                         {"eot_id", tok->eot_id()},  {"pad_id", tok->eot_id()},  {"records", r.documents},
+  nlohmann::json meta = {{"style", style},           {"tokenizer", tok.name()}, {"vocab_size", tok.vocab_size()},
+                         {"eot_id", tok.eot_id()},  {"pad_id", tok.eot_id()},  {"records", r.documents},
                          {"val_records", r.val_documents}, {"length", L},        {"train_tokens", r.train_tokens},
                          {"val_tokens", r.val_tokens}, {"val_fraction", f}};
   write_file_atomic((fs::path(o.out_dir) / "meta.json").string(), meta.dump(2) + "\n");
   return r;
+}
+
+void check_val_fraction(const TokenizeOptions& o) {
+  if (!(o.val_fraction > 0 && o.val_fraction < 1))
+    throw UserError("tokenize: --val-fraction must be between 0 and 1 (exclusive)");
+}
+
+}  // namespace
+
+TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& o) {
+  check_val_fraction(o);
+  auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
+  std::vector<MaskedRow> rows;
+  uint64_t bytes = 0;
+  for_each_record(o, {"prompt", "completion"}, [&](const nlohmann::json& j, size_t n) {
+    rows.push_back(prompt_completion_row(*tok, j["prompt"].get<std::string>(), j["completion"].get<std::string>()));
+    bytes += n;
+  });
+  return write_padded_rows(o, *tok, rows, 1, "padded", bytes);
+}
+
+TokenizeResult tokenize_jsonl_to_contrastive(const TokenizeOptions& o) {
+  check_val_fraction(o);
+  auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
+  std::vector<MaskedRow> rows;
+  uint64_t bytes = 0;
+  for_each_record(o, {"prompt", "chosen", "rejected"}, [&](const nlohmann::json& j, size_t n) {
+    const std::string prompt = j["prompt"].get<std::string>();
+    rows.push_back(prompt_completion_row(*tok, prompt, j["chosen"].get<std::string>()));
+    rows.push_back(prompt_completion_row(*tok, prompt, j["rejected"].get<std::string>()));
+    bytes += n;
+  });
+  return write_padded_rows(o, *tok, rows, 2, "contrastive", bytes);
 }
 
 }  // namespace lt

@@ -2,6 +2,7 @@
 // meta.json; see data.hpp). Each file is one document, followed by the end-of-text token. Documents
 // are taken in sorted path order and every k-th one (k = 1 / val_fraction, at least one) goes to validation,
 // so the split is deterministic; a single document is split by tokens instead (its last val_fraction).
+// JSONL records become PADDED (prompt/completion) or CONTRASTIVE (prompt/chosen/rejected) datasets.
 // Also make_tokenizer, the tokenizer named by `--tokenizer` (tokenize, sample).
 #pragma once
 
@@ -40,5 +41,11 @@ TokenizeResult tokenize_to_pmd(const TokenizeOptions& opts);
 // completion and its end-of-text count in the loss. A longer record keeps its last `length` tokens.
 // Every k-th record (k = 1 / val_fraction, at least one) goes to validation.
 TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& opts);
+
+// JSONL preference records {"prompt": str, "chosen": str, "rejected": str} -> a CONTRASTIVE dataset
+// (data.hpp): each record is two rows as tokenize_jsonl_to_padded makes them, prompt + chosen and
+// prompt + rejected, padded to one `length`; the prompt is masked out of both. Every k-th record goes
+// to validation. A record without the three string fields is a UserError naming FILE:LINE and the field.
+TokenizeResult tokenize_jsonl_to_contrastive(const TokenizeOptions& opts);
 
 }  // namespace lt

@@ -164,6 +164,7 @@ const Dataset& BaseTrainer::open_dataset(const Sampling& smp) {
 MixtureSampler& BaseTrainer::sampler(int stage) {
   auto& s = samplers_.at(static_cast<size_t>(stage));
   if (!s) {
+    check_dataset_styles(stages_[stage].samplings);
     for (const auto& smp : stages_[stage].samplings) open_dataset(smp);
     s = std::make_unique<MixtureSampler>(*catalog_, stages_[stage].samplings, block_size_, opts_.seed,
                                          static_cast<uint64_t>(stage));
@@ -264,7 +265,15 @@ int BaseTrainer::stage_of(int64_t step) const { return lt::stage_of(stages_, ste
 std::vector<Sampling> BaseTrainer::plan_datasets() const { return lt::plan_datasets(stages_); }
 
 void BaseTrainer::check_datasets() {
+  check_dataset_styles(plan_datasets());
   for (const auto& s : plan_datasets()) open_dataset(s);
+}
+
+void BaseTrainer::check_dataset_styles(const std::vector<Sampling>& datasets) const {
+  for (const auto& s : datasets)
+    if (s.style == DatasetStyle::CONTRASTIVE)
+      throw UserError("dataset \"" + s.name + "\" is contrastive (preference pairs): it trains with DPO, in a `dpo/train` "
+                      "job, not in a " + spec_.kind + " job");
 }
 
 std::unique_ptr<Ema::Swap> BaseTrainer::ema_weights() {
@@ -276,6 +285,7 @@ std::unique_ptr<Ema::Swap> BaseTrainer::ema_weights() {
 }
 
 std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& datasets, int64_t rows) {
+  check_dataset_styles(datasets);
   auto ema = ema_weights();  // the average in place of the weights while evaluating, with eval/use_ema
   return held_out_loss(model_, datasets, rows, [this](const Sampling& smp) -> const Dataset& { return open_dataset(smp); },
                        {micro_batch_, block_size_}, rt_, dist_);
@@ -354,7 +364,8 @@ void BaseTrainer::run() {
     StepResult r = train_step();
     window.add(r.loss, r.seconds);
     if (step_ % report_every == 0 || step_ == total_steps_)
-      metrics_.log_train({r.step, total_steps_, tokens_, trained_stage(), r.lr, r.grad_norm}, window, tokens_per_step());
+      metrics_.log_train({r.step, total_steps_, tokens_, trained_stage(), r.lr, r.grad_norm, window_metrics()}, window,
+                         tokens_per_step());
     const bool stage_end = step_ == stages_[static_cast<size_t>(trained_stage())].end_step;
     if (stage_end) on_stage_end(trained_stage());  // before validation, so `best` includes its effects
     if (validation && (step_ % val_every == 0 || stage_end)) validate_and_keep_best(stage_end);

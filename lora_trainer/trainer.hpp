@@ -62,8 +62,8 @@ class BaseTrainer : public RestoreableJob {
 
   StepResult train_step();
   // Held-out loss of the model (base + adapters in the LoRA phase) on the first `rows` validation
-  // samples of each dataset.
-  std::vector<DatasetEval> evaluate(const std::vector<Sampling>& datasets, int64_t rows);
+  // samples of each dataset (DPO's loss, margin and accuracy of a contrastive one, in dpo/train).
+  virtual std::vector<DatasetEval> evaluate(const std::vector<Sampling>& datasets, int64_t rows);
   // With eval/use_ema: the EMA weights in place of the trainable parameters while the result lives
   // (evaluate() takes it itself; `sample` holds it while generating); else null.
   std::unique_ptr<Ema::Swap> ema_weights();
@@ -131,6 +131,12 @@ class BaseTrainer : public RestoreableJob {
   virtual void before_step() {}
   virtual void after_step(const StepResult&) {}
   virtual nlohmann::json extra_metadata() const { return nlohmann::json::object(); }
+  // Figures of the steps since the last step line besides the loss (name: number), printed on it and
+  // logged in its `train` event; the window starts again. None here (DPO: its margin and accuracy).
+  virtual nlohmann::json window_metrics() { return nlohmann::json::object(); }
+  // A UserError when a dataset of `datasets` has a style this job cannot train on or measure: contrastive
+  // (preference pairs) ones are DPO's, refused here.
+  virtual void check_dataset_styles(const std::vector<Sampling>& datasets) const;
   virtual void restore_extra(const nlohmann::json& meta) {}
   // The learning rate for the step about to be taken.
   virtual double current_lr() const { return schedule_.at(step_); }
@@ -149,7 +155,7 @@ class BaseTrainer : public RestoreableJob {
   void check_same_architecture(const CheckpointMeta& ck) const;
   // This rank's micro-batches of `batch`: forward, loss / (targets of the whole global batch), backward
   // (gradients accumulate). Returns this rank's part of the step's mean loss.
-  double forward_backward(const Batch& batch);
+  virtual double forward_backward(const Batch& batch);
   // Reads the stop flag; with several ranks, sums the gradients, `loss` and the flag over the ranks.
   // Returns the step's global loss.
   double sum_over_ranks(double loss);

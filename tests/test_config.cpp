@@ -70,7 +70,7 @@ TEST_CASE("dataset mixtures are checked", "[config]") {
   CHECK_THROWS_WITH(c.apply_override(R"(training/dataset=[{"name":"a","rate":0.5}])"),
                     Contains("training/dataset") && Contains("sum to 1"));
   CHECK_THROWS_WITH(c.apply_override(R"(training/dataset=[{"name":"a","rate":1,"style":"csv"}])"),
-                    Contains("\"pmd\" or \"padded\""));
+                    Contains("\"pmd\", \"padded\" or \"contrastive\""));
   CHECK_THROWS_WITH(c.apply_override(R"(training/dataset=[{"rate":1}])"), Contains("needs a \"name\""));
   CHECK_THROWS_WITH(c.apply_override(R"(training/dataset=[{"name":"a","rate":1,"weight":2}])"),
                     Contains("unknown field \"weight\""));

@@ -749,6 +749,11 @@ TEST_CASE("trainable token rows: ids checked against the vocabulary and the embe
   CHECK(torch::equal(m->wte->weight, tiny_gpt()->wte->weight));
   auto idx = torch::tensor({5, 6, 101, 7, 200, 5, 0, 256}, torch::kLong).view({2, 4});
   CHECK((logits_of(*m, idx) - logits_of(*merged, idx)).abs().max().item<double>() < 1e-6);
+  {
+    AdaptersOff off(*m);  // DPO's reference: the rows are switched off with the adapters
+    CHECK((logits_of(*m, idx) - logits_of(*tiny_gpt(), idx)).abs().max().item<double>() == 0);
+  }
+  CHECK((logits_of(*m, idx) - logits_of(*merged, idx)).abs().max().item<double>() < 1e-6);  // and back on
   detach_token_rows(*m);
   CHECK((logits_of(*m, idx) - logits_of(*tiny_gpt(), idx)).abs().max().item<double>() == 0);
 }
