@@ -16,6 +16,10 @@ class LinearImpl : public torch::nn::Module, public LoraAdaptable {
   torch::Tensor forward(const torch::Tensor& x);  // x: (..., in) -> (..., out)
   void set_lora(torch::Tensor A, torch::Tensor B, double scale) override;
   bool has_lora() const { return lora_A_.defined(); }
+  // A and B (empty without an adapter): what the forward reads beyond the registered parameters.
+  std::vector<torch::Tensor> lora_tensors() const {
+    return has_lora() ? std::vector<torch::Tensor>{lora_A_, lora_B_} : std::vector<torch::Tensor>{};
+  }
   torch::Tensor weight, bias;  // bias undefined when built without one
 
  private:
