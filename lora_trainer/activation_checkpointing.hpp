@@ -12,9 +12,11 @@
 //   - the gradients of those tensors leave the node like any other, and the engine accumulates them
 //     into .grad as it would without checkpointing (micro-batches add up the same way).
 // The recompute replays what the forward saw: the default generators' state (CPU, and CUDA for a CUDA
-// input), so dropout draws the same masks, and the autocast state (enabled, dtype). The autocast
-// weight-cast cache is off inside both runs: a cast cached by the gradient-free forward has no
-// history, and the recompute would otherwise reuse it and lose the weights' gradients.
+// input), so dropout draws the same masks, and the autocast state (enabled, dtype), which a backward
+// called after leaving the autocast scope would not have. The autocast weight-cast cache is off in both
+// runs: a cast cached by the gradient-free forward has no history, and a recompute that reused it would
+// give the weights no gradient (tested); off in the forward, such casts never enter the cache, nor do
+// bf16 copies of the weights stay in it for the step.
 // The results are bit-identical to the plain path (tests/test_activation_checkpointing.cpp).
 #pragma once
 
