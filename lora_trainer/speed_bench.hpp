@@ -33,6 +33,8 @@ nlohmann::json run_bench(const BenchOptions& opts);
 // (activations, gradients, temporaries). It listens where the autograd profiler's memory view does
 // (c10's memory-reporting hook, on this thread and the threads that inherit its state, the autograd
 // engine's included), so it reads 0 while a profiler is recording (`--profile`), which takes the hook.
+// While it listens, LibTorch 1.13 logs a warning ("Memory block of unknown size was allocated before the
+// profiling started") for the first of every 1,000 frees of memory allocated before it: harmless.
 class CpuAllocatorPeak {
  public:
   CpuAllocatorPeak();
