@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "lora_trainer/activation_checkpointing.hpp"
 #include "lora_trainer/cross_entropy.hpp"
 
 namespace lt {
@@ -80,7 +81,10 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& idx) {
   auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
   auto x = (wte(idx).to(torch::kFloat32) + wpe(pos).to(torch::kFloat32));  // (B, T, C)
   if (opts_.dropout > 0 && is_training()) x = torch::dropout(x, opts_.dropout, true);
-  for (auto& block : *h) x = block->as<Block>()->forward(x);
+  for (const auto& block : *h) {
+    auto forward = [block](const torch::Tensor& in) { return block->as<Block>()->forward(in); };
+    x = checkpointed(opts_.activation_checkpointing, *block, forward, x);
+  }
   return ln_f(x);
 }
 

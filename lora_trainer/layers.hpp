@@ -17,6 +17,10 @@ class LinearImpl : public torch::nn::Module, public LoraAdaptable {
   void set_lora(torch::Tensor A, torch::Tensor B, double scale) override;
   void enable_lora(bool on) override { lora_on_ = on; }
   bool has_lora() const { return lora_A_.defined(); }
+  // A and B (empty without an adapter): what the forward reads beyond the registered parameters.
+  std::vector<torch::Tensor> lora_tensors() const {
+    return has_lora() ? std::vector<torch::Tensor>{lora_A_, lora_B_} : std::vector<torch::Tensor>{};
+  }
   torch::Tensor weight, bias;  // bias undefined when built without one
 
  private:

@@ -1,5 +1,6 @@
 #include "lora_trainer/llama.hpp"
 
+#include "lora_trainer/activation_checkpointing.hpp"
 #include "lora_trainer/cross_entropy.hpp"
 
 namespace lt {
@@ -91,7 +92,10 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx) {
   const RopeTables rope = rope_tables(T, opts_.head_dim(), opts_.rope_theta, opts_.rope_scaling, idx.device());
   auto x = model->embed_tokens(idx).to(torch::kFloat32);  // (B, T, C)
   if (opts_.dropout > 0 && is_training()) x = torch::dropout(x, opts_.dropout, true);
-  for (auto& layer : *model->layers) x = layer->as<LlamaDecoderLayer>()->forward(x, rope);
+  for (const auto& layer : *model->layers) {
+    auto forward = [layer, rope](const torch::Tensor& in) { return layer->as<LlamaDecoderLayer>()->forward(in, rope); };
+    x = checkpointed(opts_.activation_checkpointing, *layer, forward, x);
+  }
   return model->norm(x);
 }
 

@@ -53,6 +53,9 @@ void add_model_options(ConfigSchema& s) {
   s.add("architecture/tie_embeddings", OptType::Bool, true,
         "the output head is the token embedding; false: a separate lm_head (llama only)");
   s.add("architecture/qkv_bias", OptType::Bool, false, "llama: biases on q_proj, k_proj and v_proj (Qwen2 has them)");
+  s.add("training/activation_checkpointing", OptType::Bool, false,
+        "recompute each transformer block's activations in the backward instead of keeping them: less memory for "
+        "one more forward of the blocks a step; the same results (bit-identical), both phases");
 }
 
 ModelOptions ModelOptions::from_config(const Config& cfg) {
@@ -80,6 +83,7 @@ ModelOptions ModelOptions::from_config(const Config& cfg) {
   o.rope_scaling.original_context = cfg.get_int("architecture/rope_original_context");
   o.tie_embeddings = cfg.get_bool("architecture/tie_embeddings");
   o.qkv_bias = cfg.get_bool("architecture/qkv_bias");
+  o.activation_checkpointing = cfg.get_bool("training/activation_checkpointing");
   const std::string attention = cfg.get_string("runtime/attention");
   if (attention == "fused" && !fused_attention_available())
     throw UserError(std::string("runtime/attention=fused needs LibTorch 2.0 or newer (this build has ") +

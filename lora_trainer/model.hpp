@@ -26,7 +26,7 @@ enum class ModelFamily { Gpt2, Llama };
 ModelFamily parse_model_family(const std::string& s);  // "gpt2" | "llama"
 const char* to_string(ModelFamily f);
 
-// architecture/* and runtime/attention, read once.
+// architecture/*, runtime/attention and training/activation_checkpointing, read once.
 struct ModelOptions {
   ModelFamily family = ModelFamily::Gpt2;
   int64_t vocab_size = 50257;
@@ -48,6 +48,10 @@ struct ModelOptions {
   // runtime/attention. auto: fused on CUDA (where LibTorch has it), masked softmax on the CPU, where
   // LibTorch 2.6's fused kernel measured 1.6-1.8x slower for the whole step (docs/performance.md).
   enum class Attention { Auto, Fused, Manual } attention = Attention::Auto;
+  // training/activation_checkpointing: the blocks recompute their activations in the backward
+  // (activation_checkpointing.hpp). A way of computing the forward, like `attention`: it changes the
+  // memory a training step holds and its time, not its result.
+  bool activation_checkpointing = false;
 
   int64_t head_dim() const { return d_model / n_head; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
@@ -58,7 +62,8 @@ struct ModelOptions {
   static ModelOptions from_config(const Config& cfg);
 };
 
-// The architecture/* options (next to from_config, which reads them).
+// The architecture/* options and training/activation_checkpointing (next to from_config, which reads
+// them; runtime/attention is the runtime's).
 void add_model_options(ConfigSchema& s);
 
 // What the trainers call. Implementations are torch modules whose named_parameters() are the

@@ -113,25 +113,29 @@ AutocastGuard::~AutocastGuard() {
   compat::set_autocast_enabled(cuda_ ? c10::DeviceType::CUDA : c10::DeviceType::CPU, prev_enabled_);
 }
 
-torch::Tensor rng_state(const Runtime& rt) {
+torch::Tensor rng_state(const Runtime& rt) { return rng_state(rt.device); }
+
+void set_rng_state(const Runtime& rt, const torch::Tensor& state) { set_rng_state(rt.device, state); }
+
+torch::Tensor rng_state(const torch::Device& device) {
   auto cpu = at::detail::getDefaultCPUGenerator().get_state();
-  if (!rt.device.is_cuda()) return cpu;
+  if (!device.is_cuda()) return cpu;
 #ifdef LT_WITH_CUDA
-  auto gpu = at::cuda::detail::getDefaultCUDAGenerator(rt.device.index()).get_state();
+  auto gpu = at::cuda::detail::getDefaultCUDAGenerator(device.index()).get_state();
   return torch::cat({cpu, gpu});
 #else
   return cpu;
 #endif
 }
 
-void set_rng_state(const Runtime& rt, const torch::Tensor& state) {
+void set_rng_state(const torch::Device& device, const torch::Tensor& state) {
   auto gen = at::detail::getDefaultCPUGenerator();
   int64_t cpu_size = gen.get_state().numel();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state.slice(0, 0, cpu_size).contiguous());
 #ifdef LT_WITH_CUDA
-  if (rt.device.is_cuda() && state.numel() > cpu_size) {
-    auto cuda_gen = at::cuda::detail::getDefaultCUDAGenerator(rt.device.index());  // a handle; the generator is shared
+  if (device.is_cuda() && state.numel() > cpu_size) {
+    auto cuda_gen = at::cuda::detail::getDefaultCUDAGenerator(device.index());  // a handle; the generator is shared
     std::lock_guard<std::mutex> cuda_lock(cuda_gen.mutex());
     cuda_gen.set_state(state.slice(0, cpu_size).contiguous());
   }

@@ -43,8 +43,11 @@ class AutocastGuard {
   bool active_ = false, cuda_ = false, prev_enabled_ = false;
 };
 
-// The default generators' states (CPU, and CUDA when used) as a uint8 tensor, and back.
+// The default generators' states (CPU, and CUDA when used) as a uint8 tensor, and back. The device
+// forms serve activation checkpointing, which replays a block's dropout on the device of its input.
 torch::Tensor rng_state(const Runtime& rt);
 void set_rng_state(const Runtime& rt, const torch::Tensor& state);
+torch::Tensor rng_state(const torch::Device& device);
+void set_rng_state(const torch::Device& device, const torch::Tensor& state);
 
 }  // namespace lt

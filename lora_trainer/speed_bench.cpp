@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -60,6 +61,26 @@ static double gpu_peak_mb(const Runtime& rt, bool reset) {
   return 0.0;
 #endif
 }
+
+struct CpuAllocatorPeak::Listener : c10::MemoryReportingInfoBase {
+  std::atomic<int64_t> now{0}, peak{0};
+  void reportMemoryUsage(void*, int64_t alloc_size, compat::MemoryTotal, compat::MemoryTotal, c10::Device device) override {
+    if (!device.is_cpu()) return;
+    const int64_t held = now.fetch_add(alloc_size) + alloc_size;  // a free reports a negative size
+    int64_t seen = peak.load();
+    while (held > seen && !peak.compare_exchange_weak(seen, held)) {
+    }
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+};
+
+CpuAllocatorPeak::CpuAllocatorPeak()
+    : listener_(std::make_shared<Listener>()),
+      guard_(std::make_unique<c10::DebugInfoGuard>(c10::DebugInfoKind::PROFILER_STATE, listener_)) {}
+
+CpuAllocatorPeak::~CpuAllocatorPeak() = default;
+
+int64_t CpuAllocatorPeak::peak_bytes() const { return listener_->peak.load(); }
 
 static double current_rss_mb() {
   std::ifstream in("/proc/self/statm");
@@ -171,7 +192,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
   const double attn = 12.0 * m.n_layer * m.d_model * m.block_size;  // fwd + bwd, per token
   nlohmann::json result = {{"config", o.config_path},
                            {"model", {{"n_layers", m.n_layer}, {"d_model", m.d_model}, {"n_heads", m.n_head},
-                                      {"block_size", m.block_size}, {"vocab_size", m.vocab_size}}},
+                                      {"block_size", m.block_size}, {"vocab_size", m.vocab_size},
+                                      {"activation_checkpointing", m.activation_checkpointing}}},
                            {"tokens_per_step", tps},
                            {"threads", rt.threads},
                            {"precision", rt.bf16_autocast ? "bf16 autocast" : "f32"},
@@ -185,8 +207,10 @@ nlohmann::json run_bench(const BenchOptions& o) {
     PhaseTimes times;
     double first_loss = 0;
     const bool lora = phase == 2;
+    std::unique_ptr<CpuAllocatorPeak> cpu_peak;  // over the timed steps: the transition is in the warmup
     std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
     for (int64_t i = 0; i < o.warmup_steps + o.steps; ++i) {
+      if (i == o.warmup_steps) cpu_peak = std::make_unique<CpuAllocatorPeak>();
       if (i == o.warmup_steps && !o.profile.empty())  // the timed steps only (profiling slows them)
         profile = std::make_unique<torch::autograd::profiler::RecordProfile>(o.profile + (lora ? "-lora" : "-full") +
                                                                               ".trace.json");
@@ -198,6 +222,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
       if (i >= o.warmup_steps) times.step_seconds.push_back(now_seconds() - t0);
     }
     profile.reset();
+    const double step_peak_mb = cpu_peak ? static_cast<double>(cpu_peak->peak_bytes()) / 1048576.0 : 0.0;
+    cpu_peak.reset();
     TORCH_CHECK(t->in_lora_phase() == lora, "bench: phase bookkeeping");
     const double med = times.median();
     double flops_per_token = lora ? 4.0 * n_matmul + 6.0 * count_lora_params(t->lora_params()) + attn
@@ -217,6 +243,8 @@ nlohmann::json run_bench(const BenchOptions& o) {
                          {"flops_per_token", flops_per_token},
                          {"mfu", tok_s * flops_per_token / peak},
                          {"peak_rss_mb", peak_rss_mb()},
+                         // null with --profile, whose profiler takes the allocator's reporting hook
+                         {"cpu_step_peak_mb", o.profile.empty() ? nlohmann::json(step_peak_mb) : nlohmann::json()},
                          {"gpu_peak_mb", gpu_peak_mb(rt, /*reset=*/false)},
                          {"rss_mb", current_rss_mb()},
                          {"state_bytes",
@@ -230,18 +258,19 @@ nlohmann::json run_bench(const BenchOptions& o) {
   const auto& p2 = result["phases"][1];
   result["lora_step_time_ratio"] = p2["step_s_median"].get<double>() / p1["step_s_median"].get<double>();
 
-  std::printf("\nmodel: %lld layers, d_model %lld, block %lld, vocab %lld; %lld tokens a step; %s, %s\n",
+  std::printf("\nmodel: %lld layers, d_model %lld, block %lld, vocab %lld; %lld tokens a step; %s, %s%s\n",
               (long long)m.n_layer, (long long)m.d_model, (long long)m.block_size, (long long)m.vocab_size, (long long)tps,
-              rt.bf16_autocast ? "bf16 autocast" : "f32", where.c_str());
+              rt.bf16_autocast ? "bf16 autocast" : "f32", where.c_str(),
+              m.activation_checkpointing ? "; activation checkpointing" : "");
   std::printf("measured matmul peak: %.0f GFLOP/s\n\n", peak / 1e9);
-  std::printf("%-6s %10s %12s %18s %7s %10s %10s %12s %12s%s\n", "phase", "tok/s", "step median", "step p10-p90 (s)",
-              "MFU", "peak RSS", "weights", "grads", "optimizer", rt.device.is_cuda() ? "   GPU peak" : "");
+  std::printf("%-6s %10s %12s %18s %7s %10s %10s %10s %12s %12s%s\n", "phase", "tok/s", "step median", "step p10-p90 (s)",
+              "MFU", "peak RSS", "step peak", "weights", "grads", "optimizer", rt.device.is_cuda() ? "   GPU peak" : "");
   for (const auto& ph : result["phases"]) {
     const auto& sb = ph["state_bytes"];
-    std::printf("%-6s %10.0f %11.3fs %8.3f-%-9.3f %6.1f%% %8.0fMB %8.1fMB %10.1fMB %10.1fMB",
+    std::printf("%-6s %10.0f %11.3fs %8.3f-%-9.3f %6.1f%% %8.0fMB %8.0fMB %8.1fMB %10.1fMB %10.1fMB",
                 ph["phase"].get<std::string>().c_str(), ph["tokens_per_s"].get<double>(), ph["step_s_median"].get<double>(),
                 ph["step_s_p10"].get<double>(), ph["step_s_p90"].get<double>(), 100 * ph["mfu"].get<double>(),
-                ph["peak_rss_mb"].get<double>(),
+                ph["peak_rss_mb"].get<double>(), ph["cpu_step_peak_mb"].is_null() ? 0.0 : ph["cpu_step_peak_mb"].get<double>(),
                 (sb["weights"].get<double>() + sb["adapters"].get<double>()) / 1048576.0,
                 sb["gradients"].get<double>() / 1048576.0, sb["optimizer"].get<double>() / 1048576.0);
     if (rt.device.is_cuda()) std::printf(" %9.0fMB", ph["gpu_peak_mb"].get<double>());

@@ -5,11 +5,13 @@
 //     ...) with ones taking a device type, and deprecates the old ones;
 //   - fused attention: at::scaled_dot_product_attention is public from 2.0 (1.13 has none);
 //   - the fused AdamW kernel (at::_fused_adamw_, CUDA) is there from 2.0;
-//   - TCPStore's libuv backend, asked for by default from 2.4 (store_without_libuv).
+//   - TCPStore's libuv backend, asked for by default from 2.4 (store_without_libuv);
+//   - the memory reporter's totals (c10::MemoryReportingInfoBase): int64_t in 1.13, size_t in 2.x.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/Allocator.h>
 #include <torch/version.h>
 
 #define LT_TORCH_AT_LEAST(major, minor) \
@@ -47,6 +49,14 @@ inline void set_autocast_dtype(c10::DeviceType device, at::ScalarType dtype) {
 #endif
 }
 
+inline at::ScalarType autocast_dtype(c10::DeviceType device) {
+#if LT_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
+#endif
+}
+
 inline const char* torch_version() { return TORCH_VERSION; }
 
 // LibTorch 2.4+ asks for TCPStore's libuv backend by default (TCPStoreOptions::useLibUV), and a
@@ -63,5 +73,15 @@ template <typename Options>
 bool store_without_libuv(Options&, long) {
   return false;
 }
+
+// The type of the totals c10::MemoryReportingInfoBase::reportMemoryUsage takes (an override must
+// spell it), read off the declaration itself rather than guessed from the version.
+template <class F>
+struct ReportMemoryUsageArgs;
+template <class C, class Total>
+struct ReportMemoryUsageArgs<void (C::*)(void*, int64_t, Total, Total, c10::Device)> {
+  using type = Total;
+};
+using MemoryTotal = ReportMemoryUsageArgs<decltype(&c10::MemoryReportingInfoBase::reportMemoryUsage)>::type;
 
 }  // namespace lt::compat

@@ -316,3 +316,22 @@ TEST_CASE("distributed: a llama-family job trains both phases on 2 ranks, sharde
   CHECK(final_digests.count("lora/model.layers.1.mlp.down_proj.lora_B") == 1);
   CHECK(final_digests.count("params/lm_head.weight") == 1);
 }
+
+TEST_CASE("distributed: activation checkpointing on 2 ranks writes the plain run's checkpoints bit for bit, dropout on",
+          "[distributed][activation_checkpointing]") {
+  test::TempDir dir;
+  const std::string cfg = lora_config(dir, {"architecture/dropout=0.1"});
+  Result plain = launch({"run", "job", cfg, dir / "plain", "--nproc", "2"});
+  INFO(plain.out);
+  REQUIRE(plain.code == 0);
+  Result ckpt = launch({"run", "job", cfg, dir / "ckpt", "--nproc", "2", "training/activation_checkpointing=true"});
+  INFO(ckpt.out);
+  REQUIRE(ckpt.code == 0);
+  CHECK(losses_of(dir, "plain", "job").train == losses_of(dir, "ckpt", "job").train);
+  for (const char* c : {"ntoks/1024", "pre_lora_checkpoint", "ntoks/3072", "final/4096"}) {
+    INFO(c);
+    auto a = test::state_digests(job_dir(dir, "plain", "job") + "/" + c);
+    REQUIRE(a.size() > 10);
+    CHECK(a == test::state_digests(job_dir(dir, "ckpt", "job") + "/" + c));
+  }
+}
