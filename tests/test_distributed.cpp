@@ -44,6 +44,29 @@ std::string job_dir(const test::TempDir& dir, const std::string& out, const std:
   return dir / (out + "/checkpoints/general/default/" + name);
 }
 
+// `cfg` run as job "job" on 2 ranks with the optimizer state unsharded (under "two") and sharded with the
+// LoRA state (under "sharded"): both succeed and their checkpoints ntoks/3072 and final/4096 are bit-identical.
+struct ShardedRuns {
+  std::string plain_out;                                        // the unsharded run's output
+  std::map<std::string, std::map<std::string, std::string>> digests;  // checkpoint -> its state digests
+};
+ShardedRuns sharded_matches_plain(const test::TempDir& dir, const std::string& cfg) {
+  Result plain = launch({"run", "job", cfg, dir / "two", "--nproc", "2", "distributed/shard_optimizer=none"});
+  INFO(plain.out);
+  REQUIRE(plain.code == 0);
+  Result sharded = launch({"run", "job", cfg, dir / "sharded", "--nproc", "2", "distributed/shard_optimizer=lora"});
+  INFO(sharded.out);
+  REQUIRE(sharded.code == 0);
+  ShardedRuns out{plain.out, {}};
+  for (const char* ckpt : {"ntoks/3072", "final/4096"}) {
+    INFO(ckpt);
+    auto a = test::state_digests(job_dir(dir, "two", "job") + "/" + ckpt);
+    CHECK(a == test::state_digests(job_dir(dir, "sharded", "job") + "/" + ckpt));
+    out.digests[ckpt] = a;
+  }
+  return out;
+}
+
 // step -> loss of the "train" lines, and (step, dataset) -> loss of the "val" lines.
 struct Losses {
   std::map<int64_t, double> train;
@@ -116,16 +139,9 @@ TEST_CASE("distributed: the modules_to_save train on 2 ranks with their moments 
   test::TempDir dir;
   const std::string cfg = lora_config(dir, {R"(optimization/lora/modules_to_save=["wte","ln_f"])",
                                             "optimization/lora/modules_to_save_lr_ratio=0.5"});
-  Result plain = launch({"run", "job", cfg, dir / "two", "--nproc", "2", "distributed/shard_optimizer=none"});
-  INFO(plain.out);
-  REQUIRE(plain.code == 0);
-  Result sharded = launch({"run", "job", cfg, dir / "sharded", "--nproc", "2", "distributed/shard_optimizer=lora"});
-  INFO(sharded.out);
-  REQUIRE(sharded.code == 0);
-  for (const char* ckpt : {"ntoks/3072", "final/4096"}) {
+  const ShardedRuns runs = sharded_matches_plain(dir, cfg);
+  for (const auto& [ckpt, a] : runs.digests) {
     INFO(ckpt);
-    auto a = test::state_digests(job_dir(dir, "two", "job") + "/" + ckpt);
-    CHECK(a == test::state_digests(job_dir(dir, "sharded", "job") + "/" + ckpt));
     CHECK(a.count("optim/exp_avg/wte.weight") == 1);
   }
   auto meta = read_checkpoint_metadata(job_dir(dir, "sharded", "job") + "/final/4096");
@@ -141,17 +157,10 @@ TEST_CASE("distributed: trainable token rows train on 2 ranks with their moments
   CHECK(bad.code == 2);
   CHECK_THAT(bad.out, Contains("optimization/lora/trainable_token_indices: token id 257 is outside the vocabulary of "
                                "wte.weight (size 257"));
-  Result plain = launch({"run", "job", cfg, dir / "two", "--nproc", "2", "distributed/shard_optimizer=none"});
-  INFO(plain.out);
-  REQUIRE(plain.code == 0);
-  CHECK_THAT(plain.out, Contains("+ 96 in 3 trainable token rows of wte.weight (f32)"));
-  Result sharded = launch({"run", "job", cfg, dir / "sharded", "--nproc", "2", "distributed/shard_optimizer=lora"});
-  INFO(sharded.out);
-  REQUIRE(sharded.code == 0);
-  for (const char* ckpt : {"ntoks/3072", "final/4096"}) {
+  const ShardedRuns runs = sharded_matches_plain(dir, cfg);
+  CHECK_THAT(runs.plain_out, Contains("+ 96 in 3 trainable token rows of wte.weight (f32)"));
+  for (const auto& [ckpt, a] : runs.digests) {
     INFO(ckpt);
-    auto a = test::state_digests(job_dir(dir, "two", "job") + "/" + ckpt);
-    CHECK(a == test::state_digests(job_dir(dir, "sharded", "job") + "/" + ckpt));
     CHECK(a.count("lora/wte.trainable_tokens_delta") == 1);
     CHECK(a.count("optim/exp_avg/wte.trainable_tokens_delta") == 1);
   }

@@ -309,11 +309,10 @@ TEST_CASE("a run crosses the boundary, and resume in phase 1, at the boundary an
   SECTION("mid phase 2") { resume_from("p2", 8, "ntoks/1024"); }
 }
 
-TEST_CASE("with modules_to_save and PEFT's init, resume mid phase 2 and from final is bit-identical", "[lora]") {
-  Data d;
-  const std::vector<std::string> opts = {R"(optimization/lora/modules_to_save=["wte","ln_1"])",
-                                         "optimization/lora/modules_to_save_lr_ratio=0.1",
-                                         "optimization/lora/init=kaiming_uniform"};
+// A LoRA job with `opts` saved mid phase 2 (step 7 of 10) resumes bit-identically, losses and state;
+// then its final checkpoint restores the finished state. Returns the straight and the resumed jobs.
+static std::pair<std::unique_ptr<LoRATrainer>, std::unique_ptr<LoRATrainer>> check_resume_mid_phase2_and_final(
+    Data& d, const std::vector<std::string>& opts) {
   auto straight = make_lora(d, "straight", opts);
   std::vector<double> losses;
   for (int i = 0; i < 10; ++i) losses.push_back(straight->train_step().loss);
@@ -334,6 +333,15 @@ TEST_CASE("with modules_to_save and PEFT's init, resume mid phase 2 and from fin
   auto fin = make_lora(d, "straight", opts);
   fin->restore_from_path("final/1280");
   test::require_same_state(*straight, *fin);
+  return {std::move(straight), std::move(resumed)};
+}
+
+TEST_CASE("with modules_to_save and PEFT's init, resume mid phase 2 and from final is bit-identical", "[lora]") {
+  Data d;
+  const std::vector<std::string> opts = {R"(optimization/lora/modules_to_save=["wte","ln_1"])",
+                                         "optimization/lora/modules_to_save_lr_ratio=0.1",
+                                         "optimization/lora/init=kaiming_uniform"};
+  check_resume_mid_phase2_and_final(d, opts);
 }
 
 TEST_CASE("restoring final gives the finished state", "[lora]") {
@@ -834,27 +842,8 @@ TEST_CASE("trainable_token_indices that do not fit are refused with the key and 
 TEST_CASE("with trainable token rows, resume mid phase 2 and from final is bit-identical", "[lora][tokens]") {
   Data d;
   const std::vector<std::string> opts = {kTokens, R"(optimization/lora/modules_to_save=["ln_f"])"};
-  auto straight = make_lora(d, "straight", opts);
-  std::vector<double> losses;
-  for (int i = 0; i < 10; ++i) losses.push_back(straight->train_step().loss);
-  {
-    auto first = make_lora(d, "p2", opts);
-    for (int i = 0; i < 7; ++i) REQUIRE(first->train_step().loss == losses[static_cast<size_t>(i)]);
-    first->save("ntoks/896");
-  }
-  auto resumed = make_lora(d, "p2", opts);
-  resumed->restore_from_path("ntoks/896");
-  REQUIRE(resumed->in_lora_phase());
-  for (int64_t i = resumed->step(); i < 10; ++i) {
-    INFO("step " << i);
-    REQUIRE(resumed->train_step().loss == losses[static_cast<size_t>(i)]);
-  }
-  test::require_same_state(*straight, *resumed);
+  auto [straight, resumed] = check_resume_mid_phase2_and_final(d, opts);
   CHECK(torch::equal(straight->trainable_tokens().values, resumed->trainable_tokens().values));
-  straight->save("final/1280");
-  auto fin = make_lora(d, "straight", opts);
-  fin->restore_from_path("final/1280");
-  test::require_same_state(*straight, *fin);
 }
 
 TEST_CASE("export merges the trainable token rows into the embedding (and so the tied head): the logits are the unmerged model's", "[lora][tokens]") {
