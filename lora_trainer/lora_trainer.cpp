@@ -134,25 +134,29 @@ LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir, const St
   lora_cfg_ = LoraConfig::from_config(cfg_);
   const size_t n_pre = pre_lora_stages;  // the plan's first stages
   boundary_step_ = n_pre > 0 ? stages_[n_pre - 1].end_step : 0;
-  // Validate the targets now, not at the boundary hours later.
-  auto params = named_params(*model_);
-  with_lora_keys([&] {
-    const auto mask = param_filter(params, expand_target_modules(*model_, lora_cfg_.target_modules));
-    check_lora_targets(*model_, params, mask, lora_cfg_.rank);
-    token_embedding(params, modules_to_save_filter(params, lora_cfg_.modules_to_save, mask));
-  });
+  selection_ = select_lora_params();  // now, not at the boundary hours later
   schedule_ = full_schedule(boundary_step_);  // phase 1's schedule ends at the boundary
   lora_schedule_ = lora_cfg_.schedule.make(total_steps_ - boundary_step_);
 }
 
-std::string LoRATrainer::token_embedding(const NamedTensors& params, const std::vector<bool>& saved) const {
-  if (lora_cfg_.token_ids.empty() && lora_cfg_.token_module.empty()) return "";
-  const std::string name = resolve_trainable_tokens(*model_, params, lora_cfg_.token_module, lora_cfg_.token_ids);
+LoRATrainer::Selection LoRATrainer::select_lora_params() const {
+  const NamedTensors params = named_params(*model_);
+  Selection sel;
+  with_lora_keys([&] {
+    sel.targets = param_filter(params, expand_target_modules(*model_, lora_cfg_.target_modules));
+    check_lora_targets(*model_, params, sel.targets, lora_cfg_.rank);
+    sel.saved = modules_to_save_filter(params, lora_cfg_.modules_to_save, sel.targets);
+    if (lora_cfg_.token_ids.empty() && lora_cfg_.token_module.empty()) return;
+    sel.token_embedding = resolve_trainable_tokens(*model_, params, lora_cfg_.token_module, lora_cfg_.token_ids);
+    for (size_t i = 0; i < params.size(); ++i)
+      if (sel.saved[i] && params[i].first == sel.token_embedding)
+        throw LoraSettingError("trainable_token_indices", "selects rows of " + sel.token_embedding +
+                               ", which optimization/lora/modules_to_save already trains in full; give the "
+                               "embedding to one of the two, not both");
+  });
   for (size_t i = 0; i < params.size(); ++i)
-    if (saved[i] && params[i].first == name)
-      throw LoraSettingError("trainable_token_indices", "selects rows of " + name + ", which optimization/lora/"
-                             "modules_to_save already trains in full; give the embedding to one of the two, not both");
-  return name;
+    if (sel.targets[i]) sel.target_names.push_back(params[i].first);
+  return sel;
 }
 
 void LoRATrainer::before_step() {
@@ -247,11 +251,9 @@ void LoRATrainer::enter_lora_phase() {
   // Freeze the base: bf16, no gradients, and (below) no optimizer state; except the modules_to_save,
   // which keep their f32 values (taken before the cast) and train.
   NamedTensors params = named_params(*model_);
-  const std::vector<bool> mask =
-      with_lora_keys([&] { return param_filter(params, expand_target_modules(*model_, lora_cfg_.target_modules)); });
-  const std::vector<bool> keep =
-      with_lora_keys([&] { return modules_to_save_filter(params, lora_cfg_.modules_to_save, mask); });
-  const std::string embedding = with_lora_keys([&] { return token_embedding(params, keep); });
+  const std::vector<bool>& mask = selection_.targets;
+  const std::vector<bool>& keep = selection_.saved;
+  const std::string& embedding = selection_.token_embedding;
   std::vector<torch::Tensor> masters;
   token_rows_ = TrainableTokens();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -385,17 +387,9 @@ void LoRATrainer::run() {
   }
   if (!in_lora_ && !lora_cfg_.init_from.empty()) {
     // The adapters' source is read at the transition, maybe hours from now: check it fits before training.
-    NamedTensors params = named_params(*model_);
-    const auto mask =
-        with_lora_keys([&] { return param_filter(params, expand_target_modules(*model_, lora_cfg_.target_modules)); });
-    const std::string embedding = with_lora_keys(
-        [&] { return token_embedding(params, modules_to_save_filter(params, lora_cfg_.modules_to_save, mask)); });
-    std::vector<std::string> targets;
-    for (size_t i = 0; i < params.size(); ++i)
-      if (mask[i]) targets.push_back(params[i].first);
-    read_adapter_source(lora_cfg_.init_from, model_->options().family, targets, lora_cfg_.rank, lora_cfg_.alpha,
-                        lora_cfg_.rslora, token_embeddings(*model_).front(),
-                        embedding.empty() ? std::vector<int64_t>() : lora_cfg_.token_ids);
+    read_adapter_source(lora_cfg_.init_from, model_->options().family, selection_.target_names, lora_cfg_.rank,
+                        lora_cfg_.alpha, lora_cfg_.rslora, token_embeddings(*model_).front(),
+                        selection_.token_embedding.empty() ? std::vector<int64_t>() : lora_cfg_.token_ids);
   }
   BaseTrainer::run();
   if (!done() || !is_main()) return;

@@ -105,14 +105,22 @@ class LoRATrainer : public BaseTrainer {
   // the trainer's device, deterministic from the seed), attaches them, and rebuilds the optimizer over
   // the adapters and the modules_to_save. A restore of a LoRA state calls it to build the template.
   void enter_lora_phase();
-  // The embedding weight whose rows trainable_token_indices selects ("" when off); a LoraSettingError
-  // when it is not one, or when the modules_to_save (`saved`, a mask over `params`) train it in full.
-  std::string token_embedding(const NamedTensors& params, const std::vector<bool>& saved) const;
+  // What the LoRA settings select in this model, resolved once by the constructor (so a setting that
+  // does not fit fails before phase 1, not at the boundary) and used by run() and the transition. The
+  // masks are over named_params(*model_), whose names and order no restore changes.
+  struct Selection {
+    std::vector<bool> targets;   // param_filter: the weights that get adapters
+    std::vector<bool> saved;     // modules_to_save: the base parameters that train in full
+    std::string token_embedding;  // the weight whose rows trainable_token_indices trains; "" when off
+    std::vector<std::string> target_names;  // the targets' names, in model order
+  };
+  Selection select_lora_params() const;
   void log_transition();
   // optimization/lora/init_from: the source's A and B copied into the fresh adapters (at the transition
   // only; a restore in the LoRA phase reads them from its checkpoint).
   void load_initial_adapters();
   LoraConfig lora_cfg_;
+  Selection selection_;
   LoraParams lora_;
   std::vector<std::string> saved_;  // parameter names selected by modules_to_save, in model order
   TrainableTokens token_rows_;      // trainable_token_indices' rows, in the LoRA phase
