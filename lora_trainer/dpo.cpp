@@ -6,13 +6,17 @@
 
 namespace lt {
 
-void add_dpo_options(ConfigSchema& s) {
+void add_dpo_loss_options(ConfigSchema& s) {
   s.add("optimization/dpo/beta", OptType::Float, 0.1,
         "DPO's beta: the implicit reward is beta (log pi - log ref); larger keeps the model closer to the reference",
         check_positive());
   s.add("optimization/dpo/label_smoothing", OptType::Float, 0.0,
         "conservative DPO: the assumed share of pairs whose labels are flipped (0 = plain DPO; at most 0.5)",
         check_range(0.0, 0.5));
+}
+
+void add_dpo_options(ConfigSchema& s) {
+  add_dpo_loss_options(s);
   s.add("optimization/dpo/lora", OptType::Bool, true,
         "true: train LoRA adapters (optimization/lora/*) on the frozen bf16 base, the reference being the base with the "
         "adapters off; false: train every parameter (optimization/lr, training/schedule) against a frozen bf16 copy "
@@ -23,7 +27,7 @@ DpoOptions DpoOptions::from_config(const Config& cfg) {
   DpoOptions o;
   o.beta = cfg.get_double("optimization/dpo/beta");
   o.label_smoothing = cfg.get_double("optimization/dpo/label_smoothing");
-  o.lora = cfg.get_bool("optimization/dpo/lora");
+  o.lora = !cfg.schema().find("optimization/dpo/lora") || cfg.get_bool("optimization/dpo/lora");
   return o;
 }
 

@@ -27,9 +27,13 @@ struct DpoOptions {
   double beta{};             // optimization/dpo/beta: the strength of the pull towards the reference (KL weight)
   double label_smoothing{};  // optimization/dpo/label_smoothing: the assumed share of mislabelled pairs
   bool lora{};               // optimization/dpo/lora: adapters on the frozen base (reference: adapters off),
-                             // or every parameter (reference: a frozen bf16 copy)
+                             // or every parameter (reference: a frozen bf16 copy); true where the schema has
+                             // no such key (lora/train, whose DPO phase is its LoRA phase)
   static DpoOptions from_config(const Config& cfg);
 };
+// The loss's keys, optimization/dpo/{beta, label_smoothing}: dpo/train's and lora/train's.
+void add_dpo_loss_options(ConfigSchema& s);
+// add_dpo_loss_options and dpo/train's choice of form, optimization/dpo/lora.
 void add_dpo_options(ConfigSchema& s);
 
 // idx, targets: (R, T) int64 -> (R) f32: each row's sum of log p(target) over its targets >= 0.

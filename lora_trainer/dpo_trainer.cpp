@@ -51,14 +51,24 @@ DpoTrainer<LoRATrainer>::DpoTrainer(JobSpec spec, Config cfg, std::string out_di
   init();
 }
 
+template <>
+DpoTrainer<LoRATrainer>::DpoTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan,
+                                    size_t pre_lora_stages)
+    : LoRATrainer(std::move(spec), cfg, std::move(out_dir), plan, pre_lora_stages), lora_train_(true) {
+  init();
+}
+
 template <class Base>
 void DpoTrainer<Base>::init() {
   dpo_ = DpoOptions::from_config(this->cfg_);
   if constexpr (kLora) {
     // The reference is the model with its adapters off: modules trained beside them would leak into it.
     if (!this->lora_config().modules_to_save.empty())
-      throw UserError("optimization/lora/modules_to_save must be [] in dpo/train: the reference model is the base with "
-                      "the adapters switched off, and trained base modules would change it too");
+      throw UserError("optimization/lora/modules_to_save must be [] in " +
+                      std::string(lora_train_ ? "a lora/train job whose post-LoRA datasets are preference pairs (DPO)"
+                                              : "dpo/train") +
+                      ": the reference model is the base with the adapters switched off, and trained base modules "
+                      "would change it too");
   } else {
     reference_ = make_model(this->model_->options());
     reference_->to(this->rt_.device);
@@ -77,7 +87,16 @@ void DpoTrainer<Base>::copy_reference() {
 }
 
 template <class Base>
+bool DpoTrainer<Base>::dpo_step() const {
+  if constexpr (kLora) return this->in_lora_phase();  // dpo/train: from step 0, lora/train: past the boundary
+  return true;
+}
+
+template <class Base>
 void DpoTrainer<Base>::check_dataset_styles(const std::vector<Sampling>& datasets) const {
+  // lora/train: lora_phase_is_dpo checked each phase's styles when the job was made (text before the
+  // boundary, pairs after it); here a stage's list comes without its phase.
+  if (lora_train_) return;
   for (const auto& s : datasets)
     if (s.style != DatasetStyle::CONTRASTIVE)
       throw UserError("dpo/train trains on preference pairs, but training/dataset has \"" + s.name + "\" of style " +
@@ -87,7 +106,8 @@ void DpoTrainer<Base>::check_dataset_styles(const std::vector<Sampling>& dataset
 
 template <class Base>
 void DpoTrainer<Base>::run() {
-  if (this->step_ == 0 && !has_base_ && !this->cfg_.get_bool("training/allow_random_base"))
+  // lora/train: its phase 1 trains the base, or LoRATrainer::run asks for one as for any lora/train job.
+  if (!lora_train_ && this->step_ == 0 && !has_base_ && !this->cfg_.get_bool("training/allow_random_base"))
     throw UserError("job " + this->spec_.name + " (dpo/train) tunes a pretrained model on preferences: add `--restore "
                     "CHECKPOINT` (a plain checkpoint, an `export`, or an `import-hf` output). To train on randomly "
                     "initialised weights on purpose, set training/allow_random_base=true");
@@ -160,6 +180,7 @@ DpoTerms DpoTrainer<Base>::pair_terms(const torch::Tensor& inputs, const torch::
 
 template <class Base>
 double DpoTrainer<Base>::forward_backward(const Batch& batch) {
+  if (!dpo_step()) return Base::forward_backward(batch);  // lora/train's phase 1: next-token training
   const double pairs = static_cast<double>(this->batch_size_);  // the global batch's: every sample is a pair
   this->optimizer_->zero_grad();
   DpoStats stats;
@@ -187,6 +208,7 @@ double DpoTrainer<Base>::forward_backward(const Batch& batch) {
 
 template <class Base>
 json DpoTrainer<Base>::window_metrics() {
+  if (window_.pairs == 0) return json::object();  // lora/train's phase 1: no DPO step since the last line
   json m = window_.means();
   m.erase("dpo_loss");  // the step line's loss already is
   window_ = DpoStats();
@@ -246,5 +268,50 @@ std::vector<DatasetEval> DpoTrainer<Base>::evaluate(const std::vector<Sampling>&
 
 template class DpoTrainer<BaseTrainer>;
 template class DpoTrainer<LoRATrainer>;
+
+bool lora_phase_is_dpo(const StagePlan& plan, size_t pre_lora_stages) {
+  auto listed = [](const std::vector<Sampling>& list) {
+    std::string out;
+    for (const auto& s : list) out += std::string(out.empty() ? "" : ", ") + "\"" + s.name + "\" (" + style_name(s.style) + ")";
+    return out;
+  };
+  std::vector<Sampling> pre, post, pairs;
+  for (size_t i = 0; i < plan.datasets.size(); ++i)
+    for (const auto& s : plan.datasets[i]) {
+      auto& list = i < pre_lora_stages ? pre : post;
+      if (std::none_of(list.begin(), list.end(), [&](const Sampling& o) { return o.name == s.name && o.style == s.style; }))
+        list.push_back(s);
+    }
+  for (const auto& s : pre)
+    if (s.style == DatasetStyle::CONTRASTIVE) pairs.push_back(s);
+  if (!pairs.empty())
+    throw UserError("training/pre_lora_dataset has preference pairs: " + listed(pairs) + ". Phase 1 trains every "
+                    "parameter on next-token prediction, which pairs cannot feed: put them in training/post_lora_dataset "
+                    "(the LoRA phase then trains the adapters with DPO) and text datasets (pmd, padded) before the "
+                    "boundary");
+  const size_t n_pairs = static_cast<size_t>(std::count_if(
+      post.begin(), post.end(), [](const Sampling& s) { return s.style == DatasetStyle::CONTRASTIVE; }));
+  if (n_pairs != 0 && n_pairs != post.size())
+    throw UserError("training/post_lora_dataset mixes preference pairs with single rows: " + listed(post) +
+                    ". The LoRA phase trains with DPO when every post-LoRA dataset is contrastive and with the "
+                    "next-token loss when none is: make them all one or the other (a second job, --restore'd from "
+                    "this one's export, can train the other kind)");
+  return n_pairs != 0;
+}
+
+ConfigSchema lora_train_schema() {
+  ConfigSchema s = LoRATrainer::schema();
+  add_dpo_loss_options(s);
+  return s;
+}
+
+std::unique_ptr<RestoreableJob> make_lora_train(JobSpec spec, Config cfg, std::string out_dir) {
+  const StagePlan plan = lora_stage_plan(cfg);
+  const size_t pre_lora_stages = cfg.get("training/pre_lora_tokens").size();
+  if (lora_phase_is_dpo(plan, pre_lora_stages))
+    return std::make_unique<DpoTrainer<LoRATrainer>>(std::move(spec), std::move(cfg), std::move(out_dir), plan,
+                                                     pre_lora_stages);
+  return std::make_unique<LoRATrainer>(std::move(spec), std::move(cfg), std::move(out_dir));
+}
 
 }  // namespace lt

@@ -414,6 +414,8 @@ std::string LoRATrainer::report() {
   const json* before = nullptr;
   const json* after = nullptr;
   const json* transition = nullptr;
+  const json* first_dpo = nullptr;  // the first and last phase-2 step lines with DPO's figures
+  const json* last_dpo = nullptr;
   for (const auto& e : metrics) {
     std::string ev = e.value("event", std::string());
     int64_t step = e.value("step", int64_t(0));
@@ -421,6 +423,10 @@ std::string LoRATrainer::report() {
       int phase = step > boundary_step_ ? 1 : 0;
       tps[phase] += e.value("tok_per_s", 0.0);
       ++n_tps[phase];
+      if (phase == 1 && e.contains("reward_margin")) {
+        if (!first_dpo) first_dpo = &e;
+        last_dpo = &e;
+      }
     } else if (ev == "val") {
       if (step <= boundary_step_) before = &e;
       after = &e;
@@ -474,10 +480,20 @@ std::string LoRATrainer::report() {
     std::snprintf(line, sizeof line, "), %lld frozen (bf16 base)\n", (long long)fr);
     r << line;
   }
-  if (after && !(*after)["perplexity"].empty()) {
-    // One column per dataset, each as wide as its name (at least 10), numbers right-aligned under it.
-    std::vector<std::pair<std::string, int>> cols;
-    for (auto& [name, ppl] : (*after)["perplexity"].items()) cols.emplace_back(name, std::max<int>(10, static_cast<int>(name.size())));
+  // Perplexity, one column per text dataset measured before or after LoRA (as wide as its name, at least
+  // 10), numbers right-aligned under it; "-" where a validation did not measure it (without
+  // eval/evaluations "perplexity" it measures only the stage just trained).
+  std::vector<std::pair<std::string, int>> cols;
+  for (const json* e : {before, after}) {
+    if (!e || !e->contains("perplexity")) continue;
+    for (auto& [name, ppl] : (*e)["perplexity"].items())
+      if (std::none_of(cols.begin(), cols.end(), [&](const auto& c) { return c.first == name; }))
+        cols.emplace_back(name, std::max<int>(10, static_cast<int>(name.size())));
+  }
+  auto label = [](const char* what, const json* e) {
+    return std::string(what) + " (step " + std::to_string(e->value("step", 0)) + ")";
+  };
+  if (!cols.empty()) {
     std::snprintf(line, sizeof line, "%-28s", "validation perplexity");
     r << line;
     for (const auto& [name, w] : cols) {
@@ -485,14 +501,13 @@ std::string LoRATrainer::report() {
       r << line;
     }
     r << "\n";
-    auto row = [&](const char* label, const json* e) {
-      if (!e) return;
-      std::snprintf(line, sizeof line, "  %-26s", (std::string(label) + " (step " + std::to_string(e->value("step", 0)) + ")").c_str());
+    auto row = [&](const char* what, const json* e) {
+      if (!e || !e->contains("perplexity") || (*e)["perplexity"].empty()) return;
+      std::snprintf(line, sizeof line, "  %-26s", label(what, e).c_str());
       r << line;
       for (const auto& [name, w] : cols) {
-        static const json none = json::object();
-        const json& p = e->contains("perplexity") ? (*e)["perplexity"] : none;
-        if (p.is_object() && p.contains(name)) std::snprintf(line, sizeof line, "  %*.1f", w, metric_value(p[name]));
+        const json& p = (*e)["perplexity"];
+        if (p.contains(name)) std::snprintf(line, sizeof line, "  %*.1f", w, metric_value(p[name]));
         else std::snprintf(line, sizeof line, "  %*s", w, "-");
         r << line;
       }
@@ -500,12 +515,33 @@ std::string LoRATrainer::report() {
     };
     if (boundary_step_ > 0) row("before LoRA", before);
     row("after LoRA", after);
-  } else if (after) {
-    r << "validation perplexity: none (the datasets are preference pairs: the val events hold DPO's loss, margin and "
-         "accuracy)\n";
-  } else {
-    r << "validation perplexity: none recorded (training/validation is off)\n";
   }
+  // Preference pairs (dpo/train, or lora/train's phase 2): the val events' DPO loss, margin and accuracy;
+  // before LoRA (with eval/evaluations "perplexity") the model is its reference: log 2, 0, 0.
+  auto has_dpo = [](const json* e) { return e && e->contains("reward_margin") && !(*e)["reward_margin"].empty(); };
+  if (has_dpo(after)) {
+    std::snprintf(line, sizeof line, "%-36s  %10s  %13s  %8s\n", "validation DPO", "dpo loss", "reward margin", "accuracy");
+    r << line;
+    for (auto& [name, unused] : (*after)["reward_margin"].items())
+      for (const auto& [what, e] : {std::pair<const char*, const json*>{"before LoRA", before}, {"after LoRA", after}}) {
+        if (!has_dpo(e) || !(*e)["reward_margin"].contains(name)) continue;
+        std::snprintf(line, sizeof line, "  %-34s  %10.4f  %13.4f  %8.3f\n", (name + ", " + label(what, e)).c_str(),
+                      metric_value((*e)["per_dataset"].value(name, json())), metric_value((*e)["reward_margin"][name]),
+                      metric_value((*e)["accuracy"].value(name, json())));
+        r << line;
+      }
+  }
+  if (first_dpo && last_dpo) {  // the step lines' figures: averages over the steps since the line before
+    std::snprintf(line, sizeof line,
+                  "DPO steps (step lines %lld -> %lld): loss %.4f -> %.4f, reward margin %.4f -> %.4f, accuracy %.3f -> "
+                  "%.3f\n",
+                  (long long)first_dpo->value("step", int64_t(0)), (long long)last_dpo->value("step", int64_t(0)),
+                  first_dpo->value("loss", 0.0), last_dpo->value("loss", 0.0), first_dpo->value("reward_margin", 0.0),
+                  last_dpo->value("reward_margin", 0.0), first_dpo->value("accuracy", 0.0),
+                  last_dpo->value("accuracy", 0.0));
+    r << line;
+  }
+  if (!before && !after) r << "validation: none recorded (training/validation is off)\n";
   r << "unigram baseline perplexity (validation under the training split's token frequencies):";
   for (const auto& smp : plan_datasets()) {
     if (smp.style != DatasetStyle::PMD) continue;

@@ -92,6 +92,9 @@ class LoRATrainer : public BaseTrainer {
   LoRATrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan, size_t pre_lora_stages);
   void before_step() override;
   double current_lr() const override;
+  // Also at the boundary: a line never averages the two phases' losses (DPO's, in a lora/train job on
+  // preference pairs, is not a cross-entropy), and the report's per-phase speeds stay apart.
+  bool step_line_due() const override { return BaseTrainer::step_line_due() || step_ == boundary_step_; }
   // distributed/shard_optimizer "lora" or "all" shard the adapters' moments; "all" phase 1's too.
   bool shard_optimizer_state() const override;
   nlohmann::json extra_metadata() const override;

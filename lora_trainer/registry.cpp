@@ -16,10 +16,10 @@ const JobRegistry& job_registry() {
            [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
              return std::make_unique<BaseTrainer>(std::move(spec), std::move(cfg), std::move(out));
            }});
-    r.add({"lora/train", "two phases: full-parameter training, then LoRA adapters on a frozen bf16 base",
-           &LoRATrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
-             return std::make_unique<LoRATrainer>(std::move(spec), std::move(cfg), std::move(out));
-           }});
+    r.add({"lora/train",
+           "two phases: full-parameter training, then LoRA adapters on a frozen bf16 base (with DPO when the post-LoRA "
+           "datasets are preference pairs)",
+           &lora_train_schema, &make_lora_train});
     r.add({"continual/train/benchmark",
            "continual-learning benchmark: stages A, B, C, ... with optional fades; forgetting matrix at each boundary",
            &BenchmarkTrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {

@@ -269,11 +269,16 @@ void BaseTrainer::check_datasets() {
   for (const auto& s : plan_datasets()) open_dataset(s);
 }
 
+bool BaseTrainer::step_line_due() const {
+  return step_ % opts_.report_interval == 0 || step_ == total_steps_;
+}
+
 void BaseTrainer::check_dataset_styles(const std::vector<Sampling>& datasets) const {
   for (const auto& s : datasets)
     if (s.style == DatasetStyle::CONTRASTIVE)
       throw UserError("dataset \"" + s.name + "\" is contrastive (preference pairs): it trains with DPO, in a `dpo/train` "
-                      "job, not in a " + spec_.kind + " job");
+                      "job or the LoRA phase of a `lora/train` job (as its post-LoRA datasets), not in a " + spec_.kind +
+                      " job");
 }
 
 std::unique_ptr<Ema::Swap> BaseTrainer::ema_weights() {
@@ -356,14 +361,13 @@ void BaseTrainer::run() {
   stop_requested = false;
   stopping_ = false;
   SignalGuard signals(lt_on_signal);  // the previous handlers come back however run() ends
-  const int64_t report_every = opts_.report_interval;
   const int64_t val_every = opts_.validation_interval;
   const bool validation = opts_.validation;
   StepWindow window;  // the steps since the last step line
   while (step_ < total_steps_) {
     StepResult r = train_step();
     window.add(r.loss, r.seconds);
-    if (step_ % report_every == 0 || step_ == total_steps_)
+    if (step_line_due())
       metrics_.log_train({r.step, total_steps_, tokens_, trained_stage(), r.lr, r.grad_norm, window_metrics()}, window,
                          tokens_per_step());
     const bool stage_end = step_ == stages_[static_cast<size_t>(trained_stage())].end_step;

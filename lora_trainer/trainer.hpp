@@ -134,6 +134,9 @@ class BaseTrainer : public RestoreableJob {
   // Figures of the steps since the last step line besides the loss (name: number), printed on it and
   // logged in its `train` event; the window starts again. None here (DPO: its margin and accuracy).
   virtual nlohmann::json window_metrics() { return nlohmann::json::object(); }
+  // Whether the step just taken ends a step line (and its `train` event): every logging/report_interval
+  // steps and at the last (the LoRA trainer adds its boundary, where the loss may change meaning).
+  virtual bool step_line_due() const;
   // A UserError when a dataset of `datasets` has a style this job cannot train on or measure: contrastive
   // (preference pairs) ones are DPO's, refused here.
   virtual void check_dataset_styles(const std::vector<Sampling>& datasets) const;

@@ -7,6 +7,7 @@
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/dpo_trainer.hpp"
 #include "lora_trainer/registry.hpp"
+#include "dpo_fixtures.hpp"
 #include "fixtures.hpp"
 #include "launch.hpp"
 
@@ -15,37 +16,9 @@ using lt::test::Contains;
 
 namespace {
 
-// Writes `records` (JSONL) and tokenizes them as the contrastive dataset `name` (byte tokenizer, a
-// quarter of the pairs for validation).
-TokenizeResult make_pairs(const test::TempDir& dir, const std::string& records, const std::string& name = "prefs") {
-  write_file_atomic(dir / (name + ".jsonl"), records);
-  TokenizeOptions o;
-  o.inputs = {dir / (name + ".jsonl")};
-  o.out_dir = dir / ("data/" + name);
-  o.tokenizer = "byte";
-  o.val_fraction = 0.25;
-  return tokenize_jsonl_to_contrastive(o);
-}
-
-// A toy preference: after any prompt, " good." is preferred to " bad!".
-std::string toy_records(int n) {
-  std::string out;
-  for (int i = 0; i < n; ++i)
-    out += nlohmann::json({{"prompt", "Q" + std::to_string(i % 7) + std::string(1, static_cast<char>('a' + i % 5)) + ":"},
-                           {"chosen", " good."},
-                           {"rejected", " bad!"}})
-               .dump() +
-           "\n";
-  return out;
-}
-
-struct PrefData {
-  test::TempDir dir;
-  PrefData() {
-    make_pairs(dir, toy_records(40));
-    test::make_byte_dataset(dir / "data", "gen", 1);
-  }
-};
+using test::make_pairs;
+using test::PrefData;
+using test::toy_records;
 
 // A dpo/train job on the toy pairs: 4 pairs a step, `steps` steps.
 std::unique_ptr<BaseTrainer> make_dpo(const PrefData& d, const std::string& name, bool lora, int steps,
