@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "catch.hpp"
 
 #include "lora_trainer/config.hpp"
+#include "lora_trainer/registry.hpp"
 #include "lora_trainer/trainer.hpp"
 #include "lora_trainer/tokenize.hpp"
 #include "lora_trainer/util.hpp"
@@ -74,6 +76,44 @@ inline std::vector<std::string> tiny_overrides(const std::string& data_dir) {
           "data/dir=\"" + data_dir + "\"", "logging/report_interval=1000",
           "logging/checkpoint_interval=1000", "logging/validation_interval=1000", "training/validation_steps=4",
           "runtime/threads=2"};
+}
+
+// A tiny job's config: `schema`'s defaults, then tiny_overrides(data_dir), then each list in order.
+template <class... Lists>
+Config tiny_config(const ConfigSchema& schema, const std::string& data_dir, const Lists&... lists) {
+  Config c(schema);
+  for (const auto& o : tiny_overrides(data_dir)) c.apply_override(o);
+  (
+      [&] {
+        for (const auto& o : lists) c.apply_override(o);
+      }(),
+      ...);
+  return c;
+}
+
+// The two phases most LoRA tests run: `tokens` on "gen" before the boundary, `tokens` on "gen2" after,
+// adapters of rank 4.
+inline std::vector<std::string> two_phase_overrides(int tokens = 640) {
+  const std::string n = std::to_string(tokens);
+  return {"training/pre_lora_tokens=[" + n + "]", R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}]])",
+          "training/post_lora_tokens=[" + n + "]", R"(training/post_lora_dataset=[[{"name":"gen2","rate":1}]])",
+          "optimization/lora/rank=4"};
+}
+
+inline JobSpec job_spec(const std::string& name) {
+  JobSpec s;
+  s.name = name;
+  return s;
+}
+
+// The trainer of registered job `kind`, as the launcher builds it (the registry picks the class).
+template <class Trainer = BaseTrainer>
+std::unique_ptr<Trainer> build_job(const std::string& kind, const std::string& name, Config cfg, const std::string& out) {
+  auto job = job_registry().find(kind).make(job_spec(name), std::move(cfg), out);
+  auto* t = dynamic_cast<Trainer*>(job.get());
+  REQUIRE(t);
+  job.release();
+  return std::unique_ptr<Trainer>(t);
 }
 
 // Both trainers hold bit-identical state: every tensor a checkpoint would store, by name and order.

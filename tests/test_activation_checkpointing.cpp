@@ -72,23 +72,14 @@ Pass train_pass(const ModelOptions& o, bool bf16, bool backward_in_autocast, con
 // live inside the blocks and outside them.
 std::unique_ptr<LoRATrainer> make_lora(const test::TwoDatasets& d, const std::string& name, bool checkpointing,
                                        bool llama) {
-  Config c(LoRATrainer::schema());
-  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
-  if (llama)
-    for (const auto& o : kLlama) c.apply_override(o);
-  c.apply_override("training/pre_lora_tokens=[640]");
-  c.apply_override(R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}]])");
-  c.apply_override("training/post_lora_tokens=[640]");
-  c.apply_override(R"(training/post_lora_dataset=[[{"name":"gen2","rate":1}]])");
-  c.apply_override("optimization/lora/rank=4");
+  Config c = test::tiny_config(LoRATrainer::schema(), d.dir / "data", llama ? kLlama : std::vector<std::string>(),
+                               test::two_phase_overrides());
   c.apply_override("architecture/dropout=0.1");
   c.apply_override("training/per_device_batch_size=2");
   c.apply_override(llama ? R"(optimization/lora/modules_to_save=["embed_tokens","input_layernorm"])"
                          : R"(optimization/lora/modules_to_save=["wte","ln_1"])");
   c.apply_override(std::string("training/activation_checkpointing=") + (checkpointing ? "true" : "false"));
-  JobSpec s;
-  s.name = name;
-  return std::make_unique<LoRATrainer>(s, std::move(c), d.dir / "out");
+  return std::make_unique<LoRATrainer>(test::job_spec(name), std::move(c), d.dir / "out");
 }
 
 // The trainable tensors' gradients after a step, copied.

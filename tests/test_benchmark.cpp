@@ -25,15 +25,9 @@ const char* kThreeStages = R"(training/dataset=[[{"name":"a","rate":1}],[{"name"
 // Three stages of 4 steps each (128 tokens a step).
 std::unique_ptr<BenchmarkTrainer> make_bench(const Data& d, const std::string& name, std::vector<std::string> extra = {},
                                              const std::string& out = "out") {
-  Config c(BenchmarkTrainer::schema());
-  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
-  c.apply_override("training/tokens=[512,512,512]");
-  c.apply_override(kThreeStages);
-  c.apply_override("eval/boundary_rows=4");
-  for (const auto& o : extra) c.apply_override(o);
-  JobSpec s;
-  s.name = name;
-  return std::make_unique<BenchmarkTrainer>(s, std::move(c), d.dir / out);
+  const std::vector<std::string> job = {"training/tokens=[512,512,512]", kThreeStages, "eval/boundary_rows=4"};
+  return std::make_unique<BenchmarkTrainer>(
+      test::job_spec(name), test::tiny_config(BenchmarkTrainer::schema(), d.dir / "data", job, extra), d.dir / out);
 }
 
 }  // namespace
@@ -138,19 +132,17 @@ TEST_CASE("boundaries save checkpoints and the forgetting matrix, and a resumed 
 // A benchmark_lora job of two pre-LoRA and two LoRA stages (12 steps) on the tiny model.
 std::unique_ptr<BenchmarkLoRABaseTrainer> make_benchmark_lora(const Data& d, const std::string& name,
                                                               const std::vector<std::string>& extra = {}) {
-  Config c(BenchmarkLoRABaseTrainer::schema());
-  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
-  c.apply_override("training/pre_lora_tokens=[384,384]");
-  c.apply_override(R"(training/pre_lora_dataset=[[{"name":"a","rate":1}],[{"name":"b","rate":1}]])");
-  c.apply_override("training/post_lora_tokens=[384,384]");
-  c.apply_override(R"(training/post_lora_dataset=[[{"name":"c","rate":1}],[{"name":"a","rate":1}]])");
-  c.apply_override("optimization/lora/rank=4");
-  c.apply_override("training/fade/overlap=128");
-  c.apply_override("eval/boundary_rows=4");
-  for (const auto& o : extra) c.apply_override(o);
-  JobSpec s;
-  s.name = name;
-  return std::make_unique<BenchmarkLoRABaseTrainer>(s, std::move(c), d.dir / "out");
+  const std::vector<std::string> job = {
+      "training/pre_lora_tokens=[384,384]",
+      R"(training/pre_lora_dataset=[[{"name":"a","rate":1}],[{"name":"b","rate":1}]])",
+      "training/post_lora_tokens=[384,384]",
+      R"(training/post_lora_dataset=[[{"name":"c","rate":1}],[{"name":"a","rate":1}]])",
+      "optimization/lora/rank=4",
+      "training/fade/overlap=128",
+      "eval/boundary_rows=4"};
+  return std::make_unique<BenchmarkLoRABaseTrainer>(
+      test::job_spec(name), test::tiny_config(BenchmarkLoRABaseTrainer::schema(), d.dir / "data", job, extra),
+      d.dir / "out");
 }
 
 TEST_CASE("benchmark LoRA: pre-LoRA stages, the switch, LoRA stages, a bit-identical base and restores in each phase", "[benchmark]") {
@@ -194,20 +186,17 @@ TEST_CASE("benchmark LoRA: pre-LoRA stages, the switch, LoRA stages, a bit-ident
 
 TEST_CASE("benchmark LoRA with reset_optimizer: the reset keeps the modules_to_save and their lr ratio", "[benchmark]") {
   Data d;
-  Config c(BenchmarkLoRABaseTrainer::schema());
-  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
-  c.apply_override("training/pre_lora_tokens=[384]");
-  c.apply_override(R"(training/pre_lora_dataset=[[{"name":"a","rate":1}]])");
-  c.apply_override("training/post_lora_tokens=[384,384]");
-  c.apply_override(R"(training/post_lora_dataset=[[{"name":"b","rate":1}],[{"name":"c","rate":1}]])");
-  c.apply_override("optimization/lora/rank=4");
-  c.apply_override("training/reset_optimizer=true");
-  c.apply_override("eval/boundary_rows=4");
-  c.apply_override(R"(optimization/lora/modules_to_save=["ln_f"])");
-  c.apply_override("optimization/lora/modules_to_save_lr_ratio=0.25");
-  JobSpec s;
-  s.name = "reset";
-  BenchmarkLoRABaseTrainer t(s, std::move(c), d.dir / "out");
+  const std::vector<std::string> job = {"training/pre_lora_tokens=[384]",
+                                        R"(training/pre_lora_dataset=[[{"name":"a","rate":1}]])",
+                                        "training/post_lora_tokens=[384,384]",
+                                        R"(training/post_lora_dataset=[[{"name":"b","rate":1}],[{"name":"c","rate":1}]])",
+                                        "optimization/lora/rank=4",
+                                        "training/reset_optimizer=true",
+                                        "eval/boundary_rows=4",
+                                        R"(optimization/lora/modules_to_save=["ln_f"])",
+                                        "optimization/lora/modules_to_save_lr_ratio=0.25"};
+  BenchmarkLoRABaseTrainer t(test::job_spec("reset"), test::tiny_config(BenchmarkLoRABaseTrainer::schema(), d.dir / "data", job),
+                             d.dir / "out");
   t.run();
   REQUIRE(t.in_lora_phase());
   const auto names = t.optimizer().param_names();

@@ -23,16 +23,9 @@ using Data = test::TwoDatasets;
 
 // 4 full steps on "gen", then 4 LoRA steps on "gen2" (128 tokens a step).
 std::unique_ptr<LoRATrainer> make_lora(const Data& d, const std::string& name, const std::vector<std::string>& extra) {
-  Config c(LoRATrainer::schema());
-  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
-  for (const std::string o : {"training/pre_lora_tokens=[512]", R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}]])",
-                              "training/post_lora_tokens=[512]", R"(training/post_lora_dataset=[[{"name":"gen2","rate":1}]])",
-                              "optimization/lora/rank=4"})
-    c.apply_override(o);
-  for (const auto& o : extra) c.apply_override(o);
-  JobSpec s;
-  s.name = name;
-  return std::make_unique<LoRATrainer>(s, std::move(c), d.dir / "out");
+  return std::make_unique<LoRATrainer>(
+      test::job_spec(name), test::tiny_config(LoRATrainer::schema(), d.dir / "data", test::two_phase_overrides(512), extra),
+      d.dir / "out");
 }
 
 }  // namespace

@@ -23,19 +23,13 @@ using test::toy_records;
 // A dpo/train job on the toy pairs: 4 pairs a step, `steps` steps.
 std::unique_ptr<BaseTrainer> make_dpo(const PrefData& d, const std::string& name, bool lora, int steps,
                                       const std::vector<std::string>& extra = {}) {
-  Config c(job_registry().find("dpo/train").schema());
-  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
-  c.apply_override("training/tokens=" + std::to_string(steps * 128));
-  c.apply_override(R"(training/dataset=[{"name":"prefs","rate":1,"style":"contrastive"}])");
-  c.apply_override(std::string("optimization/dpo/lora=") + (lora ? "true" : "false"));
-  c.apply_override("optimization/lora/rank=4");
-  for (const auto& o : extra) c.apply_override(o);
-  JobSpec s;
-  s.name = name;
-  auto job = job_registry().find("dpo/train").make(s, std::move(c), d.dir / "out");
-  auto* t = dynamic_cast<BaseTrainer*>(job.release());
-  REQUIRE(t);
-  return std::unique_ptr<BaseTrainer>(t);
+  const std::vector<std::string> job = {"training/tokens=" + std::to_string(steps * 128),
+                                        R"(training/dataset=[{"name":"prefs","rate":1,"style":"contrastive"}])",
+                                        std::string("optimization/dpo/lora=") + (lora ? "true" : "false"),
+                                        "optimization/lora/rank=4"};
+  return test::build_job("dpo/train", name,
+                         test::tiny_config(job_registry().find("dpo/train").schema(), d.dir / "data", job, extra),
+                         d.dir / "out");
 }
 
 const DpoStats& last_step(BaseTrainer& t) {
@@ -47,13 +41,11 @@ const Sampling kPrefs{"prefs", 1.0, DatasetStyle::CONTRASTIVE};
 
 // A plain checkpoint of a `train` job (2 steps on "gen"): the pretrained base.
 std::string make_base(const PrefData& d) {
-  Config c(BaseTrainer::schema());
-  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
-  c.apply_override("training/tokens=1280");
-  c.apply_override(R"(training/dataset=[{"name":"gen","rate":1}])");
-  JobSpec s;
-  s.name = "base";
-  BaseTrainer base(s, std::move(c), d.dir / "out");
+  BaseTrainer base(test::job_spec("base"),
+                   test::tiny_config(BaseTrainer::schema(), d.dir / "data",
+                                     std::vector<std::string>{"training/tokens=1280",
+                                                              R"(training/dataset=[{"name":"gen","rate":1}])"}),
+                   d.dir / "out");
   base.train_step();
   base.train_step();
   base.save("ntoks/256");
@@ -207,12 +199,10 @@ TEST_CASE("dpo/train refuses what it cannot train (text datasets, no base, modul
   CHECK_THROWS_WITH(nobase->run(), Contains("add `--restore CHECKPOINT`") && Contains("training/allow_random_base=true"));
   CHECK_THROWS_WITH(make_dpo(d, "mts", true, 2, {R"(optimization/lora/modules_to_save=["wte"])"}),
                     Contains("optimization/lora/modules_to_save must be [] in dpo/train"));
-  Config c(BaseTrainer::schema());
-  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
-  c.apply_override(R"(training/dataset=[{"name":"prefs","rate":1,"style":"contrastive"}])");
-  JobSpec s;
-  s.name = "plain";
-  BaseTrainer plain(s, std::move(c), d.dir / "out");
+  BaseTrainer plain(test::job_spec("plain"),
+                    test::tiny_config(BaseTrainer::schema(), d.dir / "data",
+                                      std::vector<std::string>{R"(training/dataset=[{"name":"prefs","rate":1,"style":"contrastive"}])"}),
+                    d.dir / "out");
   CHECK_THROWS_WITH(plain.run(), Contains("\"prefs\" is contrastive") && Contains("`dpo/train`"));
 }
 

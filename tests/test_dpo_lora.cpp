@@ -23,20 +23,13 @@ const char* kPrefsStage = R"(training/post_lora_dataset=[[{"name":"prefs","rate"
 // lora/train: 4 full-parameter steps on "gen", then `dpo_steps` LoRA steps on the toy pairs (4 a step).
 std::unique_ptr<LoRATrainer> make_job(const PrefData& d, const std::string& name, int dpo_steps,
                                       const std::vector<std::string>& extra = {}) {
-  Config c(job_registry().find("lora/train").schema());
-  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
-  c.apply_override("training/pre_lora_tokens=[512]");
-  c.apply_override(R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}]])");
-  c.apply_override("training/post_lora_tokens=[" + std::to_string(dpo_steps * 128) + "]");
-  c.apply_override(kPrefsStage);
-  c.apply_override("optimization/lora/rank=4");
-  for (const auto& o : extra) c.apply_override(o);
-  JobSpec s;
-  s.name = name;
-  auto job = job_registry().find("lora/train").make(s, std::move(c), d.dir / "out");
-  auto* t = dynamic_cast<LoRATrainer*>(job.release());
-  REQUIRE(t);
-  return std::unique_ptr<LoRATrainer>(t);
+  const std::vector<std::string> job = {"training/pre_lora_tokens=[512]",
+                                        R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}]])",
+                                        "training/post_lora_tokens=[" + std::to_string(dpo_steps * 128) + "]",
+                                        kPrefsStage, "optimization/lora/rank=4"};
+  return test::build_job<LoRATrainer>(
+      "lora/train", name, test::tiny_config(job_registry().find("lora/train").schema(), d.dir / "data", job, extra),
+      d.dir / "out");
 }
 
 DpoTrainer<LoRATrainer>& as_dpo(LoRATrainer& t) {

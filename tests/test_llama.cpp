@@ -281,18 +281,9 @@ TEST_CASE("a llama-family job crosses the LoRA boundary, and resume in either ph
   test::make_byte_dataset(dir / "data", "gen", 1);
   test::make_byte_dataset(dir / "data", "gen2", 2);
   auto make = [&](const std::string& name, const std::vector<std::string>& extra = {}) {
-    Config c(LoRATrainer::schema());
-    for (const auto& o : test::tiny_overrides(dir / "data")) c.apply_override(o);
-    for (const auto& o : kTinyLlama) c.apply_override(o);
-    c.apply_override("training/pre_lora_tokens=[640]");
-    c.apply_override(R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}]])");
-    c.apply_override("training/post_lora_tokens=[640]");
-    c.apply_override(R"(training/post_lora_dataset=[[{"name":"gen2","rate":1}]])");
-    c.apply_override("optimization/lora/rank=4");
-    for (const auto& o : extra) c.apply_override(o);
-    JobSpec s;
-    s.name = name;
-    return std::make_unique<LoRATrainer>(s, std::move(c), dir / "out");
+    return std::make_unique<LoRATrainer>(
+        test::job_spec(name),
+        test::tiny_config(LoRATrainer::schema(), dir / "data", kTinyLlama, test::two_phase_overrides(), extra), dir / "out");
   };
   auto straight = make("straight");
   REQUIRE(straight->total_steps() == 10);

@@ -32,19 +32,14 @@ GPT tiny_gpt() {
 
 using Data = test::TwoDatasets;
 
+// A plain f32 job on "gen": what an `export` initialises.
+const std::vector<std::string> kPlainF32 = {"runtime/precision=f32", R"(training/dataset=[{"name":"gen","rate":1}])"};
+
 // 5 full steps on "gen", then 5 LoRA steps on "gen2" (128 tokens a step).
 std::unique_ptr<LoRATrainer> make_lora(const Data& d, const std::string& name, std::vector<std::string> extra = {}) {
-  Config c(LoRATrainer::schema());
-  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
-  c.apply_override("training/pre_lora_tokens=[640]");
-  c.apply_override(R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}]])");
-  c.apply_override("training/post_lora_tokens=[640]");
-  c.apply_override(R"(training/post_lora_dataset=[[{"name":"gen2","rate":1}]])");
-  c.apply_override("optimization/lora/rank=4");
-  for (const auto& o : extra) c.apply_override(o);
-  JobSpec s;
-  s.name = name;
-  return std::make_unique<LoRATrainer>(s, std::move(c), d.dir / "out");
+  return std::make_unique<LoRATrainer>(test::job_spec(name),
+                                       test::tiny_config(LoRATrainer::schema(), d.dir / "data", test::two_phase_overrides(), extra),
+                                       d.dir / "out");
 }
 
 NamedTensors snapshot(const NamedTensors& in) {
@@ -414,13 +409,8 @@ TEST_CASE("export merges the adapters: the exported model computes what base + a
   CHECK(meta["weights_only"] == true);
   CHECK(meta["merged_adapters"] == 8);
   // The export initialises a plain job (and would equally be the base of a LoRA job).
-  Config c(BaseTrainer::schema());
-  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
-  c.apply_override("runtime/precision=f32");
-  c.apply_override(R"(training/dataset=[{"name":"gen","rate":1}])");
-  JobSpec s;
-  s.name = "from_export";
-  BaseTrainer plain(s, std::move(c), d.dir / "out");
+  BaseTrainer plain(test::job_spec("from_export"),
+                    test::tiny_config(BaseTrainer::schema(), d.dir / "data", kPlainF32), d.dir / "out");
   plain.restore_from_path(out);
   CHECK(plain.step() == 0);
   auto idx = torch::randint(0, 257, {2, 32}, torch::kLong);
@@ -862,13 +852,8 @@ TEST_CASE("export merges the trainable token rows into the embedding (and so the
     if (k == kTokenIds.end()) REQUIRE(torch::equal(W[r], in.at("params/wte.weight")[r].to(torch::kFloat32)));
     else REQUIRE(torch::equal(W[r], rows[k - kTokenIds.begin()]));
   }
-  Config c(BaseTrainer::schema());
-  for (const auto& o : test::tiny_overrides(d.dir / "data")) c.apply_override(o);
-  c.apply_override("runtime/precision=f32");
-  c.apply_override(R"(training/dataset=[{"name":"gen","rate":1}])");
-  JobSpec s;
-  s.name = "from_export";
-  BaseTrainer plain(s, std::move(c), d.dir / "out");
+  BaseTrainer plain(test::job_spec("from_export"),
+                    test::tiny_config(BaseTrainer::schema(), d.dir / "data", kPlainF32), d.dir / "out");
   plain.restore_from_path(d.dir / "exported");
   auto idx = torch::tensor(std::vector<int64_t>{5, 101, 200, 7, 5, 33, 200, 1}).view({2, 4}).repeat({1, 4});
   const double diff = (logits_of(*plain.model(), idx) - logits_of(*a->model(), idx)).abs().max().item<double>();

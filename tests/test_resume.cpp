@@ -13,14 +13,9 @@ namespace {
 
 std::unique_ptr<BaseTrainer> make_trainer(const std::string& name, const std::string& out, const std::string& data,
                                           const std::vector<std::string>& extra = {}) {
-  Config c(BaseTrainer::schema());
-  for (const auto& o : test::tiny_overrides(data)) c.apply_override(o);
-  c.apply_override("training/tokens=1280");
-  c.apply_override(R"(training/dataset=[{"name":"gen","rate":0.5},{"name":"gen2","rate":0.5}])");
-  for (const auto& o : extra) c.apply_override(o);
-  JobSpec s;
-  s.name = name;
-  return std::make_unique<BaseTrainer>(s, std::move(c), out);
+  const std::vector<std::string> job = {"training/tokens=1280",
+                                        R"(training/dataset=[{"name":"gen","rate":0.5},{"name":"gen2","rate":0.5}])"};
+  return std::make_unique<BaseTrainer>(test::job_spec(name), test::tiny_config(BaseTrainer::schema(), data, job, extra), out);
 }
 
 void check_resume(const std::vector<std::string>& extra, int k) {
