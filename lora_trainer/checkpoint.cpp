@@ -78,7 +78,7 @@ void quiet_hdf5() {
 }
 
 void h5check(herr_t rc, const std::string& what) {
-  if (rc < 0) throw UserError("HDF5: " + what + " failed (disk full, or a damaged file?)");
+  if (rc < 0) throw UserError("HDF5: " + what + " failed (a damaged or truncated file? a full disk, when writing?)");
 }
 
 void write_string_attr(hid_t obj, const char* key, const std::string& value) {

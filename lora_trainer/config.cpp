@@ -137,6 +137,8 @@ static std::string check_samplings(const json& v) {
         return at + " has unknown field \"" + it.key() + "\" (known: name, rate, style)";
     if (!s.contains("name") || !s["name"].is_string() || s["name"].get<std::string>().empty())
       return at + " needs a \"name\" (a dataset directory under data/dir)";
+    if (const std::string problem = name_problem(s["name"].get<std::string>()); !problem.empty())
+      return at + ": dataset name " + problem;
     if (!s.contains("rate") || !s["rate"].is_number() || s["rate"].get<double>() <= 0)
       return at + " needs a \"rate\" > 0";
     if (s.contains("style")) {

@@ -43,11 +43,17 @@ std::vector<Sampling> parse_samplings(const nlohmann::json& v) {
 }
 
 Sampling parse_dataset_spec(const std::string& spec) {
+  Sampling out{spec, 1.0, DatasetStyle::PMD};
   for (DatasetStyle style : {DatasetStyle::PADDED, DatasetStyle::CONTRASTIVE}) {
     const std::string tail = ":" + style_name(style);
-    if (spec.size() > tail.size() && ends_with(spec, tail)) return {spec.substr(0, spec.size() - tail.size()), 1.0, style};
+    if (spec.size() > tail.size() && ends_with(spec, tail)) out = {spec.substr(0, spec.size() - tail.size()), 1.0, style};
   }
-  return {spec, 1.0, DatasetStyle::PMD};
+  const size_t colon = out.name.rfind(':');
+  if (colon != std::string::npos)
+    throw UserError("dataset \"" + spec + "\": \"" + out.name.substr(colon) + "\" is not a style; write NAME for text, NAME:" +
+                    style_name(DatasetStyle::PADDED) + " or NAME:" + style_name(DatasetStyle::CONTRASTIVE));
+  if (const std::string problem = name_problem(out.name); !problem.empty()) throw UserError("dataset " + problem);
+  return out;
 }
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {

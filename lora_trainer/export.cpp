@@ -31,11 +31,14 @@ void check_export_target(const std::string& source, const std::string& out, cons
                                          : nullptr;
   if (clash) throw UserError(verb + ": OUT " + out + clash + what + " (" + source + "); give a new directory. Nothing was written");
   if (!fs::exists(dst)) return;
-  std::string earlier;
+  std::string earlier, earlier_kind = "export";  // what OUT holds, not what this command makes
   if (is_checkpoint(dst.string())) {
     json m = read_checkpoint_metadata(dst.string());
     if (m.value("weights_only", false) && m.contains("exported_from")) earlier = m["exported_from"].is_string() ? m["exported_from"].get<std::string>() : "?";
-    if (m.value("weights_only", false) && m.contains("imported_from")) earlier = m["imported_from"].is_string() ? m["imported_from"].get<std::string>() : "?";
+    if (m.value("weights_only", false) && m.contains("imported_from")) {
+      earlier = m["imported_from"].is_string() ? m["imported_from"].get<std::string>() : "?";
+      earlier_kind = "import";
+    }
   } else if (fs::exists(dst / kExportMarker)) {
     json marker = json::parse(read_file((dst / kExportMarker).string()), nullptr, false);
     earlier = marker.is_object() && marker.contains("exported_from") && marker["exported_from"].is_string()
@@ -43,8 +46,8 @@ void check_export_target(const std::string& source, const std::string& out, cons
                   : "?";
   }
   if (!earlier.empty()) {
-    std::printf("%s: replacing the earlier %s at %s (of %s)\n", verb.c_str(), verb == "import-hf" ? "import" : "export",
-                out.c_str(), earlier.c_str());
+    std::printf("%s: replacing the earlier %s at %s (of %s)\n", verb.c_str(), earlier_kind.c_str(), out.c_str(),
+                earlier.c_str());
     return;
   }
   throw UserError(verb + ": OUT " + out + " already exists and is not an earlier export or import of lora_trainer; give a new "

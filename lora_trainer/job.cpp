@@ -36,8 +36,8 @@ void add_job_options(ConfigSchema& s, const std::string& kind) {
 }
 
 static void check_name_part(const std::string& what, const std::string& v) {
-  if (v.empty() || v == "." || v == ".." || v.find('/') != std::string::npos || v[0] == '.')
-    throw UserError(what + " \"" + v + "\" is not a valid name: use letters, digits, '-', '_' (no '/', no leading '.')");
+  const std::string problem = name_problem(v);
+  if (!problem.empty()) throw UserError(what + " " + problem);
 }
 
 RestoreableJob::RestoreableJob(JobSpec spec, Config cfg, std::string out_dir)

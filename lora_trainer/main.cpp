@@ -41,6 +41,23 @@ CLI::Validator tokenizer_name(std::vector<std::string> names) {
       desc);
 }
 
+// A name that can be one directory level (name_problem).
+CLI::Validator dir_name() {
+  return CLI::Validator([](std::string& text) { return name_problem(text); }, "NAME");
+}
+
+// A whole number from 0 to 2^64 - 1, written in decimal digits (CLI11 would wrap -1 and saturate overflow).
+CLI::Validator uint64_text() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const std::string bad = "must be a whole number from 0 to 18446744073709551615, got \"" + text + "\"";
+        if (text.empty() || text.size() > 20 || text.find_first_not_of("0123456789") != std::string::npos) return bad;
+        if (text.size() == 20 && text > "18446744073709551615") return bad;
+        return "";
+      },
+      "UINT64");
+}
+
 // A number that parses, is finite (CLI11's ranges let NaN through) and lies in [lo, hi].
 CLI::Validator finite_in(double lo, double hi) {
   return CLI::Validator(
@@ -75,19 +92,50 @@ int cmd_jobs() {
   return 0;
 }
 
-int cmd_configure(const std::string& kind, const std::string& out, const std::vector<std::string>& overrides) {
+int cmd_configure(const std::string& kind, const std::string& out, const std::vector<std::string>& overrides, bool force) {
   const JobClass& cls = job_registry().find(kind);
   Config cfg(cls.schema());
   for (const auto& o : overrides) cfg.apply_override(o);
+  // A config is often edited by hand after `configure`: never replace one unasked.
+  const fs::path parent = fs::path(out).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent))
+    throw UserError("configure: OUT " + out + ": directory " + parent.string() + " does not exist; create it first");
+  if (fs::is_directory(out)) throw UserError("configure: OUT " + out + " is a directory; give a file name (e.g. " + (fs::path(out) / "job.json").string() + ")");
+  if (fs::exists(out) && !force)
+    throw UserError("configure: OUT " + out + " already exists; give another name, or --force to replace it. Nothing was written");
   write_file_atomic(out, cfg.to_json().dump(2) + "\n");
   std::printf("wrote %s (%zu keys, job/kind %s)\n", out.c_str(), cfg.schema().options().size(), kind.c_str());
   return 0;
+}
+
+// Continuing a job under a config that differs from the one its checkpoint was saved with is allowed (a
+// larger token budget continues a finished job), but a changed step size or schedule silently changes
+// what the counters mean: say which keys differ.
+void note_config_changes(const RestoreableJob& job, const std::string& checkpoint) {
+  using nlohmann::json;
+  if (distributed().rank() != 0) return;
+  const json saved = read_checkpoint_metadata(checkpoint).value("config", json::object()).flatten();
+  const json now = job.config().to_json().flatten();
+  std::vector<std::string> changed;
+  for (auto it = now.begin(); it != now.end(); ++it) {
+    const std::string key = it.key().substr(1);  // flatten() writes "/a/b"
+    if (key.rfind("runtime/", 0) == 0 || key.rfind("logging/", 0) == 0) continue;  // how it runs, not what
+    auto was = saved.find(it.key());
+    if (was == saved.end() || *was != it.value())
+      changed.push_back(key + " " + (was == saved.end() ? std::string("(new)") : was->dump()) + " -> " + it.value().dump());
+  }
+  if (changed.empty()) return;
+  std::printf("note: %zu setting%s differ%s from the config %s was saved with: %s. The restored state continues under "
+              "this run's values (docs/cli.md, run)\n",
+              changed.size(), changed.size() == 1 ? "" : "s", changed.size() == 1 ? "s" : "", checkpoint.c_str(),
+              join(changed, "; ").c_str());
 }
 
 void run_or_continue(RestoreableJob& job, const std::string& restore) {
   std::string latest = job.restore_latest();
   if (!latest.empty()) {
     std::printf("continuing %s from its latest checkpoint %s\n", job.spec().name.c_str(), latest.c_str());
+    note_config_changes(job, (fs::path(job.job_dir()) / latest).string());
   } else if (!restore.empty()) {
     std::printf("restoring %s from %s\n", job.spec().name.c_str(), restore.c_str());
     job.restore_from_path(restore);
@@ -192,6 +240,8 @@ int cmd_sample(const std::string& checkpoint, const std::string& prompt, std::st
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line by line even into a pipe or a file, so that progress (stdout) and errors (stderr) keep their order.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"lora_trainer: train a language model (GPT-2 or Llama family) in two phases (full parameters, then LoRA adapters), with restorable jobs.\n"
                "Docs: docs/cli.md, docs/config.md, checkpoints/README.md"};
   app.require_subcommand(1);
@@ -204,6 +254,8 @@ int main(int argc, char** argv) {
   auto* configure = app.add_subcommand("configure", "write a config with every key of JOB at its default");
   configure->add_option("JOB", kind, "job kind (see `jobs`)")->required();
   configure->add_option("OUT", out_json, "config file to write (JSON)")->required();
+  bool configure_force = false;
+  configure->add_flag("--force", configure_force, "replace OUT if it exists");
   configure->add_option("overrides", overrides, "key=value settings (e.g. training/batch_size=32)");
 
   std::string name, config_path, out_dir, restore, checkpoint;
@@ -269,7 +321,7 @@ int main(int argc, char** argv) {
                        "list (default: every dataset of the job)")
       ->allow_extra_args(false)->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   eval_cmd->add_option("--rows", eval_rows, "validation rows per dataset (default: training/validation_steps)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   eval_cmd->add_flag("--json", eval_json, "print JSON");
   eval_cmd->add_option("overrides", overrides, "key=value settings over the saved config (e.g. data/dir=...)");
 
@@ -284,7 +336,7 @@ int main(int argc, char** argv) {
       ->check(finite_in(0, 1e6));
   sample_cmd->add_option("--top-k", gen.top_k, "sample from the k most likely tokens; 0 = all")->capture_default_str()
       ->check(CLI::Range(int64_t(0), int64_t(1) << 31));
-  sample_cmd->add_option("--seed", gen.seed, "random seed")->capture_default_str();
+  sample_cmd->add_option("--seed", gen.seed, "random seed")->capture_default_str()->check(uint64_text());
   sample_cmd->add_option("--tokenizer", sample_tokenizer, "auto (an imported model's own tokenizer.json when its directory has one, else byte when "
                          "the vocabulary is 257, else gpt2), gpt2, byte, or hf:DIR (a Hugging Face tokenizer.json in DIR)")
       ->capture_default_str()->check(tokenizer_name({"auto", "gpt2", "byte"}));
@@ -293,8 +345,8 @@ int main(int argc, char** argv) {
   BenchOptions bench;
   auto* bench_cmd = app.add_subcommand("bench", "time phase-1 and LoRA steps of a lora/train config's model (synthetic tokens)");
   bench_cmd->add_option("CONFIG", bench.config_path, "a lora/train config (e.g. configs/demo.json)")->required()->check(CLI::ExistingFile);
-  bench_cmd->add_option("--steps", bench.steps, "timed steps per phase")->capture_default_str()->check(CLI::PositiveNumber);
-  bench_cmd->add_option("--warmup", bench.warmup_steps, "untimed steps before them")->capture_default_str()->check(CLI::PositiveNumber);
+  bench_cmd->add_option("--steps", bench.steps, "timed steps per phase")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  bench_cmd->add_option("--warmup", bench.warmup_steps, "untimed steps before them")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   bench_cmd->add_option("--out", bench.out_json, "JSON file for the figures")->capture_default_str();
   bench_cmd->add_option("--weights-out", bench.weights_out, "also write the initial weights (torch pickle) for scripts/reference_gpt.py");
   bench_cmd->add_option("--profile", bench.profile,
@@ -307,7 +359,7 @@ int main(int argc, char** argv) {
   auto* tokenize = app.add_subcommand("tokenize", "turn text files/directories into a PMD dataset, JSONL prompt/completion records into a PADDED one, "
                                      "or JSONL prompt/chosen/rejected preference records into a CONTRASTIVE one");
   tokenize->add_option("INPUT", tok.inputs, "text files or directories")->required();
-  tokenize->add_option("--name", ds_name, "dataset name (a directory under --data-dir)")->required();
+  tokenize->add_option("--name", ds_name, "dataset name (a directory under --data-dir)")->required()->check(dir_name());
   tokenize->add_option("--data-dir", data_dir, "data directory (config key data/dir)")->capture_default_str();
   tokenize->add_option("--tokenizer", tok.tokenizer, "gpt2, byte, or hf:DIR (a Hugging Face byte-level BPE tokenizer.json in DIR)")
       ->capture_default_str()->check(tokenizer_name({"gpt2", "byte"}));
@@ -321,7 +373,8 @@ int main(int argc, char** argv) {
                        "text: each file a document -> PMD; jsonl: {\"prompt\",\"completion\"} records -> PADDED; pairs: "
                        "{\"prompt\",\"chosen\",\"rejected\"} records -> CONTRASTIVE (for dpo/train)")
       ->capture_default_str()->check(CLI::IsMember({"text", "jsonl", "pairs"}));
-  tokenize->add_option("--length", tok.length, "jsonl, pairs: row length in tokens (0 = the longest row)")->capture_default_str();
+  auto* tok_length = tokenize->add_option("--length", tok.length, "jsonl, pairs: row length in tokens (0 = the longest row)")
+      ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 24));
 
   try {
     check_subcommand(app, argc, argv);
@@ -338,7 +391,7 @@ int main(int argc, char** argv) {
 
   try {
     if (*jobs) return cmd_jobs();
-    if (*configure) return cmd_configure(kind, out_json, overrides);
+    if (*configure) return cmd_configure(kind, out_json, overrides, configure_force);
     if ((*run || *restore_cmd) && out_dir.find('=') != std::string::npos)
       throw UserError("OUT_DIR \"" + out_dir + "\" looks like a key=value override: give the output directory " +
                       "first (`.` for this directory), then the overrides");
@@ -402,6 +455,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*tokenize) {
+      if (tok_format == "text" && tok_length->count() > 0)
+        throw UserError("tokenize: --length sets the row length of --format jsonl and pairs; text is cut into rows at "
+                        "training time (architecture/block_size). Drop --length, or give --format jsonl|pairs");
       tok.out_dir = (fs::path(data_dir) / ds_name).string();
       auto r = tok_format == "jsonl"   ? tokenize_jsonl_to_padded(tok)
                : tok_format == "pairs" ? tokenize_jsonl_to_contrastive(tok)

@@ -197,6 +197,7 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
                                  size_t rows_per_record, const std::string& style, uint64_t bytes) {
   const size_t records = rows.size() / rows_per_record;
   if (records < 2) throw UserError("tokenize: need at least 2 JSONL records (one for validation)");
+  if (o.length < 0) throw UserError("tokenize: the row length must be >= 0 (0 = the longest record), got " + std::to_string(o.length));
   uint64_t L = static_cast<uint64_t>(o.length);
   if (L == 0)
     for (const auto& row : rows) L = std::max<uint64_t>(L, row.ids.size());

@@ -195,6 +195,12 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+std::string name_problem(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name[0] == '.')
+    return "\"" + name + "\" is not a valid name: use letters, digits, '-', '_' (no '/', no leading '.')";
+  return "";
+}
+
 std::string join(const std::vector<std::string>& items, const std::string& sep) {
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];

@@ -64,6 +64,10 @@ std::string closest_match(const std::string& name, const std::vector<std::string
 // ", "-joined list, for error messages.
 std::string join(const std::vector<std::string>& items, const std::string& sep = ", ");
 
+// Why `name` cannot be one directory level of ours (a job, project, group or dataset name): "" when it
+// can. Empty, "/" inside or a leading "." would put files outside the directory meant for them.
+std::string name_problem(const std::string& name);
+
 // A tensor shape as messages write it: "(3, 32)".
 std::string shape_text(const std::vector<int64_t>& shape);
 

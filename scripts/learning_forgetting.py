@@ -87,7 +87,7 @@ def run(cmd, log):
 
 def configure(binary, kind, path, base_cfg, tokens, target, out):
     """A config of `kind` with every key at its default, then the base's model, runtime and batch."""
-    run([binary, "configure", kind, path], path + ".log")
+    run([binary, "configure", "--force", kind, path], path + ".log")  # the script owns this file
     cfg = json.load(open(path))
     cfg["architecture"] = base_cfg["architecture"]
     for key in ("batch_size", "per_device_batch_size", "seed", "validation_steps"):

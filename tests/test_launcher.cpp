@@ -59,6 +59,12 @@ TEST_CASE("launcher: jobs, configure, run, re-run, checkpoints, inspect", "[laun
   Result again = launch({"run", "tiny", cfg, dir / "out"});
   CHECK(again.code == 0);
   CHECK_THAT(again.out, Contains("already finished"));
+  CHECK_THAT(again.out, !Contains("note:"));
+  // Continuing under another config is allowed, and says what changed (not runtime/ or logging/ keys).
+  Result changed = launch({"run", "tiny", cfg, dir / "out", "optimization/lr=0.5", "runtime/threads=1"});
+  CHECK(changed.code == 0);
+  CHECK_THAT(changed.out, Contains("note: 1 setting differs from the config") && Contains("optimization/lr") &&
+                              Contains("-> 0.5") && !Contains("runtime/threads"));
 
   Result list = launch({"checkpoints", "tiny", dir / "out"});
   CHECK(list.code == 0);
@@ -94,6 +100,69 @@ TEST_CASE("launcher: user mistakes exit 2 with a message, never a crash", "[laun
   Result help = launch({"--help"});
   CHECK(help.code == 0);
   CHECK_THAT(help.out, Contains("run") && Contains("restore") && Contains("inspect"));
+}
+
+TEST_CASE("launcher: bad numbers and names on the command line exit 2 and write nothing", "[launcher]") {
+  namespace fs = std::filesystem;
+  test::TempDir dir;
+  write_file_atomic(dir / "qa.jsonl", "{\"prompt\":\"a\",\"completion\":\"b\"}\n{\"prompt\":\"c\",\"completion\":\"d\"}\n");
+  auto tokenize = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"tokenize", "--tokenizer", "byte", "--data-dir", dir / "data/inner"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return launch(args);
+  };
+  fs::create_directories(dir / "data/inner");
+  Result neg = tokenize({"--format", "jsonl", "--name", "qa", "--length", "-5", dir / "qa.jsonl"});
+  CHECK(neg.code == 2);
+  CHECK_THAT(neg.out, Contains("--length"));
+  CHECK_FALSE(fs::exists(dir / "data/inner/qa"));
+  Result text_len = tokenize({"--name", "t", "--length", "16", dir / "qa.jsonl"});
+  CHECK(text_len.code == 2);
+  CHECK_THAT(text_len.out, Contains("--length sets the row length of --format jsonl and pairs"));
+  CHECK_FALSE(fs::exists(dir / "data/inner/t"));
+  for (std::string bad : {"..", ".hidden", "a/b", ""}) {
+    Result r = tokenize({"--format", "jsonl", "--name", bad, dir / "qa.jsonl"});
+    INFO(bad << ": " << r.out);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Contains("not a valid name"));
+  }
+  CHECK_FALSE(fs::exists(dir / "data/meta.json"));
+  CHECK_FALSE(fs::exists(dir / "data/inner/meta.json"));
+  CHECK_FALSE(fs::exists(dir / "data/inner/a"));
+  Result sampling = launch({"configure", "train", dir / "c.json", R"(training/dataset=[{"name":"../data/x","rate":1}])"});
+  CHECK(sampling.code == 2);
+  CHECK_THAT(sampling.out, Contains("dataset name \"../data/x\" is not a valid name"));
+
+  // Numbers out of range are refused before anything is read (any directory passes as CHECKPOINT here).
+  for (std::string seed : {"-1", "18446744073709551616", "99999999999999999999999", "1e3"}) {
+    Result r = launch({"sample", dir.str(), "--prompt", "hi", "--seed", seed});
+    INFO(seed << ": " << r.out);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Contains("must be a whole number from 0 to 18446744073709551615"));
+  }
+  Result rows = launch({"eval", dir.str(), "--rows", "0"});
+  CHECK(rows.code == 2);
+  CHECK_THAT(rows.out, Contains("--rows"));
+  write_file_atomic(dir / "b.json", "{}");
+  Result steps = launch({"bench", dir / "b.json", "--steps", "0"});
+  CHECK(steps.code == 2);
+  CHECK_THAT(steps.out, Contains("not in range 1 to"));
+
+  // configure never replaces a file unasked, nor creates directories.
+  write_file_atomic(dir / "mine.json", "{\"hand\": \"edited\"}");
+  Result over = launch({"configure", "train", dir / "mine.json"});
+  CHECK(over.code == 2);
+  CHECK_THAT(over.out, Contains("already exists") && Contains("--force"));
+  CHECK(read_file(dir / "mine.json") == "{\"hand\": \"edited\"}");
+  CHECK(launch({"configure", "train", dir / "mine.json", "--force"}).code == 0);
+  CHECK_THAT(read_file(dir / "mine.json"), Contains("\"kind\": \"train\""));
+  Result nodir = launch({"configure", "train", dir / "no/such/c.json"});
+  CHECK(nodir.code == 2);
+  CHECK_THAT(nodir.out, Contains("does not exist; create it first"));
+  CHECK_FALSE(fs::exists(dir / "no"));
+  Result isdir = launch({"configure", "train", dir / "data"});
+  CHECK(isdir.code == 2);
+  CHECK_THAT(isdir.out, Contains("is a directory"));
 }
 
 TEST_CASE("launcher: SIGINT saves a checkpoint and the re-run ends as an uninterrupted run", "[launcher]") {

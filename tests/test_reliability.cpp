@@ -30,7 +30,7 @@ using test::Result;
 // A lora/train config over the tiny model: `pre` and `post` steps of 128 tokens.
 std::string lora_config(const test::TempDir& dir, int pre, int post, const std::vector<std::string>& extra = {}) {
   if (!fs::exists(dir / "data/gen")) test::make_byte_dataset(dir / "data", "gen", 1);
-  std::vector<std::string> args = {"configure", "lora/train", dir / "lora.json"};
+  std::vector<std::string> args = {"configure", "--force", "lora/train", dir / "lora.json"};  // called again per case
   for (const auto& o : test::tiny_overrides(dir / "data")) args.push_back(o);
   args.push_back("training/pre_lora_tokens=" + std::string(pre ? "[" + std::to_string(pre * 128) + "]" : "[]"));
   args.push_back(std::string("training/pre_lora_dataset=") + (pre ? R"([[{"name":"gen","rate":1}]])" : "[]"));
