@@ -38,6 +38,18 @@ void add(AdapterSource& s, const std::string& w, torch::Tensor A, torch::Tensor 
   s.adapters.B.push_back(B.to(torch::kFloat32).contiguous());
 }
 
+// A DoRA source's magnitude of `w`, (out) as B's columns: `found` is false when the source has none.
+void add_magnitude(AdapterSource& s, const std::string& w, bool found, const torch::Tensor& m, const std::string& key,
+                   const std::string& where) {
+  if (!found)
+    throw UserError(std::string(kKey) + ": " + where + " is a DoRA adapter but holds no " + key + "; is it complete?");
+  const int64_t out = s.adapters.B.back().size(1);
+  if (m.dim() != 1 || m.size(0) != out)
+    throw UserError(std::string(kKey) + ": " + where + ": the DoRA magnitude of " + w + " (" + key + ") has shape " +
+                    shape_text(m.sizes().vec()) + ", not (" + std::to_string(out) + "), one per output feature");
+  s.adapters.magnitude.push_back(m.to(torch::kFloat32).contiguous());
+}
+
 AdapterSource from_checkpoint(const std::string& path, const std::vector<std::string>& targets) {
   const json meta = read_checkpoint_metadata(path);
   if (meta.value("kind", std::string()) != "lora" || !meta.contains("lora"))
@@ -48,6 +60,7 @@ AdapterSource from_checkpoint(const std::string& path, const std::vector<std::st
   s.rank = meta["lora"].value("rank", int64_t{0});
   s.alpha = meta["lora"].value("alpha", 0.0);
   s.rslora = meta["lora"].value("rslora", false);
+  s.dora = meta["lora"].value("dora", false);
   s.modules_to_save = meta["lora"].value("modules_to_save", std::vector<std::string>());
   const auto theirs = meta["lora"].value("targets", std::vector<std::string>());
   std::vector<std::string> missing, extra;
@@ -65,6 +78,10 @@ AdapterSource from_checkpoint(const std::string& path, const std::vector<std::st
       throw UserError(std::string(kKey) + ": " + path + " lists " + w + " as adapted but holds no " + kLoraPrefix +
                       LoraParams::a_name(w) + "; is the checkpoint complete?");
     add(s, w, a->second, b->second, path);
+    if (!s.dora) continue;
+    auto m = lora.find(LoraParams::magnitude_name(w));
+    add_magnitude(s, w, m != lora.end(), m != lora.end() ? m->second : torch::Tensor(),
+                  kLoraPrefix + LoraParams::magnitude_name(w), path);
   }
   const json token_rows = meta["lora"].value("trainable_tokens", json::object());
   for (auto& [name, ids] : token_rows.items()) {
@@ -89,11 +106,9 @@ AdapterSource from_peft(const std::string& path, ModelFamily family, const std::
   s.rank = c.value("r", int64_t{0});
   s.alpha = c.value("lora_alpha", 0.0);
   s.rslora = c.value("use_rslora", false);
+  s.dora = c.value("use_dora", false);
   if (c.contains("modules_to_save") && c["modules_to_save"].is_array())
     s.modules_to_save = c["modules_to_save"].get<std::vector<std::string>>();
-  for (const char* unsupported : {"use_dora"})
-    if (c.value(unsupported, false))
-      throw UserError(std::string(kKey) + ": " + config_path + ": " + unsupported + " true is not supported");
   const std::string file = (fs::path(path) / "adapter_model.safetensors").string();
   std::map<std::string, torch::Tensor> by_key;
   for (auto& [k, t] : read_safetensors(file)) by_key[k] = t;
@@ -115,6 +130,9 @@ AdapterSource from_peft(const std::string& path, ModelFamily family, const std::
     auto b = by_key.find(mod + ".lora_B.weight");
     if (b == by_key.end()) throw UserError(std::string(kKey) + ": " + file + " has " + mod + ".lora_A.weight but no .lora_B.weight");
     add(s, w, by_key.at(mod + ".lora_A.weight").t(), b->second.t(), file);  // (r, in) -> (in, r); (out, r) -> (r, out)
+    if (!s.dora) continue;
+    auto m = by_key.find(mod + ".lora_magnitude_vector");  // (out), for a Conv1D layer too
+    add_magnitude(s, w, m != by_key.end(), m != by_key.end() ? m->second : torch::Tensor(), mod + ".lora_magnitude_vector", file);
   }
   // trainable_token_indices: a list (the input embedding) or {module: ids}; the rows' values under
   // <module>.token_adapter.trainable_tokens_delta (a tied head's copy is not saved).
@@ -139,7 +157,7 @@ AdapterSource from_peft(const std::string& path, ModelFamily family, const std::
 }  // namespace
 
 AdapterSource read_adapter_source(const std::string& path, ModelFamily family, const std::vector<std::string>& targets,
-                                  int64_t rank, double alpha, bool rslora, const std::string& token_embedding,
+                                  int64_t rank, double alpha, bool rslora, bool dora, const std::string& token_embedding,
                                   const std::vector<int64_t>& token_ids) {
   if (!fs::is_directory(path))
     throw UserError(std::string(kKey) + ": " + path + " is not a directory (give a LoRA checkpoint or a PEFT adapter directory)");
@@ -162,6 +180,10 @@ AdapterSource read_adapter_source(const std::string& path, ModelFamily family, c
     throw UserError(std::string(kKey) + ": " + path + " holds adapters of " + theirs + "; this job has " + ours +
                     ": they would compute another function. Set optimization/lora/alpha and optimization/lora/rslora "
                     "as the source's");
+  if (s.dora != dora)
+    throw UserError(std::string(kKey) + ": " + path + (s.dora ? " holds DoRA adapters (a magnitude per output feature)"
+                                                            : " holds plain LoRA adapters, without DoRA's magnitudes") +
+                    "; this job has optimization/lora/dora=" + (dora ? "true" : "false") + ". Set it as the source's");
   auto rows = [](const std::string& name, const std::vector<int64_t>& ids) {
     return ids.empty() ? std::string("none") : json{{name, ids}}.dump();
   };

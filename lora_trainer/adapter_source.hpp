@@ -4,9 +4,11 @@
 // save_pretrained writes it), for the weights this job adapts.
 //
 // PEFT's lora_A.weight is (r, in) and lora_B.weight (out, r): our A (in, r) and B (r, out) are their
-// transposes (huggingface.hpp). The source must adapt exactly this job's weights, with this job's rank
-// and the same scale (alpha / r, or alpha / sqrt(r) with rsLoRA), so that the adapters compute what
-// they computed there; anything else is a UserError naming the setting to change.
+// transposes (huggingface.hpp). DoRA's magnitudes come along: ours lora/<module>.lora_magnitude,
+// PEFT's <module>.lora_magnitude_vector (use_dora), (out) in both. The source must adapt exactly this
+// job's weights, with this job's rank, the same scale (alpha / r, or alpha / sqrt(r) with rsLoRA) and
+// DoRA on both sides or neither, so that the adapters compute what they computed there; anything else is
+// a UserError naming the setting to change.
 #pragma once
 
 #include <string>
@@ -25,7 +27,8 @@ struct AdapterSource {
   int64_t rank = 0;
   double alpha = 0;
   bool rslora = false;
-  LoraParams adapters;  // f32, ours layouts, in the order of the job's targets
+  bool dora = false;
+  LoraParams adapters;  // f32, ours layouts, in the order of the job's targets; magnitudes with DoRA
   std::vector<std::string> modules_to_save;  // what the source also trained (not loaded: reported)
   // The token rows the source trained (trainable_token_indices), loaded with the adapters: name is ours
   // ("wte.weight") where it is the model's token embedding, else the source's module; undefined when
@@ -34,11 +37,11 @@ struct AdapterSource {
 };
 
 // Reads `path` for the weights `targets` (our names) of a `family` model and checks it against the
-// job's rank, alpha and rsLoRA, and its trainable token rows against the job's: `token_ids` of the
+// job's rank, alpha, rsLoRA and DoRA, and its trainable token rows against the job's: `token_ids` of the
 // model's token embedding `token_embedding` (our name), none when empty. The same ids of the same
 // embedding, or none on both sides.
 AdapterSource read_adapter_source(const std::string& path, ModelFamily family, const std::vector<std::string>& targets,
-                                  int64_t rank, double alpha, bool rslora, const std::string& token_embedding,
+                                  int64_t rank, double alpha, bool rslora, bool dora, const std::string& token_embedding,
                                   const std::vector<int64_t>& token_ids);
 
 }  // namespace lt

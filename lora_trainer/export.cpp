@@ -86,11 +86,19 @@ MergedWeights merged_weights(const std::string& checkpoint, bool use_ema) {
   const json& l = m.meta["lora"];
   const double alpha = l.at("alpha").get<double>();
   const int64_t rank = l.at("rank").get<int64_t>();
-  const bool rslora = l.value("rslora", false);
+  const bool rslora = l.value("rslora", false), dora = l.value("dora", false);
   for (auto& [n, t] : m.params) {
     auto a = lora.find(LoraParams::a_name(n)), b = lora.find(LoraParams::b_name(n));
     if (a == lora.end() || b == lora.end()) continue;
-    t = merge_lora_params(t, a->second, b->second, alpha, rank, rslora);
+    torch::Tensor magnitude;
+    if (dora) {
+      auto mg = lora.find(LoraParams::magnitude_name(n));
+      if (mg == lora.end())
+        throw UserError(checkpoint + ": its metadata says DoRA (lora.dora) but it holds no " + kLoraPrefix +
+                        LoraParams::magnitude_name(n) + "; is the checkpoint complete?");
+      magnitude = mg->second;
+    }
+    t = merge_lora_params(t, a->second, b->second, alpha, rank, rslora, magnitude);
     ++m.merged;
   }
   const json token_rows = l.value("trainable_tokens", json::object());

@@ -15,7 +15,8 @@
 namespace lt {
 
 // The parameters of a checkpoint in f32, by name (without "params/"), with its adapters merged in
-// (the scale its metadata records: alpha, rank, rslora); `merged` counts them. Trainable token rows
+// (the scale its metadata records: alpha, rank, rslora; with dora, DoRA's rule and the saved magnitudes);
+// `merged` counts them. Trainable token rows
 // (trainable_token_indices) replace their rows of the embedding (a tied head is that same tensor);
 // `token_rows` counts them. What every export writes.
 struct MergedWeights {

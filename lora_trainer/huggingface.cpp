@@ -161,6 +161,7 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
   const auto targets = meta["lora"].value("targets", std::vector<std::string>());
   if (targets.empty()) throw UserError(checkpoint + ": its lora metadata lists no adapted weights. Nothing was written");
   NamedTensors tensors;
+  const bool dora = meta["lora"].value("dora", false);
   std::set<std::string> adapted;  // HF module paths, without base_model.model.
   for (const auto& w : targets) {
     if (std::find(adaptable.begin(), adaptable.end(), w) == adaptable.end())
@@ -172,6 +173,13 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
     const std::string mod = peft_module_path(family, w);
     tensors.emplace_back(mod + ".lora_A.weight", a->second.to(torch::kFloat32).t().contiguous());  // (r, in)
     tensors.emplace_back(mod + ".lora_B.weight", b->second.to(torch::kFloat32).t().contiguous());  // (out, r)
+    if (dora) {  // (out): one per output feature, for a Conv1D layer too (PEFT's norm is of the (out, in) weight's rows)
+      auto mg = lora.find(LoraParams::magnitude_name(w));
+      if (mg == lora.end())
+        throw UserError(checkpoint + ": a DoRA checkpoint without the magnitude of " + w + " (lora/" +
+                        LoraParams::magnitude_name(w) + "). Nothing was written");
+      tensors.emplace_back(mod + ".lora_magnitude_vector", mg->second.to(torch::kFloat32).contiguous());
+    }
     adapted.insert(mod.substr(root.size()));
   }
   // target_modules: the shortest name suffixes that PEFT (which matches a module when its name equals
@@ -242,6 +250,7 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
                  {"fan_in_fan_out", hf_fan_in_fan_out(family)},
                  {"bias", "none"},
                  {"use_rslora", meta["lora"].value("rslora", false)},
+                 {"use_dora", dora},
                  {"modules_to_save", peft_modules_to_save.empty() ? json(nullptr) : json(peft_modules_to_save)},
                  {"ensure_weight_tying", saves_tied_embedding},
                  {"trainable_token_indices", token_indices},
@@ -262,8 +271,9 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
   });
   const bool rslora = meta["lora"].value("rslora", false);
   std::printf("exported %s -> %s (PEFT LoRA adapter: %zu adapted modules, r %lld, lora_alpha %g, scaling %s = %g, "
-              "fan_in_fan_out %s%s%s%s%s; base %s)\n", checkpoint.c_str(), out.c_str(), adapted.size(), (long long)r, alpha,
-              rslora ? "alpha/sqrt(r)" : "alpha/r", lora_scale(alpha, r, rslora), hf_fan_in_fan_out(family) ? "true" : "false", peft_modules_to_save.empty() ? "" : "; modules_to_save ",
+              "fan_in_fan_out %s%s%s%s%s%s; base %s)\n", checkpoint.c_str(), out.c_str(), adapted.size(), (long long)r, alpha,
+              rslora ? "alpha/sqrt(r)" : "alpha/r", lora_scale(alpha, r, rslora), hf_fan_in_fan_out(family) ? "true" : "false",
+              dora ? "; use_dora, a lora_magnitude_vector per module" : "", peft_modules_to_save.empty() ? "" : "; modules_to_save ",
               join(peft_modules_to_save).c_str(), token_indices.is_null() ? "" : "; trainable_token_indices ",
               token_indices.is_null() ? "" : token_indices.dump().c_str(),
               config["base_model_name_or_path"].is_string() ? config["base_model_name_or_path"].get<std::string>().c_str()

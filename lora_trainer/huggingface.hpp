@@ -16,6 +16,8 @@
 // B (r, out) with W (out, in) += (alpha / r) (A B)^T, so lora_A.weight = A^T and lora_B.weight = B^T,
 // with the same alpha and r, in both families. Keys: base_model.model.<HF module path>.lora_{A,B}.weight
 // (transformer.h.i.attn.c_attn; model.layers.i.self_attn.q_proj).
+// DoRA (use_dora): each module also has <module>.lora_magnitude_vector, (out), one per output feature of
+// the (out, in) weight whatever the layer's layout: our lora/<weight>.lora_magnitude unchanged.
 #pragma once
 
 #include <string>

@@ -14,12 +14,13 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   if (!lora_on_) return lora_linear(x, weight, bias, {}, {}, 0.0);
-  return lora_linear(x, weight, bias, lora_A_, lora_B_, lora_scale_);
+  return lora_linear(x, weight, bias, lora_A_, lora_B_, lora_scale_, lora_magnitude_);
 }
 
-void LinearImpl::set_lora(torch::Tensor A, torch::Tensor B, double scale) {
+void LinearImpl::set_lora(torch::Tensor A, torch::Tensor B, double scale, torch::Tensor magnitude) {
   lora_A_ = std::move(A);
   lora_B_ = std::move(B);
+  lora_magnitude_ = lora_A_.defined() ? std::move(magnitude) : torch::Tensor();
   lora_scale_ = scale;
 }
 

@@ -14,17 +14,20 @@ class LinearImpl : public torch::nn::Module, public LoraAdaptable {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
   torch::Tensor forward(const torch::Tensor& x);  // x: (..., in) -> (..., out)
-  void set_lora(torch::Tensor A, torch::Tensor B, double scale) override;
+  void set_lora(torch::Tensor A, torch::Tensor B, double scale, torch::Tensor magnitude) override;
   void enable_lora(bool on) override { lora_on_ = on; }
   bool has_lora() const { return lora_A_.defined(); }
-  // A and B (empty without an adapter): what the forward reads beyond the registered parameters.
+  // A, B and a DoRA magnitude (empty without an adapter): what the forward reads beyond the registered
+  // parameters (activation checkpointing hands them to autograd).
   std::vector<torch::Tensor> lora_tensors() const {
-    return has_lora() ? std::vector<torch::Tensor>{lora_A_, lora_B_} : std::vector<torch::Tensor>{};
+    if (!has_lora()) return {};
+    if (lora_magnitude_.defined()) return {lora_A_, lora_B_, lora_magnitude_};
+    return {lora_A_, lora_B_};
   }
   torch::Tensor weight, bias;  // bias undefined when built without one
 
  private:
-  torch::Tensor lora_A_, lora_B_;
+  torch::Tensor lora_A_, lora_B_, lora_magnitude_;
   double lora_scale_ = 0.0;
   bool lora_on_ = true;
 };

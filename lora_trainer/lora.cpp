@@ -23,12 +23,18 @@ static std::string strip_weight(const std::string& base_name) {
 
 std::string LoraParams::a_name(const std::string& base_name) { return strip_weight(base_name) + ".lora_A"; }
 std::string LoraParams::b_name(const std::string& base_name) { return strip_weight(base_name) + ".lora_B"; }
+std::string LoraParams::magnitude_name(const std::string& base_name) {
+  return strip_weight(base_name) + ".lora_magnitude";
+}
 
 NamedTensors LoraParams::named() const {
+  TORCH_CHECK(magnitude.empty() || magnitude.size() == names.size(), "LoraParams: ", magnitude.size(),
+              " DoRA magnitudes for ", names.size(), " adapters");
   NamedTensors out;
   for (size_t i = 0; i < names.size(); ++i) {
     out.emplace_back(a_name(names[i]), A[i]);
     out.emplace_back(b_name(names[i]), B[i]);
+    if (dora()) out.emplace_back(magnitude_name(names[i]), magnitude[i]);
   }
   return out;
 }
@@ -126,7 +132,7 @@ std::vector<bool> modules_to_save_filter(const NamedTensors& params, const std::
 }
 
 LoraParams inject_lora_params(const NamedTensors& params, const std::vector<bool>& mask, int64_t rank,
-                              torch::Generator generator, LoraInit init) {
+                              torch::Generator generator, LoraInit init, bool dora) {
   TORCH_CHECK(params.size() == mask.size(), "inject_lora_params: mask size differs from params");
   if (rank <= 0) throw LoraSettingError("rank", "must be > 0, got " + std::to_string(rank));
   LoraParams out;
@@ -149,6 +155,8 @@ LoraParams inject_lora_params(const NamedTensors& params, const std::vector<bool
     out.names.push_back(params[i].first);
     out.A.push_back(A.to(W.device()));
     out.B.push_back(torch::zeros({rank, out_f}, opts));
+    // The norm the forward divides by, at B = 0: m / ||W|| is then exactly 1.
+    if (dora) out.magnitude.push_back(dora_weight_norm(W, out.A.back(), out.B.back(), 1.0));
   }
   return out;
 }
@@ -158,11 +166,45 @@ double lora_scale(double alpha, int64_t rank, bool rslora) {
   return alpha / (rslora ? std::sqrt(r) : r);
 }
 
-torch::Tensor merge_lora_params(const torch::Tensor& base, const torch::Tensor& A, const torch::Tensor& B,
-                                double alpha, int64_t rank, bool rslora) {
-  torch::NoGradGuard ng;
+namespace {
+// Autocast off on `device` for a scope: DoRA's norm is computed in f32 whatever the forward runs in.
+class AutocastOff {
+ public:
+  explicit AutocastOff(c10::DeviceType device) : device_(device), prev_(compat::autocast_enabled(device)) {
+    compat::set_autocast_enabled(device_, false);
+  }
+  ~AutocastOff() { compat::set_autocast_enabled(device_, prev_); }
+  AutocastOff(const AutocastOff&) = delete;
+  AutocastOff& operator=(const AutocastOff&) = delete;
+
+ private:
+  c10::DeviceType device_;
+  bool prev_;
+};
+
+// W + scale (A B)^T in f32, (out, in): the one expression the merge and DoRA's norm both use.
+torch::Tensor merged_f32(const torch::Tensor& W, const torch::Tensor& A, const torch::Tensor& B, double scale) {
   auto delta = torch::mm(A.to(torch::kFloat32), B.to(torch::kFloat32)).t();  // (out, in)
-  return (base.to(torch::kFloat32) + lora_scale(alpha, rank, rslora) * delta).to(base.dtype());
+  return W.to(torch::kFloat32) + scale * delta;
+}
+}  // namespace
+
+torch::Tensor dora_weight_norm(const torch::Tensor& W, const torch::Tensor& A, const torch::Tensor& B, double scale) {
+  torch::NoGradGuard ng;
+  AutocastOff f32(W.device().type());
+  return merged_f32(W.detach(), A.detach(), B.detach(), scale).norm(2, {1});
+}
+
+torch::Tensor merge_lora_params(const torch::Tensor& base, const torch::Tensor& A, const torch::Tensor& B,
+                                double alpha, int64_t rank, bool rslora, const torch::Tensor& magnitude) {
+  torch::NoGradGuard ng;
+  auto merged = merged_f32(base, A, B, lora_scale(alpha, rank, rslora));
+  if (magnitude.defined()) {  // DoRA: each row rescaled to its magnitude (PEFT's merge)
+    TORCH_CHECK(magnitude.dim() == 1 && magnitude.size(0) == base.size(0), "merge_lora_params: a DoRA magnitude of shape ",
+                magnitude.sizes(), " for a weight of ", base.size(0), " rows");
+    merged = merged * (magnitude.to(torch::kFloat32) / merged.norm(2, {1})).unsqueeze(1);
+  }
+  return merged.to(base.dtype());
 }
 
 NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora, double alpha, int64_t rank,
@@ -174,7 +216,8 @@ NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora,
       out.emplace_back(name, t);
     } else {
       size_t i = static_cast<size_t>(it - lora.names.begin());
-      out.emplace_back(name, merge_lora_params(t, lora.A[i], lora.B[i], alpha, rank, rslora));
+      out.emplace_back(name, merge_lora_params(t, lora.A[i], lora.B[i], alpha, rank, rslora,
+                                               lora.dora() ? lora.magnitude[i] : torch::Tensor()));
     }
   }
   return out;
@@ -182,7 +225,8 @@ NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora,
 
 int64_t count_lora_params(const LoraParams& lora) {
   int64_t n = 0;
-  for (size_t i = 0; i < lora.names.size(); ++i) n += lora.A[i].numel() + lora.B[i].numel();
+  for (size_t i = 0; i < lora.names.size(); ++i)
+    n += lora.A[i].numel() + lora.B[i].numel() + (lora.dora() ? lora.magnitude[i].numel() : 0);
   return n;
 }
 
@@ -225,7 +269,8 @@ void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, 
     std::string weight_name = module_name.empty() ? "weight" : module_name + ".weight";
     for (size_t i = 0; i < lora.names.size(); ++i) {
       if (lora.names[i] == weight_name) {
-        layer.set_lora(lora.A[i], lora.B[i], lora_scale(alpha, rank, rslora));
+        layer.set_lora(lora.A[i], lora.B[i], lora_scale(alpha, rank, rslora),
+                       lora.dora() ? lora.magnitude[i] : torch::Tensor());
         attached[i] = true;
       }
     }
@@ -236,7 +281,7 @@ void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, 
 }
 
 void detach_lora(torch::nn::Module& root) {
-  for_each_adaptable(root, [](const std::string&, LoraAdaptable& layer) { layer.set_lora({}, {}, 0.0); });
+  for_each_adaptable(root, [](const std::string&, LoraAdaptable& layer) { layer.set_lora({}, {}, 0.0, {}); });
 }
 
 std::string TrainableTokens::values_name(const std::string& base_name) {
@@ -333,7 +378,18 @@ torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x) {
 }
 
 torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b,
-                          const torch::Tensor& A, const torch::Tensor& B, double scale) {
+                          const torch::Tensor& A, const torch::Tensor& B, double scale, const torch::Tensor& magnitude) {
+  if (A.defined() && magnitude.defined()) {
+    // DoRA: (m / ||W + s (A B)^T||) (x W^T + s (x A) B) + b; the bias stays outside the rescale, as in
+    // PEFT. The norm is a constant to autograd; m gets its gradient through the factor.
+    auto y = torch::linear(x, weight_for(W, x));
+    auto xa = torch::matmul(x, weight_for(A, x));
+    const int64_t out = y.size(-1);
+    auto sum = torch::addmm(y.reshape({-1, out}), xa.reshape({-1, xa.size(-1)}), weight_for(B, x) * scale);
+    auto factor = magnitude / dora_weight_norm(W, A, B, scale);
+    auto z = (sum * factor.to(sum.scalar_type())).view(y.sizes());
+    return b.defined() ? z + b.to(z.scalar_type()) : z;
+  }
   auto y = torch::linear(x, weight_for(W, x), weight_for(b, x));
   if (!A.defined()) return y;
   // (x A) B costs 2 r (in + out) per row instead of forming the (out, in) merged weight. The scale

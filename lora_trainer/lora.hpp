@@ -5,6 +5,12 @@
 // and the effective weight is W_eff = W + (alpha / r) * (A B)^T in LibTorch's (out, in) layout.
 // In training the adapted layer computes x W^T + b + (alpha / r) (x A) B and never forms W_eff.
 //
+// DoRA (Liu et al., 2024; PEFT's use_dora) adds a magnitude m: (out) f32 per adapted weight, and the
+// effective weight becomes m * W_eff / ||W_eff||, the norm taken per output feature (each row of
+// W_eff) and treated as a constant in the backward (the paper's sec. 4.3, as PEFT does). m starts at
+// the row norms of the frozen base, so a fresh DoRA adapter changes nothing. The layer computes
+// (m / ||W_eff||) (x W^T + s (x A) B) + b: the norm needs W_eff's rows, the matmul does not.
+//
 // This file depends on LibTorch alone: `param_filter` and `inject_lora_params` work on any
 // `named_parameters()` list; a layer takes an adapter by implementing `LoraAdaptable`. A setting that
 // does not fit the model is a LoraSettingError naming the setting; the trainer names its config key.
@@ -36,9 +42,11 @@ class LoraSettingError : public std::invalid_argument {
 class LoraAdaptable {
  public:
   virtual ~LoraAdaptable() = default;
-  // A: (in, r), B: (r, out), scale = alpha / r. Undefined tensors remove the adapter.
-  virtual void set_lora(torch::Tensor A, torch::Tensor B, double scale) = 0;
-  // Off: the layer computes with its base weight alone, its adapter kept attached (AdaptersOff).
+  // A: (in, r), B: (r, out), scale = alpha / r; magnitude: (out) for DoRA, undefined for plain LoRA.
+  // Undefined A and B remove the adapter.
+  virtual void set_lora(torch::Tensor A, torch::Tensor B, double scale, torch::Tensor magnitude) = 0;
+  // Off: the layer computes with its base weight alone (no DoRA rescale either), its adapter kept
+  // attached (AdaptersOff).
   virtual void enable_lora(bool on) = 0;
 };
 
@@ -92,10 +100,16 @@ struct LoraParams {
   std::vector<std::string> names;  // base parameter names ("h.0.attn.c_attn.weight")
   std::vector<torch::Tensor> A;    // (in, r) each
   std::vector<torch::Tensor> B;    // (r, out) each
-  // "h.0.attn.c_attn.weight" -> "h.0.attn.c_attn.lora_A" / ".lora_B": the names used in checkpoints.
+  // DoRA's magnitudes, (out) f32 each, one per name; empty for plain LoRA.
+  std::vector<torch::Tensor> magnitude;
+  bool dora() const { return !magnitude.empty(); }
+  // "h.0.attn.c_attn.weight" -> "h.0.attn.c_attn.lora_A" / ".lora_B" / ".lora_magnitude": the names
+  // used in checkpoints and by the optimizer.
   static std::string a_name(const std::string& base_name);
   static std::string b_name(const std::string& base_name);
-  NamedTensors named() const;  // A and B interleaved, in order
+  static std::string magnitude_name(const std::string& base_name);
+  // Per adapted weight A, B (and its magnitude with DoRA), in order: the trainer's stable order.
+  NamedTensors named() const;
 };
 
 // How A is drawn (B starts at zero either way, so training starts from the base model). The names
@@ -116,9 +130,10 @@ std::vector<bool> param_filter(const NamedTensors& params, const std::vector<std
 inline const char* kAllLinear = "all-linear";
 std::vector<std::string> expand_target_modules(torch::nn::Module& root, const std::vector<std::string>& targets);
 
-// Creates f32 A/B for every masked parameter, deterministically from `generator`.
+// Creates f32 A/B for every masked parameter, deterministically from `generator`; with `dora`, the
+// magnitudes too: dora_weight_norm of each weight with B = 0, its row norms.
 LoraParams inject_lora_params(const NamedTensors& params, const std::vector<bool>& mask, int64_t rank,
-                              torch::Generator generator, LoraInit init = LoraInit::Gaussian);
+                              torch::Generator generator, LoraInit init = LoraInit::Gaussian, bool dora = false);
 
 // Which base parameters train in full beside the adapters (PEFT's `modules_to_save`): an entry names a
 // module or a parameter, by its whole name or a suffix after a '.' ("wte" and "transformer.wte" match
@@ -131,11 +146,15 @@ std::vector<bool> modules_to_save_filter(const NamedTensors& params, const std::
 // the update's size from shrinking as r grows (PEFT's use_rslora).
 double lora_scale(double alpha, int64_t rank, bool rslora = false);
 
-// W + lora_scale(alpha, rank, rslora) (A B)^T, computed in f32 and cast back to W's dtype.
-// base: (out, in), A: (in, r), B: (r, out).
+// DoRA's ||W + scale (A B)^T|| per output feature: (out) f32, computed in f32 whatever W's dtype and
+// autocast, without gradient (the paper's detached norm). W: (out, in), A: (in, r), B: (r, out).
+torch::Tensor dora_weight_norm(const torch::Tensor& W, const torch::Tensor& A, const torch::Tensor& B, double scale);
+
+// W + lora_scale(alpha, rank, rslora) (A B)^T, computed in f32 and cast back to W's dtype; with a DoRA
+// `magnitude` (out), that times magnitude / its row norms. base: (out, in), A: (in, r), B: (r, out).
 torch::Tensor merge_lora_params(const torch::Tensor& base, const torch::Tensor& A, const torch::Tensor& B,
-                                double alpha, int64_t rank, bool rslora = false);
-// Every parameter of `base`, with the adapted ones merged.
+                                double alpha, int64_t rank, bool rslora = false, const torch::Tensor& magnitude = {});
+// Every parameter of `base`, with the adapted ones merged (DoRA's rule where `lora` has magnitudes).
 NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora, double alpha, int64_t rank,
                                bool rslora = false);
 
@@ -149,7 +168,8 @@ std::vector<std::string> adaptable_weights(torch::nn::Module& root);
 void check_lora_targets(torch::nn::Module& root, const NamedTensors& params, const std::vector<bool>& mask,
                         int64_t rank);
 
-// Hands each adapter to the layer that owns its base weight (found by name in `root`'s module tree).
+// Hands each adapter (and its DoRA magnitude) to the layer that owns its base weight (found by name in
+// `root`'s module tree).
 void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, int64_t rank, bool rslora = false);
 void detach_lora(torch::nn::Module& root);
 
@@ -171,8 +191,10 @@ class AdaptersOff {
 // dtype, so a bf16-frozen weight works in an f32 forward too.
 torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x);
 
-// x: (..., in), W: (out, in), b: (out) or undefined, A: (in, r), B: (r, out) or undefined.
+// x: (..., in), W: (out, in), b: (out) or undefined, A: (in, r), B: (r, out) or undefined,
+// magnitude: (out) for DoRA or undefined.
 torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b,
-                          const torch::Tensor& A, const torch::Tensor& B, double scale);
+                          const torch::Tensor& A, const torch::Tensor& B, double scale,
+                          const torch::Tensor& magnitude = {});
 
 }  // namespace lt

@@ -46,6 +46,7 @@ LoraConfig LoraConfig::from_config(const Config& cfg) {
   }
   c.init_from = cfg.get_string("optimization/lora/init_from");
   c.rslora = cfg.get_bool("optimization/lora/rslora");
+  c.dora = cfg.get_bool("optimization/lora/dora");
   c.lr_ratio = cfg.get_double("optimization/lora/lr_ratio");
   c.schedule.kind = parse_schedule_kind(cfg.get_string("optimization/lora/schedule"));
   c.schedule.lr = cfg.get_double("optimization/lora/lr");
@@ -103,6 +104,9 @@ ConfigSchema LoRATrainer::schema() {
         "the transition; \"\" = drawn by optimization/lora/init");
   s.add("optimization/lora/rslora", OptType::Bool, false,
         "rank-stabilised LoRA: scale the adapters by alpha/sqrt(r) instead of alpha/r (PEFT's use_rslora)");
+  s.add("optimization/lora/dora", OptType::Bool, false,
+        "DoRA (PEFT's use_dora): each adapted weight also trains a magnitude per output feature, W' = m (W + s A B) / "
+        "||W + s A B|| row by row; m starts at the base's row norms and trains at B's lr without weight decay");
   s.add("optimization/lora/lr_ratio", OptType::Float, 1.0,
         "LoRA+: the learning rate of every B over that of A (the LoRA+ paper suggests 16); 1 trains both alike",
         check_positive());
@@ -194,6 +198,7 @@ json LoRATrainer::extra_metadata() const {
             {"targets", lora_.names},
             {"init", to_string(lora_cfg_.init)},
             {"rslora", lora_cfg_.rslora},
+            {"dora", lora_cfg_.dora},
             {"lr_ratio", lora_cfg_.lr_ratio},
             {"modules_to_save", saved_},
             {"modules_to_save_lr_ratio", lora_cfg_.modules_to_save_lr_ratio},
@@ -222,7 +227,8 @@ void LoRATrainer::transition_at_boundary() {
 
 void LoRATrainer::load_initial_adapters() {
   AdapterSource src = read_adapter_source(lora_cfg_.init_from, model_->options().family, lora_.names, lora_cfg_.rank,
-                                          lora_cfg_.alpha, lora_cfg_.rslora, token_embeddings(*model_).front(), token_rows_.ids);
+                                          lora_cfg_.alpha, lora_cfg_.rslora, lora_cfg_.dora, token_embeddings(*model_).front(),
+                                          token_rows_.ids);
   torch::NoGradGuard ng;
   if (token_rows_.defined()) {
     if (src.tokens.values.sizes() != token_rows_.values.sizes())
@@ -236,6 +242,13 @@ void LoRATrainer::load_initial_adapters() {
                       " does not fit this model's weight (another model size?)");
     lora_.A[i].copy_(src.adapters.A[i]);
     lora_.B[i].copy_(src.adapters.B[i]);
+    if (lora_.dora()) {
+      if (src.adapters.magnitude[i].sizes() != lora_.magnitude[i].sizes())
+        throw UserError("optimization/lora/init_from: " + src.path + ": the DoRA magnitude of " + lora_.names[i] +
+                        " has shape " + shape_text(src.adapters.magnitude[i].sizes().vec()) + ", not this weight's " +
+                        shape_text(lora_.magnitude[i].sizes().vec()) + " (another model size?)");
+      lora_.magnitude[i].copy_(src.adapters.magnitude[i]);
+    }
   }
   adapters_from_ = src.path;
   std::printf("adapters of the %zu adapted weights%s start from %s (%s)%s\n", lora_.names.size(),
@@ -274,9 +287,11 @@ void LoRATrainer::enter_lora_phase() {
   }
 
   auto gen = at::detail::createCPUGenerator(mix64(opts_.seed ^ 0x4C6F5241ULL));  // "LoRA"
-  lora_ = with_lora_keys([&] { return inject_lora_params(params, mask, lora_cfg_.rank, gen, lora_cfg_.init); });
+  lora_ = with_lora_keys(
+      [&] { return inject_lora_params(params, mask, lora_cfg_.rank, gen, lora_cfg_.init, lora_cfg_.dora); });
   for (auto& a : lora_.A) a.requires_grad_(true);
   for (auto& b : lora_.B) b.requires_grad_(true);
+  for (auto& m : lora_.magnitude) m.requires_grad_(true);
   attach_lora(*model_, lora_, lora_cfg_.alpha, lora_cfg_.rank, lora_cfg_.rslora);
   if (token_rows_.defined()) {
     token_rows_.values.requires_grad_(true);
@@ -285,9 +300,12 @@ void LoRATrainer::enter_lora_phase() {
   in_lora_ = true;  // before the optimizer: its sharding depends on the phase
   // The adapters are identical on every rank (the same seed), as are the saved modules; the moments
   // of both may be sharded. The saved modules follow the adapters, at their own lr.
-  NamedTensors trained = lora_.named();  // A, B of each target in turn; B at LoRA+'s lr_ratio
+  // A, B (and DoRA's magnitude) of each target in turn; B and the magnitude at LoRA+'s lr_ratio, as
+  // PEFT's LoRA+ optimizer groups them. The magnitude is 1-D: no weight decay (AdamW's rule for them).
+  NamedTensors trained = lora_.named();
   std::vector<double> lr_scale;
-  for (size_t i = 0; i < trained.size(); ++i) lr_scale.push_back(i % 2 == 0 ? 1.0 : lora_cfg_.lr_ratio);
+  const size_t per_target = lora_.dora() ? 3 : 2;
+  for (size_t i = 0; i < trained.size(); ++i) lr_scale.push_back(i % per_target == 0 ? 1.0 : lora_cfg_.lr_ratio);
   for (const auto& p : saved) {
     trained.push_back(p);
     lr_scale.push_back(lora_cfg_.modules_to_save_lr_ratio);
@@ -321,6 +339,14 @@ void LoRATrainer::log_transition() {
     std::snprintf(ratio, sizeof ratio, ", LoRA+ (B's lr x%g)", lora_cfg_.lr_ratio);
     recipe += ratio;
   }
+  if (lora_.dora()) {
+    int64_t m = 0;
+    for (const auto& t : lora_.magnitude) m += t.numel();
+    char text[160];
+    std::snprintf(text, sizeof text, ", DoRA (%lld magnitudes, one per output feature, at B's lr x%g, no weight decay)",
+                  (long long)m, lora_cfg_.lr_ratio);
+    recipe += text;
+  }
   std::printf("transition to LoRA at step %lld (%lld tokens): %zu adapted weights, rank %lld, alpha %g, init %s%s; "
               "trainable %lld (%.2f%%: %lld in adapters%s), frozen %lld (bf16)\n",
               (long long)step_, (long long)tokens_, lora_.names.size(), (long long)lora_cfg_.rank, lora_cfg_.alpha,
@@ -350,8 +376,13 @@ void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
     if (step < boundary_step_)
       throw UserError(dir + " is a LoRA state at step " + std::to_string(step) + ", before this job's LoRA boundary (step " +
                       std::to_string(boundary_step_) + "): it belongs to a job with other training/pre_lora_tokens");
-    if (!in_lora_) enter_lora_phase();  // the LoRA template; the load overwrites it
     const json& meta = ck.raw;
+    const bool their_dora = meta.contains("lora") && meta["lora"].is_object() && meta["lora"].value("dora", false);
+    if (their_dora != lora_cfg_.dora)
+      throw UserError(dir + (their_dora ? " trained DoRA adapters (a magnitude per output feature)" : " trained plain LoRA "
+                      "adapters, without DoRA's magnitudes") + "; this job has optimization/lora/dora=" +
+                      (lora_cfg_.dora ? "true" : "false") + ". Set it as the job that saved the checkpoint had it");
+    if (!in_lora_) enter_lora_phase();  // the LoRA template; the load overwrites it
     const json theirs = meta.contains("lora") && meta["lora"].is_object() ? meta["lora"].value("modules_to_save", json::array())
                                                                           : json::array();
     if (theirs != json(saved_))
@@ -388,7 +419,7 @@ void LoRATrainer::run() {
   if (!in_lora_ && !lora_cfg_.init_from.empty()) {
     // The adapters' source is read at the transition, maybe hours from now: check it fits before training.
     read_adapter_source(lora_cfg_.init_from, model_->options().family, selection_.target_names, lora_cfg_.rank,
-                        lora_cfg_.alpha, lora_cfg_.rslora, token_embeddings(*model_).front(),
+                        lora_cfg_.alpha, lora_cfg_.rslora, lora_cfg_.dora, token_embeddings(*model_).front(),
                         selection_.token_embedding.empty() ? std::vector<int64_t>() : lora_cfg_.token_ids);
   }
   BaseTrainer::run();

@@ -36,6 +36,7 @@ struct LoraConfig {
   std::vector<std::string> target_modules;  // optimization/lora/target_modules (as given: "all-linear" unexpanded)
   LoraInit init{};                        // optimization/lora/init
   bool rslora{};                          // optimization/lora/rslora: scale alpha / sqrt(r) instead of alpha / r
+  bool dora{};                            // optimization/lora/dora: a trained magnitude per output feature (DoRA)
   double lr_ratio{};                      // optimization/lora/lr_ratio (LoRA+): B's learning rate over A's
   std::vector<std::string> modules_to_save;  // optimization/lora/modules_to_save, entries as given (module or
                                              // parameter names, or suffixes)
@@ -119,7 +120,7 @@ class LoRATrainer : public BaseTrainer {
   };
   Selection select_lora_params() const;
   void log_transition();
-  // optimization/lora/init_from: the source's A and B copied into the fresh adapters (at the transition
+  // optimization/lora/init_from: the source's A and B (and DoRA magnitudes) copied into the fresh adapters (at the transition
   // only; a restore in the LoRA phase reads them from its checkpoint).
   void load_initial_adapters();
   LoraConfig lora_cfg_;

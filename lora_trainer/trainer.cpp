@@ -71,11 +71,12 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const St
     std::vector<std::string> names;
     for (const auto& [n, p] : named_params(*model_)) {
       names.push_back(n);
-      if (p.dim() == 2) names.insert(names.end(), {LoraParams::a_name(n), LoraParams::b_name(n)});
+      if (p.dim() == 2)
+        names.insert(names.end(), {LoraParams::a_name(n), LoraParams::b_name(n), LoraParams::magnitude_name(n)});
     }
     if (std::none_of(names.begin(), names.end(), [&](const std::string& n) { return n.find(rule.match) != std::string::npos; }))
       throw UserError("optimization/param_groups: \"" + rule.match + "\" matches no parameter of this model (nor an "
-                      "adapter's lora_A/lora_B); names look like " + names.front() + ", " + names[names.size() / 2]);
+                      "adapter's lora_A/lora_B/lora_magnitude); names look like " + names.front() + ", " + names[names.size() / 2]);
   }
   build_optimizer(named_params(*model_), opts_.optimizer.adamw.weight_decay);
 }

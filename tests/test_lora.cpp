@@ -12,50 +12,19 @@
 #include "lora_trainer/safetensors.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "fixtures.hpp"
+#include "lora_fixtures.hpp"
 
 using namespace lt;
 using lt::test::Contains;
 
-namespace {
-
-GPT tiny_gpt() {
-  ModelOptions o;
-  o.vocab_size = 257;
-  o.block_size = 16;
-  o.n_layer = 2;
-  o.n_head = 2;
-  o.d_model = 32;
-  GPT m(o);
-  m->init_weights(at::detail::createCPUGenerator(3));
-  return m;
-}
-
 using Data = test::TwoDatasets;
+using test::logits_of;
+using test::make_lora;
+using test::snapshot;
+using test::tiny_gpt;
 
 // A plain f32 job on "gen": what an `export` initialises.
 const std::vector<std::string> kPlainF32 = {"runtime/precision=f32", R"(training/dataset=[{"name":"gen","rate":1}])"};
-
-// 5 full steps on "gen", then 5 LoRA steps on "gen2" (128 tokens a step).
-std::unique_ptr<LoRATrainer> make_lora(const Data& d, const std::string& name, std::vector<std::string> extra = {}) {
-  return std::make_unique<LoRATrainer>(test::job_spec(name),
-                                       test::tiny_config(LoRATrainer::schema(), d.dir / "data", test::two_phase_overrides(), extra),
-                                       d.dir / "out");
-}
-
-NamedTensors snapshot(const NamedTensors& in) {
-  NamedTensors out;
-  for (const auto& [n, t] : in) out.emplace_back(n, t.detach().clone());
-  return out;
-}
-
-// Logits on the CPU in f32, whatever device the model is on (CUDA when the suite runs on a GPU).
-torch::Tensor logits_of(CausalLMImpl& m, const torch::Tensor& idx) {
-  torch::NoGradGuard ng;
-  m.eval();
-  return m.forward(idx.to(m.parameters()[0].device())).to(torch::kFloat32).cpu();
-}
-
-}  // namespace
 
 TEST_CASE("param_filter picks the 2-D weights whose names contain a target", "[lora]") {
   GPT m = tiny_gpt();
@@ -304,32 +273,7 @@ TEST_CASE("a run crosses the boundary, and resume in phase 1, at the boundary an
   SECTION("mid phase 2") { resume_from("p2", 8, "ntoks/1024"); }
 }
 
-// A LoRA job with `opts` saved mid phase 2 (step 7 of 10) resumes bit-identically, losses and state;
-// then its final checkpoint restores the finished state. Returns the straight and the resumed jobs.
-static std::pair<std::unique_ptr<LoRATrainer>, std::unique_ptr<LoRATrainer>> check_resume_mid_phase2_and_final(
-    Data& d, const std::vector<std::string>& opts) {
-  auto straight = make_lora(d, "straight", opts);
-  std::vector<double> losses;
-  for (int i = 0; i < 10; ++i) losses.push_back(straight->train_step().loss);
-  {
-    auto first = make_lora(d, "p2", opts);
-    for (int i = 0; i < 7; ++i) REQUIRE(first->train_step().loss == losses[static_cast<size_t>(i)]);
-    first->save("ntoks/896");
-  }
-  auto resumed = make_lora(d, "p2", opts);
-  resumed->restore_from_path("ntoks/896");
-  REQUIRE(resumed->in_lora_phase());
-  for (int64_t i = resumed->step(); i < 10; ++i) {
-    INFO("step " << i);
-    REQUIRE(resumed->train_step().loss == losses[static_cast<size_t>(i)]);
-  }
-  test::require_same_state(*straight, *resumed);
-  straight->save("final/1280");
-  auto fin = make_lora(d, "straight", opts);
-  fin->restore_from_path("final/1280");
-  test::require_same_state(*straight, *fin);
-  return {std::move(straight), std::move(resumed)};
-}
+using test::check_resume_mid_phase2_and_final;
 
 TEST_CASE("with modules_to_save and PEFT's init, resume mid phase 2 and from final is bit-identical", "[lora]") {
   Data d;
