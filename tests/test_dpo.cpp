@@ -124,7 +124,11 @@ TEST_CASE("the DPO loss: log 2 at the reference, rewards beta (pi - ref), conser
 
 TEST_CASE("dpo/train with LoRA: with the adapters at zero (B = 0) the loss is exactly log 2 and the margin 0", "[dpo]") {
   PrefData d;
-  auto t = make_dpo(d, "zero", /*lora=*/true, 4, {"training/allow_random_base=true"});
+  // With DoRA the magnitudes start at the base's row norms, so the policy is still exactly the reference.
+  const bool dora = GENERATE(false, true);
+  INFO((dora ? "DoRA" : "LoRA"));
+  auto t = make_dpo(d, dora ? "zero_dora" : "zero", /*lora=*/true, 4,
+                    {"training/allow_random_base=true", std::string("optimization/lora/dora=") + (dora ? "true" : "false")});
   auto before = t->evaluate({kPrefs}, 8);  // no adapters yet: the model is its reference
   CHECK(before[0].loss == Approx(std::log(2.0)).epsilon(1e-14));  // every pair's is log 2 exactly (the test above)
   StepResult r = t->train_step();  // the transition at step 0 puts on adapters with B = 0
