@@ -169,6 +169,25 @@ TEST_CASE("distributed: trainable token rows train on 2 ranks with their moments
   CHECK(meta["lora"]["trainable_tokens"] == nlohmann::json{{"wte.weight", {32, 101, 256}}});
 }
 
+TEST_CASE("distributed: DoRA magnitudes train on 2 ranks with their moments sharded like the adapters'", "[distributed][dora]") {
+  test::TempDir dir;
+  const std::string cfg = lora_config(dir, {"optimization/lora/dora=true"});
+  const ShardedRuns runs = sharded_matches_plain(dir, cfg);
+  for (const auto& [ckpt, a] : runs.digests) {
+    INFO(ckpt);
+    size_t magnitudes = 0, moments = 0;
+    for (const auto& [name, digest] : a) {
+      if (name.rfind("lora/", 0) == 0 && ends_with(name, ".lora_magnitude")) ++magnitudes;
+      if (name.rfind("optim/exp_avg/", 0) == 0 && ends_with(name, ".lora_magnitude")) ++moments;
+    }
+    CHECK(magnitudes > 0);
+    CHECK(moments == magnitudes);
+  }
+  auto meta = read_checkpoint_metadata(job_dir(dir, "sharded", "job") + "/final/4096");
+  CHECK(meta["distributed"]["optimizer_sharded"] == true);
+  CHECK(meta["lora"]["dora"] == true);
+}
+
 TEST_CASE("distributed: checkpoints of 2 ranks restore on 1 rank and those of 1 rank on 2", "[distributed]") {
   test::TempDir dir;
   const std::string cfg = lora_config(dir);
