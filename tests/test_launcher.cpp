@@ -146,7 +146,7 @@ TEST_CASE("launcher: bad numbers and names on the command line exit 2 and write 
   write_file_atomic(dir / "b.json", "{}");
   Result steps = launch({"bench", dir / "b.json", "--steps", "0"});
   CHECK(steps.code == 2);
-  CHECK_THAT(steps.out, Contains("not in range 1 to"));
+  CHECK_THAT(steps.out, Contains("--steps") && Contains("not in range") && Contains("1048576"));  // CLI11 2.3 and 2.4 word it differently
 
   // configure never replaces a file unasked, nor creates directories.
   write_file_atomic(dir / "mine.json", "{\"hand\": \"edited\"}");
