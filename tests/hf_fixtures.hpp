@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/huggingface.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/registry.hpp"
 #include "lora_trainer/safetensors.hpp"
@@ -79,6 +80,14 @@ inline std::string run_imported_lora(Config c, const std::string& imported, cons
   t.restore_from_path(imported);
   t.run();
   return out + "/checkpoints/general/default/adapt/final/1280";
+}
+
+// The golden Hugging Face model in `golden` (hf_golden) imported into d/imported, and the LoRA job of
+// imported_lora_config + `extra` run on it over the dataset "gen" made in d/data: its final checkpoint.
+inline std::string adapt_imported(const TempDir& d, const std::string& golden, const std::vector<std::string>& extra) {
+  make_byte_dataset(d / "data", "gen", 1);
+  import_hf(golden + "/model", d / "imported");
+  return run_imported_lora(imported_lora_config(d / "imported", d / "data", extra), d / "imported", d / "out");
 }
 
 inline double max_diff(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }

@@ -70,12 +70,9 @@ std::map<std::string, torch::Tensor> read_adapter(const std::string& dir) {
 TEST_CASE("DoRA on an imported GPT-2 (Conv1D): use_dora, the magnitudes (out), PEFT's rule and the merged export", "[huggingface][dora]") {
   test::TempDir d;
   const std::string g = test::hf_golden("gpt2");
-  test::make_byte_dataset(d / "data", "gen", 1);
-  import_hf(g + "/model", d / "imported");
-  Config c = test::imported_lora_config(d / "imported", d / "data",
-                                        {R"(optimization/lora/target_modules=["attn.c_attn","mlp.c_fc","mlp.c_proj"])",
-                                         "optimization/lora/rslora=true", "optimization/lora/dora=true"});
-  const std::string ck = test::run_imported_lora(std::move(c), d / "imported", d / "out");
+  const std::string ck = test::adapt_imported(d, g,
+                                              {R"(optimization/lora/target_modules=["attn.c_attn","mlp.c_fc","mlp.c_proj"])",
+                                               "optimization/lora/rslora=true", "optimization/lora/dora=true"});
   test::Loaded lora = test::load(ck);
   const torch::Tensor ids = test::golden_ids(g);
   export_peft(ck, d / "peft");
@@ -97,12 +94,8 @@ TEST_CASE("DoRA on an imported GPT-2 (Conv1D): use_dora, the magnitudes (out), P
 TEST_CASE("DoRA on an imported Llama (nn.Linear, untied head): the magnitudes, PEFT's rule and the merged export", "[huggingface][llama][dora]") {
   test::TempDir d;
   const std::string g = test::hf_golden("llama");
-  test::make_byte_dataset(d / "data", "gen", 1);
-  import_hf(g + "/model", d / "imported");
-  Config c = test::imported_lora_config(d / "imported", d / "data",
-                                        {R"(optimization/lora/target_modules=["q_proj","v_proj","down_proj","lm_head"])",
-                                         "optimization/lora/dora=true"});
-  const std::string ck = test::run_imported_lora(std::move(c), d / "imported", d / "out");
+  const std::string ck = test::adapt_imported(
+      d, g, {R"(optimization/lora/target_modules=["q_proj","v_proj","down_proj","lm_head"])", "optimization/lora/dora=true"});
   test::Loaded lora = test::load(ck);
   const torch::Tensor ids = test::golden_ids(g);
   export_peft(ck, d / "peft");

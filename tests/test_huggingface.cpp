@@ -166,16 +166,13 @@ TEST_CASE("export --format hf writes transformers' files, and re-importing them 
 
 TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) and the merged export reproduce our model", "[huggingface]") {
   test::TempDir d;
-  test::make_byte_dataset(d / "data", "gen", 1);
-  import_hf(kGolden + "/model", d / "imported");
   // A LoRA job without phase one on the imported base (vocab 300 holds the byte tokenizer's 257 ids).
-  Config c = test::imported_lora_config(
-      d / "imported", d / "data",
+  const std::string ck = test::adapt_imported(
+      d, kGolden,
       {R"(optimization/lora/target_modules=["attn.c_attn","mlp.c_fc","mlp.c_proj"])",
        // The token embedding (tied to the output head) and the final norm train in full beside the adapters.
        R"(optimization/lora/modules_to_save=["wte","ln_f"])", "optimization/lora/modules_to_save_lr_ratio=0.5",
        "optimization/lora/rslora=true"});  // scaling lora_alpha / sqrt(r), PEFT's use_rslora
-  const std::string ck = test::run_imported_lora(std::move(c), d / "imported", d / "out");
   REQUIRE(read_checkpoint_metadata(ck)["kind"] == "lora");
   CHECK(read_checkpoint_metadata(ck)["base_model"]["family"] == "gpt2");
   Loaded lora = load(ck);
@@ -264,14 +261,11 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
 
 TEST_CASE("trainable_token_indices on an imported GPT-2 (tied head): PEFT's files, and the merged export reproduces our model", "[huggingface][tokens]") {
   test::TempDir d;
-  test::make_byte_dataset(d / "data", "gen", 1);
-  import_hf(kGolden + "/model", d / "imported");
   // 32 (' ') and 101 ('e') occur in the data; 299 lies past the byte ids and trains through the tied head alone.
   const std::vector<int64_t> rows = {32, 101, 299};
-  Config c = test::imported_lora_config(d / "imported", d / "data",
-                                        {R"(optimization/lora/target_modules=["attn.c_attn"])",
-                                         R"(optimization/lora/trainable_token_indices=[32,101,299])"});
-  const std::string ck = test::run_imported_lora(std::move(c), d / "imported", d / "out");
+  const std::string ck = test::adapt_imported(d, kGolden,
+                                              {R"(optimization/lora/target_modules=["attn.c_attn"])",
+                                               R"(optimization/lora/trainable_token_indices=[32,101,299])"});
   Loaded lora = load(ck);
   torch::Tensor ids = golden_ids().contiguous();  // with the trained tokens among them
   ids[0][3] = 101;

@@ -172,13 +172,10 @@ TEST_CASE("import-hf refuses a llama-family model it cannot represent, naming th
 TEST_CASE("LoRA on an imported Llama: PEFT's files and rule (nn.Linear, untied head) and the merged export reproduce our model", "[huggingface][llama]") {
   test::TempDir d;
   const std::string g = test::hf_golden("llama");
-  test::make_byte_dataset(d / "data", "gen", 1);
-  import_hf(g + "/model", d / "imported");
-  Config c = test::imported_lora_config(d / "imported", d / "data",
-                                        {R"(optimization/lora/target_modules=["q_proj","v_proj","down_proj","lm_head"])",
-                                         // model.norm, not the layers' norms
-                                         R"(optimization/lora/modules_to_save=["norm"])"});
-  const std::string ck = test::run_imported_lora(std::move(c), d / "imported", d / "out");
+  const std::string ck = test::adapt_imported(d, g,
+                                              {R"(optimization/lora/target_modules=["q_proj","v_proj","down_proj","lm_head"])",
+                                               // model.norm, not the layers' norms
+                                               R"(optimization/lora/modules_to_save=["norm"])"});
   test::Loaded lora = test::load(ck);
   const torch::Tensor ids = test::golden_ids(g);
   const torch::Tensor ours = lora.logits(ids);
@@ -238,13 +235,10 @@ TEST_CASE("LoRA on an imported Llama: PEFT's files and rule (nn.Linear, untied h
 TEST_CASE("trainable_token_indices on an imported Llama (untied head): PEFT's files, and the merged export reproduces our model", "[huggingface][llama][tokens]") {
   test::TempDir d;
   const std::string g = test::hf_golden("llama");
-  test::make_byte_dataset(d / "data", "gen", 1);
-  import_hf(g + "/model", d / "imported");
   const std::vector<int64_t> rows = {32, 101};  // ' ' and 'e': in the data, so their input rows train
-  Config c = test::imported_lora_config(d / "imported", d / "data",
-                                        {R"(optimization/lora/target_modules=["q_proj","v_proj"])",
-                                         R"(optimization/lora/trainable_token_indices={"embed_tokens":[32,101]})"});
-  const std::string ck = test::run_imported_lora(std::move(c), d / "imported", d / "out");
+  const std::string ck = test::adapt_imported(d, g,
+                                              {R"(optimization/lora/target_modules=["q_proj","v_proj"])",
+                                               R"(optimization/lora/trainable_token_indices={"embed_tokens":[32,101]})"});
   test::Loaded lora = test::load(ck);
   // The golden ids with the trained tokens among them: an untied head leaves them the input rows alone.
   torch::Tensor ids = test::golden_ids(g).contiguous();
