@@ -40,11 +40,13 @@ BlockImpl::BlockImpl(const ModelOptions& o) : dropout(o.dropout) {
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  auto a = attn(ln_1(x)).to(torch::kFloat32);
-  if (dropout > 0 && is_training()) a = torch::dropout(a, dropout, true);
+  // The residual stream x is f32; the sublayers' outputs are bf16 under autocast, and x + a reads
+  // them as they are (the same sum as converting them first, without the extra pass over memory).
+  auto a = attn(ln_1(x));
+  if (dropout > 0 && is_training()) a = torch::dropout(a.to(torch::kFloat32), dropout, true);
   auto y = x + a;
-  auto m = mlp(ln_2(y)).to(torch::kFloat32);
-  if (dropout > 0 && is_training()) m = torch::dropout(m, dropout, true);
+  auto m = mlp(ln_2(y));
+  if (dropout > 0 && is_training()) m = torch::dropout(m.to(torch::kFloat32), dropout, true);
   return y + m;
 }
 
@@ -96,7 +98,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
 torch::Tensor GPTImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
   auto x = hidden(idx);
   auto logits = output_logits(x, wte->output_weight(x), /*padded=*/true);  // (B, T, V or padded V), bf16 under autocast
-  return cross_entropy_sum(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+  return cross_entropy_sum(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), opts_.fused_loss_on(idx.device()));
 }
 
 }  // namespace lt

@@ -47,11 +47,12 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const ModelOptions& o) : dropout_(o
 }
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
-  auto a = self_attn(input_layernorm(x), rope).to(torch::kFloat32);
-  if (dropout_ > 0 && is_training()) a = torch::dropout(a, dropout_, true);
+  // x + a reads the bf16 sublayer outputs as they are (as in gpt2.cpp's BlockImpl::forward).
+  auto a = self_attn(input_layernorm(x), rope);
+  if (dropout_ > 0 && is_training()) a = torch::dropout(a.to(torch::kFloat32), dropout_, true);
   auto h = x + a;
-  auto m = mlp(post_attention_layernorm(h)).to(torch::kFloat32);
-  if (dropout_ > 0 && is_training()) m = torch::dropout(m, dropout_, true);
+  auto m = mlp(post_attention_layernorm(h));
+  if (dropout_ > 0 && is_training()) m = torch::dropout(m.to(torch::kFloat32), dropout_, true);
   return h + m;
 }
 
@@ -108,7 +109,7 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx) { return logits(hidde
 
 torch::Tensor LlamaImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
   auto z = logits(hidden(idx), /*padded=*/true);
-  return cross_entropy_sum(z.reshape({-1, z.size(-1)}), targets.reshape({-1}));
+  return cross_entropy_sum(z.reshape({-1, z.size(-1)}), targets.reshape({-1}), opts_.fused_loss_on(idx.device()));
 }
 
 }  // namespace lt
