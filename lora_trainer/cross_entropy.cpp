@@ -8,6 +8,13 @@
 #include <cstring>
 #include <limits>
 
+#ifdef LT_WITH_CUDA_KERNELS
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "lora_trainer/cross_entropy_cuda.hpp"
+#endif
+
 namespace lt {
 
 namespace {
@@ -119,22 +126,73 @@ struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropy
   }
 };
 
+#ifdef LT_WITH_CUDA_KERNELS
+const uint16_t* bf16_bits(const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+void check_launch(const char* error, const char* what) {
+  TORCH_CHECK(error == nullptr, "cross_entropy_sum: the CUDA ", what, " kernel failed: ", error);
+}
+
+// The same function on CUDA (cross_entropy_cuda.cu). Nothing is read back to the host: the row
+// losses are summed on the device, and the backward reads its incoming gradient there.
+struct CudaCrossEntropySum : public torch::autograd::Function<CudaCrossEntropySum> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets) {
+    auto x = logits.contiguous();
+    auto t = targets.to(x.device(), torch::kLong).contiguous();
+    const int64_t N = x.size(0), V = x.size(1);
+    const c10::cuda::CUDAGuard device(x.device());
+    auto f32 = x.options().dtype(torch::kFloat32);
+    auto lse = torch::empty({N}, f32), row_loss = torch::empty({N}, f32);
+    check_launch(cuda_kernels::cross_entropy_forward(bf16_bits(x), N, V, V, t.data_ptr<int64_t>(), lse.data_ptr<float>(),
+                                                     row_loss.data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream()),
+                 "forward");
+    ctx->save_for_backward({x, t, lse});
+    return row_loss.sum(torch::kFloat64).to(torch::kFloat32);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    const auto& t = saved[1];
+    const auto& lse = saved[2];
+    const c10::cuda::CUDAGuard device(x.device());
+    auto g = grad_outputs[0].to(x.device(), torch::kFloat32).contiguous();
+    auto grad = torch::empty_like(x);
+    check_launch(cuda_kernels::cross_entropy_backward(
+                     bf16_bits(x), x.size(0), x.size(1), x.size(1), t.data_ptr<int64_t>(), lse.data_ptr<float>(),
+                     g.data_ptr<float>(), reinterpret_cast<uint16_t*>(grad.data_ptr<at::BFloat16>()),
+                     at::cuda::getCurrentCUDAStream().stream()),
+                 "backward");
+    return {grad, torch::Tensor()};
+  }
+};
+#endif
+
 }  // namespace
 
-torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets) {
+bool cuda_loss_kernels_built() {
+#ifdef LT_WITH_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
+torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets, bool fused) {
   TORCH_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
               "cross_entropy_sum: logits (N, V) and targets (N) expected");
-  if (logits.scalar_type() == torch::kBFloat16 && logits.device().is_cpu())
-    return FusedCrossEntropySum::apply(logits, targets);
-  if (logits.is_cuda()) {
-    // CUDA: log_softmax reads the bf16 (or f16) logits and writes f32 in one kernel (its backward
-    // writes the gradient back in the logits' dtype), so no f32 copy of the logits is made first.
-    return at::nll_loss(at::log_softmax(logits, 1, torch::kFloat32), targets, /*weight=*/{}, at::Reduction::Sum,
-                        /*ignore_index=*/-1);
+  if (fused && logits.scalar_type() == torch::kBFloat16) {
+    if (logits.device().is_cpu()) return FusedCrossEntropySum::apply(logits, targets);
+#ifdef LT_WITH_CUDA_KERNELS
+    if (logits.is_cuda()) return CudaCrossEntropySum::apply(logits, targets);
+#endif
+    TORCH_CHECK(!logits.is_cuda(), "cross_entropy_sum: this build has no CUDA kernels for the fused loss "
+                "(runtime/loss=fused needs a build configured with a CUDA compiler)");
   }
-  return torch::nn::functional::cross_entropy(
-      logits.to(torch::kFloat32), targets,
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));
+  // LibTorch's: log_softmax over an f32 copy of the logits (what autocast and F.cross_entropy do),
+  // then nll_loss; its backward makes the f32 gradient and converts it to the logits' dtype.
+  return at::nll_loss(at::log_softmax(logits, 1, torch::kFloat32), targets, /*weight=*/{}, at::Reduction::Sum,
+                      /*ignore_index=*/-1);
 }
 
 }  // namespace lt

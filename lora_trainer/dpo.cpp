@@ -36,7 +36,8 @@ torch::Tensor sequence_logps(CausalLMImpl& model, const torch::Tensor& idx, cons
   auto rows = logits.unbind(0);      // one backward node stacks the rows' gradients
   auto row_targets = targets.unbind(0);
   std::vector<torch::Tensor> out;
-  for (size_t r = 0; r < rows.size(); ++r) out.push_back(-cross_entropy_sum(rows[r], row_targets[r]));
+  const bool fused = model.options().fused_loss_on(idx.device());
+  for (size_t r = 0; r < rows.size(); ++r) out.push_back(-cross_entropy_sum(rows[r], row_targets[r], fused));
   return torch::stack(out);
 }
 

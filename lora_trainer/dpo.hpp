@@ -37,7 +37,7 @@ void add_dpo_loss_options(ConfigSchema& s);
 void add_dpo_options(ConfigSchema& s);
 
 // idx, targets: (R, T) int64 -> (R) f32: each row's sum of log p(target) over its targets >= 0.
-// Differentiable; the logits go through cross_entropy_sum (fused for bf16 on the CPU) one row at a time.
+// Differentiable; the logits go through cross_entropy_sum (runtime/loss) one row at a time.
 torch::Tensor sequence_logps(CausalLMImpl& model, const torch::Tensor& idx, const torch::Tensor& targets);
 
 // The terms of P pairs, each (P) f64: `losses` differentiable, the rewards detached.

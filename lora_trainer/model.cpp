@@ -89,6 +89,8 @@ ModelOptions ModelOptions::from_config(const Config& cfg) {
     throw UserError(std::string("runtime/attention=fused needs LibTorch 2.0 or newer (this build has ") +
                     compat::torch_version() + "); use runtime/attention=auto or manual");
   o.attention = attention == "fused" ? Attention::Fused : attention == "manual" ? Attention::Manual : Attention::Auto;
+  const std::string loss = cfg.get_string("runtime/loss");
+  o.loss = loss == "fused" ? Loss::Fused : loss == "libtorch" ? Loss::LibTorch : Loss::Auto;
   o.validate();
   return o;
 }
@@ -121,6 +123,11 @@ void ModelOptions::validate() const {
 bool ModelOptions::fused_attention_on(const torch::Device& device) const {
   if (attention == Attention::Auto) return device.is_cuda() && fused_attention_available();
   return attention == Attention::Fused;
+}
+
+bool ModelOptions::fused_loss_on(const torch::Device& device) const {
+  if (loss == Loss::Auto) return !device.is_cuda();
+  return loss == Loss::Fused;
 }
 
 CausalLM make_model(const ModelOptions& o) {

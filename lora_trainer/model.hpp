@@ -48,6 +48,10 @@ struct ModelOptions {
   // runtime/attention. auto: fused on CUDA (where LibTorch has it), masked softmax on the CPU, where
   // LibTorch 2.6's fused kernel measured 1.6-1.8x slower for the whole step (docs/performance.md).
   enum class Attention { Auto, Fused, Manual } attention = Attention::Auto;
+  // runtime/loss: which kernels compute the loss of bf16 logits (cross_entropy.hpp). auto: this
+  // project's fused kernel on the CPU, LibTorch's log_softmax + nll_loss on CUDA (the fused CUDA
+  // kernel is chosen explicitly until it has been timed on a GPU: docs/performance.md).
+  enum class Loss { Auto, Fused, LibTorch } loss = Loss::Auto;
   // training/activation_checkpointing: the blocks recompute their activations in the backward
   // (activation_checkpointing.hpp). A way of computing the forward, like `attention`: it changes the
   // memory a training step holds and its time, not its result.
@@ -57,6 +61,7 @@ struct ModelOptions {
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t ff() const { return d_ff > 0 ? d_ff : 4 * d_model; }
   bool fused_attention_on(const torch::Device& device) const;
+  bool fused_loss_on(const torch::Device& device) const;
   // A UserError naming the architecture/ key of the first inconsistency.
   void validate() const;
   static ModelOptions from_config(const Config& cfg);

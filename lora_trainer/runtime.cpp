@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "lora_trainer/config.hpp"
+#include "lora_trainer/cross_entropy.hpp"
 #include "lora_trainer/torch_compat.hpp"
 #include "lora_trainer/util.hpp"
 
@@ -27,6 +28,12 @@ void add_runtime_options(ConfigSchema& s) {
         "(masked softmax in f32), or auto (fused on CUDA where LibTorch has it, manual on the CPU, where the fused "
         "kernel measured slower)",
         check_one_of({"auto", "fused", "manual"}));
+  s.add("runtime/loss", OptType::String, "auto",
+        "the loss's kernels for bf16 logits: fused (this project's: reads the bf16 logits once, writes the bf16 "
+        "gradient, no f32 copy; on the CPU, and on CUDA in a build with the CUDA kernels), libtorch (log_softmax + "
+        "nll_loss over an f32 copy of the logits), or auto (fused on the CPU, libtorch on CUDA). f32 logits always "
+        "take libtorch's",
+        check_one_of({"auto", "fused", "libtorch"}));
   s.add("runtime/threads", OptType::Int, 0, "CPU threads for torch; 0 = every core (shared among the ranks of this machine)", check_nonnegative());
 }
 
@@ -72,6 +79,10 @@ Runtime Runtime::from_config(const Config& cfg) {
   rt.device = (dev == "cuda" || (dev == "auto" && cuda))
                   ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % std::max<int64_t>(1, torch::cuda::device_count())))
                   : torch::Device(torch::kCPU);
+  if (rt.device.is_cuda() && cfg.get_string("runtime/loss") == "fused" && !cuda_loss_kernels_built())
+    throw UserError("runtime/loss=fused on CUDA needs the CUDA kernels, which this build does not have (CMake found no "
+                    "CUDA compiler, nvcc, when it was configured); use runtime/loss=auto or libtorch, or rebuild with "
+                    "nvcc on PATH (docs/performance.md)");
   std::string prec = cfg.get_string("runtime/precision");
   if (prec == "auto") rt.bf16_autocast = rt.device.is_cuda() || cpu_has_fast_bf16();
   else rt.bf16_autocast = prec == "bf16";

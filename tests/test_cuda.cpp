@@ -4,6 +4,7 @@
 // whole suite runs on CUDA anyway (runtime/device defaults to auto); these tests pin the device.
 #include "catch.hpp"
 
+#include "lora_trainer/cross_entropy.hpp"
 #include "lora_trainer/lora_trainer.hpp"
 #include "lora_trainer/runtime.hpp"
 #include "fixtures.hpp"
@@ -56,10 +57,31 @@ TEST_CASE("f32 training on CUDA follows the CPU's through both phases", "[cuda]"
   for (const auto& [name, p] : gpu->lora_params().named()) CHECK(p.is_cuda());
 }
 
+TEST_CASE("bf16 training on CUDA: the fused loss follows LibTorch's through both phases", "[cuda]") {
+  if (!have_cuda()) return;
+  if (!cuda_loss_kernels_built()) {
+    WARN("skipped: this CUDA build has no kernels of its own");
+    return;
+  }
+  Data d;
+  auto ours = make_lora(d, "fused", {"runtime/device=cuda", "runtime/precision=bf16", "runtime/loss=fused"});
+  auto theirs = make_lora(d, "libtorch", {"runtime/device=cuda", "runtime/precision=bf16", "runtime/loss=libtorch"});
+  for (int i = 0; i < 8; ++i) {
+    INFO("step " << i);
+    auto a = theirs->train_step(), b = ours->train_step();
+    CHECK(b.loss == Approx(a.loss).epsilon(1e-3));
+    CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-2));
+  }
+}
+
 TEST_CASE("bf16 training on CUDA resumes bit-identically in both phases", "[cuda]") {
   if (!have_cuda()) return;
   Data d;
-  const std::vector<std::string> on_gpu = {"runtime/device=cuda", "runtime/precision=bf16", "architecture/dropout=0.1"};
+  const std::string loss = GENERATE(as<std::string>{}, "libtorch", "fused");
+  if (loss == "fused" && !cuda_loss_kernels_built()) return;
+  INFO("runtime/loss=" << loss);
+  const std::vector<std::string> on_gpu = {"runtime/device=cuda", "runtime/precision=bf16", "architecture/dropout=0.1",
+                                           "runtime/loss=" + loss};
   auto straight = make_lora(d, "straight", on_gpu);
   std::vector<double> losses;
   for (int i = 0; i < 8; ++i) losses.push_back(straight->train_step().loss);
