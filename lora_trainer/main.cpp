@@ -352,6 +352,10 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--profile", bench.profile,
                         "also write PROFILE-full.trace.json and PROFILE-lora.trace.json: Chrome traces of the timed "
                         "steps (their times are then not representative); scripts/profile_summary.py sums them by op");
+  bench_cmd->add_option("--cuda-profile", bench.cuda_profile,
+                        "full or lora: record only that phase's timed steps in a CUDA profiler started with "
+                        "--profile-from-start off (ncu, nsys); scripts/profile_kernels.sh runs it")
+      ->check(CLI::IsMember({"full", "lora"}));
   bench_cmd->add_option("overrides", bench.overrides, "key=value settings over the config");
 
   TokenizeOptions tok;

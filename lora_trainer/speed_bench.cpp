@@ -1,5 +1,6 @@
 #include "lora_trainer/speed_bench.hpp"
 
+#include <dlfcn.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -121,6 +122,18 @@ struct PhaseTimes {
   }
 };
 
+// The CUDA driver's cuProfilerStart / cuProfilerStop, looked up when needed (no build dependency):
+// a profiler started with --profile-from-start off records only the kernels between them.
+void cuda_profiler(bool start) {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!driver) driver = dlopen("libcuda.so.1", RTLD_NOW);
+  using Fn = int (*)();
+  const char* name = start ? "cuProfilerStart" : "cuProfilerStop";
+  auto fn = driver ? reinterpret_cast<Fn>(dlsym(driver, name)) : nullptr;
+  if (!fn) throw UserError(std::string("bench --cuda-profile: the CUDA driver (libcuda.so.1) has no ") + name);
+  if (const int rc = fn(); rc != 0) throw UserError(std::string("bench --cuda-profile: ") + name + " failed (CUresult " + std::to_string(rc) + ")");
+}
+
 }  // namespace
 
 nlohmann::json run_bench(const BenchOptions& o) {
@@ -153,6 +166,9 @@ nlohmann::json run_bench(const BenchOptions& o) {
   auto* t = dynamic_cast<LoRATrainer*>(job.get());
   const Runtime& rt = t->runtime();
   const ModelOptions& m = t->model()->options();
+  if (!o.cuda_profile.empty() && !rt.device.is_cuda())
+    throw UserError("bench --cuda-profile records CUDA kernels, but this run is on " + rt.describe() +
+                    ": use it on a CUDA device (runtime/device=cuda)");
 
   const std::string where = rt.device.is_cuda() ? rt.device.str() : std::to_string(rt.threads) + " threads";
   std::printf("bench: measuring the %s matmul peak (%s)...\n", rt.bf16_autocast ? "bf16" : "f32", where.c_str());
@@ -209,18 +225,21 @@ nlohmann::json run_bench(const BenchOptions& o) {
     const bool lora = phase == 2;
     std::unique_ptr<CpuAllocatorPeak> cpu_peak;  // over the timed steps: the transition is in the warmup
     std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
+    const bool cuda_profile = o.cuda_profile == (lora ? "lora" : "full");
     for (int64_t i = 0; i < o.warmup_steps + o.steps; ++i) {
       if (i == o.warmup_steps) cpu_peak = std::make_unique<CpuAllocatorPeak>();
       if (i == o.warmup_steps && !o.profile.empty())  // the timed steps only (profiling slows them)
         profile = std::make_unique<torch::autograd::profiler::RecordProfile>(o.profile + (lora ? "-lora" : "-full") +
                                                                               ".trace.json");
       rt.synchronize();
+      if (i == o.warmup_steps && cuda_profile) cuda_profiler(true);
       const double t0 = now_seconds();
       StepResult r = t->train_step();
       rt.synchronize();  // on CUDA the step's last kernels may still be queued
       if (i == 0) first_loss = r.loss;
       if (i >= o.warmup_steps) times.step_seconds.push_back(now_seconds() - t0);
     }
+    if (cuda_profile) cuda_profiler(false);
     profile.reset();
     const double step_peak_mb = cpu_peak ? static_cast<double>(cpu_peak->peak_bytes()) / 1048576.0 : 0.0;
     cpu_peak.reset();

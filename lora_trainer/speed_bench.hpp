@@ -24,6 +24,9 @@ struct BenchOptions {
   std::string weights_out;             // when set: the initial weights and first batch, for the reference
   std::string profile;                 // when set: PROFILE-full.trace.json and PROFILE-lora.trace.json, Chrome
                                        // traces of each phase's timed steps (LibTorch's autograd profiler)
+  std::string cuda_profile;            // "full" or "lora": that phase's timed steps between cuProfilerStart and
+                                       // cuProfilerStop, for a CUDA profiler started with --profile-from-start off
+                                       // (scripts/profile_kernels.sh)
 };
 
 nlohmann::json run_bench(const BenchOptions& opts);

@@ -351,6 +351,21 @@ TEST_CASE("launcher: bench reports both phases, and the LoRA state is a bf16 bas
   CHECK(lora["state_bytes"]["optimizer"].get<int64_t>() == 8 * adapter_values);
   CHECK(j["first_batch_check"]["loss"].get<double>() > 0);
   CHECK(std::filesystem::file_size(dir / "w.pt") > static_cast<uintmax_t>(n_params * 4));
+
+  // --cuda-profile brackets a phase for a CUDA profiler: a clear error where there is no CUDA device.
+  Result which = launch({"bench", dir / "b.json", "--steps", "1", "--warmup", "1", "--cuda-profile", "middle"});
+  CHECK(which.code == 2);
+  CHECK_THAT(which.out, Contains("--cuda-profile"));
+  Result prof = launch({"bench", dir / "b.json", "--steps", "1", "--warmup", "1", "--cuda-profile", "lora", "--out",
+                        dir / "prof.json"});
+  INFO(prof.out);
+  if (torch::cuda::is_available()) {
+    CHECK(prof.code == 0);
+  } else {
+    CHECK(prof.code == 2);
+    CHECK_THAT(prof.out, Contains("--cuda-profile records CUDA kernels") && Contains("runtime/device=cuda"));
+    CHECK_FALSE(std::filesystem::exists(dir / "prof.json"));
+  }
 }
 
 TEST_CASE("launcher: one writer per job directory, and a second run of the same job is refused, naming the first", "[launcher]") {
