@@ -9,8 +9,8 @@
 #include <limits>
 
 #ifdef LT_WITH_CUDA_KERNELS
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include "lora_trainer/cross_entropy_cuda.hpp"
 #endif
@@ -144,7 +144,7 @@ struct CudaCrossEntropySum : public torch::autograd::Function<CudaCrossEntropySu
     auto f32 = x.options().dtype(torch::kFloat32);
     auto lse = torch::empty({N}, f32), row_loss = torch::empty({N}, f32);
     check_launch(cuda_kernels::cross_entropy_forward(bf16_bits(x), N, V, V, t.data_ptr<int64_t>(), lse.data_ptr<float>(),
-                                                     row_loss.data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream()),
+                                                     row_loss.data_ptr<float>(), c10::cuda::getCurrentCUDAStream().stream()),
                  "forward");
     ctx->save_for_backward({x, t, lse});
     return row_loss.sum(torch::kFloat64).to(torch::kFloat32);
@@ -161,7 +161,7 @@ struct CudaCrossEntropySum : public torch::autograd::Function<CudaCrossEntropySu
     check_launch(cuda_kernels::cross_entropy_backward(
                      bf16_bits(x), x.size(0), x.size(1), x.size(1), t.data_ptr<int64_t>(), lse.data_ptr<float>(),
                      g.data_ptr<float>(), reinterpret_cast<uint16_t*>(grad.data_ptr<at::BFloat16>()),
-                     at::cuda::getCurrentCUDAStream().stream()),
+                     c10::cuda::getCurrentCUDAStream().stream()),
                  "backward");
     return {grad, torch::Tensor()};
   }

@@ -5,19 +5,23 @@
 # scripts/gpu_deps.sh downloaded into .gpu/debs on the Debian machine; then runs the test suite, the
 # benchmark (`lora_trainer bench configs/bench_gpt2_124m.json`), the plain-PyTorch reference
 # (scripts/reference_gpt.py --device cuda) and Hugging Face transformers + PEFT on the same model and
-# batch (scripts/hf_peft_bench.py), and prints a summary table. Run it from anywhere; it works in
+# batch (scripts/hf_peft_bench.py), and the benchmark again with one setting changed (--ab), and prints
+# a summary table. Run it from anywhere; it works in
 # the repository root.
 #
 # Usage: scripts/gpu_check.sh [OUT_DIR] [options]
 #   OUT_DIR          where the figures and logs go (default: $OUT, else ./gpu-out); at most these
 #                    files: run.log (everything printed), build.log, ctest.log, bench.json,
-#                    reference.json, hf_peft.json, summary.txt
+#                    reference.json, hf_peft.json, bench_ab.json, summary.txt
 #   --only-build     unpack, configure and build; no tests, no benchmarks
 #   --only-prefix    unpack .gpu/debs and write .gpu/env.sh (environment + CMake arguments), no build
 #   --no-tests       skip ctest
 #   --no-bench       skip all three benchmarks
 #   --no-reference   skip scripts/reference_gpt.py
 #   --no-hf          skip scripts/hf_peft_bench.py
+#   --ab KEY=VALUE   the setting of the second lora_trainer benchmark, side by side with the first in
+#                    the summary (default runtime/loss=fused: this project's CUDA loss kernels against
+#                    LibTorch's); --ab none skips it
 #   --steps N        timed steps per phase in every benchmark (default 10; warm-up 3, --warmup N)
 #   --config FILE    benchmark config (default configs/bench_gpt2_124m.json)
 #   --budget S       wall-clock budget of the whole script in seconds (default 530); each stage gets
@@ -38,7 +42,7 @@ CALLER_PWD="$PWD"
 cd "$ROOT" || exit 1
 
 OUTDIR=""
-RUN_TESTS=1 RUN_BENCH=1 RUN_REF=1 RUN_HF=1 CLEAN=0 ONLY_PREFIX=0
+RUN_TESTS=1 RUN_BENCH=1 RUN_REF=1 RUN_HF=1 CLEAN=0 ONLY_PREFIX=0 AB="runtime/loss=fused"
 STEPS=10 WARMUP=3 BUDGET=530 JOBS="$(nproc)"
 CONFIG="configs/bench_gpt2_124m.json"
 while (($#)); do
@@ -49,6 +53,7 @@ while (($#)); do
     --no-bench) RUN_BENCH=0 ;;
     --no-reference) RUN_REF=0 ;;
     --no-hf) RUN_HF=0 ;;
+    --ab) AB="$2"; shift ;;
     --steps) STEPS="$2"; shift ;;
     --warmup) WARMUP="$2"; shift ;;
     --config) CONFIG="$2"; shift ;;
@@ -74,7 +79,7 @@ ARCH_DIR=x86_64-linux-gnu
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 
 # Everything printed goes to OUT_DIR/run.log too. An earlier run's files go first (no stale figures).
-rm -f "$OUTDIR"/{build.log,ctest.log,bench.json,reference.json,hf_peft.json,summary.txt}
+rm -f "$OUTDIR"/{build.log,ctest.log,bench.json,reference.json,hf_peft.json,bench_ab.json,summary.txt}
 : > "$OUTDIR/run.log"
 exec > >(tee -a "$OUTDIR/run.log") 2>&1
 
@@ -334,9 +339,10 @@ if ((RUN_TESTS)); then
 fi
 
 # ---------------------------------------------------------------------------------------------
+AB_RESERVE=60; [[ "$AB" == none ]] && AB_RESERVE=0
 if ((RUN_BENCH)); then
   if ((BUILD_OK)); then
-    run_stage bench 150 "$(( (RUN_REF ? 60 : 0) + (RUN_HF ? 75 : 0) ))" \
+    run_stage bench 150 "$(( (RUN_REF ? 60 : 0) + (RUN_HF ? 75 : 0) + AB_RESERVE ))" \
       "$BUILD/lora_trainer" bench "$CONFIG" --out "$OUTDIR/bench.json" --weights-out "$WEIGHTS" \
       --steps "$STEPS" --warmup "$WARMUP" "runtime/device=$DEVICE"
   else
@@ -354,8 +360,17 @@ if ((RUN_BENCH)); then
   rm -f "$WEIGHTS"
   if ((RUN_HF)); then
     src="$CONFIG"; [[ -f "$OUTDIR/bench.json" ]] && src="$OUTDIR/bench.json"
-    run_stage hf_peft 180 5 \
+    run_stage hf_peft 180 "$((5 + AB_RESERVE))" \
       "$PY" scripts/hf_peft_bench.py "$src" --device "$DEVICE" --out "$OUTDIR/hf_peft.json" --steps "$STEPS" --warmup "$WARMUP"
+  fi
+  if [[ "$AB" != none ]]; then
+    if ((BUILD_OK)); then
+      run_stage bench_ab 150 5 \
+        "$BUILD/lora_trainer" bench "$CONFIG" --out "$OUTDIR/bench_ab.json" --steps "$STEPS" --warmup "$WARMUP" \
+        "runtime/device=$DEVICE" "$AB"
+    else
+      record bench_ab "skipped (no build)"
+    fi
   fi
 fi
 
@@ -366,7 +381,7 @@ say "summary"
   for s in "${STAGES[@]}"; do printf '  %-10s %s\n' "$s" "${STATUS[$s]}"; done
   echo
   if ((RUN_BENCH)); then
-    "$PY" - "$OUTDIR" <<'PY'
+    "$PY" - "$OUTDIR" "$AB" <<'PY'
 import json, os, sys
 out = sys.argv[1]
 def load(name):
@@ -376,6 +391,7 @@ def load(name):
     except Exception:
         return None
 ours, ref, hf = load("bench.json"), load("reference.json"), load("hf_peft.json")
+ab, ab_setting = load("bench_ab.json"), sys.argv[2]
 peak = None
 for src, key in ((hf, "gpu_bf16_matmul_peak_tflops"), (ref, "gpu_bf16_matmul_peak_tflops")):
     if src and src.get(key):
@@ -431,6 +447,12 @@ for ph in ("full", "lora"):
           f"{med(o, ph) + '/' + med(r, ph) + '/' + med(h, ph):>22s} {mfu(o, ph):>9s} {mfu(r, ph):>8s} {mfu(h, ph):>7s}")
 if o.get("full") and o.get("lora"):
     print(f"\nlora_trainer LoRA step / full step: {ours.get('lora_step_time_ratio', 0):.2f}")
+if ab:
+    a = phases(ab)
+    print(f"\nlora_trainer with {ab_setting} (bench_ab.json), against the run above:")
+    for ph in ("full", "lora"):
+        print(f"{ph:6s} {cell(a, ph):>13s} tok/s ({ratio(a, o, ph)} the run above), {med(a, ph)} ms a step, MFU {mfu(a, ph)}, "
+              f"GPU peak {(a.get(ph, {}).get('gpu_peak_mb') or 0) / 1024:.1f} GB (above: {(o.get(ph, {}).get('gpu_peak_mb') or 0) / 1024:.1f} GB)")
 if ours and ours.get("matmul_peak_gflops"):
     own = ", ".join(f"{p['phase']} {100 * p['mfu']:.1f}%" for p in ours.get("phases", []) if isinstance(p.get("mfu"), (int, float)))
     print(f"(lora_trainer's own figures: matmul peak {ours['matmul_peak_gflops'] / 1000:.3g} TFLOP/s measured on "
