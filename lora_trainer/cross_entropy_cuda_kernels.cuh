@@ -1,4 +1,4 @@
-// The fused loss's CUDA kernels themselves (device code only), included by cross_entropy_cuda.cu,
+// The fused loss's CUDA kernels themselves (device code, and the launch's choice of variant), included by cross_entropy_cuda.cu,
 // which launches them, and by tests/kernels/, which runs the same source on the CPU under an
 // emulation of CUDA's threads (tests/kernels/cuda_on_cpu.hpp). So this file uses only what both
 // provide: CUDA C++'s qualifiers, threadIdx/blockIdx, __syncthreads, __shfl_xor_sync, uint4 and the
@@ -15,6 +15,9 @@
 #include <cstdint>
 
 namespace lt::cuda_kernels {
+
+// Internal linkage: the CPU tests' instantiations and nvcc's host stubs share these names.
+namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
@@ -180,5 +183,7 @@ inline bool vectors_fit(int64_t V, int64_t row_stride, const void* logits, const
   auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return V % kVec == 0 && row_stride % kVec == 0 && aligned16(logits) && (grad == nullptr || aligned16(grad));
 }
+
+}  // namespace
 
 }  // namespace lt::cuda_kernels

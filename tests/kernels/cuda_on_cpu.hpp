@@ -2,7 +2,7 @@
 // from their source where there is no GPU: what the device tests cannot check on a machine without
 // one (their indexing, reductions, -inf/NaN handling and bf16 rounding) these tests check everywhere.
 //
-// A launch runs its blocks one after another, each with blockDim real threads (std::thread), so
+// A launch starts blockDim real threads (std::thread) that run its blocks one after another, so
 // __syncthreads and the warp shuffles are real barriers between real threads and a block's
 // __shared__ arrays (function-local statics here) are shared by exactly that block. Not emulated,
 // and so not checked here: timing, the memory model between blocks, occupancy, and anything a kernel
@@ -34,7 +34,7 @@ struct CudaOnCpuIndex {
 };
 inline thread_local CudaOnCpuIndex threadIdx, blockIdx;
 
-struct uint4 {
+struct alignas(16) uint4 {  // CUDA's is 16-byte aligned too
   uint32_t x, y, z, w;
 };
 inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
