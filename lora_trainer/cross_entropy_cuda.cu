@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
+
 #include "lora_trainer/cross_entropy_cuda_kernels.cuh"
 
 namespace lt::cuda_kernels {

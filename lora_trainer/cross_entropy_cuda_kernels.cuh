@@ -1,6 +1,6 @@
-// The fused loss's CUDA kernels themselves (device code, and the launch's choice of variant), included by cross_entropy_cuda.cu,
-// which launches them, and by tests/kernels/, which runs the same source on the CPU under an
-// emulation of CUDA's threads (tests/kernels/cuda_on_cpu.hpp). So this file uses only what both
+// The fused loss's CUDA kernels themselves (device code, and the launch's choice of variant),
+// included by cross_entropy_cuda.cu, which launches them, and by tests/kernels/, which runs the same
+// source on the CPU under an emulation of CUDA's threads (tests/kernels/cuda_on_cpu.hpp). So this file uses only what both
 // provide: CUDA C++'s qualifiers, threadIdx/blockIdx, __syncthreads, __shfl_xor_sync, uint4 and the
 // bf16 and float intrinsics named here; the includer supplies them (cuda_runtime.h and cuda_bf16.h,
 // or the emulation).
@@ -10,7 +10,6 @@
 // else one at a time.
 #pragma once
 
-#include <climits>
 #include <cmath>
 #include <cstdint>
 
