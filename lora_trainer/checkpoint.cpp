@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <functional>
 #include <filesystem>
@@ -69,9 +70,14 @@ struct H5Id {
   operator hid_t() const { return id; }
 };
 
+// Before the first HDF5 call (only this file makes them). No cleanup at exit: when a close fails (a
+// flush on a full disk, a damaged file), HDF5 1.10 frees the file but keeps its id, and its exit
+// handler then closes it again and crashes (HDFGroup/hdf5#2257, fixed in 1.14). Every file this
+// program opens is closed by it; what a failed close leaves goes with the process.
 void quiet_hdf5() {
   static bool done = false;
   if (!done) {
+    H5dont_atexit();
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // errors are reported by us, with context
     done = true;
   }
@@ -95,6 +101,7 @@ std::string read_string_attr(hid_t obj, const char* key) {
   H5Id attr(H5Aopen(obj, key, H5P_DEFAULT), H5Aclose);
   H5Id type(H5Aget_type(attr), H5Tclose);
   size_t n = H5Tget_size(type);
+  if (n == 0 || n > (1u << 16)) throw UserError(std::string("HDF5: attribute ") + key + " has an impossible size (a damaged file)");
   std::string out(n, '\0');
   H5Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(mem, n);
@@ -132,6 +139,9 @@ void write_h5(const std::string& path, const NamedTensors& tensors) {
     write_string_attr(ds, "crc32", crc32_hex(t));
   }
   h5check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flushing " + path);
+  const hid_t id = file.id;
+  file.id = -1;
+  h5check(H5Fclose(id), "closing " + path);
 }
 
 void fsync_file(const std::string& path) {
@@ -164,10 +174,27 @@ torch::Tensor read_dataset(hid_t file, const std::string& name, const std::strin
   const DtypeInfo* di = info_for(dtype);
   if (!di) throw UserError(path + ": tensor " + name + " has unknown dtype \"" + dtype + "\"");
   H5Id space(H5Dget_space(ds), H5Sclose);
+  h5check(space.id, "reading the shape of " + name + " in " + path);
   int rank = H5Sget_simple_extent_ndims(space);
+  h5check(rank, "reading the shape of " + name + " in " + path);
   std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
-  if (rank > 0) H5Sget_simple_extent_dims(space, dims.data(), nullptr);
-  std::vector<int64_t> shape(dims.begin(), dims.end());
+  if (rank > 0) h5check(H5Sget_simple_extent_dims(space, dims.data(), nullptr), "reading the shape of " + name + " in " + path);
+  // The shape comes from the file: its size in bytes must fit in 64 bits and be what the file stores
+  // for it (a save stores every tensor whole, uncompressed), before anything is allocated.
+  std::vector<int64_t> shape;
+  uint64_t bytes = c10::elementSize(di->torch_type);
+  bool overflow = false;
+  for (hsize_t d : dims) {
+    overflow |= d > static_cast<hsize_t>(INT64_MAX) || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes);
+    shape.push_back(static_cast<int64_t>(d));
+  }
+  const uint64_t stored_bytes = H5Dget_storage_size(ds);
+  uint64_t numel = 1;
+  for (hsize_t d : dims) numel *= d;
+  if (overflow || (numel > 0 && stored_bytes != bytes))
+    throw UserError(path + ": tensor " + name + " has shape " + shape_text(shape) + " " + dtype + (overflow ? ", larger than 2^64 bytes" :
+                    ", " + std::to_string(bytes) + " bytes, but the file stores " + std::to_string(stored_bytes) + " for it") +
+                    ": the file is damaged. Restore from another checkpoint (`lora_trainer checkpoints JOB OUT_DIR` lists them)");
   auto t = torch::empty(shape, torch::TensorOptions().dtype(di->torch_type));
   if (t.numel() > 0) h5check(H5Dread(ds, di->h5_type(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()),
                              "reading " + name + " from " + path);
@@ -266,30 +293,125 @@ static bool is_interrupted_save(const std::string& name) {
 }
 
 int remove_interrupted_saves(const std::string& job_dir) {
-  int removed = 0;
+  std::vector<std::string> targets;  // the checkpoint each leftover was a write of
   walk_tree(job_dir, [&](const std::string& p, bool is_dir) {
     if (!is_dir) return false;
-    if (is_interrupted_save(fs::path(p).filename().string())) {
-      if (remove_tree(p)) ++removed;
+    const std::string name = fs::path(p).filename().string();
+    if (is_interrupted_save(name)) {
+      const size_t tmp = name.rfind(".tmp-"), old = name.rfind(".old-");
+      const size_t at = tmp == std::string::npos ? old : old == std::string::npos ? tmp : std::max(tmp, old);
+      targets.push_back((fs::path(p).parent_path() / name.substr(1, at - 1)).string());
       return false;
     }
     return true;
   });
-  return removed;
+  std::sort(targets.begin(), targets.end());
+  targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+  int handled = 0;
+  for (const auto& t : targets) handled += recover_interrupted_writes(t, /*locked=*/true);
+  return handled;
 }
 
-void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata) {
+void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata,
+                     const std::vector<std::string>& ours) {
   publish_dir(dir, [&](const fs::path& tmp) {
     write_h5((tmp / "state.h5").string(), tensors);
     fsync_file((tmp / "state.h5").string());
     nlohmann::json meta = metadata;  // metadata.json last: a directory holding it is complete
     meta["format_version"] = kCheckpointFormatVersion;
     write_file_atomic((tmp / "metadata.json").string(), meta.dump(2) + "\n");
-  }, "save checkpoint " + dir);
+  }, "save checkpoint " + dir, ours);
 }
 
 bool is_checkpoint(const std::string& dir) {
   return fs::exists(fs::path(dir) / "metadata.json") && fs::exists(fs::path(dir) / "state.h5");
+}
+
+// A checkpoint's "lora" section against the rest of its metadata: in_lora_phase and boundary_step
+// against its kind and step, rank, alpha, rslora and dora against its config's optimization/lora/*.
+// A contradiction is a damaged or hand-edited file; merging or resuming it would use one of two
+// scales or phases.
+static void check_lora_metadata(const std::string& dir, const nlohmann::json& meta) {
+  if (!meta.contains("lora")) return;
+  const std::string file = (fs::path(dir) / "metadata.json").string();
+  const std::string tail = ". The checkpoint is damaged or hand-edited and would compute or resume wrongly; use another "
+                           "one (`lora_trainer checkpoints JOB OUT_DIR` lists them)";
+  json_context(file, [&] {
+    const nlohmann::json& l = meta.at("lora");
+    if (!l.is_object()) throw UserError(file + ": \"lora\" must be an object, not " + l.dump() + tail);
+    const bool lora_kind = meta.value("kind", std::string()) == "lora";
+    const int64_t step = meta.at("step").get<int64_t>();
+    if (l.contains("in_lora_phase") && l["in_lora_phase"].get<bool>() != lora_kind)
+      throw UserError(file + ": lora.in_lora_phase is " + l["in_lora_phase"].dump() + " but kind is \"" +
+                      meta.value("kind", std::string()) + "\": a " + (lora_kind ? "LoRA" : "plain") + " state is " +
+                      (lora_kind ? "" : "not ") + "in the LoRA phase" + tail);
+    if (l.contains("boundary_step")) {
+      const int64_t boundary = l["boundary_step"].get<int64_t>();
+      if (boundary < 0 || (lora_kind && boundary > step) || (!lora_kind && step > boundary))
+        throw UserError(file + ": lora.boundary_step " + std::to_string(boundary) + " and step " + std::to_string(step) +
+                        " contradict kind \"" + meta.value("kind", std::string()) + "\": the LoRA phase starts at the " +
+                        "boundary, so a " + (lora_kind ? "LoRA state's step is at or after it" : "plain state's step is "
+                        "at or before it") + tail);
+    }
+    // The lora section repeats the job's optimization/lora/* settings: both were written from one value.
+    const nlohmann::json none = nlohmann::json::object();
+    const nlohmann::json cfg = meta.value("config", none).value("optimization", none).value("lora", none);
+    for (const std::string key : {"rank", "alpha", "rslora", "dora"}) {
+      if (!l.contains(key) || !cfg.contains(key)) continue;
+      const nlohmann::json &a = l[key], &b = cfg[key];
+      const bool same = a == b || (a.is_number() && b.is_number() && a.get<double>() == b.get<double>());
+      if (!same)
+        throw UserError(file + ": lora." + key + " is " + a.dump() + " but its config's optimization/lora/" + key +
+                        " is " + b.dump() + ": the metadata contradicts itself about the adapters it holds" + tail);
+    }
+  });
+}
+
+// A full state's counters against each other: step within its own schedule (total_steps, finished),
+// tokens and the data cursors against the step (exactly where its per_step record says every step
+// was alike; a sampler's cursor counts the rows it drew, from a counter-based hash, so no dataset
+// has an end: what is impossible is more rows than the steps drew). A contradiction is a damaged or
+// hand-edited metadata.json, which would resume at another place in the schedule or the data.
+static void check_counters(const CheckpointMeta& ck) {
+  const nlohmann::json& meta = ck.raw;
+  const std::string file = ck.dir + "/metadata.json";
+  const std::string damaged = ": its metadata contradicts itself (damaged or hand-edited). Use another checkpoint "
+                              "(`lora_trainer checkpoints " + ck.job_name + " OUT_DIR` lists them)";
+  const std::string step = "step " + std::to_string(ck.step), steps = std::to_string(ck.step) + " steps";
+  json_context(file, [&] {
+    const int64_t total = meta.at("total_steps").get<int64_t>();
+    if (ck.step > total)
+      throw UserError(file + ": " + step + " is past its own schedule's end (total_steps " + std::to_string(total) + ")" +
+                      damaged);
+    if (meta.contains("finished") && meta["finished"].get<bool>() != (ck.step >= total))
+      throw UserError(file + ": finished is " + meta["finished"].dump() + " at " + step + " of total_steps " +
+                      std::to_string(total) + damaged);
+    // Every step trains at least one token, and no token comes without a step.
+    if (ck.tokens < ck.step || (ck.step == 0) != (ck.tokens == 0))
+      throw UserError(file + ": tokens " + std::to_string(ck.tokens) + " cannot have been trained in " + steps +
+                      " (every step trains tokens, and only steps do)" + damaged);
+    const nlohmann::json per_step = meta.value("per_step", nlohmann::json());
+    const nlohmann::json& cursors = meta.at("data").at("cursors");
+    if (!per_step.is_object()) return;  // older checkpoints, and jobs resumed with another batch size
+    const int64_t rows = per_step.at("rows").get<int64_t>(), tokens = per_step.at("tokens").get<int64_t>();
+    if (rows <= 0 || tokens <= 0 || tokens % rows != 0)
+      throw UserError(file + ": per_step " + per_step.dump() + " is not rows > 0 of a whole number of tokens each" + damaged);
+    if (ck.tokens / tokens != ck.step || ck.tokens % tokens != 0)
+      throw UserError(file + ": tokens " + std::to_string(ck.tokens) + " is not " + step + " x " + std::to_string(tokens) +
+                      " tokens a step (per_step.tokens)" + damaged);
+    uint64_t could = 0;  // the rows the steps drew; saturated (a hand-edited step may be huge)
+    if (__builtin_mul_overflow(static_cast<uint64_t>(ck.step), static_cast<uint64_t>(rows), &could)) could = UINT64_MAX;
+    uint64_t drawn = 0;
+    for (auto& [stage, c] : cursors.items()) {
+      const uint64_t n = c.get<uint64_t>();
+      if (n > could - drawn)
+        throw UserError(file + ": data.cursors[\"" + stage + "\"] is " + std::to_string(n) + " rows drawn by stage " + stage +
+                        (n > could ? "" : " (with the other stages' " + std::to_string(drawn) + ")") + ", more than the " +
+                        std::to_string(could) + " rows that " + steps + " of " + std::to_string(rows) +
+                        " rows (per_step.rows) drew" + damaged);
+      drawn += n;
+    }
+  });
 }
 
 CheckpointMeta CheckpointMeta::read(const std::string& dir) {
@@ -301,19 +423,26 @@ CheckpointMeta CheckpointMeta::read(const std::string& dir) {
                                        "the checkpoint is damaged; use another (`lora_trainer checkpoints JOB OUT_DIR`)");
   if (!meta.is_object()) throw UserError(dir + "/metadata.json is not a JSON object; the checkpoint is damaged");
   const auto& fv = meta.contains("format_version") ? meta["format_version"] : nlohmann::json();
-  int version = fv.is_number_integer() ? fv.get<int>() : 0;
+  const int64_t version = fv.is_number_integer() ? fv.get<int64_t>() : 0;
   if (version != kCheckpointFormatVersion)
     throw UserError(dir + ": checkpoint format version " + std::to_string(version) + ", this build reads " +
                     std::to_string(kCheckpointFormatVersion));
-  check_metadata_fields(dir, meta);
   CheckpointMeta ck;
-  ck.dir = dir;
-  ck.kind = parse_state_kind(meta["kind"].get<std::string>());
-  ck.step = meta["step"].get<int64_t>();
-  ck.tokens = meta["tokens"].get<int64_t>();
-  ck.weights_only = meta.value("weights_only", false);
-  ck.job_name = meta.contains("job") ? meta["job"].value("name", std::string("?")) : "?";
-  ck.raw = std::move(meta);
+  json_context(dir + "/metadata.json", [&] {
+    check_metadata_fields(dir, meta);
+    ck.dir = dir;
+    ck.kind = parse_state_kind(meta["kind"].get<std::string>());
+    ck.step = meta["step"].get<int64_t>();
+    ck.tokens = meta["tokens"].get<int64_t>();
+    ck.weights_only = meta.value("weights_only", false);
+    ck.job_name = meta.contains("job") ? meta["job"].value("name", std::string("?")) : "?";
+    ck.raw = std::move(meta);
+    // What the metadata says must agree with itself, for every reader (restore, eval, export, init_from).
+    if (!ck.weights_only) {
+      check_counters(ck);
+      check_lora_metadata(dir, ck.raw);
+    }
+  });
   return ck;
 }
 

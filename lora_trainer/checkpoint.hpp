@@ -36,8 +36,10 @@ std::string state_kind_name(StateKind kind);
 inline const std::string kParamsPrefix = "params/";
 inline const std::string kLoraPrefix = "lora/";
 
-// Writes tensors and metadata to `dir` atomically (replacing an existing checkpoint there).
-void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata);
+// Writes tensors and metadata to `dir` atomically (replacing an existing checkpoint there; other files
+// in it are kept, but for the names in `ours`: publish_dir).
+void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata,
+                     const std::vector<std::string>& ours = {});
 
 // True when `dir` holds a complete checkpoint.
 bool is_checkpoint(const std::string& dir);
@@ -89,8 +91,9 @@ void write_latest(const std::string& job_dir, const std::string& suffix);
 // Suffixes of the complete checkpoints under a job directory, e.g. {"ntoks/4096", "best", "final/8192"}.
 std::vector<std::string> list_checkpoints(const std::string& job_dir);
 
-// Removes the hidden directories that interrupted saves left below job_dir (only a job's one writer
-// may call it: another's save in progress looks the same). Returns how many.
+// Clears the hidden directories that interrupted saves left below job_dir, putting back a checkpoint
+// that a kill between two renames left only as `.NAME.old-*` (only a job's one writer may call it:
+// another's save in progress looks the same). Returns how many.
 int remove_interrupted_saves(const std::string& job_dir);
 
 std::string dtype_name(torch::ScalarType t);

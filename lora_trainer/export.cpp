@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 
+#include "lora_trainer/adapter_source.hpp"
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/ema.hpp"
 #include "lora_trainer/lora.hpp"
@@ -16,9 +17,18 @@ namespace lt {
 
 using json = nlohmann::json;
 
-// An export writes only where nothing of anyone else's is lost: a new directory, or an earlier export
-// or import of ours (which it replaces, saying so); never the source itself or a directory holding it.
-void check_export_target(const std::string& source, const std::string& out, const std::string& verb) {
+const std::vector<std::string>& export_file_names() {
+  static const std::vector<std::string> names = {"metadata.json",      "state.h5",          "model.safetensors",
+                                                 "config.json",        "adapter_config.json", "adapter_model.safetensors",
+                                                 kExportMarker};
+  return names;
+}
+
+// An export writes only where nothing of anyone else's is lost: a new or empty directory, or an
+// earlier export or import of ours (whose own files it replaces, saying so, keeping any other file);
+// a directory of anyone else's only with --force; never the source itself or a directory holding it.
+std::vector<std::string> check_export_target(const std::string& source, const std::string& out, const std::string& verb,
+                                             bool force) {
   const fs::path src = fs::weakly_canonical(source), dst = fs::weakly_canonical(out);
   auto within = [](const fs::path& inner, const fs::path& outer) {
     auto rel = inner.lexically_relative(outer);
@@ -30,28 +40,39 @@ void check_export_target(const std::string& source, const std::string& out, cons
                       : within(src, dst) ? " holds "
                                          : nullptr;
   if (clash) throw UserError(verb + ": OUT " + out + clash + what + " (" + source + "); give a new directory. Nothing was written");
-  if (!fs::exists(dst)) return;
+  recover_interrupted_writes(dst.string());  // an earlier write killed mid-replace: OUT as it was before
+  if (!fs::exists(dst)) return {};
+  if (!fs::is_directory(dst)) throw UserError(verb + ": OUT " + out + " exists and is not a directory; give a directory. Nothing was written");
+  if (fs::is_empty(dst)) return {};
   std::string earlier, earlier_kind = "export";  // what OUT holds, not what this command makes
-  if (is_checkpoint(dst.string())) {
-    json m = read_checkpoint_metadata(dst.string());
-    if (m.value("weights_only", false) && m.contains("exported_from")) earlier = m["exported_from"].is_string() ? m["exported_from"].get<std::string>() : "?";
-    if (m.value("weights_only", false) && m.contains("imported_from")) {
-      earlier = m["imported_from"].is_string() ? m["imported_from"].get<std::string>() : "?";
-      earlier_kind = "import";
+  json_context((dst / "metadata.json").string(), [&] {
+    if (is_checkpoint(dst.string())) {
+      json m = read_checkpoint_metadata(dst.string());
+      auto source_of = [&](const char* key) { return m[key].is_string() ? m[key].get<std::string>() : std::string("?"); };
+      if (m.value("weights_only", false) && m.contains("exported_from")) earlier = source_of("exported_from");
+      if (m.value("weights_only", false) && m.contains("imported_from")) {
+        earlier = source_of("imported_from");
+        earlier_kind = "import";
+      }
+    } else if (fs::exists(dst / kExportMarker)) {
+      json marker = read_json_file((dst / kExportMarker).string());
+      earlier = marker.is_object() && marker.contains("exported_from") && marker["exported_from"].is_string()
+                    ? marker["exported_from"].get<std::string>()
+                    : "?";
     }
-  } else if (fs::exists(dst / kExportMarker)) {
-    json marker = json::parse(read_file((dst / kExportMarker).string()), nullptr, false);
-    earlier = marker.is_object() && marker.contains("exported_from") && marker["exported_from"].is_string()
-                  ? marker["exported_from"].get<std::string>()
-                  : "?";
-  }
+  });
   if (!earlier.empty()) {
-    std::printf("%s: replacing the earlier %s at %s (of %s)\n", verb.c_str(), earlier_kind.c_str(), out.c_str(),
-                earlier.c_str());
-    return;
+    std::printf("%s: replacing the earlier %s at %s (of %s); other files there are kept\n", verb.c_str(),
+                earlier_kind.c_str(), out.c_str(), earlier.c_str());
+    return export_file_names();
   }
-  throw UserError(verb + ": OUT " + out + " already exists and is not an earlier export or import of lora_trainer; give a new "
-                  "directory, or move that one away yourself. Nothing was written");
+  if (force) {
+    std::printf("%s: writing into %s (--force): files of the same names are replaced, others kept\n", verb.c_str(), out.c_str());
+    return {};
+  }
+  throw UserError(verb + ": OUT " + out + " already exists and is not an earlier export or import of lora_trainer (it "
+                  "holds files of its own); give a new or empty directory, or --force to write into it (files of the "
+                  "names this command writes are then replaced, every other file is kept). Nothing was written");
 }
 
 NamedTensors export_tensors(const std::string& checkpoint, bool use_ema) {
@@ -84,9 +105,11 @@ MergedWeights merged_weights(const std::string& checkpoint, bool use_ema) {
   if (lora.empty()) return m;
   if (!m.meta.contains("lora")) throw UserError(checkpoint + ": adapters without lora metadata (rank, alpha)");
   const json& l = m.meta["lora"];
-  const double alpha = l.at("alpha").get<double>();
-  const int64_t rank = l.at("rank").get<int64_t>();
-  const bool rslora = l.value("rslora", false), dora = l.value("dora", false);
+  const std::string meta_path = checkpoint + "/metadata.json";
+  const double alpha = json_context(meta_path, [&] { return l.at("alpha").get<double>(); });
+  const int64_t rank = json_context(meta_path, [&] { return l.at("rank").get<int64_t>(); });
+  const bool rslora = json_context(meta_path, [&] { return l.value("rslora", false); });
+  const bool dora = json_context(meta_path, [&] { return l.value("dora", false); });
   for (auto& [n, t] : m.params) {
     auto a = lora.find(LoraParams::a_name(n)), b = lora.find(LoraParams::b_name(n));
     if (a == lora.end() || b == lora.end()) continue;
@@ -101,21 +124,22 @@ MergedWeights merged_weights(const std::string& checkpoint, bool use_ema) {
     t = merge_lora_params(t, a->second, b->second, alpha, rank, rslora, magnitude);
     ++m.merged;
   }
-  const json token_rows = l.value("trainable_tokens", json::object());
+  const json token_rows = json_context(meta_path, [&] { return l.value("trainable_tokens", json::object()); });
   for (auto& [name, ids] : token_rows.items()) {
     auto v = lora.find(TrainableTokens::values_name(name));
     auto p = std::find_if(m.params.begin(), m.params.end(), [&](const auto& np) { return np.first == name; });
     if (v == lora.end() || p == m.params.end())
       throw UserError(checkpoint + ": its metadata lists trainable token rows of " + name + " but it holds no " +
                       (p == m.params.end() ? kParamsPrefix + name : kLoraPrefix + TrainableTokens::values_name(name)));
-    p->second = replace_token_rows(p->second, ids.get<std::vector<int64_t>>(), v->second);
+    p->second = replace_token_rows(p->second, json_context(meta_path, [&] { return ids.get<std::vector<int64_t>>(); }),
+                                   v->second);
     m.token_rows += static_cast<int64_t>(ids.size());
   }
   return m;
 }
 
-void export_merged(const std::string& checkpoint, const std::string& out, bool use_ema) {
-  check_export_target(checkpoint, out, "export");
+void export_merged(const std::string& checkpoint, const std::string& out, bool use_ema, bool force) {
+  const auto ours = check_export_target(checkpoint, out, "export", force);
   MergedWeights m = merged_weights(checkpoint, use_ema);
   const json& meta = m.meta;
   NamedTensors params;
@@ -130,7 +154,7 @@ void export_merged(const std::string& checkpoint, const std::string& out, bool u
                    {"job", meta.value("job", json::object())},
                    {"config", meta.value("config", json::object())}};
   if (meta.contains("base_model")) out_meta["base_model"] = meta["base_model"];
-  save_checkpoint(out, params, out_meta);
+  save_checkpoint(out, params, out_meta, ours);
   std::printf("exported %s -> %s (%zu tensors, %d adapters merged%s, float32)\n", checkpoint.c_str(), out.c_str(),
               params.size(), merged,
               m.token_rows ? (", " + std::to_string(m.token_rows) + " trainable token rows replaced").c_str() : "");

@@ -34,15 +34,22 @@ NamedTensors export_tensors(const std::string& checkpoint, bool use_ema);
 
 // Writes a weights-only plain checkpoint of `checkpoint` with any adapters merged in; it initialises
 // another job (`run ... --restore OUT`), e.g. as the pretrained base of a LoRA job.
-void export_merged(const std::string& checkpoint, const std::string& out, bool use_ema = false);
+void export_merged(const std::string& checkpoint, const std::string& out, bool use_ema = false, bool force = false);
 
 // The file that marks a directory written by `export --format hf|peft` (JSON: exported_from, format).
 inline constexpr const char* kExportMarker = "lora_trainer_export.json";
 
-// The rule for every export's (and import-hf's) OUT: a new directory, or an earlier export or import of
-// lora_trainer (a weights-only checkpoint with exported_from/imported_from, or a directory with
-// kExportMarker), which is then replaced, saying so. OUT being the source, inside it or holding it, or
-// anything else that exists, is a UserError saying nothing was written. `verb` names the command.
-void check_export_target(const std::string& source, const std::string& out, const std::string& verb);
+// Every name an export or import of ours writes into its OUT (checkpoint files, HF and PEFT files, the
+// marker): an earlier write's files that a new one does not write again are dropped, nothing else.
+const std::vector<std::string>& export_file_names();
+
+// The rule for every export's (and import-hf's) OUT: a new or empty directory, or an earlier export or
+// import of lora_trainer (a weights-only checkpoint with exported_from/imported_from, or a directory
+// with kExportMarker), whose files are then replaced, saying so; files of anyone else in it are kept.
+// Any other existing directory is refused unless `force` (then only the files this command writes are
+// replaced). OUT being the source, inside it or holding it is a UserError. Either refusal says nothing
+// was written. `verb` names the command. Returns the names to pass publish_dir as `ours`.
+std::vector<std::string> check_export_target(const std::string& source, const std::string& out, const std::string& verb,
+                                             bool force = false);
 
 }  // namespace lt

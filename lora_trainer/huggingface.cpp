@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "lora_trainer/adapter_source.hpp"
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/config.hpp"
 #include "lora_trainer/lora.hpp"
@@ -30,11 +31,24 @@ void write_marker(const fs::path& dir, const std::string& checkpoint, const std:
 
 }  // namespace
 
-std::vector<std::string> import_hf(const std::string& hf_dir, const std::string& out) {
+namespace {
+std::vector<std::string> import_checked(const std::string& hf_dir, const std::string& config_path, const std::string& out,
+                                        const std::vector<std::string>& ours);
+}  // namespace
+
+std::vector<std::string> import_hf(const std::string& hf_dir, const std::string& out, bool force) {
   if (!fs::is_directory(hf_dir)) throw UserError("import-hf: " + hf_dir + " is not a directory");
   const std::string config_path = (fs::path(hf_dir) / "config.json").string();
   if (!fs::exists(config_path)) throw UserError("import-hf: " + hf_dir + " has no config.json (a Hugging Face model directory has one)");
-  check_export_target(hf_dir, out, "import-hf");
+  const auto ours = check_export_target(hf_dir, out, "import-hf", force);
+  // Every value read from config.json below: a type error names the file and the key.
+  return json_context(config_path, [&] { return import_checked(hf_dir, config_path, out, ours); });
+}
+
+namespace {
+
+std::vector<std::string> import_checked(const std::string& hf_dir, const std::string& config_path, const std::string& out,
+                                        const std::vector<std::string>& ours) {
   const json hf_config = read_json_file(config_path);
   if (!hf_config.is_object()) throw UserError(config_path + ": not a JSON object");
   const ModelFamily family = hf_family(hf_config, config_path);
@@ -70,7 +84,7 @@ std::vector<std::string> import_hf(const std::string& hf_dir, const std::string&
                  {"hf_config", hf_config}}},
                {"job", {{"name", "import-hf"}, {"project", "general"}, {"group", "default"}, {"kind", "lora/train"}}},
                {"config", cfg.to_json()}};
-  save_checkpoint(out, stored, meta);
+  save_checkpoint(out, stored, meta, ours);
   // "gpt2: ..." or "qwen2, llama family: ..."
   const std::string type = hf_config.value("model_type", std::string());
   const std::string kind = type == to_string(family) ? type : type + ", " + to_string(family) + " family";
@@ -84,8 +98,6 @@ std::vector<std::string> import_hf(const std::string& hf_dir, const std::string&
   std::printf(" 'training/pre_lora_tokens=[]' 'training/pre_lora_dataset=[]'\n");
   return arch;
 }
-
-namespace {
 
 // A checkpoint's model options, from its saved (resolved) config; keys an older checkpoint lacks had
 // their defaults.
@@ -117,8 +129,8 @@ MergedCheckpoint read_merged(const std::string& checkpoint, bool use_ema) {
 
 }  // namespace
 
-void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema) {
-  check_export_target(checkpoint, out, "export");
+void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema, bool force) {
+  const auto ours = check_export_target(checkpoint, out, "export", force);
   MergedCheckpoint m = read_merged(checkpoint, use_ema);
   // An imported model keeps its own config (token ids, task settings); the architecture is ours.
   const json imported = m.meta.contains("base_model") && m.meta["base_model"].contains("hf_config")
@@ -129,13 +141,26 @@ void export_hf(const std::string& checkpoint, const std::string& out, bool use_e
     write_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
     write_file_atomic((dir / "config.json").string(), hf.dump(2) + "\n");
     write_marker(dir, checkpoint, "hf");
-  });
+  }, "", ours);
   std::printf("exported %s -> %s (Hugging Face %s: model.safetensors with %zu tensors, float32, adapters merged; "
               "config.json)\n", checkpoint.c_str(), out.c_str(), hf_class_name(hf).c_str(), tensors.size());
 }
 
-void export_peft(const std::string& checkpoint, const std::string& out, bool use_ema) {
-  check_export_target(checkpoint, out, "export");
+namespace {
+
+void write_peft(const std::string& checkpoint, const std::string& out, bool use_ema, const std::vector<std::string>& ours);
+
+}  // namespace
+
+void export_peft(const std::string& checkpoint, const std::string& out, bool use_ema, bool force) {
+  const auto ours = check_export_target(checkpoint, out, "export", force);
+  // Every value read below comes from the checkpoint's metadata.json: a type error names it.
+  json_context(checkpoint + "/metadata.json", [&] { write_peft(checkpoint, out, use_ema, ours); });
+}
+
+namespace {
+
+void write_peft(const std::string& checkpoint, const std::string& out, bool use_ema, const std::vector<std::string>& ours) {
   json meta = read_checkpoint_metadata(checkpoint);
   if (meta.value("kind", std::string()) != "lora" || !meta.contains("lora"))
     throw UserError("export --format peft: " + checkpoint + " is a " + meta.value("kind", std::string("?")) +
@@ -170,6 +195,10 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
     auto a = lora.find(LoraParams::a_name(w)), b = lora.find(LoraParams::b_name(w));
     if (a == lora.end() || b == lora.end())
       throw UserError(checkpoint + ": the adapter of " + w + " is missing (lora/" + LoraParams::a_name(w) + "). Nothing was written");
+    auto W = base.find(w);
+    if (W == base.end())
+      throw UserError(checkpoint + ": adapted weight " + w + " is not among its parameters (params/" + w + "). Nothing was written");
+    check_adapter_shapes(w, W->second, a->second, b->second, r);
     const std::string mod = peft_module_path(family, w);
     tensors.emplace_back(mod + ".lora_A.weight", a->second.to(torch::kFloat32).t().contiguous());  // (r, in)
     tensors.emplace_back(mod + ".lora_B.weight", b->second.to(torch::kFloat32).t().contiguous());  // (out, r)
@@ -268,7 +297,7 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
     write_safetensors((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
     write_file_atomic((dir / "adapter_config.json").string(), config.dump(2) + "\n");
     write_marker(dir, checkpoint, "peft");
-  });
+  }, "", ours);
   const bool rslora = meta["lora"].value("rslora", false);
   std::printf("exported %s -> %s (PEFT LoRA adapter: %zu adapted modules, r %lld, lora_alpha %g, scaling %s = %g, "
               "fan_in_fan_out %s%s%s%s%s%s; base %s)\n", checkpoint.c_str(), out.c_str(), adapted.size(), (long long)r, alpha,
@@ -279,5 +308,7 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
               config["base_model_name_or_path"].is_string() ? config["base_model_name_or_path"].get<std::string>().c_str()
                                                             : "unknown: set base_model_name_or_path in adapter_config.json");
 }
+
+}  // namespace
 
 }  // namespace lt

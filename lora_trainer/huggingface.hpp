@@ -34,14 +34,14 @@ namespace lt {
 // a model_type of neither family, a config our models cannot represent, missing, unexpected or mis-shaped
 // tensors. OUT follows export's rule (check_export_target). Returns the architecture overrides
 // (architecture/...=...) a job needs to load it.
-std::vector<std::string> import_hf(const std::string& hf_dir, const std::string& out);
+std::vector<std::string> import_hf(const std::string& hf_dir, const std::string& out, bool force = false);
 
 // Writes OUT/model.safetensors (f32, HF names and layouts, adapters merged) and OUT/config.json
 // (the family's class; an imported model's own config with our architecture values on top).
 // With `use_ema`, the moving average of the trained tensors (export --ema; export.hpp's export_tensors).
-void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema = false);
+void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema = false, bool force = false);
 
 // Writes OUT/adapter_config.json and OUT/adapter_model.safetensors (f32) from a LoRA checkpoint.
-void export_peft(const std::string& checkpoint, const std::string& out, bool use_ema = false);
+void export_peft(const std::string& checkpoint, const std::string& out, bool use_ema = false, bool force = false);
 
 }  // namespace lt

@@ -300,6 +300,10 @@ int main(int argc, char** argv) {
                          "adapters merged; peft: adapter_config.json + "
                          "adapter_model.safetensors (the adapters of a LoRA checkpoint only)")
       ->capture_default_str()->check(CLI::IsMember({"native", "hf", "peft"}));
+  bool out_force = false;
+  export_cmd->add_flag("--force", out_force,
+                       "write into an existing directory that is not an earlier export of lora_trainer: files of the "
+                       "names this export writes are replaced, every other file is kept");
   export_cmd->add_flag("--ema", export_ema,
                        "write the moving average of the trained tensors (optimization/ema/decay) instead of their values");
 
@@ -308,7 +312,11 @@ int main(int argc, char** argv) {
                                                      "Llama, Qwen2, Mistral) as a weights-only checkpoint for `run ... --restore`, "
                                                      "`eval` and `sample`");
   import_cmd->add_option("HF_DIR", hf_dir, "a transformers model directory (model_type gpt2, llama, qwen2 or mistral)")->required()->check(CLI::ExistingDirectory);
-  import_cmd->add_option("OUT", import_out, "checkpoint directory to write")->required();
+  import_cmd->add_option("OUT", import_out, "checkpoint directory to write (a new or empty directory, or an earlier import "
+                         "or export, whose files are replaced; other files in it are kept)")->required();
+  import_cmd->add_flag("--force", out_force,
+                       "write into an existing directory that is not an earlier import or export of lora_trainer: files "
+                       "of the names it writes are replaced, every other file is kept");
 
   std::vector<std::string> eval_datasets;
   int64_t eval_rows = 0;
@@ -377,6 +385,8 @@ int main(int argc, char** argv) {
                        "text: each file a document -> PMD; jsonl: {\"prompt\",\"completion\"} records -> PADDED; pairs: "
                        "{\"prompt\",\"chosen\",\"rejected\"} records -> CONTRASTIVE (for dpo/train)")
       ->capture_default_str()->check(CLI::IsMember({"text", "jsonl", "pairs"}));
+  tokenize->add_flag("--force", tok.force,
+                     "write into an existing directory that is not a dataset of lora_trainer (its other files are kept)");
   auto* tok_length = tokenize->add_option("--length", tok.length, "jsonl, pairs: row length in tokens (0 = the longest row)")
       ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 24));
 
@@ -449,13 +459,13 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*export_cmd) {
-      if (export_format == "hf") export_hf(checkpoint, export_out, export_ema);
-      else if (export_format == "peft") export_peft(checkpoint, export_out, export_ema);
-      else export_merged(checkpoint, export_out, export_ema);
+      if (export_format == "hf") export_hf(checkpoint, export_out, export_ema, out_force);
+      else if (export_format == "peft") export_peft(checkpoint, export_out, export_ema, out_force);
+      else export_merged(checkpoint, export_out, export_ema, out_force);
       return 0;
     }
     if (*import_cmd) {
-      import_hf(hf_dir, import_out);
+      import_hf(hf_dir, import_out, out_force);
       return 0;
     }
     if (*tokenize) {
@@ -492,6 +502,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s: %s (check that the path is a writable directory with free space)\n", paths.c_str(),
                  e.code().message().c_str());
     return 2;
+  } catch (const nlohmann::json::exception& e) {
+    // A JSON reader that did not say which file (each should): still the input's fault, not ours.
+    try {
+      rethrow_json_error("a JSON input", e);
+    } catch (const UserError& u) {
+      std::fprintf(stderr, "error: %s\n", u.what());
+    }
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory. If an input file states a size (a tensor shape, a vocabulary), check it; "
+                         "otherwise lower training/batch_size or architecture/* or use a machine with more memory\n");
+    return 1;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "internal error (please report): %s\n", e.what_without_backtrace());
     return 1;

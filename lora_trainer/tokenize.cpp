@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include "lora_trainer/hf_tokenizer.hpp"
 #include "lora_trainer/tokenizer.hpp"
 #include "lora_trainer/util.hpp"
@@ -40,16 +42,70 @@ static bool wanted(const fs::path& p, const std::vector<std::string>& exts) {
   return false;
 }
 
+const std::vector<std::string>& dataset_file_names() {
+  static const std::vector<std::string> names = {"meta.json",        "train.bin",       "val.bin",
+                                                 "train.tokens.bin", "train.mask.bin",  "val.tokens.bin",
+                                                 "val.mask.bin",     "shape.json"};
+  return names;
+}
+
+static bool within(const fs::path& inner, const fs::path& outer) {  // inner == outer or below it
+  const auto rel = inner.lexically_relative(outer);
+  return !rel.empty() && *rel.begin() != "..";
+}
+
+// The dataset directory may be written: new, empty, a dataset of ours (its files are replaced, others
+// kept), or anything else with --force. Returns the names publish_dir may drop (an earlier dataset's).
+static std::vector<std::string> check_dataset_target(const TokenizeOptions& o) {
+  const fs::path out(o.out_dir);
+  if (!fs::exists(out)) return {};
+  if (!fs::is_directory(out)) throw UserError("tokenize: " + o.out_dir + " exists and is not a directory; give another --name. Nothing was written");
+  if (fs::is_empty(out)) return {};
+  if (fs::exists(out / "meta.json")) return dataset_file_names();
+  if (o.force) return {};
+  throw UserError("tokenize: " + o.out_dir + " already holds files and is not a dataset of lora_trainer (no meta.json); "
+                  "give another --name, or --force to write the dataset's files into it (other files are kept). "
+                  "Nothing was written");
+}
+
+// The input files, in sorted order. What this run writes is never read back: an input inside the
+// dataset being written is refused; inside an input directory, the dataset directory, the temporaries
+// of its writes and the whole data directory (other datasets: token files, not text) are skipped.
 static std::vector<std::string> collect(const TokenizeOptions& o) {
+  const fs::path out = fs::weakly_canonical(fs::absolute(o.out_dir));
+  const fs::path data_dir = out.parent_path();
+  const std::string hidden_tmp = "." + out.filename().string() + ".tmp-", hidden_old = "." + out.filename().string() + ".old-";
+  auto written_by_us = [&](const fs::path& canonical, bool data_dir_inside_input) {
+    if (within(canonical, out)) return true;
+    if (canonical.parent_path() == data_dir) {
+      const std::string n = canonical.filename().string();
+      if (n.rfind(hidden_tmp, 0) == 0 || n.rfind(hidden_old, 0) == 0) return true;
+    }
+    return data_dir_inside_input && within(canonical, data_dir);
+  };
   std::vector<std::string> files;
   for (const auto& in : o.inputs) {
+    const fs::path in_c = fs::weakly_canonical(fs::absolute(in));
+    if (within(in_c, out))
+      throw UserError("tokenize: input " + in + " is inside the dataset being written (" + o.out_dir +
+                      "); move the text elsewhere or give another --name. Nothing was written");
     if (fs::is_directory(in)) {
+      const bool data_dir_inside = within(data_dir, in_c) && data_dir != in_c;
+      bool noted = false;
       walk_tree(in, [&](const std::string& path, bool is_dir) {
-        if (!is_dir && fs::is_regular_file(path) && wanted(path, o.extensions)) files.push_back(fs::canonical(path).string());
+        const fs::path c = fs::weakly_canonical(fs::absolute(path));
+        if (written_by_us(c, data_dir_inside)) {
+          if (!noted)
+            std::printf("tokenize: skipping %s inside input %s: it is what tokenize writes, not text to read\n",
+                        (data_dir_inside ? data_dir : out).string().c_str(), in.c_str());
+          noted = true;
+          return false;
+        }
+        if (!is_dir && fs::is_regular_file(path) && wanted(path, o.extensions)) files.push_back(c.string());
         return true;
       });
     } else if (fs::is_regular_file(in)) {
-      files.push_back(fs::canonical(in).string());
+      files.push_back(in_c.string());
     } else {
       throw UserError("tokenize: input " + in + " is neither a file nor a directory");
     }
@@ -97,55 +153,56 @@ TokenizeResult tokenize_to_pmd(const TokenizeOptions& o) {
   if (!(o.val_fraction > 0 && o.val_fraction < 1))
     throw UserError("tokenize: --val-fraction must be between 0 and 1 (exclusive)");
   auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
+  const auto ours = check_dataset_target(o);
   auto files = collect(o);
-  fs::create_directories(o.out_dir);
-  fs::remove(fs::path(o.out_dir) / "meta.json");  // the dataset is incomplete until meta.json is back
   uint64_t total_bytes = 0;
   for (const auto& f : files) total_bytes += fs::file_size(f);
 
   TokenizeResult r;
   r.documents = files.size();
-  TokenWriter train((fs::path(o.out_dir) / "train.bin").string());
-  TokenWriter val((fs::path(o.out_dir) / "val.bin").string());
-  Progress progress("tokenize " + fs::path(o.out_dir).filename().string(), total_bytes, "bytes");
-  const double f = o.val_fraction;
-  for (size_t i = 0; i < files.size(); ++i) {
-    std::string text = read_file(files[i]);
-    r.bytes += text.size();
-    std::vector<uint32_t> ids = tok->encode(text);
-    ids.push_back(tok->eot_id());
-    if (files.size() == 1) {
-      size_t n_val = std::max<size_t>(1, static_cast<size_t>(std::floor(ids.size() * f)));
-      train.write(ids, 0, ids.size() - n_val);
-      val.write(ids, ids.size() - n_val);
-      r.val_documents = 1;
-    } else if (std::floor((i + 1) * f) > std::floor(i * f) || (i + 1 == files.size() && r.val_documents == 0)) {
-      val.write(ids);
-      ++r.val_documents;
-    } else {
-      train.write(ids);
+  publish_dir(o.out_dir, [&](const fs::path& dir) {
+    TokenWriter train((dir / "train.bin").string());
+    TokenWriter val((dir / "val.bin").string());
+    Progress progress("tokenize " + fs::path(o.out_dir).filename().string(), total_bytes, "bytes");
+    const double f = o.val_fraction;
+    for (size_t i = 0; i < files.size(); ++i) {
+      std::string text = read_file(files[i]);
+      r.bytes += text.size();
+      std::vector<uint32_t> ids = tok->encode(text);
+      ids.push_back(tok->eot_id());
+      if (files.size() == 1) {
+        size_t n_val = std::max<size_t>(1, static_cast<size_t>(std::floor(ids.size() * f)));
+        train.write(ids, 0, ids.size() - n_val);
+        val.write(ids, ids.size() - n_val);
+        r.val_documents = 1;
+      } else if (std::floor((i + 1) * f) > std::floor(i * f) || (i + 1 == files.size() && r.val_documents == 0)) {
+        val.write(ids);
+        ++r.val_documents;
+      } else {
+        train.write(ids);
+      }
+      progress.update(r.bytes);
     }
-    progress.update(r.bytes);
-  }
-  progress.finish();
-  r.train_tokens = train.count();
-  r.val_tokens = val.count();
-  if (r.val_tokens == 0 || r.train_tokens == 0)
-    throw UserError("tokenize: the split left " + std::string(r.val_tokens == 0 ? "validation" : "training") +
-                    " empty; add documents or change --val-fraction");
-  train.commit();
-  val.commit();
-  nlohmann::json meta = {{"style", "pmd"},
-                         {"tokenizer", tok->name()},
-                         {"vocab_size", tok->vocab_size()},
-                         {"eot_id", tok->eot_id()},
-                         {"documents", r.documents},
-                         {"val_documents", r.val_documents},
-                         {"bytes", r.bytes},
-                         {"train_tokens", r.train_tokens},
-                         {"val_tokens", r.val_tokens},
-                         {"val_fraction", f}};
-  write_file_atomic((fs::path(o.out_dir) / "meta.json").string(), meta.dump(2) + "\n");
+    progress.finish();
+    r.train_tokens = train.count();
+    r.val_tokens = val.count();
+    if (r.val_tokens == 0 || r.train_tokens == 0)
+      throw UserError("tokenize: the split left " + std::string(r.val_tokens == 0 ? "validation" : "training") +
+                      " empty; add documents or change --val-fraction. Nothing was written");
+    train.commit();
+    val.commit();
+    nlohmann::json meta = {{"style", "pmd"},
+                           {"tokenizer", tok->name()},
+                           {"vocab_size", tok->vocab_size()},
+                           {"eot_id", tok->eot_id()},
+                           {"documents", r.documents},
+                           {"val_documents", r.val_documents},
+                           {"bytes", r.bytes},
+                           {"train_tokens", r.train_tokens},
+                           {"val_tokens", r.val_tokens},
+                           {"val_fraction", f}};
+    write_file_atomic((dir / "meta.json").string(), meta.dump(2) + "\n");
+  }, "write dataset " + o.out_dir, ours);
   return r;
 }
 
@@ -179,9 +236,9 @@ void for_each_record(const TokenizeOptions& o, const std::vector<std::string>& f
     std::string line;
     for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      auto j = nlohmann::json::parse(line, nullptr, false);
       auto where = file + ":" + std::to_string(line_no);
-      if (j.is_discarded() || !j.is_object()) throw UserError(where + ": not a JSON object");
+      auto j = parse_json(line, where, "each line of a JSONL file is one JSON object");
+      if (!j.is_object()) throw UserError(where + ": not a JSON object");
       for (const auto& f : fields)
         if (!j.contains(f) || !j[f].is_string())
           throw UserError(where + ": a record needs string fields " + join(quoted) + "; \"" + f + "\" is " +
@@ -201,8 +258,14 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
   uint64_t L = static_cast<uint64_t>(o.length);
   if (L == 0)
     for (const auto& row : rows) L = std::max<uint64_t>(L, row.ids.size());
-  fs::create_directories(o.out_dir);
-  fs::remove(fs::path(o.out_dir) / "meta.json");
+  // Every row is padded to L: rows x L x 5 bytes (token + mask) must fit in memory.
+  uint64_t need = 0;
+  const uint64_t memory = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (__builtin_mul_overflow(static_cast<uint64_t>(rows.size()), L, &need) || __builtin_mul_overflow(need, uint64_t{5}, &need) ||
+      need > memory)
+    throw UserError("tokenize: " + std::to_string(rows.size()) + " rows of " + std::to_string(L) + " tokens need more than " +
+                    "this machine's " + std::to_string(memory >> 20) + " MiB of memory; lower --length. Nothing was written");
+  const auto ours = check_dataset_target(o);
   std::string bufs[2][2];  // [train/val][tokens/mask]
   uint64_t counts[2] = {0, 0};
   TokenizeResult r;
@@ -225,18 +288,20 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
   }
   r.documents = records;
   r.val_documents = counts[1];
-  const char* split[2] = {"train", "val"};
-  for (int s = 0; s < 2; ++s) {
-    write_file_atomic((fs::path(o.out_dir) / (std::string(split[s]) + ".tokens.bin")).string(), bufs[s][0]);
-    write_file_atomic((fs::path(o.out_dir) / (std::string(split[s]) + ".mask.bin")).string(), bufs[s][1]);
-  }
-  nlohmann::json shape = {{"train", {counts[0] * rows_per_record, L}}, {"val", {counts[1] * rows_per_record, L}}};
-  write_file_atomic((fs::path(o.out_dir) / "shape.json").string(), shape.dump() + "\n");
-  nlohmann::json meta = {{"style", style},           {"tokenizer", tok.name()}, {"vocab_size", tok.vocab_size()},
-                         {"eot_id", tok.eot_id()},  {"pad_id", tok.eot_id()},  {"records", r.documents},
-                         {"val_records", r.val_documents}, {"length", L},        {"train_tokens", r.train_tokens},
-                         {"val_tokens", r.val_tokens}, {"val_fraction", f}};
-  write_file_atomic((fs::path(o.out_dir) / "meta.json").string(), meta.dump(2) + "\n");
+  publish_dir(o.out_dir, [&](const fs::path& dir) {
+    const char* split[2] = {"train", "val"};
+    for (int s = 0; s < 2; ++s) {
+      write_file_atomic((dir / (std::string(split[s]) + ".tokens.bin")).string(), bufs[s][0]);
+      write_file_atomic((dir / (std::string(split[s]) + ".mask.bin")).string(), bufs[s][1]);
+    }
+    nlohmann::json shape = {{"train", {counts[0] * rows_per_record, L}}, {"val", {counts[1] * rows_per_record, L}}};
+    write_file_atomic((dir / "shape.json").string(), shape.dump() + "\n");
+    nlohmann::json meta = {{"style", style},           {"tokenizer", tok.name()}, {"vocab_size", tok.vocab_size()},
+                           {"eot_id", tok.eot_id()},  {"pad_id", tok.eot_id()},  {"records", r.documents},
+                           {"val_records", r.val_documents}, {"length", L},        {"train_tokens", r.train_tokens},
+                           {"val_tokens", r.val_tokens}, {"val_fraction", f}};
+    write_file_atomic((dir / "meta.json").string(), meta.dump(2) + "\n");
+  }, "write dataset " + o.out_dir, ours);
   return r;
 }
 
@@ -250,6 +315,7 @@ void check_val_fraction(const TokenizeOptions& o) {
 TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& o) {
   check_val_fraction(o);
   auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
+  check_dataset_target(o);  // refused before the work
   std::vector<MaskedRow> rows;
   uint64_t bytes = 0;
   for_each_record(o, {"prompt", "completion"}, [&](const nlohmann::json& j, size_t n) {
@@ -262,6 +328,7 @@ TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& o) {
 TokenizeResult tokenize_jsonl_to_contrastive(const TokenizeOptions& o) {
   check_val_fraction(o);
   auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
+  check_dataset_target(o);  // refused before the work
   std::vector<MaskedRow> rows;
   uint64_t bytes = 0;
   for_each_record(o, {"prompt", "chosen", "rejected"}, [&](const nlohmann::json& j, size_t n) {

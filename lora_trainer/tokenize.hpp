@@ -27,13 +27,21 @@ struct TokenizeOptions {
   std::string tokenizer_dir;            // "" = default_gpt2_dir()
   double val_fraction = 0.05;
   int64_t length = 0;                   // padded: row length L; 0 = the longest record
+  bool force = false;                   // write into an existing directory that is not a dataset of ours
 };
+
+// The files of a dataset directory that tokenize writes (and replaces on a re-run); anything else a
+// user put there is kept.
+const std::vector<std::string>& dataset_file_names();
 
 struct TokenizeResult {
   uint64_t documents = 0, val_documents = 0, bytes = 0, train_tokens = 0, val_tokens = 0;
 };
 
-// Writes atomically: files appear under their final names only when complete, meta.json last.
+// Writes the dataset directory as a whole (publish_dir): it appears complete or not at all, and a
+// refused or failed run leaves an existing dataset of that name as it was. Inputs inside the output
+// (the dataset being written, or the data directory when it lies inside an input directory) are
+// skipped, never read back.
 TokenizeResult tokenize_to_pmd(const TokenizeOptions& opts);
 
 // JSONL records {"prompt": str, "completion": str} -> a PADDED dataset (data.hpp): each row is

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <unordered_set>
 #include <sstream>
 
 namespace fs = std::filesystem;
@@ -32,9 +34,22 @@ static void write_all(int fd, const std::string& path, const char* data, size_t 
   }
 }
 
+static std::vector<std::string> sorted_entries(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return names;
+  while (dirent* e = readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 void write_file_atomic(const std::string& path, const std::string& contents) {
   fs::path target(path);
   if (target.has_parent_path()) fs::create_directories(target.parent_path());
+  recover_interrupted_writes(path);
   std::random_device rd;
   std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -55,41 +70,182 @@ void write_file_atomic(const std::string& path, const std::string& contents) {
   fsync_dir(target.has_parent_path() ? target.parent_path().string() : ".");
 }
 
-void publish_dir(const std::string& dir, const std::function<void(const fs::path& tmp)>& fill, const std::string& what) {
-  fs::path final_dir = fs::absolute(dir).lexically_normal();
+namespace {
+
+// The process id in a leftover's tag "PID-N" (0 when it has none).
+long tag_pid(const std::string& tag) {
+  char* end = nullptr;
+  const long pid = std::strtol(tag.c_str(), &end, 10);
+  return end != tag.c_str() && *end == '-' && pid > 0 ? pid : 0;
+}
+
+bool process_gone(long pid) { return pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH); }
+
+bool lexists(const std::string& p) {
+  struct stat st {};
+  return ::lstat(p.c_str(), &st) == 0;
+}
+
+// Puts `src` (anything but a socket or device) at `dst` without copying data where a hard link will
+// do: directories are made anew and filled the same way, links are recreated.
+void keep_entry(const std::string& src, const std::string& dst) {
+  struct stat st {};
+  if (::lstat(src.c_str(), &st) != 0) throw UserError("could not keep " + src + ": " + std::strerror(errno));
+  auto fail = [&](const char* verb) { throw UserError(std::string("could not keep ") + src + " (" + verb + " " + dst + "): " + std::strerror(errno)); };
+  if (S_ISDIR(st.st_mode)) {
+    if (::mkdir(dst.c_str(), st.st_mode & 07777) != 0) fail("mkdir");
+    for (const auto& name : sorted_entries(src)) keep_entry(src + "/" + name, dst + "/" + name);
+  } else if (S_ISLNK(st.st_mode)) {
+    std::string target(static_cast<size_t>(st.st_size > 0 ? st.st_size : PATH_MAX) + 1, '\0');
+    const ssize_t n = ::readlink(src.c_str(), target.data(), target.size());
+    if (n < 0) fail("readlink for");
+    target.resize(static_cast<size_t>(n));
+    if (::symlink(target.c_str(), dst.c_str()) != 0) fail("symlink");
+  } else if (S_ISREG(st.st_mode)) {
+    if (::link(src.c_str(), dst.c_str()) == 0) return;
+    std::error_code ec;  // a file system without hard links (or too many of them): a copy
+    if (!fs::copy_file(src, dst, ec)) throw UserError("could not keep " + src + " (copy to " + dst + "): " + ec.message());
+  } else if (S_ISFIFO(st.st_mode)) {
+    if (::mkfifo(dst.c_str(), st.st_mode & 07777) != 0) fail("mkfifo");
+  } else {
+    throw UserError(src + " is a socket or device file; it cannot be kept when its directory is rewritten. Move it "
+                    "elsewhere and run the command again");
+  }
+}
+
+}  // namespace
+
+int recover_interrupted_writes(const std::string& path, bool locked) {
+  fs::path target = fs::absolute(path).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  const std::string parent = target.parent_path().string(), name = target.filename().string();
+  const std::string dir_tmp = "." + name + ".tmp-", dir_old = "." + name + ".old-", file_tmp = name + ".tmp-";
+  std::vector<std::string> tmps, olds;
+  for (const auto& e : sorted_entries(parent)) {
+    for (const auto* prefix : {&dir_tmp, &dir_old, &file_tmp}) {
+      if (e.size() <= prefix->size() || e.compare(0, prefix->size(), *prefix) != 0) continue;
+      if (!locked && !process_gone(tag_pid(e.substr(prefix->size())))) continue;  // a write in progress
+      (prefix == &dir_old ? olds : tmps).push_back(parent + "/" + e);
+    }
+  }
+  int handled = 0;
+  if (!olds.empty() && !lexists(target.string())) {
+    // A kill between the two renames of a replace: the complete old directory goes back in place.
+    if (::rename(olds.back().c_str(), target.c_str()) == 0) {
+      std::fprintf(stderr, "note: %s was missing after an interrupted write; put back its earlier contents from %s\n",
+                   target.c_str(), olds.back().c_str());
+      olds.pop_back();
+      ++handled;
+    }
+  }
+  for (const auto* list : {&tmps, &olds})
+    for (const auto& p : *list)
+      if (remove_tree(p)) ++handled;
+  return handled;
+}
+
+void publish_dir(const std::string& dir, const std::function<void(const fs::path& tmp)>& fill, const std::string& what,
+                 const std::vector<std::string>& ours) {
+  const std::string action = what.empty() ? "write " + dir : what;
+  // A link to a directory is written through: the link stays, its target gets the new contents.
+  fs::path final_dir = fs::weakly_canonical(fs::absolute(dir)).lexically_normal();
   if (final_dir.filename().empty()) final_dir = final_dir.parent_path();
-  fs::create_directories(final_dir.parent_path());
+  const fs::path parent = final_dir.parent_path();
+  try {
+    fs::create_directories(parent);
+  } catch (const fs::filesystem_error& e) {
+    throw UserError("could not " + action + ": " + e.what());
+  }
+  recover_interrupted_writes(final_dir.string());
+  struct stat st {};
+  const bool replacing = ::lstat(final_dir.c_str(), &st) == 0;
+  if (replacing && !S_ISDIR(st.st_mode))
+    throw UserError("could not " + action + ": " + final_dir.string() + " exists and is not a directory. Nothing was written");
   std::random_device rd;
   const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(rd());
-  const fs::path tmp = final_dir.parent_path() / ("." + final_dir.filename().string() + ".tmp-" + tag);
+  const std::string name = final_dir.filename().string();
+  const fs::path tmp = parent / ("." + name + ".tmp-" + tag);
   try {
-    fs::create_directories(tmp);
+    if (::mkdir(tmp.c_str(), 0755) != 0) throw UserError("could not " + action + ": mkdir " + tmp.string() + ": " + std::strerror(errno));
     fill(tmp);
-    fsync_dir(tmp.string());
-    if (fs::exists(final_dir)) {
-      const fs::path old = final_dir.parent_path() / ("." + final_dir.filename().string() + ".old-" + tag);
-      fs::rename(final_dir, old);
-      fs::rename(tmp, final_dir);
-      remove_tree(old.string());  // a leftover is a hidden directory, removed when the job next starts
-    } else {
-      fs::rename(tmp, final_dir);
+    if (replacing) {
+      // Everything of the old directory that this write does not replace, and that is not an earlier
+      // write's own file, stays.
+      for (const auto& e : sorted_entries(final_dir.string())) {
+        if (lexists((tmp / e).string()) || std::find(ours.begin(), ours.end(), e) != ours.end()) continue;
+        keep_entry((final_dir / e).string(), (tmp / e).string());
+      }
     }
-    fsync_dir(final_dir.parent_path().string());
+    fsync_dir(tmp.string());
+    if (!replacing) {
+      if (::rename(tmp.c_str(), final_dir.c_str()) != 0)
+        throw UserError("could not " + action + ": rename " + tmp.string() + " to " + final_dir.string() + ": " + std::strerror(errno));
+    } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+      // One step: `dir` was the old directory until now, and is the new one from now on; the old
+      // contents are at `tmp`, removed below (or by the next write, if killed first).
+      remove_tree(tmp.string());
+    } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
+      // No exchange on this file system: two renames; a kill between them leaves `.NAME.old-TAG`, which
+      // the next write (recover_interrupted_writes) puts back.
+      const fs::path old = parent / ("." + name + ".old-" + tag);
+      if (::rename(final_dir.c_str(), old.c_str()) != 0)
+        throw UserError("could not " + action + ": rename " + final_dir.string() + ": " + std::strerror(errno));
+      if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+        const int err = errno;
+        ::rename(old.c_str(), final_dir.c_str());
+        throw UserError("could not " + action + ": rename " + tmp.string() + ": " + std::strerror(err));
+      }
+      remove_tree(old.string());
+    } else {
+      throw UserError("could not " + action + ": exchange " + tmp.string() + " with " + final_dir.string() + ": " +
+                      std::strerror(errno));
+    }
+    fsync_dir(parent.string());
   } catch (const fs::filesystem_error& e) {
     remove_tree(tmp.string());
-    throw UserError("could not " + (what.empty() ? "write " + dir : what) + ": " + e.what());
+    throw UserError("could not " + action + ": " + e.what());
   } catch (...) {
     remove_tree(tmp.string());
     throw;
   }
 }
 
+void require_regular_file(const std::string& path, const std::string& what) {
+  struct stat st {};
+  const std::string label = what.empty() ? path : what + " " + path;
+  if (::stat(path.c_str(), &st) != 0) throw UserError("could not read " + label + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw UserError(label + " is not a regular file (" +
+                    (S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket") +
+                    "); give a file");
+}
+
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError("could not read " + path + ": " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw UserError("could not read " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    require_regular_file(path);  // names what it is
+    throw UserError("could not read " + path);
+  }
+  std::string out;
+  out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      throw UserError("could not read " + path + ": " + std::strerror(err));
+    }
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
 }
 
 SignalGuard::SignalGuard(void (*handler)(int))
@@ -100,16 +256,95 @@ SignalGuard::~SignalGuard() {
   std::signal(SIGTERM, prev_term_);
 }
 
+namespace {
+
+// Where the parser is, for messages: "/a/b/3".
+struct JsonFrame {
+  bool object = false;
+  std::unordered_set<std::string> keys;
+  std::string key;
+  size_t index = 0;
+};
+
+std::string json_path(const std::vector<JsonFrame>& frames) {
+  std::string out;
+  for (const auto& f : frames) {
+    out += "/" + (f.object ? f.key : std::to_string(f.index));
+    if (out.size() > 80) return out.substr(0, 80) + "...";
+  }
+  return out.empty() ? "/" : out;
+}
+
+}  // namespace
+
 nlohmann::json parse_json(const std::string& text, const std::string& what, const std::string& hint) {
+  using json = nlohmann::json;
+  const std::string tail = hint.empty() ? "" : "; " + hint;
+  std::vector<JsonFrame> frames;
+  auto element_done = [&] {
+    if (!frames.empty() && !frames.back().object) ++frames.back().index;
+  };
+  // The parser builds its tree without recursion, but freeing and printing one recurse: the depth is
+  // checked while parsing. nlohmann keeps the last of two equal keys; a config must not mean two things.
+  json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (frames.size() >= static_cast<size_t>(kMaxJsonDepth))
+          throw UserError(what + ": nested more than " + std::to_string(kMaxJsonDepth) + " levels deep (at " +
+                          json_path(frames) + "); no input of lora_trainer needs that" + tail);
+        frames.push_back(JsonFrame{event == json::parse_event_t::object_start, {}, {}, 0});
+        break;
+      case json::parse_event_t::key: {
+        JsonFrame& f = frames.back();
+        f.key = parsed.get<std::string>();
+        if (!f.keys.insert(f.key).second)
+          throw UserError(what + ": key " + json_path(frames) + " is given twice in one object; keep one (the last "
+                          "would silently win)" + tail);
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        frames.pop_back();
+        element_done();
+        break;
+      case json::parse_event_t::value:
+        element_done();
+        break;
+    }
+    return true;
+  };
   try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
+    return json::parse(text, check);
+  } catch (const json::exception& e) {
     // parse_error (syntax) or out_of_range 406 (a number that does not fit a double or 64-bit integer)
     std::string why = e.what();
     auto bracket = why.find("] ");
     if (bracket != std::string::npos) why = why.substr(bracket + 2);
-    throw UserError(what + ": not valid JSON: " + why + (hint.empty() ? "" : "; " + hint));
+    throw UserError(what + ": not valid JSON: " + why + tail);
   }
+}
+
+void rethrow_json_error(const std::string& what, const std::exception& e) {
+  if (!dynamic_cast<const nlohmann::json::exception*>(&e)) return;
+  // "[json.exception.type_error.302] (/model/vocab) type must be string, but is number"
+  std::string why = e.what(), path;
+  auto bracket = why.find("] ");
+  if (bracket != std::string::npos) why = why.substr(bracket + 2);
+  if (!why.empty() && why[0] == '(') {
+    auto close = why.find(") ");
+    if (close != std::string::npos) {
+      path = why.substr(1, close - 1);
+      why = why.substr(close + 2);
+    }
+  }
+  const std::string must = "type must be ", but = ", but is ";
+  if (why.rfind(must, 0) == 0 && why.find(but) != std::string::npos) {
+    const size_t at = why.find(but);
+    why = "must be " + why.substr(must.size(), at - must.size()) + ", not " + why.substr(at + but.size());
+  }
+  throw UserError(what + ": " + (path.empty() ? "" : path + ": ") + why +
+                  ". The file is damaged, hand-edited or of another kind; fix it or write it again");
 }
 
 nlohmann::json read_json_file(const std::string& path, const std::string& hint) {
@@ -135,18 +370,6 @@ static size_t edit_distance(const std::string& a, const std::string& b) {
     std::swap(prev, cur);
   }
   return prev[b.size()];
-}
-
-static std::vector<std::string> sorted_entries(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* d = opendir(dir.c_str());
-  if (!d) return names;
-  while (dirent* e = readdir(d)) {
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
-  }
-  closedir(d);
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 bool remove_tree(const std::string& path, std::string* error) {

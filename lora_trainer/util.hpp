@@ -26,22 +26,61 @@ class UserError : public std::runtime_error {
 // `path` is either the old file or the complete new one.
 void write_file_atomic(const std::string& path, const std::string& contents);
 
-// Writes a directory atomically: `fill` writes its files into a hidden sibling `.NAME.tmp-TAG`, which is
-// then renamed to `dir` (a directory already there is moved aside as `.NAME.old-TAG` first and removed
-// after), so `dir` is either the old directory or the complete new one. A leftover `.NAME.tmp-*` or
-// `.NAME.old-*` is an interrupted write. A file-system error is a UserError "could not <what>: ...";
-// `what` defaults to "write <dir>".
+// Writes a directory atomically: `fill` writes its files into a hidden sibling `.NAME.tmp-TAG`, which
+// then takes the place of `dir` in one step (renameat2's exchange where the file system has it), so
+// `dir` is always either the old directory or the complete new one. Nothing of anyone else's is lost:
+// every entry of an existing `dir` that `fill` does not write is kept (hard-linked, or copied, into the
+// new directory), except the names in `ours`: files of an earlier write of the same kind, dropped when
+// this one does not write them again. Leftovers of an interrupted write of `dir` (`.NAME.tmp-*`,
+// `.NAME.old-*` of a process that is gone) are cleared first, and a `dir` lost between two renames is
+// put back (recover_interrupted_writes). A file-system error (a full disk) is a UserError "could not
+// <what>: ..." with the temporary removed; `what` defaults to "write <dir>".
 void publish_dir(const std::string& dir, const std::function<void(const std::filesystem::path& tmp)>& fill,
-                 const std::string& what = "");
+                 const std::string& what = "", const std::vector<std::string>& ours = {});
+
+// Clears what an interrupted write of `path` left behind, written by a process that is no longer
+// running: a file's `PATH.tmp-PID-N`, a directory's `.NAME.tmp-PID-N` and `.NAME.old-PID-N`. When the
+// directory itself is missing and an `.old` copy of it is left (a kill between the two renames of a
+// replace), that copy is put back. `locked`: the caller holds a lock that excludes every other writer
+// (a job directory's), so every leftover is stale whatever its process id. Returns how many leftovers
+// were handled.
+int recover_interrupted_writes(const std::string& path, bool locked = false);
+
+// Refuses (UserError naming it) a path that is not a regular file, or a link to one: a FIFO, a device
+// or a directory given where a file is read would block or fail obscurely. `what` says what it is for.
+void require_regular_file(const std::string& path, const std::string& what = "");
 
 // Reads a whole file; UserError naming the file if it cannot be read.
 std::string read_file(const std::string& path);
 
-// Parses JSON text. A syntax error or a number out of range (1e999, an integer wider than 64 bits) is
-// a UserError naming `what` (a file, an override) and saying what to do: `hint`.
+// The deepest nesting of arrays and objects a JSON input may have (nlohmann's tree is freed recursively).
+inline constexpr int kMaxJsonDepth = 512;
+
+// Parses JSON text. A syntax error, a number out of range (1e999, an integer wider than 64 bits),
+// nesting deeper than kMaxJsonDepth or a key given twice in one object (the second would silently win)
+// is a UserError naming `what` (a file, an override), the key's path, and saying what to do: `hint`.
 nlohmann::json parse_json(const std::string& text, const std::string& what, const std::string& hint = "");
 // read_file + parse_json.
 nlohmann::json read_json_file(const std::string& path, const std::string& hint = "");
+
+// When `e` is a nlohmann::json type or missing-key error, throws it as a UserError naming `what` (the
+// file), the key path and the type expected ("config.json: /vocab_size: must be a number, not a
+// string"); otherwise returns.
+void rethrow_json_error(const std::string& what, const std::exception& e);
+
+// Runs `read` (code reading JSON that came from `what`): its type and missing-key errors become
+// UserErrors naming `what`, never a raw "[json.exception...]".
+template <class F>
+decltype(auto) json_context(const std::string& what, F&& read) {
+  try {
+    return read();
+  } catch (const UserError&) {
+    throw;
+  } catch (const std::exception& e) {
+    rethrow_json_error(what, e);
+    throw;
+  }
+}
 
 // fsyncs a directory so that renames inside it are durable.
 void fsync_dir(const std::string& dir);

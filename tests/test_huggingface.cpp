@@ -128,6 +128,7 @@ TEST_CASE("import-hf refuses a GPT-2 our gpt2 family cannot represent, naming it
   // A second import replaces the first (an earlier import); somebody's directory is refused.
   CHECK_NOTHROW(import_hf(kGolden + "/model", out));
   fs::create_directories(d / "mine");
+  write_file_atomic(d / "mine/notes.txt", "keep me");
   CHECK_THROWS_WITH(import_hf(kGolden + "/model", d / "mine"), Contains("is not an earlier export or import"));
 }
 
@@ -158,6 +159,7 @@ TEST_CASE("export --format hf writes transformers' files, and re-importing them 
   // Export's rule for OUT: an earlier export is replaced, anything else is refused.
   CHECK_NOTHROW(export_hf(d / "imported", d / "hf"));
   fs::create_directories(d / "mine");
+  write_file_atomic(d / "mine/notes.txt", "keep me");
   CHECK_THROWS_WITH(export_hf(d / "imported", d / "mine"), Contains("is not an earlier export or import"));
   CHECK_THROWS_WITH(export_hf(d / "imported", d / "imported"), Contains("is the checkpoint being exported"));
   CHECK_THROWS_WITH(export_peft(d / "imported", d / "peft"), Contains("without adapters"));
