@@ -1,5 +1,6 @@
 #include "lora_trainer/adapter_source.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -32,7 +33,9 @@ void check_same_targets(const std::string& path, const std::vector<std::string>&
 void add(AdapterSource& s, const std::string& w, torch::Tensor A, torch::Tensor B, const std::string& where) {
   if (A.dim() != 2 || B.dim() != 2 || A.size(1) != s.rank || B.size(0) != s.rank)
     throw UserError(std::string(kKey) + ": " + where + ": the adapter of " + w + " has shapes A " + shape_text(A.sizes().vec()) +
-                    ", B " + shape_text(B.sizes().vec()) + ", not rank " + std::to_string(s.rank));
+                    ", B " + shape_text(B.sizes().vec()) + ", not those of rank " + std::to_string(s.rank) +
+                    (s.format == "peft" ? " (r in adapter_config.json)" : " (lora.rank in its metadata.json)") +
+                    ": the source contradicts itself. Give an adapter written whole by one run");
   s.adapters.names.push_back(w);
   s.adapters.A.push_back(A.to(torch::kFloat32).contiguous());
   s.adapters.B.push_back(B.to(torch::kFloat32).contiguous());
@@ -55,14 +58,19 @@ AdapterSource from_checkpoint(const std::string& path, const std::vector<std::st
   if (meta.value("kind", std::string()) != "lora" || !meta.contains("lora"))
     throw UserError(std::string(kKey) + ": " + path + " is a " + meta.value("kind", std::string("?")) +
                     " checkpoint; adapters come from a LoRA-phase checkpoint (kind lora) or a PEFT adapter directory");
+  const std::string meta_path = (fs::path(path) / "metadata.json").string();
   AdapterSource s;
   s.format = "checkpoint";
-  s.rank = meta["lora"].value("rank", int64_t{0});
-  s.alpha = meta["lora"].value("alpha", 0.0);
-  s.rslora = meta["lora"].value("rslora", false);
-  s.dora = meta["lora"].value("dora", false);
-  s.modules_to_save = meta["lora"].value("modules_to_save", std::vector<std::string>());
-  const auto theirs = meta["lora"].value("targets", std::vector<std::string>());
+  std::vector<std::string> theirs;
+  json_context(meta_path, [&] {
+    const json& l = meta["lora"];
+    s.rank = l.at("rank").get<int64_t>();
+    s.alpha = l.at("alpha").get<double>();
+    s.rslora = l.value("rslora", false);
+    s.dora = l.value("dora", false);
+    s.modules_to_save = l.value("modules_to_save", std::vector<std::string>());
+    theirs = l.value("targets", std::vector<std::string>());
+  });
   std::vector<std::string> missing, extra;
   for (const auto& w : targets)
     if (std::find(theirs.begin(), theirs.end(), w) == theirs.end()) missing.push_back(w);
@@ -83,32 +91,125 @@ AdapterSource from_checkpoint(const std::string& path, const std::vector<std::st
     add_magnitude(s, w, m != lora.end(), m != lora.end() ? m->second : torch::Tensor(),
                   kLoraPrefix + LoraParams::magnitude_name(w), path);
   }
-  const json token_rows = meta["lora"].value("trainable_tokens", json::object());
+  const json token_rows = json_context(meta_path, [&] { return meta["lora"].value("trainable_tokens", json::object()); });
   for (auto& [name, ids] : token_rows.items()) {
     auto v = lora.find(TrainableTokens::values_name(name));
     if (v == lora.end())
       throw UserError(std::string(kKey) + ": " + path + " lists trainable token rows of " + name + " but holds no " +
                       kLoraPrefix + TrainableTokens::values_name(name) + "; is the checkpoint complete?");
-    s.tokens = {name, ids.get<std::vector<int64_t>>(), v->second.to(torch::kFloat32).contiguous()};
+    s.tokens = {name, json_context(meta_path, [&] { return ids.get<std::vector<int64_t>>(); }),
+                v->second.to(torch::kFloat32).contiguous()};
   }
   return s;
+}
+
+// adapter_config.json holds every field of PEFT's LoraConfig (peft/tuners/lora/config.py, checked at
+// 0.20.1.dev0), most at their defaults. Each field that changes what the adapter computes, or how it
+// trains on, and that this trainer does not implement is refused by name unless it is at its
+// default: loading such an adapter as plain LoRA would compute another function without a word.
+// Fields that only describe the source (its base model, its task, which modules it chose) are
+// harmless whatever their value; the ones read (r, lora_alpha, use_rslora, use_dora,
+// trainable_token_indices, modules_to_save) are checked where they are read. A field PEFT adds later
+// is refused unless it is empty (null, false, 0, "", [], {}).
+bool empty_value(const json& v) {
+  return v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_number() && v.get<double>() == 0) ||
+         (v.is_string() && v.get<std::string>().empty()) || ((v.is_array() || v.is_object()) && v.empty());
+}
+
+void check_peft_fields(const std::string& config_path, const json& c) {
+  static const std::set<std::string> harmless = {
+      "base_model_name_or_path", "revision", "task_type", "inference_mode", "auto_mapping", "peft_version",
+      "peft_type", "r", "lora_alpha", "use_rslora", "use_dora", "lora_dropout", "fan_in_fan_out", "target_modules",
+      "exclude_modules", "modules_to_save", "trainable_token_indices", "ensure_weight_tying", "megatron_core",
+      "runtime_config", "qalora_group_size",
+      // Parameters of initialisations: what init_lora_weights names decides (PEFT keeps them when it
+      // converts a PiSSA/CorDA/OLoRA adapter into a plain one and sets init_lora_weights to true).
+      "eva_config", "corda_config", "loftq_config", "lora_ga_config"};
+  // What each refused field does in PEFT, to say why it cannot be ignored, and its values that do
+  // nothing (PEFT's default first; a falsy value where PEFT tests the field's truth).
+  struct Refused {
+    std::string why;
+    std::vector<json> defaults;
+  };
+  const json null;
+  static const std::map<std::string, Refused> refused = {
+      {"alpha_pattern", {"gives some modules another lora_alpha, so another scale", {json::object(), null}}},
+      {"rank_pattern", {"gives some modules another rank", {json::object(), null}}},
+      {"layers_to_transform", {"restricts the adapters to some layers", {null}}},
+      {"layers_pattern", {"names the layers that layers_to_transform selects", {null, "", json::array()}}},
+      {"bias", {"trains the base layers' biases too, saved beside the adapters", {"none"}}},
+      {"lora_bias", {"gives every lora_B a bias", {false}}},
+      {"use_qalora", {"pools the adapters' inputs in groups (QALoRA)", {false}}},
+      {"layer_replication", {"repeats layers of the base model, each copy with its own adapter", {null, json::array()}}},
+      {"target_parameters", {"adapts parameters that are not linear layers' weights", {null, json::array()}}},
+      {"alora_invocation_tokens", {"applies the adapters only from the invocation tokens on (Activated LoRA)", {null}}},
+      {"megatron_config", {"builds Megatron's parallel layers", {null, json::object()}}},
+      {"use_bdlora", {"makes the adapters block-diagonal (BD-LoRA)", {null}}},
+      {"velora_config", {"replaces the adapters' backward (VeLoRA)", {null}}},
+      {"monteclora_config", {"samples the adapters (MonteCLoRA)", {null}}},
+      {"arrow_config", {"routes between several adapters (Arrow)", {null}}},
+      {"kasa_config", {"inserts trained singular values between lora_A and lora_B (KaSA)", {null}}}};
+  auto refuse = [&](const std::string& key, const std::string& why) {
+    std::string value = c[key].dump();
+    if (value.size() > 80) value = value.substr(0, 77) + "...";
+    throw UserError(std::string(kKey) + ": " + config_path + " has " + key + " " + value + ", which " + why +
+                    ". This trainer does not implement it: loaded as plain LoRA, the adapter would compute (or train) "
+                    "otherwise than it did in PEFT. Give an adapter saved without it (" + key + " at PEFT's default)");
+  };
+  for (auto it = c.begin(); it != c.end(); ++it) {
+    const std::string& key = it.key();
+    const json& v = it.value();
+    if (key == "init_lora_weights") {
+      // true (PEFT's default), false (random A and B: a debugging aid), "gaussian", "orthogonal" and "eva"
+      // only draw the first adapters, which the saved ones replace. The others change the base weights
+      // at initialisation (PiSSA, CorDA, OLoRA, LoftQ, LoRA-GA) or train lora_A alone (MiCA).
+      const bool fine = v.is_boolean() || v == "gaussian" || v == "orthogonal" || v == "eva";
+      if (!fine)
+        refuse(key, v.is_string() && v.get<std::string>() == "mica"
+                        ? "trains lora_A alone, lora_B frozen (MiCA)"
+                        : "initialised the adapters from the base weights and changed those weights to match (an "
+                          "adapter PEFT did not convert with path_initial_model_for_weight_conversion needs that "
+                          "changed base)");
+      continue;
+    }
+    if (harmless.count(key)) continue;
+    auto known = refused.find(key);
+    if (known != refused.end()) {
+      const auto& d = known->second.defaults;
+      if (std::find(d.begin(), d.end(), v) == d.end()) refuse(key, known->second.why);
+      continue;
+    }
+    if (!empty_value(v))
+      refuse(key, "this trainer does not know (a newer PEFT's field?) and which may change what the adapter computes");
+  }
+  const json& r = c.contains("r") ? c["r"] : json();
+  if (!r.is_number_integer() || r.get<int64_t>() <= 0)
+    throw UserError(std::string(kKey) + ": " + config_path + ": r must be the adapters' rank, a positive integer, not " +
+                    (c.contains("r") ? r.dump() : std::string("missing")));
+  if (!c.contains("lora_alpha") || !c["lora_alpha"].is_number())
+    throw UserError(std::string(kKey) + ": " + config_path + ": lora_alpha must be a number, not " +
+                    (c.contains("lora_alpha") ? c["lora_alpha"].dump() : std::string("missing")));
 }
 
 AdapterSource from_peft(const std::string& path, ModelFamily family, const std::vector<std::string>& targets,
                         const std::string& token_embedding) {
   const std::string config_path = (fs::path(path) / "adapter_config.json").string();
   const json c = read_json_file(config_path);
-  if (c.value("peft_type", std::string()) != "LORA")
-    throw UserError(std::string(kKey) + ": " + config_path + ": peft_type " + c.value("peft_type", std::string("?")) +
-                    ", not LORA");
+  if (!c.is_object()) throw UserError(std::string(kKey) + ": " + config_path + " is not a JSON object");
   AdapterSource s;
   s.format = "peft";
-  s.rank = c.value("r", int64_t{0});
-  s.alpha = c.value("lora_alpha", 0.0);
-  s.rslora = c.value("use_rslora", false);
-  s.dora = c.value("use_dora", false);
-  if (c.contains("modules_to_save") && c["modules_to_save"].is_array())
-    s.modules_to_save = c["modules_to_save"].get<std::vector<std::string>>();
+  json_context(config_path, [&] {
+    if (c.value("peft_type", std::string()) != "LORA")
+      throw UserError(std::string(kKey) + ": " + config_path + ": peft_type " + c.value("peft_type", json("?")).dump() +
+                      ", not \"LORA\"");
+    check_peft_fields(config_path, c);
+    s.rank = c["r"].get<int64_t>();
+    s.alpha = c["lora_alpha"].get<double>();
+    s.rslora = c.value("use_rslora", false);
+    s.dora = c.value("use_dora", false);
+    if (c.contains("modules_to_save") && !c["modules_to_save"].is_null())
+      s.modules_to_save = c["modules_to_save"].get<std::vector<std::string>>();
+  });
   const std::string file = (fs::path(path) / "adapter_model.safetensors").string();
   std::map<std::string, torch::Tensor> by_key;
   for (auto& [k, t] : read_safetensors(file)) by_key[k] = t;
@@ -148,8 +249,9 @@ AdapterSource from_peft(const std::string& path, ModelFamily family, const std::
       throw UserError(std::string(kKey) + ": " + config_path + ": trainable_token_indices " + ids.dump() +
                       " does not give the ids of the rows in " + k);
     const bool ours = peft_module_path(family, token_embedding) == mod;
-    s.tokens = {ours ? token_embedding : mod.substr(std::string("base_model.model.").size()),
-                (ids.is_array() ? ids : ids.begin().value()).get<std::vector<int64_t>>(), t.to(torch::kFloat32).contiguous()};
+    const auto id_list = json_context(config_path, [&] { return (ids.is_array() ? ids : ids.begin().value()).get<std::vector<int64_t>>(); });
+    s.tokens = {ours ? token_embedding : mod.substr(std::string("base_model.model.").size()), id_list,
+                t.to(torch::kFloat32).contiguous()};
   }
   return s;
 }

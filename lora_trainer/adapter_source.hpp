@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "lora_trainer/lora.hpp"

@@ -1,6 +1,7 @@
 // See byte_level_bpe.hpp.
 #include "lora_trainer/byte_level_bpe.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <queue>
@@ -105,6 +106,7 @@ std::string_view valid_utf8(std::string_view s, std::string& storage) {
 }
 
 void WordCache::remember(WordIds& words, std::string word, std::vector<uint32_t> ids) {
+  if (word.size() > kMaxWordBytes) return;
   if (words.size() >= kMaxWords) words.clear();
   words.emplace(std::move(word), std::move(ids));
 }
@@ -155,22 +157,46 @@ Regex regex_compile(const std::string& pattern, const std::string& what) {
   return re;
 }
 
+namespace {
+
+std::string pcre2_message(int rc) {
+  PCRE2_UCHAR msg[256];
+  pcre2_get_error_message(rc, msg, sizeof msg);
+  return reinterpret_cast<char*>(msg);
+}
+
+}  // namespace
+
 bool regex_next(const Regex& re, MatchData& md, std::string_view text, size_t pos, size_t* begin, size_t* end) {
-  if (!md) {
-    md.reset(pcre2_match_data_create_from_pattern(re.get(), nullptr));
-    if (!md) throw std::bad_alloc();
+  if (!md.data_) {
+    md.data_.reset(pcre2_match_data_create_from_pattern(re.get(), nullptr));
+    md.context_.reset(pcre2_match_context_create(nullptr));
+    if (!md.data_ || !md.context_) throw std::bad_alloc();
+    pcre2_set_heap_limit(md.context_.get(), static_cast<uint32_t>(kMatchHeapBytes / 1024));  // in KiB
   }
-  // The text is valid UTF-8 by now; without NO_UTF_CHECK PCRE2 would re-check the whole rest of
-  // the subject on every call, which is quadratic.
-  int rc = pcre2_match(re.get(), reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), pos, PCRE2_NO_UTF_CHECK,
-                       md.get(), nullptr);
+  // See the header: limits in proportion to what is left of the text.
+  const uint64_t steps = std::min<uint64_t>(std::numeric_limits<uint32_t>::max(),
+                                            kMatchStepsBase + uint64_t{kMatchStepsPerByte} * (text.size() - pos));
+  pcre2_set_match_limit(md.context_.get(), static_cast<uint32_t>(steps));
+  pcre2_set_depth_limit(md.context_.get(), static_cast<uint32_t>(steps));
+  auto match = [&](uint32_t options) {
+    // The text is valid UTF-8 by now; without NO_UTF_CHECK PCRE2 would re-check the whole rest of
+    // the subject on every call, which is quadratic.
+    return pcre2_match(re.get(), reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), pos,
+                       PCRE2_NO_UTF_CHECK | options, md.data_.get(), md.context_.get());
+  };
+  int rc = match(0);
+  // JIT's stack (32 KiB) is too small for some patterns on long runs (a group repeated a million
+  // times): the interpreter gives the same match, on the heap.
+  if (rc == PCRE2_ERROR_JIT_STACKLIMIT) rc = match(PCRE2_NO_JIT);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
-  if (rc < 0) {
-    PCRE2_UCHAR msg[256];
-    pcre2_get_error_message(rc, msg, sizeof msg);
-    throw std::runtime_error(std::string("pre-tokenisation failed: ") + reinterpret_cast<char*>(msg));
-  }
-  const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
+  if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT)
+    throw RegexLimitError("matching stopped at byte " + std::to_string(pos) + " of a text of " +
+                          std::to_string(text.size()) + " bytes: " + pcre2_message(rc) + " (" +
+                          std::to_string(steps) + " steps, " + std::to_string(kMatchHeapBytes >> 20) +
+                          " MiB); the pattern backtracks catastrophically on this text");
+  if (rc < 0) throw std::runtime_error("pre-tokenisation failed: " + pcre2_message(rc));
+  const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.data_.get());
   *begin = ov[0];
   *end = ov[1];
   return true;
@@ -178,83 +204,125 @@ bool regex_next(const Regex& re, MatchData& md, std::string_view text, size_t po
 
 namespace {
 
-// The library's algorithm (tokenizers' bpe/word.rs): a queue of candidate merges ordered by rank, then
-// by the position of the left symbol; symbols keep their first byte's position, so "leftmost" is the
-// smallest position. A candidate whose symbols have changed since it was queued is skipped. O(n log n)
-// in the word's length, where merging one pair per scan of the word would be quadratic.
-void bpe_merge_queued(std::vector<uint32_t>& sym, const MergeTable& merges) {
-  const size_t n = sym.size();
+// Both merge orders keep the word as a doubly linked list over the byte positions (a symbol keeps its
+// first byte's position, so "leftmost" is the smallest position) and a min-queue of candidate merges
+// ordered by rank, then position. A candidate whose pair has changed since it was queued is dropped
+// when it comes up. Index: uint32_t for words under 4 GiB (half the memory of size_t).
+template <class Index>
+class MergeQueue {
+ public:
+  MergeQueue(std::vector<uint32_t>& sym, const MergeTable& merges) : sym_(sym), merges_(merges), n_(sym.size()) {
+    prev_.resize(n_);
+    next_.resize(n_);
+    gone_.assign(n_, false);
+    std::vector<Candidate> initial;
+    for (size_t i = 0; i < n_; ++i) {
+      prev_[i] = static_cast<Index>(i == 0 ? n_ : i - 1);
+      next_[i] = static_cast<Index>(i + 1);
+      if (i + 1 < n_) push(static_cast<Index>(i), initial);
+    }
+    queue_ = Queue(std::greater<Candidate>(), std::move(initial));  // heapify: O(n)
+  }
+
+  // The library's algorithm (tokenizers' bpe/word.rs): merge the lowest-ranked pair, the leftmost on
+  // a tie, one at a time.
+  void merge_one_at_a_time() {
+    while (!queue_.empty()) {
+      const Candidate top = queue_.top();
+      queue_.pop();
+      if (rank_at(top.pos) == top.rank) merge_at(top.pos);
+    }
+    finish();
+  }
+
+  // Encoder.js: in each round, of the pairs with the lowest rank the one found last in the word is
+  // merged wherever it occurs, left to right, in the word as it was when the round began. Pairs that
+  // only the round's own merges form are looked at in later rounds (none can be the round's pair:
+  // a merged symbol's string is longer than either part).
+  void merge_by_rounds() {
+    std::vector<Index> round;
+    while (!queue_.empty()) {
+      const uint32_t rank = queue_.top().rank;
+      round.clear();
+      while (!queue_.empty() && queue_.top().rank == rank) {  // in position order
+        const Index pos = queue_.top().pos;
+        queue_.pop();
+        if (rank_at(pos) == rank && (round.empty() || round.back() != pos)) round.push_back(pos);
+      }
+      if (round.empty()) continue;
+      const uint32_t left = sym_[round.back()], right = sym_[next_[round.back()]];
+      for (const Index pos : round) {
+        if (gone_[pos] || next_[pos] >= n_) continue;  // taken by the merge before it ("a a a")
+        if (sym_[pos] == left && sym_[next_[pos]] == right) {
+          merge_at(pos);
+        } else {
+          queue_.push({rank, pos});  // another pair of this rank (GPT-2's comma aliasing): a later round
+        }
+      }
+    }
+    finish();
+  }
+
+ private:
   struct Candidate {
     uint32_t rank;
-    size_t pos;
+    Index pos;
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
-  std::vector<size_t> prev(n), next(n);  // neighbours in the current word; n = none
-  std::vector<bool> gone(n, false);
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
-  for (size_t i = 0; i < n; ++i) {
-    prev[i] = i == 0 ? n : i - 1;
-    next[i] = i + 1;
-    if (i + 1 < n) {
-      auto it = merges.find(pair_key(sym[i], sym[i + 1]));
-      if (it != merges.end()) queue.push({it->second.rank, i});
-    }
+  using Queue = std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>>;
+  static constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+
+  // The rank of the pair starting at pos now, or kNone.
+  uint32_t rank_at(Index pos) const {
+    if (gone_[pos] || next_[pos] >= n_) return kNone;
+    auto it = merges_.find(pair_key(sym_[pos], sym_[next_[pos]]));
+    return it == merges_.end() ? kNone : it->second.rank;
   }
-  while (!queue.empty()) {
-    const Candidate top = queue.top();
-    queue.pop();
-    if (gone[top.pos] || next[top.pos] >= n) continue;
-    const size_t right = next[top.pos];
-    auto it = merges.find(pair_key(sym[top.pos], sym[right]));
-    if (it == merges.end() || it->second.rank != top.rank) continue;  // stale
-    sym[top.pos] = it->second.result;
-    gone[right] = true;
-    next[top.pos] = next[right];
-    if (next[right] < n) prev[next[right]] = top.pos;
-    if (prev[top.pos] < n) {
-      auto p = merges.find(pair_key(sym[prev[top.pos]], sym[top.pos]));
-      if (p != merges.end()) queue.push({p->second.rank, prev[top.pos]});
-    }
-    if (next[top.pos] < n) {
-      auto q = merges.find(pair_key(sym[top.pos], sym[next[top.pos]]));
-      if (q != merges.end()) queue.push({q->second.rank, top.pos});
-    }
+  void push(Index pos, std::vector<Candidate>& into) {
+    const uint32_t rank = rank_at(pos);
+    if (rank != kNone) into.push_back({rank, pos});
   }
-  size_t w = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (!gone[i]) sym[w++] = sym[i];
-  sym.resize(w);
+  void push(Index pos) {
+    const uint32_t rank = rank_at(pos);
+    if (rank != kNone) queue_.push({rank, pos});
+  }
+  void merge_at(Index pos) {
+    const Index right = next_[pos];
+    sym_[pos] = merges_.find(pair_key(sym_[pos], sym_[right]))->second.result;
+    gone_[right] = true;
+    next_[pos] = next_[right];
+    if (next_[right] < n_) prev_[next_[right]] = pos;
+    if (prev_[pos] < n_) push(prev_[pos]);
+    if (next_[pos] < n_) push(pos);
+  }
+  void finish() {
+    size_t w = 0;
+    for (size_t i = 0; i < n_; ++i)
+      if (!gone_[i]) sym_[w++] = sym_[i];
+    sym_.resize(w);
+  }
+
+  std::vector<uint32_t>& sym_;
+  const MergeTable& merges_;
+  const size_t n_;
+  std::vector<Index> prev_, next_;  // neighbours in the current word; n_ = none
+  std::vector<bool> gone_;          // merged into the symbol on its left
+  Queue queue_;
+};
+
+template <class Index>
+void merge_word(std::vector<uint32_t>& sym, const MergeTable& merges, MergeOrder order) {
+  MergeQueue<Index> q(sym, merges);
+  if (order == MergeOrder::kHuggingFace) q.merge_one_at_a_time();
+  else q.merge_by_rounds();
 }
 
 }  // namespace
 
 void bpe_merge(std::vector<uint32_t>& sym, const MergeTable& merges, MergeOrder order) {
-  if (order == MergeOrder::kHuggingFace) return bpe_merge_queued(sym, merges);
-  // Encoder.js: a scan finds the best pair, a second merges all its occurrences.
-  constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
-  while (sym.size() > 1) {
-    uint32_t best_rank = kNoRank, left = 0, right = 0, merged = 0;
-    for (size_t i = 0; i + 1 < sym.size(); ++i) {
-      auto it = merges.find(pair_key(sym[i], sym[i + 1]));
-      if (it != merges.end() && it->second.rank <= best_rank) {
-        best_rank = it->second.rank;
-        left = sym[i];
-        right = sym[i + 1];
-        merged = it->second.result;
-      }
-    }
-    if (best_rank == kNoRank) break;
-    size_t w = 0;
-    for (size_t i = 0; i < sym.size();) {
-      if (i + 1 < sym.size() && sym[i] == left && sym[i + 1] == right) {
-        sym[w++] = merged;
-        i += 2;
-      } else {
-        sym[w++] = sym[i++];
-      }
-    }
-    sym.resize(w);
-  }
+  if (sym.size() < 2) return;
+  if (sym.size() < std::numeric_limits<uint32_t>::max()) merge_word<uint32_t>(sym, merges, order);
+  else merge_word<uint64_t>(sym, merges, order);
 }
 
 }  // namespace lt::bpe

@@ -276,14 +276,15 @@ void Config::apply_override(const std::string& assignment) {
   if (eq == std::string::npos || eq == 0)
     throw UserError("override \"" + assignment + "\" is not of the form key=value (e.g. training/batch_size=64)");
   std::string key = assignment.substr(0, eq), text = assignment.substr(eq + 1);
-  json v;
   try {
-    v = json::parse(text);
-  } catch (const json::parse_error&) {
-    v = text;  // bare words are strings: job/project=demo
-  } catch (const json::out_of_range&) {
-    throw UserError("override " + key + ": " + text + " is out of range (it does not fit a 64-bit number)");
+    (void)json(assignment).dump();  // the config is JSON: its text must be valid UTF-8
+  } catch (const json::type_error&) {
+    throw UserError("override \"" + json(assignment).dump(-1, ' ', false, json::error_handler_t::replace) +
+                    "\" is not valid UTF-8 text; give keys and values as UTF-8");
   }
+  // Bare words are strings (job/project=demo); anything that is JSON is parsed as JSON, with its limits
+  // (nesting depth, duplicate keys, numbers that fit).
+  json v = json::accept(text) ? parse_json(text, "override " + key) : json(text);
   set(key, v, "override " + key);
 }
 

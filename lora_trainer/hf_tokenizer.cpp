@@ -35,8 +35,37 @@ using nlohmann::json;
 constexpr const char* kByteLevelPattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
+// Token ids (hf_tokenizer.hpp): at most kMaxTokenId, and the highest below kMaxIdSpread x the number of
+// tokens + kMaxIdGap, since the id table spans 0..highest.
+constexpr uint32_t kMaxTokenId = (uint32_t{1} << 31) - 1;
+constexpr uint64_t kMaxIdSpread = 4;
+constexpr uint64_t kMaxIdGap = 65536;
+
 // Tried in this order when tokenizer_config.json names no eos_token.
 const std::vector<std::string> kEotCandidates = {"<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "</s>"};
+
+// `o[key]` for an object that may lack it (null then), as a reference into the parsed file so that a
+// type error inside it names its full key path (json_context).
+const json& member(const json& o, const char* key) {
+  static const json null;
+  if (!o.is_object()) return null;
+  auto it = o.find(key);
+  return it == o.end() ? null : *it;
+}
+
+// A JSON pointer's escaping of one key ("~" -> "~0", "/" -> "~1"), for key paths in messages.
+std::string pointer_key(const std::string& key) {
+  std::string out;
+  for (char c : key) out += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+  return out;
+}
+
+// A value quoted in a message, cut short: a hostile file's strings can be megabytes long.
+std::string shown(const json& v) {
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
 
 class HfTokenizer final : public Tokenizer {
  public:
@@ -53,6 +82,7 @@ class HfTokenizer final : public Tokenizer {
     std::string content;
     uint32_t id;
     bool normalized;  // matched in the normalized text, by its normalized content
+    std::string where;  // its key path in the file, for messages
   };
   // The added tokens matched in one pass: longest content first, and their first bytes.
   struct AddedSet {
@@ -62,6 +92,8 @@ class HfTokenizer final : public Tokenizer {
   };
 
   UserError unsupported(const std::string& what) const;
+  // A token id at key path `where` of the file: see hf_tokenizer.hpp for what is accepted.
+  uint32_t read_id(const json& v, const std::string& where) const;
   void read_model(const json& model);
   void read_added_tokens(const json& added);
   void read_normalizer(const json& n);
@@ -76,6 +108,8 @@ class HfTokenizer final : public Tokenizer {
                          size_t* begin);
   void encode_normalized(std::string_view piece, WordIds& cache, std::vector<uint32_t>& out) const;
   void split_and_encode(std::string_view piece, size_t level, WordIds& cache, std::vector<uint32_t>& out) const;
+  // regex_next with splits_[level]; a pattern that exceeds PCRE2's limits is a UserError naming it.
+  bool next_split(size_t level, MatchData& md, std::string_view piece, size_t pos, size_t* begin, size_t* end) const;
   void encode_word(std::string_view word, WordIds& cache, std::vector<uint32_t>& out) const;
 
   std::string name_, path_;
@@ -90,6 +124,7 @@ class HfTokenizer final : public Tokenizer {
   AddedSet raw_added_, normalized_added_;  // added_ by their `normalized` (contents normalized)
   std::vector<utf8proc_option_t> normalizers_;  // utf8proc_map options, applied in order
   std::vector<Regex> splits_;           // Split / ByteLevel patterns, applied in order (Isolated)
+  std::vector<std::string> split_patterns_;  // their source, for messages
   uint32_t eot_id_ = 0;
   mutable WordCache cache_;  // encode() leases it for the whole call
 };
@@ -105,40 +140,57 @@ HfTokenizer::HfTokenizer(const std::string& dir) : name_("hf:" + dir) {
   path_ = (fs::path(dir) / "tokenizer.json").string();
   if (!fs::is_directory(dir)) throw UserError("hf tokenizer: " + dir + " is not a directory (hf:DIR names a "
                                               "model directory holding tokenizer.json)");
-  if (!fs::is_regular_file(path_)) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path_, ec))) {
     std::string msg = "hf tokenizer: " + dir + " has no tokenizer.json";
     if (fs::exists(fs::path(dir) / "tokenizer.model"))
       msg += " (its tokenizer.model is a SentencePiece model, which is not supported)";
     throw UserError(msg + "; save the tokenizer with transformers' save_pretrained to get one");
   }
-  const json j = read_json_file(path_);
-  if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
-    throw UserError(path_ + " is not a Hugging Face tokenizer.json (no \"model\" object)");
-  // Added tokens first: vocab entries with their ids are not byte-level strings.
-  if (j.contains("added_tokens")) read_added_tokens(j["added_tokens"]);
-  read_model(j["model"]);
-  read_normalizer(j.value("normalizer", json()));
-  split_added_tokens();
-  bool byte_level = false;
-  read_pre_tokenizer(j.value("pre_tokenizer", json()), &byte_level);
-  if (!byte_level) throw unsupported("a pre_tokenizer without ByteLevel (not a byte-level BPE)");
-  read_decoder(j.value("decoder", json()));
+  require_regular_file(path_, "the tokenizer");
+  // Every type error or missing key while reading names this file and the key path.
+  json_context(path_, [&] {
+    const json j = read_json_file(path_, "save the tokenizer again with transformers' save_pretrained");
+    if (!j.is_object() || !member(j, "model").is_object())
+      throw UserError(path_ + " is not a Hugging Face tokenizer.json (no \"model\" object)");
+    // Added tokens first: vocab entries with their ids are not byte-level strings.
+    if (j.contains("added_tokens")) read_added_tokens(j["added_tokens"]);
+    read_model(j["model"]);
+    read_normalizer(member(j, "normalizer"));
+    split_added_tokens();
+    bool byte_level = false;
+    read_pre_tokenizer(member(j, "pre_tokenizer"), &byte_level);
+    if (!byte_level) throw unsupported("a pre_tokenizer without ByteLevel (not a byte-level BPE)");
+    read_decoder(member(j, "decoder"));
+  });
   read_eot(dir);
+}
+
+uint32_t HfTokenizer::read_id(const json& v, const std::string& where) const {
+  const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= kMaxTokenId
+                                               : v.is_number_integer() && v.get<int64_t>() >= 0 &&
+                                                     v.get<int64_t>() <= int64_t{kMaxTokenId};
+  if (!in_range)
+    throw UserError(path_ + ": " + where + ": " + shown(v) + " is not a token id: ids are integers from 0 to " +
+                    std::to_string(kMaxTokenId) + "; fix the file or save the tokenizer again");
+  return static_cast<uint32_t>(v.get<uint64_t>());
 }
 
 void HfTokenizer::read_added_tokens(const json& added) {
   if (!added.is_array()) throw UserError(path_ + ": \"added_tokens\" is not an array");
-  for (const auto& t : added) {
-    if (!t.is_object() || !t.contains("id") || !t["id"].is_number_unsigned() || !t.contains("content") ||
-        !t["content"].is_string())
-      throw UserError(path_ + ": an added token lacks an unsigned \"id\" or a string \"content\"");
+  for (size_t i = 0; i < added.size(); ++i) {
+    const json& t = added[i];
+    const std::string where = "/added_tokens/" + std::to_string(i);
+    if (!t.is_object() || !t.contains("id") || !t.contains("content") || !t["content"].is_string())
+      throw UserError(path_ + ": " + where + ": an added token needs an \"id\" and a string \"content\"");
+    const uint32_t id = read_id(t["id"], where + "/id");
     const std::string content = t["content"];
     for (const char* flag : {"single_word", "lstrip", "rstrip"})
       if (t.value(flag, false)) throw unsupported("added token \"" + content + "\" with " + flag + " true");
     if (content.empty()) continue;
     // The library's files always have "normalized"; its AddedToken::from(content, special) gives !special.
     const bool normalized = t.value("normalized", !t.value("special", false));
-    added_.push_back({content, t["id"].get<uint32_t>(), normalized});
+    added_.push_back({content, id, normalized, where + "/id"});
   }
   std::stable_sort(added_.begin(), added_.end(),
                    [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
@@ -188,16 +240,30 @@ void HfTokenizer::read_model(const json& model) {
       !model["merges"].is_array())
     throw UserError(path_ + ": the BPE model needs a \"vocab\" object and a \"merges\" array");
 
-  std::vector<bool> is_added;
-  size_t size = 0;
-  for (const auto& t : added_) size = std::max<size_t>(size, size_t{t.id} + 1);
-  for (const auto& [token, id] : model["vocab"].items()) {
-    if (!id.is_number_unsigned()) throw UserError(path_ + ": the id of vocab token \"" + token + "\" is not an unsigned number");
-    size = std::max<size_t>(size, id.get<size_t>() + 1);
+  // Every id checked (read_id) before anything is sized by them; the table spans 0..highest.
+  const json& vocab = model["vocab"];
+  std::vector<uint32_t> vocab_ids;
+  vocab_ids.reserve(vocab.size());
+  uint32_t highest = 0;
+  std::string highest_where;
+  for (const auto& t : added_)
+    if (t.id >= highest) highest = t.id, highest_where = t.where;
+  for (const auto& [token, value] : vocab.items()) {
+    const std::string where = "/model/vocab/" + pointer_key(token);
+    vocab_ids.push_back(read_id(value, where));
+    if (vocab_ids.back() >= highest) highest = vocab_ids.back(), highest_where = where;
   }
+  const uint64_t tokens = vocab.size() + added_.size();
+  if (highest >= kMaxIdSpread * tokens + kMaxIdGap)
+    throw UserError(path_ + ": " + highest_where + ": id " + std::to_string(highest) + " is far beyond the " +
+                    std::to_string(tokens) + " tokens of the file: the highest id may be " +
+                    std::to_string(kMaxIdSpread) + " x the tokens + " + std::to_string(kMaxIdGap) + " (" +
+                    std::to_string(kMaxIdSpread * tokens + kMaxIdGap - 1) +
+                    " here), as a tokenizer numbers its tokens densely; fix the id");
+  const size_t size = size_t{highest} + 1;
+  std::vector<bool> is_added(size, false);
   id_bytes_.assign(size, std::string());
   id_known_.assign(size, false);
-  is_added.assign(size, false);
   for (const auto& t : added_) {
     id_bytes_[t.id] = t.content;
     id_known_[t.id] = is_added[t.id] = true;
@@ -205,8 +271,9 @@ void HfTokenizer::read_model(const json& model) {
   const std::vector<uint32_t> byte_to_cp = bytes_to_unicode();
   std::unordered_map<uint32_t, unsigned char> cp_to_byte;
   for (int b = 0; b < 256; ++b) cp_to_byte[byte_to_cp[b]] = static_cast<unsigned char>(b);
-  for (const auto& [token, value] : model["vocab"].items()) {
-    const auto id = value.get<uint32_t>();
+  size_t k = 0;
+  for (const auto& [token, value] : vocab.items()) {
+    const uint32_t id = vocab_ids[k++];
     token_id_[token] = id;
     if (is_added[id]) continue;
     std::string bytes;
@@ -304,15 +371,20 @@ void HfTokenizer::read_pre_tokenizer(const json& p, bool* byte_level_seen) {
     if (p.value("behavior", std::string()) != "Isolated")
       throw unsupported("a Split pre-tokenizer with behavior \"" + p.value("behavior", std::string()) + "\"");
     if (p.value("invert", false)) throw unsupported("an inverted Split pre-tokenizer");
+    const std::string pattern = p["pattern"]["Regex"];
     try {
-      splits_.push_back(regex_compile(p["pattern"]["Regex"].get<std::string>(), "the Split pattern"));
+      splits_.push_back(regex_compile(pattern, "the Split pattern " + shown(pattern)));
     } catch (const std::runtime_error& e) {
-      throw UserError(path_ + ": " + e.what());
+      throw UserError(path_ + ": " + e.what() + "; fix the pattern or save the tokenizer again");
     }
+    split_patterns_.push_back(pattern);
   } else if (type == "ByteLevel") {
     if (*byte_level_seen) throw unsupported("two ByteLevel pre-tokenizers");
     if (p.value("add_prefix_space", false)) throw unsupported("ByteLevel with add_prefix_space true");
-    if (p.value("use_regex", true)) splits_.push_back(regex_compile(kByteLevelPattern, "the ByteLevel pattern"));
+    if (p.value("use_regex", true)) {
+      splits_.push_back(regex_compile(kByteLevelPattern, "the ByteLevel pattern"));
+      split_patterns_.push_back(kByteLevelPattern);
+    }
     *byte_level_seen = true;
   } else {
     throw unsupported("pre_tokenizer \"" + type + "\"");
@@ -333,15 +405,19 @@ void HfTokenizer::read_eot(const std::string& dir) {
     return it != token_id_.end() ? (*id = it->second, true) : false;
   };
   const std::string config = (std::filesystem::path(dir) / "tokenizer_config.json").string();
-  if (std::filesystem::is_regular_file(config)) {
-    const json c = read_json_file(config);
-    json eos = c.is_object() ? c.value("eos_token", json()) : json();
-    if (eos.is_object()) eos = eos.value("content", json());
-    if (eos.is_string()) {
-      if (!id_of(eos.get<std::string>(), &eot_id_))
-        throw UserError(config + ": eos_token \"" + eos.get<std::string>() + "\" is not a token of " + path_);
-      return;
-    }
+  std::error_code ec;
+  if (std::filesystem::exists(std::filesystem::symlink_status(config, ec))) {
+    require_regular_file(config, "the tokenizer's configuration");
+    const bool named = json_context(config, [&] {
+      const json c = read_json_file(config);
+      const json* eos = &member(c, "eos_token");
+      if (eos->is_object()) eos = &member(*eos, "content");
+      if (!eos->is_string()) return false;
+      if (!id_of(eos->get<std::string>(), &eot_id_))
+        throw UserError(config + ": eos_token " + shown(*eos) + " is not a token of " + path_);
+      return true;
+    });
+    if (named) return;
   }
   for (const auto& c : kEotCandidates)
     if (id_of(c, &eot_id_)) return;
@@ -371,7 +447,7 @@ void HfTokenizer::split_and_encode(std::string_view piece, size_t level, WordIds
   if (level == splits_.size()) return encode_word(piece, cache, out);
   MatchData md;
   size_t pos = 0, search = 0, begin = 0, end = 0;
-  while (search < piece.size() && regex_next(splits_[level], md, piece, search, &begin, &end)) {
+  while (search < piece.size() && next_split(level, md, piece, search, &begin, &end)) {
     if (end == begin) {  // an empty match splits nothing; look again one character on
       size_t prefix, len = utf8_sequence_length(piece, begin, &prefix);
       search = begin + std::max<size_t>(len, 1);
@@ -382,6 +458,17 @@ void HfTokenizer::split_and_encode(std::string_view piece, size_t level, WordIds
     pos = search = end;
   }
   split_and_encode(piece.substr(pos), level + 1, cache, out);
+}
+
+bool HfTokenizer::next_split(size_t level, MatchData& md, std::string_view piece, size_t pos, size_t* begin,
+                             size_t* end) const {
+  try {
+    return regex_next(splits_[level], md, piece, pos, begin, end);
+  } catch (const RegexLimitError& e) {
+    throw UserError(path_ + ": the pre-tokenizer pattern " + shown(split_patterns_[level]) + " could not be run: " +
+                    e.what() + "; fix or remove the pattern (GPT-2's, Llama 3's and Qwen2's take one step per "
+                    "byte)");
+  }
 }
 
 void HfTokenizer::encode_word(std::string_view word, WordIds& cache, std::vector<uint32_t>& out) const {

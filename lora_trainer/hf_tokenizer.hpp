@@ -14,6 +14,17 @@
 // Anything else (WordPiece, Unigram/SentencePiece such as Llama 2, byte_fallback, other normalizers
 // such as Lowercase, Replace or Prepend, other pre-tokenizers) is refused with an lt::UserError naming it.
 //
+// A hostile or broken file is refused with an lt::UserError naming the file and the key path, never a
+// crash or a huge allocation:
+//  - token ids (model.vocab values, added_tokens ids) are integers from 0 to 2^31 - 1 (not negative,
+//    not a float, not a string), and the highest is below 4 x the number of tokens + 65,536 (the id
+//    table spans 0..highest; real tokenizers number their tokens densely). The post_processor's ids
+//    are not read (it is not applied);
+//  - JSON nested deeper than 512 levels, a key given twice, or a value of the wrong type anywhere;
+//  - a pre-tokenizer pattern that does not compile, or that backtracks catastrophically on a text
+//    (PCRE2's limits, which grow with the text: byte_level_bpe.hpp), names the pattern. Valid text of
+//    any length under the real patterns (12 million spaces under Llama 3's) tokenizes.
+//
 // The end-of-text id: tokenizer_config.json's eos_token when the directory has one, else the first
 // added token of <|endoftext|> (GPT-2, Qwen2), <|end_of_text|> (Llama 3 base), <|eot_id|>, </s>.
 #pragma once

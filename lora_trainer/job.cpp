@@ -125,7 +125,8 @@ std::string RestoreableJob::checkpoint_path(const std::string& p) const {
 }
 
 void RestoreableJob::restore_from_path(const std::string& path) {
-  restore_from_checkpoint(CheckpointMeta::read(checkpoint_path(path)));
+  const std::string dir = checkpoint_path(path);
+  json_context(dir + "/metadata.json", [&] { restore_from_checkpoint(CheckpointMeta::read(dir)); });
 }
 
 std::string RestoreableJob::restore_latest() {

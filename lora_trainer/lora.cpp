@@ -4,14 +4,9 @@
 #include <cmath>
 
 #include "lora_trainer/torch_compat.hpp"
+#include "lora_trainer/util.hpp"
 
 namespace lt {
-
-static std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
 
 static std::string strip_weight(const std::string& base_name) {
   const std::string suffix = ".weight";
@@ -195,13 +190,33 @@ torch::Tensor dora_weight_norm(const torch::Tensor& W, const torch::Tensor& A, c
   return merged_f32(W.detach(), A.detach(), B.detach(), scale).norm(2, {1});
 }
 
+void check_adapter_shapes(const std::string& weight, const torch::Tensor& W, const torch::Tensor& A,
+                          const torch::Tensor& B, int64_t rank) {
+  const bool ok = W.dim() == 2 && A.dim() == 2 && B.dim() == 2 && A.size(0) == W.size(1) && A.size(1) == rank &&
+                  B.size(0) == rank && B.size(1) == W.size(0);
+  if (ok) return;
+  std::string found = "A " + shape_text(A.sizes().vec()) + ", B " + shape_text(B.sizes().vec());
+  if (A.dim() == 2 && B.dim() == 2 && A.size(1) == B.size(0))
+    found += " (rank " + std::to_string(A.size(1)) + ")";
+  std::string expected = "A (" + std::to_string(W.dim() == 2 ? W.size(1) : -1) + ", " + std::to_string(rank) + "), B (" +
+                         std::to_string(rank) + ", " + std::to_string(W.dim() == 2 ? W.size(0) : -1) + ")";
+  throw UserError("the adapter of " + (weight.empty() ? std::string("a weight") : weight) + " " +
+                  shape_text(W.sizes().vec()) + " has " + found + ", not the " + expected + " of rank " +
+                  std::to_string(rank) + " that its metadata (lora.rank) gives: the metadata contradicts the tensors, "
+                  "and merging would scale by the wrong alpha / rank. The checkpoint is damaged or hand-edited; use "
+                  "another one (lora_trainer checkpoints JOB OUT_DIR lists them)");
+}
+
 torch::Tensor merge_lora_params(const torch::Tensor& base, const torch::Tensor& A, const torch::Tensor& B,
                                 double alpha, int64_t rank, bool rslora, const torch::Tensor& magnitude) {
+  check_adapter_shapes("", base, A, B, rank);
   torch::NoGradGuard ng;
   auto merged = merged_f32(base, A, B, lora_scale(alpha, rank, rslora));
   if (magnitude.defined()) {  // DoRA: each row rescaled to its magnitude (PEFT's merge)
-    TORCH_CHECK(magnitude.dim() == 1 && magnitude.size(0) == base.size(0), "merge_lora_params: a DoRA magnitude of shape ",
-                magnitude.sizes(), " for a weight of ", base.size(0), " rows");
+    if (magnitude.dim() != 1 || magnitude.size(0) != base.size(0))
+      throw UserError("a DoRA magnitude of shape " + shape_text(magnitude.sizes().vec()) + " for a weight of shape " +
+                      shape_text(base.sizes().vec()) + ": one value per output feature (row) is needed. The checkpoint "
+                      "is damaged or hand-edited; use another one (lora_trainer checkpoints JOB OUT_DIR lists them)");
     merged = merged * (magnitude.to(torch::kFloat32) / merged.norm(2, {1})).unsqueeze(1);
   }
   return merged.to(base.dtype());
@@ -216,6 +231,7 @@ NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora,
       out.emplace_back(name, t);
     } else {
       size_t i = static_cast<size_t>(it - lora.names.begin());
+      check_adapter_shapes(name, t, lora.A[i], lora.B[i], rank);
       out.emplace_back(name, merge_lora_params(t, lora.A[i], lora.B[i], alpha, rank, rslora,
                                                lora.dora() ? lora.magnitude[i] : torch::Tensor()));
     }
@@ -341,7 +357,23 @@ TrainableTokens make_trainable_tokens(const std::string& name, const torch::Tens
   return t;
 }
 
+// Row ids and their values read from a file (a checkpoint's lora.trainable_tokens): each id a row of
+// `rows`, one row of `width` values per id. Anything else would index out of bounds.
+static void check_token_rows(const std::string& name, int64_t rows, int64_t width, const std::vector<int64_t>& ids,
+                             const torch::Tensor& values) {
+  for (int64_t id : ids)
+    if (id < 0 || id >= rows)
+      throw UserError("trainable token row " + std::to_string(id) + " of " + name + " is not a row of its " +
+                      std::to_string(rows) + " (lora.trainable_tokens in the checkpoint's metadata.json). The checkpoint is "
+                      "damaged or hand-edited; use another one (lora_trainer checkpoints JOB OUT_DIR lists them)");
+  if (values.dim() != 2 || values.size(0) != static_cast<int64_t>(ids.size()) || values.size(1) != width)
+    throw UserError("the trainable token rows of " + name + " have shape " + shape_text(values.sizes().vec()) + " for " +
+                    std::to_string(ids.size()) + " ids of rows of " + std::to_string(width) + " values (lora.trainable_tokens "
+                    "in the checkpoint's metadata.json). The checkpoint is damaged or hand-edited; use another one");
+}
+
 torch::Tensor replace_token_rows(const torch::Tensor& weight, const std::vector<int64_t>& ids, const torch::Tensor& values) {
+  check_token_rows("the token embedding", weight.size(0), weight.dim() == 2 ? weight.size(1) : -1, ids, values);
   return weight.index_copy(0, ids_tensor(ids, weight.device()), values.to(weight.dtype()));
 }
 
@@ -350,6 +382,8 @@ void attach_token_rows(torch::nn::Module& root, const TrainableTokens& tokens) {
   for (const auto& item : root.named_modules()) {
     auto* layer = dynamic_cast<TokenRowsAdaptable*>(item.value().get());
     if (!layer || (item.key().empty() ? "weight" : item.key() + ".weight") != tokens.name) continue;
+    const auto* weight = item.value()->named_parameters(false).find("weight");
+    if (weight) check_token_rows(tokens.name, weight->size(0), weight->size(1), tokens.ids, tokens.values);
     layer->set_token_rows(ids_tensor(tokens.ids, tokens.values.device()), tokens.values);
     attached = true;
   }

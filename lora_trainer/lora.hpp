@@ -11,9 +11,10 @@
 // the row norms of the frozen base, so a fresh DoRA adapter changes nothing. The layer computes
 // (m / ||W_eff||) (x W^T + s (x A) B) + b: the norm needs W_eff's rows, the matmul does not.
 //
-// This file depends on LibTorch alone: `param_filter` and `inject_lora_params` work on any
-// `named_parameters()` list; a layer takes an adapter by implementing `LoraAdaptable`. A setting that
-// does not fit the model is a LoraSettingError naming the setting; the trainer names its config key.
+// This file depends on LibTorch alone (and util's UserError): `param_filter` and `inject_lora_params`
+// work on any `named_parameters()` list; a layer takes an adapter by implementing `LoraAdaptable`. A
+// setting that does not fit the model is a LoraSettingError naming the setting; the trainer names its
+// config key. Adapters that contradict their own rank (a bad file) are a UserError.
 #pragma once
 
 #include <stdexcept>
@@ -150,8 +151,15 @@ double lora_scale(double alpha, int64_t rank, bool rslora = false);
 // autocast, without gradient (the paper's detached norm). W: (out, in), A: (in, r), B: (r, out).
 torch::Tensor dora_weight_norm(const torch::Tensor& W, const torch::Tensor& A, const torch::Tensor& B, double scale);
 
+// A UserError unless A is (in, rank) and B (rank, out) for W (out, in): adapters read from a file whose
+// metadata gives another rank (or whose tensors belong to another weight) would merge with the wrong
+// scale. The message names `weight` (when given), the shapes and both ranks.
+void check_adapter_shapes(const std::string& weight, const torch::Tensor& W, const torch::Tensor& A,
+                          const torch::Tensor& B, int64_t rank);
+
 // W + lora_scale(alpha, rank, rslora) (A B)^T, computed in f32 and cast back to W's dtype; with a DoRA
-// `magnitude` (out), that times magnitude / its row norms. base: (out, in), A: (in, r), B: (r, out).
+// `magnitude` (out), that times magnitude / its row norms. base: (out, in), A: (in, r), B: (r, out),
+// checked (check_adapter_shapes).
 torch::Tensor merge_lora_params(const torch::Tensor& base, const torch::Tensor& A, const torch::Tensor& B,
                                 double alpha, int64_t rank, bool rslora = false, const torch::Tensor& magnitude = {});
 // Every parameter of `base`, with the adapted ones merged (DoRA's rule where `lora` has magnitudes).

@@ -377,6 +377,14 @@ void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
       throw UserError(dir + " is a LoRA state at step " + std::to_string(step) + ", before this job's LoRA boundary (step " +
                       std::to_string(boundary_step_) + "): it belongs to a job with other training/pre_lora_tokens");
     const json& meta = ck.raw;
+    // The adapters' shapes are checked against this job's rank by the load; a rank in the metadata that
+    // differs from both would be silently replaced by the job's in the next checkpoint.
+    const int64_t their_rank = meta["lora"].value("rank", lora_cfg_.rank);
+    if (their_rank != lora_cfg_.rank)
+      throw UserError(dir + "/metadata.json gives lora.rank " + std::to_string(their_rank) + "; this job has "
+                      "optimization/lora/rank=" + std::to_string(lora_cfg_.rank) + ". Set it as the job that saved the "
+                      "checkpoint had it; if its adapters are not of rank " + std::to_string(their_rank) + ", its metadata "
+                      "is damaged: use another checkpoint (`lora_trainer checkpoints " + ck.job_name + " OUT_DIR` lists them)");
     const bool their_dora = meta.contains("lora") && meta["lora"].is_object() && meta["lora"].value("dora", false);
     if (their_dora != lora_cfg_.dora)
       throw UserError(dir + (their_dora ? " trained DoRA adapters (a magnitude per output feature)" : " trained plain LoRA "

@@ -1,5 +1,9 @@
 #include "lora_trainer/model.hpp"
 
+#include <unistd.h>
+
+#include <cstdio>
+
 #include "lora_trainer/config.hpp"
 #include "lora_trainer/gpt2.hpp"
 #include "lora_trainer/llama.hpp"
@@ -130,7 +134,29 @@ bool ModelOptions::fused_loss_on(const torch::Device& device) const {
   return loss == Loss::Fused;
 }
 
+// The model's size in float32 as the options state it, in double (no overflow for any int64 sizes):
+// settings from a file (an HF config.json with vocab_size 10^12) are refused before allocating.
+static void check_model_fits(const ModelOptions& o) {
+  const double C = double(o.d_model), V = double(o.vocab_size), L = double(o.n_layer), T = double(o.block_size);
+  const double F = o.d_ff > 0 ? double(o.d_ff) : 4 * C, kv = double(o.kv_heads()) / double(o.n_head);
+  const double per_layer = C * C * (2 + 2 * kv) + C * F * (o.family == ModelFamily::Llama ? 3 : 2) + 8 * C;
+  const double params = V * C * (o.tie_embeddings ? 1 : 2) + L * per_layer + (o.family == ModelFamily::Gpt2 ? T * C : 0);
+  const double bytes = 4 * params;
+  const double memory = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+  if (bytes > memory) {
+    char b[320];
+    std::snprintf(b, sizeof b,
+                  "the model as configured (architecture/vocab_size %lld, d_model %lld, n_layers %lld, d_ff %lld) has "
+                  "%.3g parameters, %.3g GB in float32: more than this machine's %.3g GB of memory. Check these "
+                  "settings (or the config.json they came from)",
+                  (long long)o.vocab_size, (long long)o.d_model, (long long)o.n_layer, (long long)(o.d_ff > 0 ? o.d_ff : 4 * o.d_model),
+                  params, bytes / 1e9, memory / 1e9);
+    throw UserError(b);
+  }
+}
+
 CausalLM make_model(const ModelOptions& o) {
+  check_model_fits(o);
   switch (o.family) {
     case ModelFamily::Gpt2: return GPT(o).ptr();
     case ModelFamily::Llama: return Llama(o).ptr();

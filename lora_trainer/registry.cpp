@@ -63,8 +63,9 @@ Config make_config(const std::string& config_path, const std::vector<std::string
   std::string kind;
   for (const auto& o : overrides) {
     if (o.rfind("job/kind=", 0) != 0) continue;
-    json v = json::parse(o.substr(9), nullptr, false);
-    kind = (!v.is_discarded() && v.is_string()) ? v.get<std::string>() : o.substr(9);
+    const std::string text = o.substr(9);
+    json v = json::accept(text) ? parse_json(text, "override job/kind") : json(text);
+    kind = v.is_string() ? v.get<std::string>() : text;
   }
   if (kind.empty()) kind = kind_of(nested, config_path);
   Config cfg(job_registry().find(kind).schema());

@@ -20,8 +20,13 @@ std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
   std::istringstream in(read_file(path));
   std::string line;
   while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.is_object()) out.push_back(j);
+    nlohmann::json j;
+    try {
+      j = parse_json(line, path);
+    } catch (const UserError&) {
+      continue;  // a line cut short by a kill
+    }
+    if (j.is_object()) out.push_back(j);
   }
   return out;
 }

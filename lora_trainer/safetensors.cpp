@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -41,6 +42,8 @@ const DtypeName kDtypes[] = {{"F64", torch::kFloat64}, {"F32", torch::kFloat32},
 
 // The longest header we accept: the Python library's own limit (100 MB).
 constexpr uint64_t kMaxHeader = 100'000'000;
+// The most dimensions a tensor may have (LibTorch's own kernels take at most 25).
+constexpr size_t kMaxDims = 32;
 
 std::string json_shape(const std::vector<int64_t>& s) {  // as the header writes it: [3, 32]
   std::string out = "[";
@@ -58,12 +61,17 @@ std::string safetensors_dtype_name(torch::ScalarType t) {
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   if (!little_endian()) throw UserError("safetensors: this machine is big-endian; the format is little-endian");
-  int fd = ::open(path.c_str(), O_RDONLY);
+  // O_NONBLOCK: a FIFO under the file's name must not block the open; fstat then refuses it.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw UserError("could not open " + path + ": " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
     throw UserError("could not stat " + path + ": " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    require_regular_file(path, "safetensors file");
   }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ < 8) {
@@ -85,12 +93,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                       std::to_string(size_) + " bytes): truncated or not a safetensors file");
     data_start_ = 8 + n;
     const uint64_t buffer = size_ - data_start_;
-    json header;
-    try {
-      header = json::parse(reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + 8 + n));
-    } catch (const json::exception& e) {
-      throw UserError(path + ": the header is not valid JSON (" + e.what() + "): not a safetensors file, or damaged");
-    }
+    const json header = parse_json(std::string(reinterpret_cast<const char*>(bytes + 8), n), path + " (header)",
+                                   "not a safetensors file, or damaged");
     if (!header.is_object()) throw UserError(path + ": the header is not a JSON object");
     for (auto& [name, v] : header.items()) {
       if (name == "__metadata__") {
@@ -114,12 +118,17 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       if (!found) throw UserError(where + ": dtype " + dt + " is not supported (F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
       e.dtype = found->type;
       if (!v["shape"].is_array()) throw UserError(where + ": shape is not a list");
+      if (v["shape"].size() > kMaxDims)
+        throw UserError(where + ": shape has " + std::to_string(v["shape"].size()) + " dimensions, more than " +
+                        std::to_string(kMaxDims) + ": a damaged file");
+      // Every size, and their product in bytes, must fit in 64 bits (and so, below, in the file): a
+      // product that wraps around would pass the byte count check below.
       uint64_t numel = 1;
+      bool overflow = false;
       for (const auto& d : v["shape"]) {
         if (!d.is_number_unsigned()) throw UserError(where + ": shape " + v["shape"].dump() + " has a non-integer or negative size");
         const uint64_t s = d.get<uint64_t>();
-        if (s > 0 && numel > (uint64_t(1) << 62) / s) throw UserError(where + ": shape " + v["shape"].dump() + " is too large");
-        numel *= s;
+        overflow |= s > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, s, &numel);
         e.shape.push_back(static_cast<int64_t>(s));
       }
       const auto& off = v["data_offsets"];
@@ -130,7 +139,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       if (e.begin > e.end || e.end > buffer)
         throw UserError(where + ": data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
                         "] lie outside the file's " + std::to_string(buffer) + "-byte data buffer (truncated file?)");
-      const uint64_t want = numel * c10::elementSize(e.dtype);
+      uint64_t want = 0;
+      overflow |= __builtin_mul_overflow(numel, static_cast<uint64_t>(c10::elementSize(e.dtype)), &want);
+      if (overflow)
+        throw UserError(where + ": shape " + v["shape"].dump() + " " + dt + " is larger than 2^64 bytes: a damaged file");
       if (e.end - e.begin != want)
         throw UserError(where + ": " + std::to_string(e.end - e.begin) + " bytes for shape " + json_shape(e.shape) +
                         " " + dt + ", which needs " + std::to_string(want));

@@ -140,41 +140,46 @@ void Gpt2Tokenizer::load_vocab(const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string encoder_path = (fs::path(dir) / "encoder.json").string();
   const std::string vocab_path = (fs::path(dir) / "vocab.bpe").string();
-  for (const auto& p : {encoder_path, vocab_path})
-    if (!fs::is_regular_file(p)) throw UserError(missing_file_message(p));
+  for (const auto& p : {encoder_path, vocab_path}) {
+    std::error_code ec;
+    if (!fs::exists(fs::symlink_status(p, ec))) throw UserError(missing_file_message(p));
+    require_regular_file(p, "a GPT-2 tokenizer file");
+  }
 
   // encoder.json keys are byte strings written through the byte -> code point table.
   const std::vector<uint32_t> byte_to_cp = bytes_to_unicode();
   std::unordered_map<uint32_t, unsigned char> cp_to_byte;
   for (int b = 0; b < 256; ++b) cp_to_byte[byte_to_cp[b]] = static_cast<unsigned char>(b);
-  auto corrupt = [](const std::string& path, const std::string& why) {
-    return UserError(path + " is not a valid GPT-2 tokenizer file (" + why +
-                     "); delete it and run `bash datasets/fetch_tokenizer.sh`");
+  const std::string fix = "delete it and run `bash datasets/fetch_tokenizer.sh`";
+  auto corrupt = [&](const std::string& path, const std::string& why) {
+    return UserError(path + " is not a valid GPT-2 tokenizer file (" + why + "); " + fix);
   };
 
-  nlohmann::json encoder;
-  try {
-    encoder = nlohmann::json::parse(read_file(encoder_path));
-  } catch (const nlohmann::json::exception& e) {
-    throw corrupt(encoder_path, e.what());
-  }
-  if (!encoder.is_object() || encoder.empty()) throw corrupt(encoder_path, "not a JSON object");
+  // encoder.json: {token: id}, the ids exactly 0..size-1 (GPT-2's are), so no id can reach past the
+  // table sized by the number of entries.
   std::unordered_map<std::string, uint32_t> token_id;  // token string (as in the files) -> id
-  id_bytes_.assign(encoder.size(), std::string());
-  std::vector<bool> seen(encoder.size(), false);
-  for (const auto& [token, value] : encoder.items()) {
-    if (!value.is_number_unsigned() || value.get<uint64_t>() >= encoder.size())
-      throw corrupt(encoder_path, "id of \"" + token + "\" is not in 0.." +
-                                      std::to_string(encoder.size() - 1));
-    const auto id = value.get<uint32_t>();
-    if (seen[id]) throw corrupt(encoder_path, "id " + std::to_string(id) + " is used twice");
-    seen[id] = true;
-    token_id.emplace(token, id);
-    std::string bytes;
-    if (!token_to_bytes(token, cp_to_byte, &bytes))
-      throw corrupt(encoder_path, "token \"" + token + "\" is not byte-encoded");
-    id_bytes_[id] = std::move(bytes);
-  }
+  json_context(encoder_path, [&] {
+    const nlohmann::json encoder = read_json_file(encoder_path, fix);
+    if (!encoder.is_object() || encoder.empty()) throw corrupt(encoder_path, "not a JSON object");
+    id_bytes_.assign(encoder.size(), std::string());
+    std::vector<bool> seen(encoder.size(), false);
+    for (const auto& [token, value] : encoder.items()) {
+      const std::string shown = token.size() > 40 ? token.substr(0, 37) + "..." : token;
+      if (!value.is_number_unsigned() || value.get<uint64_t>() >= encoder.size())
+        throw corrupt(encoder_path, "the id of \"" + shown + "\", " +
+                                        value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, 40) +
+                                        ", is not an integer from 0 to " + std::to_string(encoder.size() - 1) +
+                                        " (one id per entry)");
+      const auto id = static_cast<uint32_t>(value.get<uint64_t>());
+      if (seen[id]) throw corrupt(encoder_path, "id " + std::to_string(id) + " is used twice");
+      seen[id] = true;
+      token_id.emplace(token, id);
+      std::string bytes;
+      if (!token_to_bytes(token, cp_to_byte, &bytes))
+        throw corrupt(encoder_path, "token \"" + shown + "\" is not byte-encoded");
+      id_bytes_[id] = std::move(bytes);
+    }
+  });
   for (int b = 0; b < 256; ++b) {
     std::string single;
     append_utf8(single, byte_to_cp[b]);

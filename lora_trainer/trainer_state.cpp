@@ -1,6 +1,7 @@
 // BaseTrainer's state as a checkpoint: what a checkpoint of it holds (state_tensors,
 // checkpoint_metadata), saving it, and restoring it (a full state, or weights only). The format itself
 // is checkpoint.hpp's; the loop that decides when to save is in trainer.cpp.
+#include <cstdint>
 #include <cstdio>
 #include <algorithm>
 #include <filesystem>
@@ -26,10 +27,16 @@ NamedTensors BaseTrainer::state_tensors() {
 
 json BaseTrainer::checkpoint_metadata() const {
   json cursors = json::object();
+  uint64_t drawn = 0;
   for (size_t i = 0; i < samplers_.size(); ++i) {
     if (samplers_[i]) cursors[std::to_string(i)] = samplers_[i]->cursor();
     else if (restored_cursors_.count(static_cast<int>(i))) cursors[std::to_string(i)] = restored_cursors_.at(static_cast<int>(i));
+    if (cursors.contains(std::to_string(i))) drawn += cursors[std::to_string(i)].get<uint64_t>();
   }
+  // per_step: when the counters follow from the step count (every step took training/batch_size rows of
+  // tokens_per_step() tokens, and the cursors sum to no more than those rows), a restore checks them
+  // exactly (check_counters). A resume that changed the batch or block size breaks that: null then.
+  const bool uniform = tokens_ == step_ * tokens_per_step() && drawn <= static_cast<uint64_t>(step_ * batch_size_);
   json m = {{"kind", state_kind_name(state_kind())},
             {"step", step_},
             {"tokens", tokens_},
@@ -40,6 +47,7 @@ json BaseTrainer::checkpoint_metadata() const {
             {"trainable_params", optimizer_->param_names()},
             {"distributed", {{"ranks", dist_.world_size()}, {"optimizer_sharded", optimizer_->sharded()}}},
             {"data", {{"stage", current_stage()}, {"cursors", cursors}}},
+            {"per_step", uniform ? json{{"rows", batch_size_}, {"tokens", tokens_per_step()}} : json(nullptr)},
             {"job", spec_.to_json()},
             {"config", cfg_.to_json()}};
   if (!base_model_.is_null()) m["base_model"] = base_model_;
@@ -82,6 +90,14 @@ void BaseTrainer::check_same_architecture(const CheckpointMeta& ck) const {
   }
 }
 
+namespace {
+
+std::string counters_tail(const CheckpointMeta& ck) {
+  return ". Use another checkpoint (`lora_trainer checkpoints " + ck.job_name + " OUT_DIR` lists them)";
+}
+
+}  // namespace
+
 void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
   const std::string& dir = ck.dir;
   const json& meta = ck.raw;
@@ -92,6 +108,12 @@ void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
   if (ck.kind != state_kind())
     throw UserError(dir + " holds a \"" + state_kind_name(ck.kind) + "\" state; job kind " + spec_.kind +
                     " expects \"" + state_kind_name(state_kind()) + "\"");
+  if (ck.step > total_steps_)
+    throw UserError(dir + " is at step " + std::to_string(ck.step) + " (" + std::to_string(ck.tokens) + " tokens), past the end "
+                    "of this job's schedule (" + std::to_string(total_steps_) + " steps of " + std::to_string(tokens_per_step()) +
+                    " tokens): this job would call it finished without having trained to its end. To continue it, raise "
+                    "the token budget (training/tokens, or training/post_lora_tokens) to " + std::to_string(ck.step) +
+                    " steps or more; or restore an earlier checkpoint" + counters_tail(ck));
   check_same_architecture(ck);
   auto names = meta.value("trainable_params", std::vector<std::string>());
   if (names != optimizer_->param_names())
