@@ -34,7 +34,8 @@ void add_runtime_options(ConfigSchema& s) {
         "nll_loss over an f32 copy of the logits), or auto (fused on the CPU, libtorch on CUDA). f32 logits always "
         "take libtorch's",
         check_one_of({"auto", "fused", "libtorch"}));
-  s.add("runtime/threads", OptType::Int, 0, "CPU threads for torch; 0 = every core (shared among the ranks of this machine)", check_nonnegative());
+  s.add("runtime/threads", OptType::Int, 0, "CPU threads for torch; 0 = every core (shared among the ranks of this machine)",
+        check_range(0, 4096));
 }
 
 bool cpu_has_fast_bf16() {
