@@ -1,6 +1,7 @@
 #include "lora_trainer/checkpoint.hpp"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <hdf5.h>
 #include <zlib.h>
 #include <unistd.h>
@@ -120,7 +121,24 @@ std::string crc32_hex(const torch::Tensor& t) {
   return b;
 }
 
-void write_h5(const std::string& path, const NamedTensors& tensors) {
+// A write that failed: on a full file system (HDF5 does not pass errno on), say so, with the space
+// free and the space the tensors need; otherwise the failure as it is.
+[[noreturn]] void write_failed(const std::string& path, const NamedTensors& tensors, const UserError& e) {
+  struct statvfs fs_info {};
+  const std::string dir = fs::path(path).parent_path().string();
+  uint64_t need = 0;
+  for (const auto& [n, t] : tensors) need += static_cast<uint64_t>(t.numel()) * t.element_size();
+  if (::statvfs(dir.empty() ? "." : dir.c_str(), &fs_info) == 0) {
+    const uint64_t free_bytes = static_cast<uint64_t>(fs_info.f_bavail) * fs_info.f_frsize;
+    if (free_bytes < need + (uint64_t{1} << 20))
+      throw UserError("could not write " + path + ": No space left on device (" + std::to_string(free_bytes >> 10) +
+                      " KiB free on its file system; the tensors need " + std::to_string(need >> 10) +
+                      " KiB). Free space, or write elsewhere");
+  }
+  throw e;
+}
+
+void write_h5_file(const std::string& path, const NamedTensors& tensors) {
   quiet_hdf5();
   H5Id file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   h5check(file.id, "creating " + path);
@@ -142,6 +160,14 @@ void write_h5(const std::string& path, const NamedTensors& tensors) {
   const hid_t id = file.id;
   file.id = -1;
   h5check(H5Fclose(id), "closing " + path);
+}
+
+void write_h5(const std::string& path, const NamedTensors& tensors) {
+  try {
+    write_h5_file(path, tensors);
+  } catch (const UserError& e) {
+    write_failed(path, tensors, e);
+  }
 }
 
 void fsync_file(const std::string& path) {
