@@ -20,6 +20,7 @@
 
 #include "fixtures.hpp"
 #include "launch.hpp"
+#include "lora_trainer/adapter_source.hpp"
 #include "lora_trainer/checkpoint.hpp"
 #include "lora_trainer/export.hpp"
 #include "lora_trainer/huggingface.hpp"
@@ -326,7 +327,7 @@ TEST_CASE("fuzz: job config files and key=value overrides", "[fuzz]") {
   overrides.check();
 }
 
-TEST_CASE("fuzz: checkpoint metadata.json and state.h5", "[fuzz]") {
+TEST_CASE("fuzz: checkpoint metadata.json and state.h5, and a PEFT adapter_config.json", "[fuzz]") {
   test::TempDir d;
   // A LoRA checkpoint of the tiny model (2 + 2 steps), trained as the launcher does.
   test::make_byte_dataset(d / "data", "gen", 1);
@@ -366,6 +367,23 @@ TEST_CASE("fuzz: checkpoint metadata.json and state.h5", "[fuzz]") {
   }
   metadata.check();
   h5.check();
+
+  // The same adapters as a PEFT directory, read as optimization/lora/init_from reads it.
+  write_file_atomic(ck + "/state.h5", state);
+  const std::string peft = d / "peft";
+  export_peft(ck, peft);
+  const json adapter_config = read_json_file(peft + "/adapter_config.json");
+  const auto targets = meta["lora"]["targets"].get<std::vector<std::string>>();
+  const double alpha = meta["lora"]["alpha"].get<double>();
+  auto read_peft = [&] { (void)read_adapter_source(peft, ModelFamily::Gpt2, targets, 4, alpha, false, false, "wte.weight", {}); };
+  REQUIRE_NOTHROW(read_peft());
+  Tally peft_config{"adapter_config.json"};
+  for (uint64_t seed : seeds(600)) {
+    Mutator m(seed);
+    write_file_atomic(peft + "/adapter_config.json", m.json_text(adapter_config));
+    peft_config.run(seed, read_peft);
+  }
+  peft_config.check();
 }
 
 TEST_CASE("fuzz: JSONL records for tokenize --format jsonl and pairs", "[fuzz]") {
