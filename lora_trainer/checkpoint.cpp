@@ -1,6 +1,7 @@
 #include "lora_trainer/checkpoint.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <hdf5.h>
 #include <zlib.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <filesystem>
 #include <map>
@@ -138,8 +140,12 @@ std::string crc32_hex(const torch::Tensor& t) {
   throw e;
 }
 
-void write_h5_file(const std::string& path, const NamedTensors& tensors) {
+// Where each tensor's bytes lie in the file (contiguous, unfiltered: HDF5 never parses them).
+using DataRanges = std::vector<std::pair<uint64_t, uint64_t>>;  // offset, length; sorted
+
+DataRanges write_h5_file(const std::string& path, const NamedTensors& tensors) {
   quiet_hdf5();
+  DataRanges ranges;
   H5Id file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   h5check(file.id, "creating " + path);
   H5Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
@@ -151,8 +157,11 @@ void write_h5_file(const std::string& path, const NamedTensors& tensors) {
     H5Id space(t.dim() == 0 ? H5Screate(H5S_SCALAR) : H5Screate_simple(t.dim(), dims.data(), nullptr), H5Sclose);
     H5Id ds(H5Dcreate2(file, name.c_str(), di.h5_type(), space, lcpl, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
     h5check(ds.id, "creating dataset " + name + " in " + path);
-    if (t.numel() > 0) h5check(H5Dwrite(ds, di.h5_type(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()),
-                               "writing " + name + " to " + path);
+    if (t.numel() > 0) {
+      h5check(H5Dwrite(ds, di.h5_type(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()), "writing " + name + " to " + path);
+      const haddr_t at = H5Dget_offset(ds);
+      if (at != HADDR_UNDEF) ranges.emplace_back(at, static_cast<uint64_t>(t.numel()) * t.element_size());
+    }
     write_string_attr(ds, "dtype", di.name);
     write_string_attr(ds, "crc32", crc32_hex(t));
   }
@@ -160,14 +169,61 @@ void write_h5_file(const std::string& path, const NamedTensors& tensors) {
   const hid_t id = file.id;
   file.id = -1;
   h5check(H5Fclose(id), "closing " + path);
+  std::sort(ranges.begin(), ranges.end());
+  return ranges;
 }
 
-void write_h5(const std::string& path, const NamedTensors& tensors) {
+DataRanges write_h5(const std::string& path, const NamedTensors& tensors) {
   try {
-    write_h5_file(path, tensors);
+    return write_h5_file(path, tensors);
   } catch (const UserError& e) {
     write_failed(path, tensors, e);
   }
+}
+
+// The CRC-32 of a file's bytes outside `ranges` (HDF5's own structures: superblock, object headers,
+// attributes, B-trees, heaps), and its size. Throws UserError naming the file when it cannot be read.
+std::pair<std::string, uint64_t> structure_crc32(const std::string& path, const DataRanges& ranges) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw UserError("could not read " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    require_regular_file(path);
+    throw UserError("could not read " + path);
+  }
+  uLong crc = crc32_z(0L, Z_NULL, 0);
+  std::vector<unsigned char> buf(1 << 20);
+  uint64_t pos = 0;
+  size_t next = 0;  // the first range not wholly before pos
+  for (;;) {
+    const ssize_t n = ::pread(fd, buf.data(), buf.size(), static_cast<off_t>(pos));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw UserError("could not read " + path + ": " + std::strerror(err));
+    }
+    if (n == 0) break;
+    const uint64_t end = pos + static_cast<uint64_t>(n);
+    uint64_t at = pos;
+    while (at < end) {
+      while (next < ranges.size() && ranges[next].first + ranges[next].second <= at) ++next;
+      uint64_t stop = end;  // copy [at, stop) unless inside a range
+      if (next < ranges.size() && ranges[next].first <= at) {
+        at = std::min(end, ranges[next].first + ranges[next].second);
+        continue;
+      }
+      if (next < ranges.size()) stop = std::min(end, ranges[next].first);
+      crc = crc32_z(crc, buf.data() + (at - pos), static_cast<z_size_t>(stop - at));
+      at = stop;
+    }
+    pos = end;
+  }
+  ::close(fd);
+  char b[16];
+  std::snprintf(b, sizeof b, "%08lx", static_cast<unsigned long>(crc));
+  return {b, pos};
 }
 
 void fsync_file(const std::string& path) {
@@ -288,6 +344,14 @@ void check_metadata_fields(const std::string& dir, const nlohmann::json& meta) {
       if (k.empty() || k.find_first_not_of("0123456789") != std::string::npos || k.size() > 4 || !count(c)) return false;
     return true;
   }, "an object with \"cursors\" ({\"stage\": rows drawn})", full_state);
+  need("state_h5", [&](const J& v) {
+    if (!v.is_object() || !v.contains("bytes") || !v["bytes"].is_number_unsigned() || !v.contains("structure_crc32") ||
+        !v["structure_crc32"].is_string() || !v.contains("data") || !v["data"].is_array())
+      return false;
+    for (const auto& r : v["data"])
+      if (!r.is_array() || r.size() != 2 || !r[0].is_number_unsigned() || !r[1].is_number_unsigned()) return false;
+    return true;
+  }, "an object {\"bytes\", \"structure_crc32\", \"data\": [[offset, length], ...]}", false);
   need("lora", [](const J& v) {
     if (!v.is_object()) return false;
     if (v.contains("rank") && !(v["rank"].is_number_integer() && v["rank"].get<int64_t>() > 0)) return false;
@@ -341,10 +405,17 @@ int remove_interrupted_saves(const std::string& job_dir) {
 void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata,
                      const std::vector<std::string>& ours) {
   publish_dir(dir, [&](const fs::path& tmp) {
-    write_h5((tmp / "state.h5").string(), tensors);
-    fsync_file((tmp / "state.h5").string());
+    const std::string state = (tmp / "state.h5").string();
+    const DataRanges ranges = write_h5(state, tensors);
+    fsync_file(state);
     nlohmann::json meta = metadata;  // metadata.json last: a directory holding it is complete
     meta["format_version"] = kCheckpointFormatVersion;
+    // HDF5's structures are checked before HDF5 parses them (HDF5 1.10 reads past its buffers on some
+    // damaged files); the tensors' bytes have their own CRC-32s.
+    const auto [crc, bytes] = structure_crc32(state, ranges);
+    nlohmann::json data = nlohmann::json::array();
+    for (const auto& [at, len] : ranges) data.push_back({at, len});
+    meta["state_h5"] = {{"bytes", bytes}, {"structure_crc32", crc}, {"data", data}};
     write_file_atomic((tmp / "metadata.json").string(), meta.dump(2) + "\n");
   }, "save checkpoint " + dir, ours);
 }
@@ -480,9 +551,40 @@ NamedTensors read_checkpoint_tensors(const std::string& dir, int* verified) {
 
 // read_checkpoint_tensors; `crcs` (when given) receives each tensor's CRC-32, in the same order: the
 // one computed for the check, so `inspect` does not compute it again.
+// state.h5's size and the CRC-32 of its HDF5 structures against what the save recorded (metadata's
+// state_h5; checkpoints written before it have none): HDF5 never parses a damaged file.
+static void check_state_file(const CheckpointMeta& ck, const std::string& path) {
+  if (!ck.raw.contains("state_h5")) return;
+  const nlohmann::json& s = ck.raw["state_h5"];
+  const std::string tail = ": the file is damaged (a truncated copy, a flipped bit?). Restore from another checkpoint "
+                           "(`lora_trainer checkpoints " + ck.job_name + " OUT_DIR` lists them)";
+  const uint64_t bytes = s["bytes"].get<uint64_t>();
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw UserError("could not read " + path + ": " + std::strerror(errno));
+  if (static_cast<uint64_t>(st.st_size) != bytes)
+    throw UserError(path + " has " + std::to_string(st.st_size) + " bytes; its save wrote " + std::to_string(bytes) +
+                    " (metadata.json: state_h5.bytes)" + tail);
+  DataRanges ranges;
+  uint64_t end = 0;
+  for (const auto& r : s["data"]) {
+    const uint64_t at = r[0].get<uint64_t>(), len = r[1].get<uint64_t>();
+    if (at < end || len == 0 || len > bytes || at > bytes - len)
+      throw UserError(ck.dir + "/metadata.json: state_h5.data [" + std::to_string(at) + ", " + std::to_string(len) +
+                      "] does not lie in order inside the file's " + std::to_string(bytes) + " bytes" + tail);
+    ranges.emplace_back(at, len);
+    end = at + len;
+  }
+  const std::string want = s["structure_crc32"].get<std::string>();
+  const auto [crc, read] = structure_crc32(path, ranges);
+  if (crc != want || read != bytes)
+    throw UserError(path + ": its HDF5 structures (everything but the tensors' bytes) have CRC-32 " + crc + ", its save "
+                    "recorded " + want + " (metadata.json: state_h5.structure_crc32)" + tail);
+}
+
 static NamedTensors read_tensors(const CheckpointMeta& ck, int* verified, std::vector<std::string>* crcs) {
   quiet_hdf5();
   std::string path = (fs::path(ck.dir) / "state.h5").string();
+  check_state_file(ck, path);
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   h5check(file.id, "opening " + path);
   std::vector<std::string> names;
