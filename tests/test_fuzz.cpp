@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -22,6 +24,7 @@
 #include "launch.hpp"
 #include "lora_trainer/adapter_source.hpp"
 #include "lora_trainer/checkpoint.hpp"
+#include "lora_trainer/data.hpp"
 #include "lora_trainer/export.hpp"
 #include "lora_trainer/huggingface.hpp"
 #include "lora_trainer/registry.hpp"
@@ -411,6 +414,53 @@ TEST_CASE("fuzz: JSONL records for tokenize --format jsonl and pairs", "[fuzz]")
     });
   }
   t.check();
+}
+
+TEST_CASE("fuzz: a dataset's meta.json, shape.json and token files, as training opens them", "[fuzz]") {
+  test::TempDir d;
+  const std::string data = d / "data";
+  test::make_byte_dataset(data, "pmd", 1, 4, 200);
+  TokenizeOptions o;
+  write_file_atomic(d / "in.jsonl", R"({"prompt": "a question?", "completion": " an answer"})" "\n"
+                                    R"({"prompt": "another?", "completion": " yes"})" "\n"
+                                    R"({"prompt": "third", "completion": " no"})" "\n");
+  o.inputs = {d / "in.jsonl"};
+  o.out_dir = data + "/padded";
+  o.tokenizer = "byte";
+  o.val_fraction = 0.4;
+  tokenize_jsonl_to_padded(o);
+  // Reads a sample of every split, as a sampler does.
+  auto open = [&](const std::string& name) {
+    std::unique_ptr<Dataset> ds;
+    if (name == "pmd") ds = std::make_unique<PmdDataset>(data, name);
+    else ds = std::make_unique<PaddedDataset>(data, name);
+    ds->check_vocabulary(257);
+    for (Split split : {Split::Train, Split::Val}) {
+      const int64_t T = 8;
+      if (ds->num_samples(split, T) == 0) continue;
+      std::vector<int64_t> in(static_cast<size_t>(T * ds->rows_per_sample())), target(in.size());
+      ds->sample(split, ds->num_samples(split, T) - 1, T, in.data(), target.data());
+    }
+  };
+  for (const std::string name : {"pmd", "padded"}) {
+    const std::string dir = data + "/" + name;
+    std::vector<std::string> files = {"meta.json"};
+    if (name == "padded") files.insert(files.end(), {"shape.json", "train.tokens.bin", "train.mask.bin"});
+    else files.push_back("train.bin");
+    std::map<std::string, std::string> valid;
+    for (const auto& f : files) valid[f] = read_file(dir + "/" + f);
+    REQUIRE_NOTHROW(open(name));
+    Tally t{name + " dataset"};
+    for (uint64_t seed : seeds(400)) {
+      Mutator m(seed);
+      const std::string& f = files[m.below(files.size())];
+      const bool is_json = f.size() > 5 && f.compare(f.size() - 5, 5, ".json") == 0;
+      write_file_atomic(dir + "/" + f, is_json && m.chance(80) ? m.json_text(json::parse(valid[f])) : m.bytes(valid[f]));
+      t.run(seed, [&] { open(name); });
+      write_file_atomic(dir + "/" + f, valid[f]);
+    }
+    t.check();
+  }
 }
 
 TEST_CASE("fuzz: a Hugging Face model's config.json for import-hf", "[fuzz]") {
