@@ -382,8 +382,9 @@ void attach_token_rows(torch::nn::Module& root, const TrainableTokens& tokens) {
   for (const auto& item : root.named_modules()) {
     auto* layer = dynamic_cast<TokenRowsAdaptable*>(item.value().get());
     if (!layer || (item.key().empty() ? "weight" : item.key() + ".weight") != tokens.name) continue;
-    const auto* weight = item.value()->named_parameters(false).find("weight");
-    if (weight) check_token_rows(tokens.name, weight->size(0), weight->size(1), tokens.ids, tokens.values);
+    const auto own = item.value()->named_parameters(false);
+    if (const auto* weight = own.find("weight"))
+      check_token_rows(tokens.name, weight->size(0), weight->size(1), tokens.ids, tokens.values);
     layer->set_token_rows(ids_tensor(tokens.ids, tokens.values.device()), tokens.values);
     attached = true;
   }
