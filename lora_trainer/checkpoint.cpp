@@ -113,14 +113,19 @@ std::string read_string_attr(hid_t obj, const char* key) {
   return out;
 }
 
+// A CRC-32 as the 8 hex digits the files record.
+std::string hex32(uLong crc) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%08lx", static_cast<unsigned long>(crc));
+  return b;
+}
+
 // CRC-32 (zlib's) of a contiguous CPU tensor's bytes, as 8 hex digits.
 std::string crc32_hex(const torch::Tensor& t) {
   uLong crc = crc32_z(0L, Z_NULL, 0);
   if (t.numel() > 0)
     crc = crc32_z(crc, static_cast<const Bytef*>(t.data_ptr()), static_cast<z_size_t>(t.numel() * t.element_size()));
-  char b[16];
-  std::snprintf(b, sizeof b, "%08lx", static_cast<unsigned long>(crc));
-  return b;
+  return hex32(crc);
 }
 
 // A write that failed: on a full file system (HDF5 does not pass errno on), say so, with the space
@@ -184,46 +189,33 @@ DataRanges write_h5(const std::string& path, const NamedTensors& tensors) {
 // The CRC-32 of a file's bytes outside `ranges` (HDF5's own structures: superblock, object headers,
 // attributes, B-trees, heaps), and its size. Throws UserError naming the file when it cannot be read.
 std::pair<std::string, uint64_t> structure_crc32(const std::string& path, const DataRanges& ranges) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw UserError("could not read " + path + ": " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    require_regular_file(path);
-    throw UserError("could not read " + path);
-  }
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, &size);
   uLong crc = crc32_z(0L, Z_NULL, 0);
   std::vector<unsigned char> buf(1 << 20);
-  uint64_t pos = 0;
-  size_t next = 0;  // the first range not wholly before pos
-  for (;;) {
-    const ssize_t n = ::pread(fd, buf.data(), buf.size(), static_cast<off_t>(pos));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      throw UserError("could not read " + path + ": " + std::strerror(err));
-    }
-    if (n == 0) break;
-    const uint64_t end = pos + static_cast<uint64_t>(n);
-    uint64_t at = pos;
-    while (at < end) {
-      while (next < ranges.size() && ranges[next].first + ranges[next].second <= at) ++next;
-      uint64_t stop = end;  // copy [at, stop) unless inside a range
-      if (next < ranges.size() && ranges[next].first <= at) {
-        at = std::min(end, ranges[next].first + ranges[next].second);
-        continue;
+  // Reads only the gaps between the tensors' ranges: a base of many GiB costs its structures' bytes.
+  auto add = [&](uint64_t from, uint64_t to) {
+    while (from < to) {
+      const ssize_t n = ::pread(fd, buf.data(), std::min<uint64_t>(buf.size(), to - from), static_cast<off_t>(from));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = n < 0 ? errno : 0;
+        ::close(fd);
+        throw UserError("could not read " + path + ": " + (err ? std::strerror(err) : "the file ended early"));
       }
-      if (next < ranges.size()) stop = std::min(end, ranges[next].first);
-      crc = crc32_z(crc, buf.data() + (at - pos), static_cast<z_size_t>(stop - at));
-      at = stop;
+      crc = crc32_z(crc, buf.data(), static_cast<z_size_t>(n));
+      from += static_cast<uint64_t>(n);
     }
-    pos = end;
+  };
+  uint64_t at = 0;
+  for (const auto& [offset, length] : ranges) {  // sorted by offset
+    if (offset >= size) break;
+    if (offset > at) add(at, offset);
+    at = std::max(at, std::min(size, offset + length));
   }
+  add(at, size);
   ::close(fd);
-  char b[16];
-  std::snprintf(b, sizeof b, "%08lx", static_cast<unsigned long>(crc));
-  return {b, pos};
+  return {hex32(crc), size};
 }
 
 void fsync_file(const std::string& path) {
@@ -276,7 +268,7 @@ torch::Tensor read_dataset(hid_t file, const std::string& name, const std::strin
   if (overflow || (numel > 0 && stored_bytes != bytes))
     throw UserError(path + ": tensor " + name + " has shape " + shape_text(shape) + " " + dtype + (overflow ? ", larger than 2^64 bytes" :
                     ", " + std::to_string(bytes) + " bytes, but the file stores " + std::to_string(stored_bytes) + " for it") +
-                    ": the file is damaged. Restore from another checkpoint (`lora_trainer checkpoints JOB OUT_DIR` lists them)");
+                    ": the file is damaged; " + use_another_checkpoint());
   auto t = torch::empty(shape, torch::TensorOptions().dtype(di->torch_type));
   if (t.numel() > 0) h5check(H5Dread(ds, di->h5_type(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()),
                              "reading " + name + " from " + path);
@@ -431,8 +423,8 @@ bool is_checkpoint(const std::string& dir) {
 static void check_lora_metadata(const std::string& dir, const nlohmann::json& meta) {
   if (!meta.contains("lora")) return;
   const std::string file = (fs::path(dir) / "metadata.json").string();
-  const std::string tail = ". The checkpoint is damaged or hand-edited and would compute or resume wrongly; use another "
-                           "one (`lora_trainer checkpoints JOB OUT_DIR` lists them)";
+  const std::string tail = ". The checkpoint is damaged or hand-edited and would compute or resume wrongly; " +
+                           use_another_checkpoint();
   json_context(file, [&] {
     const nlohmann::json& l = meta.at("lora");
     if (!l.is_object()) throw UserError(file + ": \"lora\" must be an object, not " + l.dump() + tail);
@@ -472,8 +464,8 @@ static void check_lora_metadata(const std::string& dir, const nlohmann::json& me
 static void check_counters(const CheckpointMeta& ck) {
   const nlohmann::json& meta = ck.raw;
   const std::string file = ck.dir + "/metadata.json";
-  const std::string damaged = ": its metadata contradicts itself (damaged or hand-edited). Use another checkpoint "
-                              "(`lora_trainer checkpoints " + ck.job_name + " OUT_DIR` lists them)";
+  const std::string damaged = ": its metadata contradicts itself (damaged or hand-edited); " +
+                              use_another_checkpoint(ck.job_name);
   const std::string step = "step " + std::to_string(ck.step), steps = std::to_string(ck.step) + " steps";
   json_context(file, [&] {
     const int64_t total = meta.at("total_steps").get<int64_t>();
@@ -556,8 +548,8 @@ NamedTensors read_checkpoint_tensors(const std::string& dir, int* verified) {
 static void check_state_file(const CheckpointMeta& ck, const std::string& path) {
   if (!ck.raw.contains("state_h5")) return;
   const nlohmann::json& s = ck.raw["state_h5"];
-  const std::string tail = ": the file is damaged (a truncated copy, a flipped bit?). Restore from another checkpoint "
-                           "(`lora_trainer checkpoints " + ck.job_name + " OUT_DIR` lists them)";
+  const std::string tail = ": the file is damaged (a truncated copy, a flipped bit?); " +
+                           use_another_checkpoint(ck.job_name);
   const uint64_t bytes = s["bytes"].get<uint64_t>();
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw UserError("could not read " + path + ": " + std::strerror(errno));

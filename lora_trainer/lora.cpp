@@ -203,8 +203,8 @@ void check_adapter_shapes(const std::string& weight, const torch::Tensor& W, con
   throw UserError("the adapter of " + (weight.empty() ? std::string("a weight") : weight) + " " +
                   shape_text(W.sizes().vec()) + " has " + found + ", not the " + expected + " of rank " +
                   std::to_string(rank) + " that its metadata (lora.rank) gives: the metadata contradicts the tensors, "
-                  "and merging would scale by the wrong alpha / rank. The checkpoint is damaged or hand-edited; use "
-                  "another one (lora_trainer checkpoints JOB OUT_DIR lists them)");
+                  "and merging would scale by the wrong alpha / rank. The checkpoint is damaged or hand-edited; " +
+                  use_another_checkpoint());
 }
 
 torch::Tensor merge_lora_params(const torch::Tensor& base, const torch::Tensor& A, const torch::Tensor& B,
@@ -216,7 +216,7 @@ torch::Tensor merge_lora_params(const torch::Tensor& base, const torch::Tensor& 
     if (magnitude.dim() != 1 || magnitude.size(0) != base.size(0))
       throw UserError("a DoRA magnitude of shape " + shape_text(magnitude.sizes().vec()) + " for a weight of shape " +
                       shape_text(base.sizes().vec()) + ": one value per output feature (row) is needed. The checkpoint "
-                      "is damaged or hand-edited; use another one (lora_trainer checkpoints JOB OUT_DIR lists them)");
+                      "is damaged or hand-edited; " + use_another_checkpoint());
     merged = merged * (magnitude.to(torch::kFloat32) / merged.norm(2, {1})).unsqueeze(1);
   }
   return merged.to(base.dtype());
@@ -365,7 +365,7 @@ static void check_token_rows(const std::string& name, int64_t rows, int64_t widt
     if (id < 0 || id >= rows)
       throw UserError("trainable token row " + std::to_string(id) + " of " + name + " is not a row of its " +
                       std::to_string(rows) + " (lora.trainable_tokens in the checkpoint's metadata.json). The checkpoint is "
-                      "damaged or hand-edited; use another one (lora_trainer checkpoints JOB OUT_DIR lists them)");
+                      "damaged or hand-edited; " + use_another_checkpoint());
   if (values.dim() != 2 || values.size(0) != static_cast<int64_t>(ids.size()) || values.size(1) != width)
     throw UserError("the trainable token rows of " + name + " have shape " + shape_text(values.sizes().vec()) + " for " +
                     std::to_string(ids.size()) + " ids of rows of " + std::to_string(width) + " values (lora.trainable_tokens "

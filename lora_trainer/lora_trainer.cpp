@@ -384,7 +384,7 @@ void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
       throw UserError(dir + "/metadata.json gives lora.rank " + std::to_string(their_rank) + "; this job has "
                       "optimization/lora/rank=" + std::to_string(lora_cfg_.rank) + ". Set it as the job that saved the "
                       "checkpoint had it; if its adapters are not of rank " + std::to_string(their_rank) + ", its metadata "
-                      "is damaged: use another checkpoint (`lora_trainer checkpoints " + ck.job_name + " OUT_DIR` lists them)");
+                      "is damaged: " + use_another_checkpoint(ck.job_name));
     const bool their_dora = meta.contains("lora") && meta["lora"].is_object() && meta["lora"].value("dora", false);
     if (their_dora != lora_cfg_.dora)
       throw UserError(dir + (their_dora ? " trained DoRA adapters (a magnitude per output feature)" : " trained plain LoRA "

@@ -61,19 +61,9 @@ std::string safetensors_dtype_name(torch::ScalarType t) {
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   if (!little_endian()) throw UserError("safetensors: this machine is big-endian; the format is little-endian");
-  // O_NONBLOCK: a FIFO under the file's name must not block the open; fstat then refuses it.
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw UserError("could not open " + path + ": " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    throw UserError("could not stat " + path + ": " + std::strerror(errno));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    require_regular_file(path, "safetensors file");
-  }
-  size_ = static_cast<size_t>(st.st_size);
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, &size, "safetensors file");
+  size_ = static_cast<size_t>(size);
   if (size_ < 8) {
     ::close(fd);
     throw UserError(path + ": not a safetensors file (" + std::to_string(size_) + " bytes, shorter than the 8-byte header length)");

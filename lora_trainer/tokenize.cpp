@@ -250,8 +250,10 @@ void for_each_record(const TokenizeOptions& o, const std::vector<std::string>& f
 
 // Writes `rows` (rows_per_record consecutive rows a record) left-padded to a common length as a dataset
 // of PADDED's layout and the given style; every k-th record (k = 1 / val_fraction) goes to validation.
+// `ours`: the names an earlier dataset wrote there (check_dataset_target).
 TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok, const std::vector<MaskedRow>& rows,
-                                 size_t rows_per_record, const std::string& style, uint64_t bytes) {
+                                 size_t rows_per_record, const std::string& style, uint64_t bytes,
+                                 const std::vector<std::string>& ours) {
   const size_t records = rows.size() / rows_per_record;
   if (records < 2) throw UserError("tokenize: need at least 2 JSONL records (one for validation)");
   if (o.length < 0) throw UserError("tokenize: the row length must be >= 0 (0 = the longest record), got " + std::to_string(o.length));
@@ -265,7 +267,6 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
       need > memory)
     throw UserError("tokenize: " + std::to_string(rows.size()) + " rows of " + std::to_string(L) + " tokens need more than " +
                     "this machine's " + std::to_string(memory >> 20) + " MiB of memory; lower --length. Nothing was written");
-  const auto ours = check_dataset_target(o);
   std::string bufs[2][2];  // [train/val][tokens/mask]
   uint64_t counts[2] = {0, 0};
   TokenizeResult r;
@@ -315,20 +316,20 @@ void check_val_fraction(const TokenizeOptions& o) {
 TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& o) {
   check_val_fraction(o);
   auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
-  check_dataset_target(o);  // refused before the work
+  const auto ours = check_dataset_target(o);  // refused before the work
   std::vector<MaskedRow> rows;
   uint64_t bytes = 0;
   for_each_record(o, {"prompt", "completion"}, [&](const nlohmann::json& j, size_t n) {
     rows.push_back(prompt_completion_row(*tok, j["prompt"].get<std::string>(), j["completion"].get<std::string>()));
     bytes += n;
   });
-  return write_padded_rows(o, *tok, rows, 1, "padded", bytes);
+  return write_padded_rows(o, *tok, rows, 1, "padded", bytes, ours);
 }
 
 TokenizeResult tokenize_jsonl_to_contrastive(const TokenizeOptions& o) {
   check_val_fraction(o);
   auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
-  check_dataset_target(o);  // refused before the work
+  const auto ours = check_dataset_target(o);  // refused before the work
   std::vector<MaskedRow> rows;
   uint64_t bytes = 0;
   for_each_record(o, {"prompt", "chosen", "rejected"}, [&](const nlohmann::json& j, size_t n) {
@@ -337,7 +338,7 @@ TokenizeResult tokenize_jsonl_to_contrastive(const TokenizeOptions& o) {
     rows.push_back(prompt_completion_row(*tok, prompt, j["rejected"].get<std::string>()));
     bytes += n;
   });
-  return write_padded_rows(o, *tok, rows, 2, "contrastive", bytes);
+  return write_padded_rows(o, *tok, rows, 2, "contrastive", bytes, ours);
 }
 
 }  // namespace lt

@@ -90,14 +90,6 @@ void BaseTrainer::check_same_architecture(const CheckpointMeta& ck) const {
   }
 }
 
-namespace {
-
-std::string counters_tail(const CheckpointMeta& ck) {
-  return ". Use another checkpoint (`lora_trainer checkpoints " + ck.job_name + " OUT_DIR` lists them)";
-}
-
-}  // namespace
-
 void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
   const std::string& dir = ck.dir;
   const json& meta = ck.raw;
@@ -113,7 +105,7 @@ void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
                     "of this job's schedule (" + std::to_string(total_steps_) + " steps of " + std::to_string(tokens_per_step()) +
                     " tokens): this job would call it finished without having trained to its end. To continue it, raise "
                     "the token budget (training/tokens, or training/post_lora_tokens) to " + std::to_string(ck.step) +
-                    " steps or more; or restore an earlier checkpoint" + counters_tail(ck));
+                    " steps or more, or " + use_another_checkpoint(ck.job_name));
   check_same_architecture(ck);
   auto names = meta.value("trainable_params", std::vector<std::string>());
   if (names != optimizer_->param_names())

@@ -220,18 +220,31 @@ void require_regular_file(const std::string& path, const std::string& what) {
                     "); give a file");
 }
 
-std::string read_file(const std::string& path) {
+int open_regular_file(const std::string& path, uint64_t* size, const std::string& what) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw UserError("could not read " + path + ": " + std::strerror(errno));
+  const std::string label = what.empty() ? path : what + " " + path;
+  if (fd < 0) throw UserError("could not read " + label + ": " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    require_regular_file(path);  // names what it is
-    throw UserError("could not read " + path);
+    require_regular_file(path, what);  // names what it is
+    throw UserError("could not read " + label);
   }
+  // Reads block as usual from here on (O_NONBLOCK means nothing for a regular file's reads).
+  if (size) *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+std::string use_another_checkpoint(const std::string& job) {
+  return "use another checkpoint (`lora_trainer checkpoints " + job + " OUT_DIR` lists them)";
+}
+
+std::string read_file(const std::string& path) {
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, &size);
   std::string out;
-  out.reserve(static_cast<size_t>(st.st_size));
+  out.reserve(static_cast<size_t>(size));
   char buf[1 << 16];
   for (;;) {
     const ssize_t n = ::read(fd, buf, sizeof buf);

@@ -50,6 +50,14 @@ int recover_interrupted_writes(const std::string& path, bool locked = false);
 // or a directory given where a file is read would block or fail obscurely. `what` says what it is for.
 void require_regular_file(const std::string& path, const std::string& what = "");
 
+// Opens a file for reading (O_RDONLY | O_CLOEXEC) and returns its descriptor and size; refuses, like
+// require_regular_file, anything but a regular file, without blocking on a FIFO. UserError naming it.
+int open_regular_file(const std::string& path, uint64_t* size, const std::string& what = "");
+
+// How an error about a damaged checkpoint ends: "use another checkpoint (`lora_trainer checkpoints JOB
+// OUT_DIR` lists them)", with the job's name when it is known.
+std::string use_another_checkpoint(const std::string& job = "JOB");
+
 // Reads a whole file; UserError naming the file if it cannot be read.
 std::string read_file(const std::string& path);
 
