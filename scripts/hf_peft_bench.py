@@ -35,7 +35,7 @@ import sys
 import time
 import traceback
 
-DEFAULTS = {  # lora_trainer's defaults (lora_trainer/trainer.cpp, lora_trainer.cpp) where SOURCE_JSON has none
+DEFAULTS = {  # lora_trainer's defaults (lora_trainer/training/trainer.cpp, lora_trainer.cpp) where SOURCE_JSON has none
     "architecture": {"n_layers": 12, "d_model": 768, "n_heads": 12, "block_size": 1024, "vocab_size": 50257,
                      "dropout": 0.0},
     "training": {"batch_size": 8, "per_device_batch_size": 8},

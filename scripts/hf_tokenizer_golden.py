@@ -96,7 +96,7 @@ NORMALIZER_VARIANTS = [
     ("added_tokens", {"type": "NFC"}, [("\u212b", True, False), ("e\u0301", False, True)]),
 ]
 
-CORPUS_FILES = ["lora_trainer/tokenize.hpp", "docs/huggingface.md", "configs/demo.json"]
+CORPUS_FILES = ["lora_trainer/data/tokenize.hpp", "docs/huggingface.md", "configs/demo.json"]
 
 
 def training_files(root):

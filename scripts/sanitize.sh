@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds lora_trainer under AddressSanitizer and UBSan in build-asan/ (a separate build: -O0 compiles
 # fast, and every sanitizer report stops the process) and runs the tests that feed it hostile input:
-# the fuzz tests of every reader (tests/test_fuzz.cpp, LT_FUZZ_SCALE times their usual number of
-# mutations), the hostile-file cases (tests/test_hostile_inputs.cpp) and the output-safety cases
-# (tests/test_outputs.cpp). Sets up what is missing first (scripts/setup.sh, the launcher only).
+# the fuzz tests of every reader (tests/formats/test_fuzz.cpp, LT_FUZZ_SCALE times their usual number of
+# mutations), the hostile-file cases (tests/formats/test_hostile_inputs.cpp) and the output-safety cases
+# (tests/core/test_outputs.cpp). Sets up what is missing first (scripts/setup.sh, the launcher only).
 #
 #   bash scripts/sanitize.sh                 # LT_FUZZ_SCALE=4 by default
 #   LT_FUZZ_SCALE=20 bash scripts/sanitize.sh

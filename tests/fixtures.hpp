@@ -10,11 +10,11 @@
 
 #include "catch.hpp"
 
-#include "lora_trainer/config.hpp"
-#include "lora_trainer/registry.hpp"
-#include "lora_trainer/trainer.hpp"
-#include "lora_trainer/tokenize.hpp"
-#include "lora_trainer/util.hpp"
+#include "lora_trainer/core/config.hpp"
+#include "lora_trainer/cli/registry.hpp"
+#include "lora_trainer/training/trainer.hpp"
+#include "lora_trainer/data/tokenize.hpp"
+#include "lora_trainer/core/util.hpp"
 
 namespace lt::test {
 

@@ -9,13 +9,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lora_trainer/checkpoint.hpp"
-#include "lora_trainer/huggingface.hpp"
-#include "lora_trainer/lora_trainer.hpp"
-#include "lora_trainer/registry.hpp"
-#include "lora_trainer/safetensors.hpp"
-#include "lora_trainer/trainer.hpp"
-#include "lora_trainer/util.hpp"
+#include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/formats/huggingface.hpp"
+#include "lora_trainer/training/lora_trainer.hpp"
+#include "lora_trainer/cli/registry.hpp"
+#include "lora_trainer/formats/safetensors.hpp"
+#include "lora_trainer/training/trainer.hpp"
+#include "lora_trainer/core/util.hpp"
 #include "catch.hpp"
 #include "fixtures.hpp"
 

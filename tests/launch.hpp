@@ -17,8 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lora_trainer/checkpoint.hpp"
-#include "lora_trainer/util.hpp"
+#include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/core/util.hpp"
 
 namespace lt::test {
 

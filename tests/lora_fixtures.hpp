@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "lora_trainer/gpt2.hpp"
-#include "lora_trainer/lora_trainer.hpp"
+#include "lora_trainer/models/gpt2.hpp"
+#include "lora_trainer/training/lora_trainer.hpp"
 #include "catch.hpp"
 #include "fixtures.hpp"
 

@@ -1,0 +1,275 @@
+#include "lora_trainer/core/distributed.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef LT_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include "lora_trainer/core/config.hpp"
+#include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/core/util.hpp"
+
+namespace lt {
+
+void add_distributed_options(ConfigSchema& s) {
+  s.add("distributed/timeout_s", OptType::Float, 300.0,
+        "with several ranks: how long to wait for every rank at the rendezvous and in any one collective before "
+        "exiting with an error (a rank that died or hangs)",
+        check_positive());
+  s.add("distributed/shard_optimizer", OptType::String, "lora",
+        "with several ranks, which AdamW moments are split across ranks (ZeRO-1: each rank keeps and updates "
+        "the moments of its share of the parameters): none, lora (the adapters' in the LoRA phase) or all "
+        "(phase 1 too)",
+        check_one_of(shard_mode_names()));
+}
+
+static const std::pair<ShardMode, const char*> kShardModes[] = {
+    {ShardMode::None, "none"}, {ShardMode::Lora, "lora"}, {ShardMode::All, "all"}};
+
+ShardMode parse_shard_mode(const std::string& name) {
+  for (const auto& [mode, n] : kShardModes)
+    if (name == n) return mode;
+  throw std::invalid_argument("unknown distributed/shard_optimizer \"" + name + "\" (known: none, lora, all)");
+}
+
+std::string shard_mode_name(ShardMode mode) {
+  for (const auto& [m, n] : kShardModes)
+    if (m == mode) return n;
+  throw std::logic_error("shard_mode_name: not a ShardMode");
+}
+
+std::vector<std::string> shard_mode_names() {
+  std::vector<std::string> out;
+  for (const auto& [m, n] : kShardModes) out.push_back(n);
+  return out;
+}
+
+// The backend; each collective blocks until it is done, at most `timeout`.
+struct Distributed::Group {
+  c10::Device device = c10::kCPU;
+  std::chrono::milliseconds timeout{0};
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+#ifdef LT_WITH_NCCL
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;
+#endif
+  void allreduce(std::vector<at::Tensor>& t) {
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+#ifdef LT_WITH_NCCL
+    if (nccl) return (void)nccl->allreduce(t, o)->wait(timeout);
+#endif
+    gloo->allreduce(t, o)->wait(timeout);
+  }
+  void broadcast(std::vector<at::Tensor>& t) {
+    c10d::BroadcastOptions o;
+    o.rootRank = 0;
+#ifdef LT_WITH_NCCL
+    if (nccl) return (void)nccl->broadcast(t, o)->wait(timeout);
+#endif
+    gloo->broadcast(t, o)->wait(timeout);
+  }
+  void barrier() {
+#ifdef LT_WITH_NCCL
+    if (nccl) return (void)nccl->barrier(c10d::BarrierOptions())->wait(timeout);
+#endif
+    gloo->barrier(c10d::BarrierOptions())->wait(timeout);
+  }
+  bool uses_nccl() const {
+#ifdef LT_WITH_NCCL
+    return static_cast<bool>(nccl);
+#else
+    return false;
+#endif
+  }
+  // Where the backend wants the bytes: NCCL on this rank's GPU, Gloo in host memory.
+  c10::Device wire_device() const { return uses_nccl() ? device : c10::Device(c10::kCPU); }
+};
+
+Distributed::Distributed() = default;
+Distributed::~Distributed() = default;
+
+bool Distributed::requested_by_env() { return env_int("WORLD_SIZE", 1) > 1; }
+
+// c10 appends its C++ backtrace to what(); a user needs the first lines.
+static std::string without_backtrace(const std::exception& e) {
+  std::string msg = e.what();
+  auto nl = msg.find("\nException raised from");
+  if (nl != std::string::npos) msg.resize(nl);
+  return msg;
+}
+
+static std::string require_env(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v)
+    throw UserError(std::string("WORLD_SIZE asks for several ranks but ") + name +
+                    " is not set; start the ranks with `lora_trainer run --nproc N ...` on one machine, or set "
+                    "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun does (docs/distributed.md)");
+  return v;
+}
+
+static bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+std::unique_ptr<Distributed> Distributed::from_env(double timeout_s, c10::Device device) {
+  auto d = std::make_unique<Distributed>();
+  d->world_ = env_int("WORLD_SIZE", 1);
+  d->timeout_s_ = timeout_s;
+  if (d->world_ <= 1) return d;
+  require_env("RANK");
+  d->rank_ = env_int("RANK", 0);
+  const std::string addr = require_env("MASTER_ADDR");
+  require_env("MASTER_PORT");
+  const int port = env_int("MASTER_PORT", 0);
+  if (d->rank_ < 0 || d->rank_ >= d->world_)
+    throw UserError("RANK=" + std::to_string(d->rank_) + " is outside [0, WORLD_SIZE=" + std::to_string(d->world_) +
+                    "): give the ranks the numbers 0 to WORLD_SIZE - 1, one each");
+  if (port <= 0 || port > 65535)
+    throw UserError("MASTER_PORT=" + std::to_string(port) + " is not a TCP port: give the same port, 1 to 65535, to every rank");
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
+  const double started = now_seconds();
+  try {
+    d->group_ = std::make_unique<Group>();
+    d->group_->device = device;
+    d->group_->timeout = timeout;
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(port);
+    so.isServer = d->rank_ == 0;
+    so.numWorkers = static_cast<size_t>(d->world_);
+    so.waitWorkers = true;
+    so.timeout = timeout;
+    try {
+      d->group_->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+    } catch (const c10::Error& e) {
+      // Without libuv, the classic backend (every rank does the same, so they still agree).
+      if (std::string(e.what()).find("libuv") == std::string::npos || !compat::store_without_libuv(so, 0)) throw;
+      d->group_->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+    }
+#ifdef LT_WITH_NCCL
+    // NCCL needs a GPU of its own for each rank of a machine; ranks sharing one (more ranks than
+    // GPUs) reduce over Gloo through host memory instead.
+    // Without LOCAL_WORLD_SIZE (torchrun always sets it) all ranks are taken to share this machine.
+    if (device.is_cuda() && env_int("LOCAL_WORLD_SIZE", d->world_) <= static_cast<int>(torch::cuda::device_count())) {
+      auto o = c10d::ProcessGroupNCCL::Options::create();
+      o->timeout = timeout;
+      d->group_->nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(d->group_->store, d->rank_, d->world_, o);
+    }
+#endif
+    if (!d->group_->uses_nccl()) {
+      auto o = c10d::ProcessGroupGloo::Options::create(timeout);
+      // As in PyTorch: GLOO_SOCKET_IFNAME picks the interface; a loopback master means one machine.
+      const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      if (ifname && *ifname) o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+      else if (is_loopback(addr)) o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      else o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      o->threads = 2;
+      d->group_->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(d->group_->store, d->rank_, d->world_, o);
+    }
+  } catch (const UserError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw DistributedError("rank " + std::to_string(d->rank_) + " of " + std::to_string(d->world_) +
+                           ": rendezvous at " + addr + ":" + std::to_string(port) + " failed after " +
+                           std::to_string(static_cast<int>(now_seconds() - started)) + " s: " +
+                           without_backtrace(e) +
+                           "\nCheck that every rank was started with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE, that "
+                           "rank 0 can listen on that port, and distributed/timeout_s (" +
+                           std::to_string(static_cast<int>(timeout_s)) + " s).");
+  }
+  return d;
+}
+
+void Distributed::fail(const std::string& what, const std::exception& e, double started) const {
+  const std::string msg = without_backtrace(e);
+  char took[32];
+  std::snprintf(took, sizeof took, "%.1f", now_seconds() - started);
+  throw DistributedError("rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": " + what +
+                         " failed after " + took + " s: " + msg +
+                         "\nAnother rank has probably exited or stopped responding; see its output. (The limit on one "
+                         "collective is distributed/timeout_s = " + std::to_string(static_cast<int>(timeout_s_)) + " s.)");
+}
+
+void Distributed::all_reduce_sum(const std::vector<at::Tensor>& tensors, const std::string& what) {
+  if (!active() || tensors.empty()) return;
+  // One flat buffer per dtype, in first-seen order (the same on every rank).
+  std::vector<at::ScalarType> order;
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
+  for (const auto& t : tensors) {
+    auto st = t.scalar_type();
+    TORCH_CHECK(st == at::kFloat || st == at::kDouble || st == at::kLong,
+                "all_reduce_sum: Gloo sums f32, f64 or int64, not ", st);
+    if (!by_type.count(st)) order.push_back(st);
+    by_type[st].push_back(t);
+  }
+  const double started = now_seconds();
+  try {
+    torch::NoGradGuard ng;
+    for (auto st : order) {
+      auto& ts = by_type[st];
+      // A single contiguous tensor is reduced in place; several are packed and unpacked.
+      const bool in_place = ts.size() == 1 && ts[0].is_contiguous();
+      at::Tensor flat;
+      if (in_place) {
+        flat = ts[0].view({-1});
+      } else {
+        std::vector<at::Tensor> parts;
+        for (auto& t : ts) parts.push_back(t.reshape({-1}));
+        flat = torch::cat(parts);
+      }
+      at::Tensor wire = flat.device() == group_->wire_device() ? flat : flat.to(group_->wire_device());
+      std::vector<at::Tensor> v{wire};
+      group_->allreduce(v);
+      if (!wire.is_same(flat)) flat.copy_(wire);
+      if (in_place) continue;
+      int64_t off = 0;
+      for (auto& t : ts) {
+        t.copy_(flat.slice(0, off, off + t.numel()).view(t.sizes()));
+        off += t.numel();
+      }
+    }
+  } catch (const DistributedError&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(what, e, started);
+  }
+}
+
+bool Distributed::broadcast_flag(bool flag, const std::string& what) {
+  if (!active()) return flag;
+  const double started = now_seconds();
+  try {
+    std::vector<at::Tensor> v{torch::tensor({flag ? int64_t(1) : int64_t(0)}, torch::kLong).to(group_->wire_device())};
+    group_->broadcast(v);
+    return v[0].item<int64_t>() != 0;
+  } catch (const std::exception& e) {
+    fail(what, e, started);
+  }
+}
+
+void Distributed::barrier(const std::string& what) {
+  if (!active()) return;
+  const double started = now_seconds();
+  try {
+    group_->barrier();
+  } catch (const std::exception& e) {
+    fail(what, e, started);
+  }
+}
+
+static std::unique_ptr<Distributed>& current() {
+  static std::unique_ptr<Distributed> d = std::make_unique<Distributed>();
+  return d;
+}
+
+Distributed& distributed() { return *current(); }
+
+void set_distributed(std::unique_ptr<Distributed> d) { current() = std::move(d); }
+
+}  // namespace lt

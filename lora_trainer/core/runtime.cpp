@@ -1,0 +1,157 @@
+#include "lora_trainer/core/runtime.hpp"
+
+#include <dlfcn.h>
+#include <malloc.h>
+
+#include <fstream>
+#include <thread>
+
+#include "lora_trainer/core/config.hpp"
+#include "lora_trainer/kernels/cross_entropy.hpp"
+#include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/core/util.hpp"
+
+#ifdef LT_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
+namespace lt {
+
+void add_runtime_options(ConfigSchema& s) {
+  s.add("runtime/device", OptType::String, "auto", "cpu, cuda, or auto (cuda when available)",
+        check_one_of({"auto", "cpu", "cuda"}));
+  s.add("runtime/precision", OptType::String, "auto",
+        "bf16 (f32 weights, bf16 autocast), f32, or auto (bf16 where the device has fast bf16)",
+        check_one_of({"auto", "bf16", "f32"}));
+  s.add("runtime/attention", OptType::String, "auto",
+        "fused (scaled_dot_product_attention: flash/efficient kernels on CUDA; LibTorch 2.0+), manual "
+        "(masked softmax in f32), or auto (fused on CUDA where LibTorch has it, manual on the CPU, where the fused "
+        "kernel measured slower)",
+        check_one_of({"auto", "fused", "manual"}));
+  s.add("runtime/loss", OptType::String, "auto",
+        "the loss's kernels for bf16 logits: fused (this project's: reads the bf16 logits once, writes the bf16 "
+        "gradient, no f32 copy; on the CPU, and on CUDA in a build with the CUDA kernels), libtorch (log_softmax + "
+        "nll_loss over an f32 copy of the logits), or auto (fused on the CPU, libtorch on CUDA). f32 logits always "
+        "take libtorch's",
+        check_one_of({"auto", "fused", "libtorch"}));
+  s.add("runtime/threads", OptType::Int, 0, "CPU threads for torch; 0 = every core (shared among the ranks of this machine)",
+        check_range(0, 4096));
+}
+
+bool cpu_has_fast_bf16() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) == 0)
+      return line.find(" amx_bf16") != std::string::npos || line.find(" avx512_bf16") != std::string::npos;
+  }
+  return false;
+}
+
+// OpenBLAS starts one thread per core by default; with torch's own threads on top, small matmuls
+// collapse from oversubscription. Torch parallelises around BLAS, so BLAS gets one thread.
+static void limit_blas_threads() {
+  using SetThreads = void (*)(int);
+  if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(1);
+}
+
+// glibc serves allocations above 32 MiB with mmap and returns them with munmap, and trims the heap
+// top after every large free. A step allocates and frees logits of B*T*V values (tens of MiB) many
+// times, so each step faulted in fresh zeroed pages: measured here, over half the wall time went to
+// the kernel. Keeping freed memory in the heap removes that (see docs/performance.md).
+static void keep_freed_memory() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
+Runtime Runtime::from_config(const Config& cfg) {
+  keep_freed_memory();
+  Runtime rt;
+  std::string dev = cfg.get_string("runtime/device");
+  bool cuda = torch::cuda::is_available();
+  if (dev == "cuda" && !cuda)
+    throw UserError("runtime/device=cuda, but no CUDA device is available to this build; use runtime/device=cpu");
+  // A rank started by `run --nproc` or torchrun uses the GPU of its LOCAL_RANK.
+  const int local_rank = env_int("LOCAL_RANK", 0);
+  const int local_ranks = std::max(1, env_int("LOCAL_WORLD_SIZE", 1));
+  rt.device = (dev == "cuda" || (dev == "auto" && cuda))
+                  ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % std::max<int64_t>(1, torch::cuda::device_count())))
+                  : torch::Device(torch::kCPU);
+  if (rt.device.is_cuda() && cfg.get_string("runtime/loss") == "fused" && !cuda_loss_kernels_built())
+    throw UserError("runtime/loss=fused on CUDA needs the CUDA kernels, which this build does not have (CMake found no "
+                    "CUDA compiler, nvcc, when it was configured); use runtime/loss=auto or libtorch, or rebuild with "
+                    "nvcc on PATH (docs/performance.md)");
+  std::string prec = cfg.get_string("runtime/precision");
+  if (prec == "auto") rt.bf16_autocast = rt.device.is_cuda() || cpu_has_fast_bf16();
+  else rt.bf16_autocast = prec == "bf16";
+  int64_t threads = cfg.get_int("runtime/threads");
+  // 0: the cores are shared among the ranks on this machine.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  rt.threads = threads > 0 ? static_cast<int>(threads) : std::max(1, cores / local_ranks);
+  at::set_num_threads(rt.threads);
+  limit_blas_threads();
+  return rt;
+}
+
+std::string Runtime::describe() const {
+  return std::string(device.is_cuda() ? "cuda" : "cpu") + ", " + std::to_string(threads) + " threads, " +
+         (bf16_autocast ? "bf16 autocast" : "f32");
+}
+
+torch::Tensor Runtime::to_device(const torch::Tensor& host) const {
+  if (!device.is_cuda()) return host.to(device);
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
+void Runtime::synchronize() const {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+AutocastGuard::AutocastGuard(const Runtime& rt) : active_(rt.bf16_autocast), cuda_(rt.device.is_cuda()) {
+  if (!active_) return;
+  const auto type = cuda_ ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  prev_enabled_ = compat::autocast_enabled(type);
+  compat::set_autocast_enabled(type, true);
+  compat::set_autocast_dtype(type, at::kBFloat16);
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  compat::set_autocast_enabled(cuda_ ? c10::DeviceType::CUDA : c10::DeviceType::CPU, prev_enabled_);
+}
+
+torch::Tensor rng_state(const Runtime& rt) { return rng_state(rt.device); }
+
+void set_rng_state(const Runtime& rt, const torch::Tensor& state) { set_rng_state(rt.device, state); }
+
+torch::Tensor rng_state(const torch::Device& device) {
+  auto cpu = at::detail::getDefaultCPUGenerator().get_state();
+  if (!device.is_cuda()) return cpu;
+#ifdef LT_WITH_CUDA
+  auto gpu = at::cuda::detail::getDefaultCUDAGenerator(device.index()).get_state();
+  return torch::cat({cpu, gpu});
+#else
+  return cpu;
+#endif
+}
+
+void set_rng_state(const torch::Device& device, const torch::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  int64_t cpu_size = gen.get_state().numel();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state.slice(0, 0, cpu_size).contiguous());
+#ifdef LT_WITH_CUDA
+  if (device.is_cuda() && state.numel() > cpu_size) {
+    auto cuda_gen = at::cuda::detail::getDefaultCUDAGenerator(device.index());  // a handle; the generator is shared
+    std::lock_guard<std::mutex> cuda_lock(cuda_gen.mutex());
+    cuda_gen.set_state(state.slice(0, cpu_size).contiguous());
+  }
+#endif
+}
+
+}  // namespace lt

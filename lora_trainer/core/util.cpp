@@ -1,0 +1,501 @@
+#include "lora_trainer/core/util.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <csignal>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <unordered_set>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+static void write_all(int fd, const std::string& path, const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t n = ::write(fd, data, size);
+    if (n < 0) throw UserError("could not write " + path + ": " + std::strerror(errno));
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+static std::vector<std::string> sorted_entries(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (!d) return names;
+  while (dirent* e = readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void write_file_atomic(const std::string& path, const std::string& contents) {
+  fs::path target(path);
+  if (target.has_parent_path()) fs::create_directories(target.parent_path());
+  recover_interrupted_writes(path);
+  std::random_device rd;
+  std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw UserError("could not create " + tmp + ": " + std::strerror(errno));
+  try {
+    write_all(fd, tmp, contents.data(), contents.size());
+    if (::fsync(fd) != 0) throw UserError("could not fsync " + tmp + ": " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    throw UserError("could not rename " + tmp + " to " + path + ": " + std::strerror(errno));
+  }
+  fsync_dir(target.has_parent_path() ? target.parent_path().string() : ".");
+}
+
+namespace {
+
+// The process id in a leftover's tag "PID-N" (0 when it has none).
+long tag_pid(const std::string& tag) {
+  char* end = nullptr;
+  const long pid = std::strtol(tag.c_str(), &end, 10);
+  return end != tag.c_str() && *end == '-' && pid > 0 ? pid : 0;
+}
+
+bool process_gone(long pid) { return pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH); }
+
+bool lexists(const std::string& p) {
+  struct stat st {};
+  return ::lstat(p.c_str(), &st) == 0;
+}
+
+// Puts `src` (anything but a socket or device) at `dst` without copying data where a hard link will
+// do: directories are made anew and filled the same way, links are recreated.
+void keep_entry(const std::string& src, const std::string& dst) {
+  struct stat st {};
+  if (::lstat(src.c_str(), &st) != 0) throw UserError("could not keep " + src + ": " + std::strerror(errno));
+  auto fail = [&](const char* verb) { throw UserError(std::string("could not keep ") + src + " (" + verb + " " + dst + "): " + std::strerror(errno)); };
+  if (S_ISDIR(st.st_mode)) {
+    if (::mkdir(dst.c_str(), st.st_mode & 07777) != 0) fail("mkdir");
+    for (const auto& name : sorted_entries(src)) keep_entry(src + "/" + name, dst + "/" + name);
+  } else if (S_ISLNK(st.st_mode)) {
+    std::string target(static_cast<size_t>(st.st_size > 0 ? st.st_size : PATH_MAX) + 1, '\0');
+    const ssize_t n = ::readlink(src.c_str(), target.data(), target.size());
+    if (n < 0) fail("readlink for");
+    target.resize(static_cast<size_t>(n));
+    if (::symlink(target.c_str(), dst.c_str()) != 0) fail("symlink");
+  } else if (S_ISREG(st.st_mode)) {
+    if (::link(src.c_str(), dst.c_str()) == 0) return;
+    std::error_code ec;  // a file system without hard links (or too many of them): a copy
+    if (!fs::copy_file(src, dst, ec)) throw UserError("could not keep " + src + " (copy to " + dst + "): " + ec.message());
+  } else if (S_ISFIFO(st.st_mode)) {
+    if (::mkfifo(dst.c_str(), st.st_mode & 07777) != 0) fail("mkfifo");
+  } else {
+    throw UserError(src + " is a socket or device file; it cannot be kept when its directory is rewritten. Move it "
+                    "elsewhere and run the command again");
+  }
+}
+
+}  // namespace
+
+int recover_interrupted_writes(const std::string& path, bool locked) {
+  fs::path target = fs::absolute(path).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  const std::string parent = target.parent_path().string(), name = target.filename().string();
+  const std::string dir_tmp = "." + name + ".tmp-", dir_old = "." + name + ".old-", file_tmp = name + ".tmp-";
+  std::vector<std::string> tmps, olds;
+  for (const auto& e : sorted_entries(parent)) {
+    for (const auto* prefix : {&dir_tmp, &dir_old, &file_tmp}) {
+      if (e.size() <= prefix->size() || e.compare(0, prefix->size(), *prefix) != 0) continue;
+      if (!locked && !process_gone(tag_pid(e.substr(prefix->size())))) continue;  // a write in progress
+      (prefix == &dir_old ? olds : tmps).push_back(parent + "/" + e);
+    }
+  }
+  int handled = 0;
+  if (!olds.empty() && !lexists(target.string())) {
+    // A kill between the two renames of a replace: the complete old directory goes back in place.
+    if (::rename(olds.back().c_str(), target.c_str()) == 0) {
+      std::fprintf(stderr, "note: %s was missing after an interrupted write; put back its earlier contents from %s\n",
+                   target.c_str(), olds.back().c_str());
+      olds.pop_back();
+      ++handled;
+    }
+  }
+  for (const auto* list : {&tmps, &olds})
+    for (const auto& p : *list)
+      if (remove_tree(p)) ++handled;
+  return handled;
+}
+
+void publish_dir(const std::string& dir, const std::function<void(const fs::path& tmp)>& fill, const std::string& what,
+                 const std::vector<std::string>& ours) {
+  const std::string action = what.empty() ? "write " + dir : what;
+  // A link to a directory is written through: the link stays, its target gets the new contents.
+  fs::path final_dir = fs::weakly_canonical(fs::absolute(dir)).lexically_normal();
+  if (final_dir.filename().empty()) final_dir = final_dir.parent_path();
+  const fs::path parent = final_dir.parent_path();
+  try {
+    fs::create_directories(parent);
+  } catch (const fs::filesystem_error& e) {
+    throw UserError("could not " + action + ": " + e.what());
+  }
+  recover_interrupted_writes(final_dir.string());
+  struct stat st {};
+  const bool replacing = ::lstat(final_dir.c_str(), &st) == 0;
+  if (replacing && !S_ISDIR(st.st_mode))
+    throw UserError("could not " + action + ": " + final_dir.string() + " exists and is not a directory. Nothing was written");
+  std::random_device rd;
+  const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(rd());
+  const std::string name = final_dir.filename().string();
+  const fs::path tmp = parent / ("." + name + ".tmp-" + tag);
+  try {
+    if (::mkdir(tmp.c_str(), 0755) != 0) throw UserError("could not " + action + ": mkdir " + tmp.string() + ": " + std::strerror(errno));
+    fill(tmp);
+    if (replacing) {
+      // Everything of the old directory that this write does not replace, and that is not an earlier
+      // write's own file, stays.
+      for (const auto& e : sorted_entries(final_dir.string())) {
+        if (lexists((tmp / e).string()) || std::find(ours.begin(), ours.end(), e) != ours.end()) continue;
+        keep_entry((final_dir / e).string(), (tmp / e).string());
+      }
+    }
+    fsync_dir(tmp.string());
+    if (!replacing) {
+      if (::rename(tmp.c_str(), final_dir.c_str()) != 0)
+        throw UserError("could not " + action + ": rename " + tmp.string() + " to " + final_dir.string() + ": " + std::strerror(errno));
+    } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+      // One step: `dir` was the old directory until now, and is the new one from now on; the old
+      // contents are at `tmp`, removed below (or by the next write, if killed first).
+      remove_tree(tmp.string());
+    } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
+      // No exchange on this file system: two renames; a kill between them leaves `.NAME.old-TAG`, which
+      // the next write (recover_interrupted_writes) puts back.
+      const fs::path old = parent / ("." + name + ".old-" + tag);
+      if (::rename(final_dir.c_str(), old.c_str()) != 0)
+        throw UserError("could not " + action + ": rename " + final_dir.string() + ": " + std::strerror(errno));
+      if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+        const int err = errno;
+        ::rename(old.c_str(), final_dir.c_str());
+        throw UserError("could not " + action + ": rename " + tmp.string() + ": " + std::strerror(err));
+      }
+      remove_tree(old.string());
+    } else {
+      throw UserError("could not " + action + ": exchange " + tmp.string() + " with " + final_dir.string() + ": " +
+                      std::strerror(errno));
+    }
+    fsync_dir(parent.string());
+  } catch (const fs::filesystem_error& e) {
+    remove_tree(tmp.string());
+    throw UserError("could not " + action + ": " + e.what());
+  } catch (...) {
+    remove_tree(tmp.string());
+    throw;
+  }
+}
+
+void require_regular_file(const std::string& path, const std::string& what) {
+  struct stat st {};
+  const std::string label = what.empty() ? path : what + " " + path;
+  if (::stat(path.c_str(), &st) != 0) throw UserError("could not read " + label + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw UserError(label + " is not a regular file (" +
+                    (S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket") +
+                    "); give a file");
+}
+
+int open_regular_file(const std::string& path, uint64_t* size, const std::string& what) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  const std::string label = what.empty() ? path : what + " " + path;
+  if (fd < 0) throw UserError("could not read " + label + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    require_regular_file(path, what);  // names what it is
+    throw UserError("could not read " + label);
+  }
+  // Reads block as usual from here on (O_NONBLOCK means nothing for a regular file's reads).
+  if (size) *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+std::string use_another_checkpoint(const std::string& job) {
+  return "use another checkpoint (`lora_trainer checkpoints " + job + " OUT_DIR` lists them)";
+}
+
+std::string read_file(const std::string& path) {
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, &size);
+  std::string out;
+  out.reserve(static_cast<size_t>(size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      throw UserError("could not read " + path + ": " + std::strerror(err));
+    }
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+SignalGuard::SignalGuard(void (*handler)(int))
+    : prev_int_(std::signal(SIGINT, handler)), prev_term_(std::signal(SIGTERM, handler)) {}
+
+SignalGuard::~SignalGuard() {
+  std::signal(SIGINT, prev_int_);
+  std::signal(SIGTERM, prev_term_);
+}
+
+namespace {
+
+// Where the parser is, for messages: "/a/b/3".
+struct JsonFrame {
+  bool object = false;
+  std::unordered_set<std::string> keys;
+  std::string key;
+  size_t index = 0;
+};
+
+std::string json_path(const std::vector<JsonFrame>& frames) {
+  std::string out;
+  for (const auto& f : frames) {
+    out += "/" + (f.object ? f.key : std::to_string(f.index));
+    if (out.size() > 80) return out.substr(0, 80) + "...";
+  }
+  return out.empty() ? "/" : out;
+}
+
+}  // namespace
+
+nlohmann::json parse_json(const std::string& text, const std::string& what, const std::string& hint) {
+  using json = nlohmann::json;
+  const std::string tail = hint.empty() ? "" : "; " + hint;
+  std::vector<JsonFrame> frames;
+  auto element_done = [&] {
+    if (!frames.empty() && !frames.back().object) ++frames.back().index;
+  };
+  // The parser builds its tree without recursion, but freeing and printing one recurse: the depth is
+  // checked while parsing. nlohmann keeps the last of two equal keys; a config must not mean two things.
+  json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (frames.size() >= static_cast<size_t>(kMaxJsonDepth))
+          throw UserError(what + ": nested more than " + std::to_string(kMaxJsonDepth) + " levels deep (at " +
+                          json_path(frames) + "); no input of lora_trainer needs that" + tail);
+        frames.push_back(JsonFrame{event == json::parse_event_t::object_start, {}, {}, 0});
+        break;
+      case json::parse_event_t::key: {
+        JsonFrame& f = frames.back();
+        f.key = parsed.get<std::string>();
+        if (!f.keys.insert(f.key).second)
+          throw UserError(what + ": key " + json_path(frames) + " is given twice in one object; keep one (the last "
+                          "would silently win)" + tail);
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        frames.pop_back();
+        element_done();
+        break;
+      case json::parse_event_t::value:
+        element_done();
+        break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(text, check);
+  } catch (const json::exception& e) {
+    // parse_error (syntax) or out_of_range 406 (a number that does not fit a double or 64-bit integer)
+    std::string why = e.what();
+    auto bracket = why.find("] ");
+    if (bracket != std::string::npos) why = why.substr(bracket + 2);
+    throw UserError(what + ": not valid JSON: " + why + tail);
+  }
+}
+
+void rethrow_json_error(const std::string& what, const std::exception& e) {
+  if (!dynamic_cast<const nlohmann::json::exception*>(&e)) return;
+  // "[json.exception.type_error.302] (/model/vocab) type must be string, but is number"
+  std::string why = e.what(), path;
+  auto bracket = why.find("] ");
+  if (bracket != std::string::npos) why = why.substr(bracket + 2);
+  if (!why.empty() && why[0] == '(') {
+    auto close = why.find(") ");
+    if (close != std::string::npos) {
+      path = why.substr(1, close - 1);
+      why = why.substr(close + 2);
+    }
+  }
+  const std::string must = "type must be ", but = ", but is ";
+  if (why.rfind(must, 0) == 0 && why.find(but) != std::string::npos) {
+    const size_t at = why.find(but);
+    why = "must be " + why.substr(must.size(), at - must.size()) + ", not " + why.substr(at + but.size());
+  }
+  throw UserError(what + ": " + (path.empty() ? "" : path + ": ") + why +
+                  ". The file is damaged, hand-edited or of another kind; fix it or write it again");
+}
+
+nlohmann::json read_json_file(const std::string& path, const std::string& hint) {
+  return parse_json(read_file(path), path, hint);
+}
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+static size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+bool remove_tree(const std::string& path, std::string* error) {
+  auto fail = [&](const char* what, const std::string& p) {
+    if (error) *error = std::string(what) + " " + p + ": " + std::strerror(errno);
+    return false;
+  };
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) return errno == ENOENT ? true : fail("cannot stat", path);
+  if (!S_ISDIR(st.st_mode)) return unlink(path.c_str()) == 0 || errno == ENOENT ? true : fail("cannot remove", path);
+  if (access(path.c_str(), R_OK | X_OK) != 0) return fail("cannot read", path);
+  for (const auto& name : sorted_entries(path))
+    if (!remove_tree(path + "/" + name, error)) return false;
+  return rmdir(path.c_str()) == 0 || errno == ENOENT ? true : fail("cannot remove", path);
+}
+
+void walk_tree(const std::string& dir, const std::function<bool(const std::string&, bool)>& visit) {
+  for (const auto& name : sorted_entries(dir)) {
+    const std::string p = dir + "/" + name;
+    struct stat st {};
+    if (lstat(p.c_str(), &st) != 0) continue;
+    const bool is_dir = S_ISDIR(st.st_mode);
+    if (visit(p, is_dir) && is_dir) walk_tree(p, visit);
+  }
+}
+
+std::string closest_match(const std::string& name, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::string::npos;
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(name, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  // Accept up to a third of the name's length in edits (a typo, a wrong section), at least 2.
+  size_t limit = std::max<size_t>(2, name.size() / 3);
+  return best_d <= limit ? best : std::string();
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "(";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + ")";
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string name_problem(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name[0] == '.')
+    return "\"" + name + "\" is not a valid name: use letters, digits, '-', '_' (no '/', no leading '.')";
+  return "";
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
+  return out;
+}
+
+uint64_t fnv1a64(const void* data, size_t size, uint64_t h) {
+  auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < size; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+Progress::Progress(std::string label, uint64_t total, std::string unit)
+    : label_(std::move(label)), unit_(std::move(unit)), total_(total), tty_(::isatty(2)),
+      start_(std::chrono::steady_clock::now()), last_draw_(start_) {}
+
+void Progress::update(uint64_t done) {
+  auto now = std::chrono::steady_clock::now();
+  double pct = total_ ? 100.0 * double(done) / double(total_) : 100.0;
+  double secs = std::chrono::duration<double>(now - start_).count();
+  if (tty_) {
+    if (now - last_draw_ < std::chrono::milliseconds(200) && done < total_) return;
+    last_draw_ = now;
+    std::fprintf(stderr, "\r%s: %5.1f%% (%llu/%llu%s%s) %.0fs   ", label_.c_str(), pct,
+                 (unsigned long long)done, (unsigned long long)total_, unit_.empty() ? "" : " ",
+                 unit_.c_str(), secs);
+    std::fflush(stderr);
+  } else {
+    uint64_t decile = total_ ? (done * 10) / total_ : 10;
+    if (decile <= last_decile_ || decile >= 10) return;
+    last_decile_ = decile;
+    if (secs < 2.0) return;  // short work needs no progress lines
+    std::fprintf(stderr, "%s: %3llu%% (%.0fs)\n", label_.c_str(), (unsigned long long)decile * 10, secs);
+  }
+}
+
+void Progress::finish() {
+  if (finished_) return;
+  finished_ = true;
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  std::fprintf(stderr, "%s%s: done (%llu%s%s) in %.1fs\n", tty_ ? "\r" : "", label_.c_str(),
+               (unsigned long long)total_, unit_.empty() ? "" : " ", unit_.c_str(), secs);
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  long x = std::strtol(v, &end, 10);
+  if (errno != 0 || *end != '\0' || x < INT_MIN || x > INT_MAX)
+    throw UserError(std::string("environment variable ") + name + "=\"" + v + "\" is not an integer");
+  return static_cast<int>(x);
+}
+
+}  // namespace lt

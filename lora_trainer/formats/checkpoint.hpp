@@ -1,0 +1,101 @@
+// The on-disk checkpoint format: files and metadata, nothing about trainers.
+//
+// A checkpoint is a directory holding
+//   state.h5       one HDF5 dataset per tensor, at its name ("params/h.0.attn.c_attn.weight",
+//                  "optim/exp_avg/...", "rng/cpu"); each has a string attribute "dtype" (float32,
+//                  bfloat16, int64, ...) and a string attribute "crc32" (8 hex digits: zlib's CRC-32
+//                  of the tensor's bytes, checked at every load). bfloat16 and float16 are stored as
+//                  uint16 bit patterns, so every dtype round-trips bit for bit.
+//   metadata.json  {"format_version", "step", "tokens", "kind", ...}; written last.
+// It is built in a hidden temporary directory beside its final place and renamed into place only when
+// complete, so a crash mid-save never leaves a directory that looks like a checkpoint. A job's
+// directory also holds `latest`, a text file naming the newest complete checkpoint's suffix.
+// checkpoints/README.md describes the layout for users.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lora_trainer/core/named_tensors.hpp"
+
+namespace lt {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// What a checkpoint's state is, its metadata's "kind": "plain" (a whole model, trained in full) or
+// "lora" (a frozen bf16 base and adapters).
+enum class StateKind { Plain, Lora };
+StateKind parse_state_kind(const std::string& name);  // std::invalid_argument naming the known ones
+std::string state_kind_name(StateKind kind);
+
+// The prefixes of the tensor names in state.h5 that a trainer reads back by part: the model's
+// parameters ("params/h.0.attn.c_attn.weight") and the adapters ("lora/<weight>.lora_a").
+inline const std::string kParamsPrefix = "params/";
+inline const std::string kLoraPrefix = "lora/";
+
+// Writes tensors and metadata to `dir` atomically (replacing an existing checkpoint there; other files
+// in it are kept, but for the names in `ours`: publish_dir).
+void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata,
+                     const std::vector<std::string>& ours = {});
+
+// True when `dir` holds a complete checkpoint.
+bool is_checkpoint(const std::string& dir);
+
+// A checkpoint's metadata.json, read and checked once and handed down: a restore passes this one value
+// from the registry through the trainers to the tensor loader instead of each re-reading the file.
+struct CheckpointMeta {
+  std::string dir;            // the checkpoint directory
+  StateKind kind = StateKind::Plain;
+  int64_t step = 0, tokens = 0;
+  bool weights_only = false;  // made by `export` or `import-hf`: weights, no training state
+  std::string job_name;       // the job that saved it; "?" when not recorded
+  nlohmann::json raw;         // the whole file, for the fields the layers above own (config, job, lora, data, ...)
+
+  // UserError naming the directory when it is not a complete checkpoint of this format version, or
+  // naming the field of metadata.json that is missing or has the wrong type.
+  static CheckpointMeta read(const std::string& dir);
+};
+
+// CheckpointMeta::read(dir).raw: the metadata as JSON (listings, exports).
+nlohmann::json read_checkpoint_metadata(const std::string& dir);
+
+// Every tensor in the checkpoint, on the CPU, sorted by name. Each tensor's CRC-32 is checked against
+// the one recorded at save (a mismatch is a UserError naming the tensor); `verified` (when given)
+// counts the tensors that had one. The first form reads the metadata first.
+NamedTensors read_checkpoint_tensors(const std::string& dir, int* verified = nullptr);
+NamedTensors read_checkpoint_tensors(const CheckpointMeta& ck, int* verified = nullptr);
+
+// Reads every tensor (checking each checksum); returns a one-line summary, or throws naming the first
+// corrupt tensor. `inspect --verify`.
+std::string verify_checkpoint(const std::string& dir);
+
+// Copies the checkpoint's tensors into `into` (same names, shapes and dtypes required; `into` may live
+// on any device). Only names starting with one of `prefixes` are compared (all when empty). Every
+// mismatch is listed in one UserError.
+void load_checkpoint_into(const CheckpointMeta& ck, const NamedTensors& into,
+                          const std::vector<std::string>& prefixes = {});
+void load_checkpoint_into(const std::string& dir, const NamedTensors& into,
+                          const std::vector<std::string>& prefixes = {});
+
+// Metadata plus, per tensor, dtype, shape, its CRC-32 and a 64-bit FNV-1a digest of its bytes.
+nlohmann::json inspect_checkpoint(const std::string& dir);
+
+// <job_dir>/latest: the checkpoint it names; nullopt when there is no such file; UserError when it is
+// empty (restarting from step 0 would silently train over the job's checkpoints).
+std::optional<std::string> read_latest(const std::string& job_dir);
+void write_latest(const std::string& job_dir, const std::string& suffix);
+
+// Suffixes of the complete checkpoints under a job directory, e.g. {"ntoks/4096", "best", "final/8192"}.
+std::vector<std::string> list_checkpoints(const std::string& job_dir);
+
+// Clears the hidden directories that interrupted saves left below job_dir, putting back a checkpoint
+// that a kill between two renames left only as `.NAME.old-*` (only a job's one writer may call it:
+// another's save in progress looks the same). Returns how many.
+int remove_interrupted_saves(const std::string& job_dir);
+
+std::string dtype_name(torch::ScalarType t);
+
+}  // namespace lt

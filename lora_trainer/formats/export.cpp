@@ -1,0 +1,163 @@
+#include "lora_trainer/formats/export.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "lora_trainer/formats/adapter_source.hpp"
+#include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/training/ema.hpp"
+#include "lora_trainer/peft/lora.hpp"
+#include "lora_trainer/core/util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+using json = nlohmann::json;
+
+const std::vector<std::string>& export_file_names() {
+  static const std::vector<std::string> names = {"metadata.json",      "state.h5",          "model.safetensors",
+                                                 "config.json",        "adapter_config.json", "adapter_model.safetensors",
+                                                 kExportMarker};
+  return names;
+}
+
+// An export writes only where nothing of anyone else's is lost: a new or empty directory, or an
+// earlier export or import of ours (whose own files it replaces, saying so, keeping any other file);
+// a directory of anyone else's only with --force; never the source itself or a directory holding it.
+std::vector<std::string> check_export_target(const std::string& source, const std::string& out, const std::string& verb,
+                                             bool force) {
+  const fs::path src = fs::weakly_canonical(source), dst = fs::weakly_canonical(out);
+  auto within = [](const fs::path& inner, const fs::path& outer) {
+    auto rel = inner.lexically_relative(outer);
+    return !rel.empty() && *rel.begin() != "..";
+  };
+  const std::string what = verb == "import-hf" ? "the model being imported" : "the checkpoint being exported";
+  const char* clash = dst == src            ? " is "
+                      : within(dst, src) ? " is inside "
+                      : within(src, dst) ? " holds "
+                                         : nullptr;
+  if (clash) throw UserError(verb + ": OUT " + out + clash + what + " (" + source + "); give a new directory. Nothing was written");
+  recover_interrupted_writes(dst.string());  // an earlier write killed mid-replace: OUT as it was before
+  if (!fs::exists(dst)) return {};
+  if (!fs::is_directory(dst)) throw UserError(verb + ": OUT " + out + " exists and is not a directory; give a directory. Nothing was written");
+  if (fs::is_empty(dst)) return {};
+  std::string earlier, earlier_kind = "export";  // what OUT holds, not what this command makes
+  json_context((dst / "metadata.json").string(), [&] {
+    if (is_checkpoint(dst.string())) {
+      json m = read_checkpoint_metadata(dst.string());
+      auto source_of = [&](const char* key) { return m[key].is_string() ? m[key].get<std::string>() : std::string("?"); };
+      if (m.value("weights_only", false) && m.contains("exported_from")) earlier = source_of("exported_from");
+      if (m.value("weights_only", false) && m.contains("imported_from")) {
+        earlier = source_of("imported_from");
+        earlier_kind = "import";
+      }
+    } else if (fs::exists(dst / kExportMarker)) {
+      json marker = read_json_file((dst / kExportMarker).string());
+      earlier = marker.is_object() && marker.contains("exported_from") && marker["exported_from"].is_string()
+                    ? marker["exported_from"].get<std::string>()
+                    : "?";
+    }
+  });
+  if (!earlier.empty()) {
+    std::printf("%s: replacing the earlier %s at %s (of %s); other files there are kept\n", verb.c_str(),
+                earlier_kind.c_str(), out.c_str(), earlier.c_str());
+    return export_file_names();
+  }
+  if (force) {
+    std::printf("%s: writing into %s (--force): files of the same names are replaced, others kept\n", verb.c_str(), out.c_str());
+    return {};
+  }
+  throw UserError(verb + ": OUT " + out + " already exists and is not an earlier export or import of lora_trainer (it "
+                  "holds files of its own); give a new or empty directory, or --force to write into it (files of the "
+                  "names this command writes are then replaced, every other file is kept). Nothing was written");
+}
+
+NamedTensors export_tensors(const std::string& checkpoint, bool use_ema) {
+  NamedTensors all = read_checkpoint_tensors(checkpoint);
+  if (!use_ema) return all;
+  std::map<std::string, torch::Tensor> ema;
+  for (auto& [n, t] : all)
+    if (n.rfind(kEmaPrefix, 0) == 0) ema[n.substr(kEmaPrefix.size())] = t;
+  if (ema.empty())
+    throw UserError("export --ema: " + checkpoint + " holds no moving average (its run had optimization/ema/decay 0). "
+                    "Nothing was written");
+  for (auto& [n, t] : all) {
+    const size_t slash = n.find('/');
+    if (slash == std::string::npos || n.rfind(kEmaPrefix, 0) == 0) continue;
+    auto it = ema.find(n.substr(slash + 1));
+    if (it != ema.end() && (n.rfind(kParamsPrefix, 0) == 0 || n.rfind(kLoraPrefix, 0) == 0)) t = it->second;
+  }
+  return all;
+}
+
+MergedWeights merged_weights(const std::string& checkpoint, bool use_ema) {
+  MergedWeights m;
+  m.meta = read_checkpoint_metadata(checkpoint);
+  std::map<std::string, torch::Tensor> lora;
+  for (auto& [n, t] : export_tensors(checkpoint, use_ema)) {
+    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
+    if (n.rfind(kParamsPrefix, 0) == 0) m.params.emplace_back(n.substr(kParamsPrefix.size()), t.to(torch::kFloat32));
+  }
+  if (m.params.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
+  if (lora.empty()) return m;
+  if (!m.meta.contains("lora")) throw UserError(checkpoint + ": adapters without lora metadata (rank, alpha)");
+  const json& l = m.meta["lora"];
+  const std::string meta_path = checkpoint + "/metadata.json";
+  const double alpha = json_context(meta_path, [&] { return l.at("alpha").get<double>(); });
+  const int64_t rank = json_context(meta_path, [&] { return l.at("rank").get<int64_t>(); });
+  const bool rslora = json_context(meta_path, [&] { return l.value("rslora", false); });
+  const bool dora = json_context(meta_path, [&] { return l.value("dora", false); });
+  for (auto& [n, t] : m.params) {
+    auto a = lora.find(LoraParams::a_name(n)), b = lora.find(LoraParams::b_name(n));
+    if (a == lora.end() || b == lora.end()) continue;
+    torch::Tensor magnitude;
+    if (dora) {
+      auto mg = lora.find(LoraParams::magnitude_name(n));
+      if (mg == lora.end())
+        throw UserError(checkpoint + ": its metadata says DoRA (lora.dora) but it holds no " + kLoraPrefix +
+                        LoraParams::magnitude_name(n) + "; is the checkpoint complete?");
+      magnitude = mg->second;
+    }
+    t = merge_lora_params(t, a->second, b->second, alpha, rank, rslora, magnitude);
+    ++m.merged;
+  }
+  const json token_rows = json_context(meta_path, [&] { return l.value("trainable_tokens", json::object()); });
+  for (auto& [name, ids] : token_rows.items()) {
+    auto v = lora.find(TrainableTokens::values_name(name));
+    auto p = std::find_if(m.params.begin(), m.params.end(), [&](const auto& np) { return np.first == name; });
+    if (v == lora.end() || p == m.params.end())
+      throw UserError(checkpoint + ": its metadata lists trainable token rows of " + name + " but it holds no " +
+                      (p == m.params.end() ? kParamsPrefix + name : kLoraPrefix + TrainableTokens::values_name(name)));
+    p->second = replace_token_rows(p->second, json_context(meta_path, [&] { return ids.get<std::vector<int64_t>>(); }),
+                                   v->second);
+    m.token_rows += static_cast<int64_t>(ids.size());
+  }
+  return m;
+}
+
+void export_merged(const std::string& checkpoint, const std::string& out, bool use_ema, bool force) {
+  const auto ours = check_export_target(checkpoint, out, "export", force);
+  MergedWeights m = merged_weights(checkpoint, use_ema);
+  const json& meta = m.meta;
+  NamedTensors params;
+  for (auto& [n, t] : m.params) params.emplace_back(kParamsPrefix + n, t);
+  const int merged = m.merged;
+  json out_meta = {{"kind", state_kind_name(StateKind::Plain)},
+                   {"weights_only", true},
+                   {"step", meta.value("step", int64_t(0))},
+                   {"tokens", meta.value("tokens", int64_t(0))},
+                   {"exported_from", fs::absolute(checkpoint).string()},
+                   {"merged_adapters", merged},
+                   {"job", meta.value("job", json::object())},
+                   {"config", meta.value("config", json::object())}};
+  if (meta.contains("base_model")) out_meta["base_model"] = meta["base_model"];
+  save_checkpoint(out, params, out_meta, ours);
+  std::printf("exported %s -> %s (%zu tensors, %d adapters merged%s, float32)\n", checkpoint.c_str(), out.c_str(),
+              params.size(), merged,
+              m.token_rows ? (", " + std::to_string(m.token_rows) + " trainable token rows replaced").c_str() : "");
+}
+
+}  // namespace lt

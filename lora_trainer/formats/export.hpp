@@ -1,0 +1,55 @@
+// Exports of our own format, and the rule every export and import follows for its OUT.
+//
+// merged_weights reads a checkpoint's parameters with its adapters merged in (the one merge loop that
+// `export`, `export --format hf` and the tests use); export_merged writes them as a weights-only plain
+// checkpoint; check_export_target decides whether OUT may be written. Depends on checkpoint and lora,
+// not on the trainers.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "lora_trainer/core/named_tensors.hpp"
+
+namespace lt {
+
+// The parameters of a checkpoint in f32, by name (without "params/"), with its adapters merged in
+// (the scale its metadata records: alpha, rank, rslora; with dora, DoRA's rule and the saved magnitudes);
+// `merged` counts them. Trainable token rows
+// (trainable_token_indices) replace their rows of the embedding (a tied head is that same tensor);
+// `token_rows` counts them. What every export writes.
+struct MergedWeights {
+  nlohmann::json meta;
+  NamedTensors params;
+  int merged = 0;
+  int64_t token_rows = 0;
+};
+MergedWeights merged_weights(const std::string& checkpoint, bool use_ema = false);
+
+// A checkpoint's tensors for an export: as saved, or with `use_ema` (export --ema) each trained
+// tensor (params/<n>, lora/<n>) replaced by its moving average (ema/<n>, optimization/ema/decay); a
+// checkpoint without one is then a UserError.
+NamedTensors export_tensors(const std::string& checkpoint, bool use_ema);
+
+// Writes a weights-only plain checkpoint of `checkpoint` with any adapters merged in; it initialises
+// another job (`run ... --restore OUT`), e.g. as the pretrained base of a LoRA job.
+void export_merged(const std::string& checkpoint, const std::string& out, bool use_ema = false, bool force = false);
+
+// The file that marks a directory written by `export --format hf|peft` (JSON: exported_from, format).
+inline constexpr const char* kExportMarker = "lora_trainer_export.json";
+
+// Every name an export or import of ours writes into its OUT (checkpoint files, HF and PEFT files, the
+// marker): an earlier write's files that a new one does not write again are dropped, nothing else.
+const std::vector<std::string>& export_file_names();
+
+// The rule for every export's (and import-hf's) OUT: a new or empty directory, or an earlier export or
+// import of lora_trainer (a weights-only checkpoint with exported_from/imported_from, or a directory
+// with kExportMarker), whose files are then replaced, saying so; files of anyone else in it are kept.
+// Any other existing directory is refused unless `force` (then only the files this command writes are
+// replaced). OUT being the source, inside it or holding it is a UserError. Either refusal says nothing
+// was written. `verb` names the command. Returns the names to pass publish_dir as `ours`.
+std::vector<std::string> check_export_target(const std::string& source, const std::string& out, const std::string& verb,
+                                             bool force = false);
+
+}  // namespace lt

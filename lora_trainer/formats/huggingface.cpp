@@ -1,0 +1,314 @@
+#include "lora_trainer/formats/huggingface.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "lora_trainer/formats/adapter_source.hpp"
+#include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/core/config.hpp"
+#include "lora_trainer/peft/lora.hpp"
+#include "lora_trainer/formats/export.hpp"
+#include "lora_trainer/formats/hf_families.hpp"
+#include "lora_trainer/training/lora_trainer.hpp"
+#include "lora_trainer/models/model.hpp"
+#include "lora_trainer/formats/safetensors.hpp"
+#include "lora_trainer/core/util.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace lt {
+
+namespace {
+
+void write_marker(const fs::path& dir, const std::string& checkpoint, const std::string& format) {
+  json m = {{"exported_from", fs::absolute(checkpoint).string()}, {"format", format}, {"by", "lora_trainer export"}};
+  write_file_atomic((dir / kExportMarker).string(), m.dump(2) + "\n");
+}
+
+}  // namespace
+
+namespace {
+std::vector<std::string> import_checked(const std::string& hf_dir, const std::string& config_path, const std::string& out,
+                                        const std::vector<std::string>& ours);
+}  // namespace
+
+std::vector<std::string> import_hf(const std::string& hf_dir, const std::string& out, bool force) {
+  if (!fs::is_directory(hf_dir)) throw UserError("import-hf: " + hf_dir + " is not a directory");
+  const std::string config_path = (fs::path(hf_dir) / "config.json").string();
+  if (!fs::exists(config_path)) throw UserError("import-hf: " + hf_dir + " has no config.json (a Hugging Face model directory has one)");
+  const auto ours = check_export_target(hf_dir, out, "import-hf", force);
+  // Every value read from config.json below: a type error names the file and the key.
+  return json_context(config_path, [&] { return import_checked(hf_dir, config_path, out, ours); });
+}
+
+namespace {
+
+std::vector<std::string> import_checked(const std::string& hf_dir, const std::string& config_path, const std::string& out,
+                                        const std::vector<std::string>& ours) {
+  const json hf_config = read_json_file(config_path);
+  if (!hf_config.is_object()) throw UserError(config_path + ": not a JSON object");
+  const ModelFamily family = hf_family(hf_config, config_path);
+  const std::vector<std::string> arch = hf_architecture(hf_config, config_path);
+  Config cfg(LoRATrainer::schema());
+  for (const auto& a : arch) cfg.apply_override(a);
+  cfg.set("training/pre_lora_tokens", json::array(), "import-hf");
+  cfg.set("training/pre_lora_dataset", json::array(), "import-hf");
+  const ModelOptions o = ModelOptions::from_config(cfg);
+  // The model's own parameter list is the template the file must fill.
+  NamedTensors expected;
+  {
+    CausalLM model = make_model(o);
+    for (auto& [n, t] : named_params(*model)) expected.emplace_back(n, torch::empty(t.sizes()));
+  }
+  NamedTensors params = from_hf(family, read_safetensors_model(hf_dir), expected, hf_dir);
+  NamedTensors stored;
+  for (auto& [n, t] : params) stored.emplace_back(kParamsPrefix + n, t);
+  const std::string abs_dir = fs::absolute(hf_dir).lexically_normal().string();
+  // The Hub's name when the config carries it (transformers writes it on download), else this directory.
+  const bool named = hf_config.contains("_name_or_path") && hf_config["_name_or_path"].is_string() &&
+                     !hf_config["_name_or_path"].get<std::string>().empty();
+  const json name_or_path = named ? hf_config["_name_or_path"] : json(abs_dir);
+  json meta = {{"kind", state_kind_name(StateKind::Plain)},
+               {"weights_only", true},
+               {"step", 0},
+               {"tokens", 0},
+               {"imported_from", abs_dir},
+               {"base_model",
+                {{"family", to_string(family)},
+                 {"hf_dir", abs_dir},
+                 {"name_or_path", name_or_path},
+                 {"hf_config", hf_config}}},
+               {"job", {{"name", "import-hf"}, {"project", "general"}, {"group", "default"}, {"kind", "lora/train"}}},
+               {"config", cfg.to_json()}};
+  save_checkpoint(out, stored, meta, ours);
+  // "gpt2: ..." or "qwen2, llama family: ..."
+  const std::string type = hf_config.value("model_type", std::string());
+  const std::string kind = type == to_string(family) ? type : type + ", " + to_string(family) + " family";
+  std::printf("imported %s (%s: %lld layers, d_model %lld, %lld heads, vocab %lld, context %lld, %s) -> %s (%zu tensors, "
+              "float32)\n",
+              hf_dir.c_str(), kind.c_str(), (long long)o.n_layer, (long long)o.d_model, (long long)o.n_head,
+              (long long)o.vocab_size, (long long)o.block_size, cfg.get_string("architecture/activation").c_str(), out.c_str(),
+              params.size());
+  std::printf("a job that loads it (`run ... --restore %s`) needs this architecture:\n ", out.c_str());
+  for (const auto& a : arch) std::printf(" %s", a.c_str());
+  std::printf(" 'training/pre_lora_tokens=[]' 'training/pre_lora_dataset=[]'\n");
+  return arch;
+}
+
+// A checkpoint's model options, from its saved (resolved) config; keys an older checkpoint lacks had
+// their defaults.
+ModelOptions options_of(const json& meta, const std::string& checkpoint) {
+  const json& c = meta.value("config", json::object());
+  if (!c.contains("architecture") || !c["architecture"].is_object())
+    throw UserError(checkpoint + ": its metadata has no saved config with architecture/*");
+  Config cfg(LoRATrainer::schema());
+  cfg.merge_json({{"architecture", c["architecture"]}}, checkpoint + "/metadata.json");
+  return ModelOptions::from_config(cfg);
+}
+
+// The checkpoint's parameters in f32 with any adapters merged (what export_merged writes), its
+// metadata and its architecture.
+struct MergedCheckpoint {
+  json meta;
+  ModelOptions options;
+  NamedTensors params;  // our names, without "params/"
+};
+
+MergedCheckpoint read_merged(const std::string& checkpoint, bool use_ema) {
+  MergedWeights w = merged_weights(checkpoint, use_ema);
+  MergedCheckpoint m;
+  m.meta = std::move(w.meta);
+  m.options = options_of(m.meta, checkpoint);
+  m.params = std::move(w.params);
+  return m;
+}
+
+}  // namespace
+
+void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema, bool force) {
+  const auto ours = check_export_target(checkpoint, out, "export", force);
+  MergedCheckpoint m = read_merged(checkpoint, use_ema);
+  // An imported model keeps its own config (token ids, task settings); the architecture is ours.
+  const json imported = m.meta.contains("base_model") && m.meta["base_model"].contains("hf_config")
+                            ? m.meta["base_model"]["hf_config"] : json();
+  const json hf = hf_config_for(m.options, imported);
+  NamedTensors tensors = to_hf(m.options.family, m.params);
+  publish_dir(out, [&](const fs::path& dir) {
+    write_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+    write_file_atomic((dir / "config.json").string(), hf.dump(2) + "\n");
+    write_marker(dir, checkpoint, "hf");
+  }, "", ours);
+  std::printf("exported %s -> %s (Hugging Face %s: model.safetensors with %zu tensors, float32, adapters merged; "
+              "config.json)\n", checkpoint.c_str(), out.c_str(), hf_class_name(hf).c_str(), tensors.size());
+}
+
+namespace {
+
+void write_peft(const std::string& checkpoint, const std::string& out, bool use_ema, const std::vector<std::string>& ours);
+
+}  // namespace
+
+void export_peft(const std::string& checkpoint, const std::string& out, bool use_ema, bool force) {
+  const auto ours = check_export_target(checkpoint, out, "export", force);
+  // Every value read below comes from the checkpoint's metadata.json: a type error names it.
+  json_context(checkpoint + "/metadata.json", [&] { write_peft(checkpoint, out, use_ema, ours); });
+}
+
+namespace {
+
+void write_peft(const std::string& checkpoint, const std::string& out, bool use_ema, const std::vector<std::string>& ours) {
+  json meta = read_checkpoint_metadata(checkpoint);
+  if (meta.value("kind", std::string()) != "lora" || !meta.contains("lora"))
+    throw UserError("export --format peft: " + checkpoint + " is a " + meta.value("kind", std::string("?")) +
+                    " checkpoint without adapters; a PEFT adapter comes from a LoRA-phase checkpoint. For full weights "
+                    "use --format hf. Nothing was written");
+  const double alpha = meta["lora"].at("alpha").get<double>();
+  const int64_t r = meta["lora"].at("rank").get<int64_t>();
+  std::map<std::string, torch::Tensor> lora, base;
+  for (auto& [n, t] : export_tensors(checkpoint, use_ema)) {
+    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
+    if (n.rfind(kParamsPrefix, 0) == 0) base[n.substr(kParamsPrefix.size())] = t;
+  }
+  const ModelOptions options = options_of(meta, checkpoint);
+  const ModelFamily family = options.family;
+  // Every weight of this model that can take an adapter, as a PEFT module path without base_model.model.
+  std::vector<std::string> all, adaptable;
+  {
+    CausalLM model = make_model(options);
+    adaptable = adaptable_weights(*model);
+  }
+  const std::string root = "base_model.model.";
+  for (const auto& w : adaptable) all.push_back(peft_module_path(family, w).substr(root.size()));
+  const auto targets = meta["lora"].value("targets", std::vector<std::string>());
+  if (targets.empty()) throw UserError(checkpoint + ": its lora metadata lists no adapted weights. Nothing was written");
+  NamedTensors tensors;
+  const bool dora = meta["lora"].value("dora", false);
+  std::set<std::string> adapted;  // HF module paths, without base_model.model.
+  for (const auto& w : targets) {
+    if (std::find(adaptable.begin(), adaptable.end(), w) == adaptable.end())
+      throw UserError(checkpoint + ": adapted weight " + w + " is not a linear layer of this " + to_string(family) +
+                      " model. Nothing was written");
+    auto a = lora.find(LoraParams::a_name(w)), b = lora.find(LoraParams::b_name(w));
+    if (a == lora.end() || b == lora.end())
+      throw UserError(checkpoint + ": the adapter of " + w + " is missing (lora/" + LoraParams::a_name(w) + "). Nothing was written");
+    auto W = base.find(w);
+    if (W == base.end())
+      throw UserError(checkpoint + ": adapted weight " + w + " is not among its parameters (params/" + w + "). Nothing was written");
+    check_adapter_shapes(w, W->second, a->second, b->second, r);
+    const std::string mod = peft_module_path(family, w);
+    tensors.emplace_back(mod + ".lora_A.weight", a->second.to(torch::kFloat32).t().contiguous());  // (r, in)
+    tensors.emplace_back(mod + ".lora_B.weight", b->second.to(torch::kFloat32).t().contiguous());  // (out, r)
+    if (dora) {  // (out): one per output feature, for a Conv1D layer too (PEFT's norm is of the (out, in) weight's rows)
+      auto mg = lora.find(LoraParams::magnitude_name(w));
+      if (mg == lora.end())
+        throw UserError(checkpoint + ": a DoRA checkpoint without the magnitude of " + w + " (lora/" +
+                        LoraParams::magnitude_name(w) + "). Nothing was written");
+      tensors.emplace_back(mod + ".lora_magnitude_vector", mg->second.to(torch::kFloat32).contiguous());
+    }
+    adapted.insert(mod.substr(root.size()));
+  }
+  // target_modules: the shortest name suffixes that PEFT (which matches a module when its name equals
+  // a target or ends in "." + target) would resolve to exactly the adapted modules of this model.
+  std::vector<std::string> target_modules(adapted.begin(), adapted.end());
+  for (int parts = 1; parts <= 3; ++parts) {
+    std::set<std::string> suffixes;
+    for (const auto& m : adapted) {
+      size_t at = m.size();
+      for (int k = 0; k < parts && at != std::string::npos; ++k) at = at == 0 ? std::string::npos : m.rfind('.', at - 1);
+      suffixes.insert(at == std::string::npos ? m : m.substr(at + 1));
+    }
+    std::set<std::string> matched;
+    for (const auto& m : all)
+      for (const auto& s : suffixes)
+        if (m == s || ends_with(m, "." + s)) matched.insert(m);
+    if (matched == adapted) {
+      target_modules.assign(suffixes.begin(), suffixes.end());
+      break;
+    }
+  }
+  // modules_to_save: PEFT saves the whole module (every parameter, e.g. a norm's gain and bias) under
+  // its own name, base_model.model.<module>.<param>, and lists the module. A tied token embedding is
+  // also the output head; PEFT would give each of the two tied modules its own copy, so both are
+  // listed and both get the trained tensor; ensure_weight_tying (peft >= 0.18; older versions ignore the key)
+  // then makes PEFT tie the two copies again, so a merged model stays tied as ours is.
+  const auto saved = meta["lora"].value("modules_to_save", std::vector<std::string>());
+  std::set<std::string> saved_modules;  // ours: "wte", "h.0.ln_1"
+  const std::string tied_embedding =
+      !options.tie_embeddings ? "" : family == ModelFamily::Gpt2 ? "wte.weight" : "model.embed_tokens.weight";
+  for (const auto& p : saved) saved_modules.insert(p.substr(0, p.rfind('.')));
+  std::vector<std::string> peft_modules_to_save;
+  bool saves_tied_embedding = false;
+  for (const auto& m : saved_modules) {
+    for (const auto& [n, t] : base) {
+      if (n.rfind(m + ".", 0) != 0 || n.find('.', m.size() + 1) != std::string::npos) continue;
+      for (auto& [hf, v] : to_hf(family, {{n, t}})) tensors.emplace_back(root + hf, v);
+      if (n == tied_embedding) tensors.emplace_back(root + "lm_head.weight", tensors.back().second);
+    }
+    peft_modules_to_save.push_back(peft_module_path(family, m + ".weight").substr(root.size()));
+    if (m + ".weight" == tied_embedding) {
+      peft_modules_to_save.push_back("lm_head");
+      saves_tied_embedding = true;
+    }
+  }
+  // trainable_token_indices: PEFT saves the rows' values of the embedding under
+  // <module>.token_adapter.trainable_tokens_delta and lists the ids (the list form: the input
+  // embedding; PEFT ties a tied head to it, saving nothing for it).
+  json token_indices = nullptr;
+  const json token_rows = meta["lora"].value("trainable_tokens", json::object());
+  for (auto& [name, ids] : token_rows.items()) {
+    auto v = lora.find(TrainableTokens::values_name(name));
+    if (v == lora.end())
+      throw UserError(checkpoint + ": the trainable token rows of " + name + " are missing (lora/" +
+                      TrainableTokens::values_name(name) + "). Nothing was written");
+    tensors.emplace_back(peft_module_path(family, name) + ".token_adapter.trainable_tokens_delta",
+                         v->second.to(torch::kFloat32).contiguous());
+    token_indices = ids;
+  }
+  const std::string init = meta["lora"].value("init", std::string("gaussian"));
+  const json base_model = meta.value("base_model", json());
+  json config = {{"peft_type", "LORA"},
+                 {"task_type", "CAUSAL_LM"},
+                 {"r", r},
+                 {"lora_alpha", alpha},
+                 {"lora_dropout", 0.0},
+                 {"target_modules", target_modules},
+                 {"fan_in_fan_out", hf_fan_in_fan_out(family)},
+                 {"bias", "none"},
+                 {"use_rslora", meta["lora"].value("rslora", false)},
+                 {"use_dora", dora},
+                 {"modules_to_save", peft_modules_to_save.empty() ? json(nullptr) : json(peft_modules_to_save)},
+                 {"ensure_weight_tying", saves_tied_embedding},
+                 {"trainable_token_indices", token_indices},
+                 // PEFT's value for the init the adapters were drawn with (only used when PEFT creates new ones)
+                 {"init_lora_weights", init == "gaussian" ? json("gaussian") : json(true)},
+                 {"layers_to_transform", nullptr},
+                 {"layers_pattern", nullptr},
+                 {"rank_pattern", json::object()},
+                 {"alpha_pattern", json::object()},
+                 {"inference_mode", true},
+                 {"revision", nullptr},
+                 {"base_model_name_or_path",
+                  base_model.is_object() && base_model.contains("name_or_path") ? base_model["name_or_path"] : json(nullptr)}};
+  publish_dir(out, [&](const fs::path& dir) {
+    write_safetensors((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
+    write_file_atomic((dir / "adapter_config.json").string(), config.dump(2) + "\n");
+    write_marker(dir, checkpoint, "peft");
+  }, "", ours);
+  const bool rslora = meta["lora"].value("rslora", false);
+  std::printf("exported %s -> %s (PEFT LoRA adapter: %zu adapted modules, r %lld, lora_alpha %g, scaling %s = %g, "
+              "fan_in_fan_out %s%s%s%s%s%s; base %s)\n", checkpoint.c_str(), out.c_str(), adapted.size(), (long long)r, alpha,
+              rslora ? "alpha/sqrt(r)" : "alpha/r", lora_scale(alpha, r, rslora), hf_fan_in_fan_out(family) ? "true" : "false",
+              dora ? "; use_dora, a lora_magnitude_vector per module" : "", peft_modules_to_save.empty() ? "" : "; modules_to_save ",
+              join(peft_modules_to_save).c_str(), token_indices.is_null() ? "" : "; trainable_token_indices ",
+              token_indices.is_null() ? "" : token_indices.dump().c_str(),
+              config["base_model_name_or_path"].is_string() ? config["base_model_name_or_path"].get<std::string>().c_str()
+                                                            : "unknown: set base_model_name_or_path in adapter_config.json");
+}
+
+}  // namespace
+
+}  // namespace lt

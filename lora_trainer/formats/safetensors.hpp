@@ -1,0 +1,81 @@
+// The safetensors file format (Hugging Face), read and written without the Python library.
+//
+// A .safetensors file is
+//   8 bytes      N, the header's length, unsigned 64-bit little-endian
+//   N bytes      the header: a UTF-8 JSON object
+//                  {"NAME": {"dtype": "F32", "shape": [d0, d1, ...], "data_offsets": [begin, end]}, ...,
+//                   "__metadata__": {"key": "string value", ...}}   (__metadata__ optional)
+//                padded with spaces so that 8 + N is a multiple of 8
+//   the rest     the byte buffer: each tensor's little-endian, row-major (C order) data at
+//                [begin, end) relative to the buffer's start
+// The tensors' ranges cover the buffer exactly, without overlaps or holes, and end - begin is
+// numel * the dtype's size. Dtypes read and written here: F64, F32, F16, BF16, I64, I32, I16, I8, U8,
+// BOOL. Every offset, shape and size is checked against the file before anything is read; a damaged
+// file is a UserError naming the file and the tensor.
+//
+// A model too large for one file is sharded: model.safetensors.index.json maps each tensor to its
+// file ({"metadata": {...}, "weight_map": {"NAME": "model-00001-of-00002.safetensors", ...}}).
+// read_safetensors_model reads either layout from a directory.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "lora_trainer/core/named_tensors.hpp"
+
+namespace lt {
+
+// One tensor's entry in a header.
+struct SafetensorsEntry {
+  std::string name;
+  torch::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // relative to the byte buffer
+};
+
+// A .safetensors file, memory-mapped read-only; the header is parsed and checked on open.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // in name order
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  bool contains(const std::string& name) const;
+  const SafetensorsEntry& entry(const std::string& name) const;  // UserError when absent
+  // A copy of the tensor on the CPU (the mapping may go away).
+  torch::Tensor tensor(const std::string& name) const;
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t size_ = 0;
+  uint64_t data_start_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Every tensor of a file, in name order.
+NamedTensors read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+
+// Writes `tensors` (any dtype listed above, any device) to `path` atomically (a temporary file in the
+// same directory, then rename). Names must be unique and not "__metadata__".
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// The tensors of a Hugging Face model directory: model.safetensors, or the shards listed by
+// model.safetensors.index.json (every shard checked; a tensor the index names but its shard lacks,
+// or one a shard holds twice, is an error). In name order.
+NamedTensors read_safetensors_model(const std::string& dir);
+
+// "F32", "BF16", ... for a dtype (UserError for one the format has no name for here).
+std::string safetensors_dtype_name(torch::ScalarType t);
+
+}  // namespace lt

@@ -1,0 +1,198 @@
+#include "lora_trainer/kernels/cross_entropy.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#ifdef LT_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "lora_trainer/kernels/cross_entropy_cuda.hpp"
+#endif
+
+namespace lt {
+
+namespace {
+
+// The row kernels are plain loops that the compiler vectorises (this file is built with -O3,
+// -fopenmp-simd and -fno-trapping-math, which lets it turn the clamps into vector selects);
+// target_clones builds them for AVX-512, AVX2 and the baseline, and the loader picks
+// the best one this CPU runs.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LT_ROW_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define LT_ROW_KERNEL
+#endif
+
+inline float bf16_to_f32(uint16_t b) { return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16); }
+
+// Round to nearest even, as LibTorch's float -> bfloat16 conversion does (the values here are finite).
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = __builtin_bit_cast(uint32_t, f);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// e^x for x <= 0 (a little above 0 is fine), relative error ~1e-7: Cephes' expf (range reduction by
+// ln 2 in two parts, a degree-6 polynomial, the power of two built in the exponent bits). Below
+// -87 it returns e^-87 (~1.6e-38), which adds nothing next to the row's maximum term, e^0.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  return p * __builtin_bit_cast(float, bits);
+}
+
+// log sum_j e^x[j] of one row, in f32.
+LT_ROW_KERNEL float row_logsumexp(const uint16_t* x, int64_t V) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < V; ++j) m = std::max(m, bf16_to_f32(x[j]));
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < V; ++j) s += exp_nonpositive(bf16_to_f32(x[j]) - m);
+  return m + std::log(s);
+}
+
+// out[j] = g * (softmax(x)[j] - [j == target]) in bf16.
+LT_ROW_KERNEL void row_grad(const uint16_t* x, int64_t V, float lse, float g, int64_t target, uint16_t* out) {
+#pragma omp simd
+  for (int64_t j = 0; j < V; ++j) out[j] = f32_to_bf16(g * exp_nonpositive(bf16_to_f32(x[j]) - lse));
+  out[target] = f32_to_bf16(g * (exp_nonpositive(bf16_to_f32(x[target]) - lse) - 1.0f));
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropySum> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets) {
+    auto x = logits.contiguous();
+    auto t = targets.to(torch::kLong).contiguous();
+    const int64_t N = x.size(0), V = x.size(1);
+    auto lse = torch::empty({N}, torch::kFloat32);
+    auto row_loss = torch::zeros({N}, torch::kFloat64);
+    const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+    const int64_t* tp = t.data_ptr<int64_t>();
+    float* lp = lse.data_ptr<float>();
+    double* rp = row_loss.data_ptr<double>();
+    for (int64_t i = 0; i < N; ++i)
+      TORCH_CHECK(tp[i] < V, "cross_entropy_sum: target ", tp[i], " in row ", i, " is outside the vocabulary of ", V);
+    at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (tp[i] < 0) continue;
+        lp[i] = row_logsumexp(xp + i * V, V);
+        rp[i] = static_cast<double>(lp[i]) - static_cast<double>(bf16_to_f32(xp[i * V + tp[i]]));
+      }
+    });
+    ctx->save_for_backward({x, t, lse});
+    // The rows are summed in order, so the loss does not depend on the thread count.
+    double total = 0.0;
+    for (int64_t i = 0; i < N; ++i) total += rp[i];
+    return torch::tensor(total, torch::kFloat32);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    const auto& t = saved[1];
+    const auto& lse = saved[2];
+    const int64_t N = x.size(0), V = x.size(1);
+    const float g = grad_outputs[0].to(torch::kFloat32).item<float>();
+    auto grad = torch::empty_like(x);
+    const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+    auto* gp = reinterpret_cast<uint16_t*>(grad.data_ptr<at::BFloat16>());
+    const int64_t* tp = t.data_ptr<int64_t>();
+    const float* lp = lse.data_ptr<float>();
+    at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (tp[i] < 0) std::memset(gp + i * V, 0, static_cast<size_t>(V) * sizeof(uint16_t));
+        else row_grad(xp + i * V, V, lp[i], g, tp[i], gp + i * V);
+      }
+    });
+    return {grad, torch::Tensor()};
+  }
+};
+
+#ifdef LT_WITH_CUDA_KERNELS
+const uint16_t* bf16_bits(const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); }
+
+void check_launch(const char* error, const char* what) {
+  TORCH_CHECK(error == nullptr, "cross_entropy_sum: the CUDA ", what, " kernel failed: ", error);
+}
+
+// The same function on CUDA (cross_entropy_cuda.cu). Nothing is read back to the host: the row
+// losses are summed on the device, and the backward reads its incoming gradient there.
+struct CudaCrossEntropySum : public torch::autograd::Function<CudaCrossEntropySum> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets) {
+    auto x = logits.contiguous();
+    auto t = targets.to(x.device(), torch::kLong).contiguous();
+    const int64_t N = x.size(0), V = x.size(1);
+    const c10::cuda::CUDAGuard device(x.device());
+    auto f32 = x.options().dtype(torch::kFloat32);
+    auto lse = torch::empty({N}, f32), row_loss = torch::empty({N}, f32);
+    check_launch(cuda_kernels::cross_entropy_forward(bf16_bits(x), N, V, V, t.data_ptr<int64_t>(), lse.data_ptr<float>(),
+                                                     row_loss.data_ptr<float>(), c10::cuda::getCurrentCUDAStream().stream()),
+                 "forward");
+    ctx->save_for_backward({x, t, lse});
+    return row_loss.sum(torch::kFloat64).to(torch::kFloat32);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    const auto& t = saved[1];
+    const auto& lse = saved[2];
+    const c10::cuda::CUDAGuard device(x.device());
+    auto g = grad_outputs[0].to(x.device(), torch::kFloat32).contiguous();
+    auto grad = torch::empty_like(x);
+    check_launch(cuda_kernels::cross_entropy_backward(
+                     bf16_bits(x), x.size(0), x.size(1), x.size(1), t.data_ptr<int64_t>(), lse.data_ptr<float>(),
+                     g.data_ptr<float>(), reinterpret_cast<uint16_t*>(grad.data_ptr<at::BFloat16>()),
+                     c10::cuda::getCurrentCUDAStream().stream()),
+                 "backward");
+    return {grad, torch::Tensor()};
+  }
+};
+#endif
+
+}  // namespace
+
+bool cuda_loss_kernels_built() {
+#ifdef LT_WITH_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
+torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets, bool fused) {
+  TORCH_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
+              "cross_entropy_sum: logits (N, V) and targets (N) expected");
+  if (fused && logits.scalar_type() == torch::kBFloat16) {
+    if (logits.device().is_cpu()) return FusedCrossEntropySum::apply(logits, targets);
+#ifdef LT_WITH_CUDA_KERNELS
+    if (logits.is_cuda()) return CudaCrossEntropySum::apply(logits, targets);
+#endif
+    TORCH_CHECK(!logits.is_cuda(), "cross_entropy_sum: this build has no CUDA kernels for the fused loss "
+                "(runtime/loss=fused needs a build configured with a CUDA compiler)");
+  }
+  // LibTorch's: log_softmax over an f32 copy of the logits (what autocast and F.cross_entropy do),
+  // then nll_loss; its backward makes the f32 gradient and converts it to the logits' dtype.
+  return at::nll_loss(at::log_softmax(logits, 1, torch::kFloat32), targets, /*weight=*/{}, at::Reduction::Sum,
+                      /*ignore_index=*/-1);
+}
+
+}  // namespace lt

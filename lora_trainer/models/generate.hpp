@@ -1,0 +1,29 @@
+// Text generation from a trained model: autoregressive sampling with temperature and top-k, so a
+// person can see what each phase learned (`lora_trainer sample`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lora_trainer/models/model.hpp"
+#include "lora_trainer/core/runtime.hpp"
+
+namespace lt {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 100;
+  double temperature = 0.8;  // 0 = greedy
+  int64_t top_k = 40;        // 0 = no cut-off
+  uint64_t seed = 0;
+  int64_t stop_id = -1;      // stop after generating this id (end-of-text); -1 = never
+  int64_t vocab_limit = -1;  // draw only ids below this (the tokenizer's vocabulary, when the model's is
+                             // padded past it, as Qwen2's and the test models' are); -1 = every id
+};
+
+// Continues `prompt` (token ids, at least one). The context is the last block_size tokens.
+// Returns only the new ids. Deterministic for a given seed.
+std::vector<uint32_t> generate(CausalLM& model, const Runtime& rt, const std::vector<uint32_t>& prompt,
+                               const GenerateOptions& opts);
+
+}  // namespace lt

@@ -1,0 +1,104 @@
+#include "lora_trainer/models/gpt2.hpp"
+
+#include <cmath>
+
+#include "lora_trainer/models/activation_checkpointing.hpp"
+#include "lora_trainer/kernels/cross_entropy.hpp"
+
+namespace lt {
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& o) : opts_(o) {
+  c_attn = register_module("c_attn", Linear(o.d_model, 3 * o.d_model));
+  c_proj = register_module("c_proj", Linear(o.d_model, o.d_model));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = opts_.n_head, D = C / H;
+  auto qkv = c_attn(x).view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, D)
+  auto y = causal_attention(qkv[0], qkv[1], qkv[2], is_training() ? opts_.dropout : 0.0,
+                            opts_.fused_attention_on(x.device()));  // (B, H, T, D)
+  return c_proj(y.transpose(1, 2).reshape({B, T, C}));
+}
+
+MLPImpl::MLPImpl(const ModelOptions& o) : gelu_tanh_(o.activation == ModelOptions::Activation::GeluTanh) {
+  c_fc = register_module("c_fc", Linear(o.d_model, o.ff()));
+  c_proj = register_module("c_proj", Linear(o.ff(), o.d_model));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  // The exact (erf) GELU by default: LibTorch 1.13 vectorises it for bf16 and not the tanh approximation,
+  // which measured 7x slower (docs/performance.md). GPT-2's own weights (imported from Hugging Face)
+  // were trained with the tanh approximation (architecture/activation=gelu_tanh).
+  return c_proj(torch::gelu(c_fc(x), gelu_tanh_ ? "tanh" : "none"));
+}
+
+BlockImpl::BlockImpl(const ModelOptions& o) : dropout(o.dropout) {
+  ln_1 = register_module("ln_1", LayerNorm(o.d_model, o.norm_eps));
+  attn = register_module("attn", CausalSelfAttention(o));
+  ln_2 = register_module("ln_2", LayerNorm(o.d_model, o.norm_eps));
+  mlp = register_module("mlp", MLP(o));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  // The residual stream x is f32; the sublayers' outputs are bf16 under autocast, and x + a reads
+  // them as they are (the same sum as converting them first, without the extra pass over memory).
+  auto a = attn(ln_1(x));
+  if (dropout > 0 && is_training()) a = torch::dropout(a.to(torch::kFloat32), dropout, true);
+  auto y = x + a;
+  auto m = mlp(ln_2(y));
+  if (dropout > 0 && is_training()) m = torch::dropout(m.to(torch::kFloat32), dropout, true);
+  return y + m;
+}
+
+GPTImpl::GPTImpl(const ModelOptions& o) : CausalLMImpl(o) {
+  wte = register_module("wte", TokenEmbedding(o.vocab_size, o.d_model));
+  wpe = register_module("wpe", torch::nn::Embedding(o.block_size, o.d_model));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.n_layer; ++i) h->push_back(Block(o));
+  ln_f = register_module("ln_f", LayerNorm(o.d_model, o.norm_eps));
+}
+
+void GPTImpl::init_weights(torch::Generator gen) {
+  torch::NoGradGuard ng;
+  const double resid_std = 0.02 / std::sqrt(2.0 * static_cast<double>(opts_.n_layer));
+  for (auto& p : named_parameters()) {
+    const std::string& name = p.key();
+    auto& t = p.value();
+    if (name.find("ln_") != std::string::npos) {
+      t.fill_(name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0 ? 1.0 : 0.0);
+    } else if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
+      t.zero_();
+    } else if (name.find("c_proj.weight") != std::string::npos) {
+      t.normal_(0.0, resid_std, gen);
+    } else {
+      t.normal_(0.0, 0.02, gen);
+    }
+  }
+}
+
+torch::Tensor GPTImpl::hidden(const torch::Tensor& idx) {
+  const int64_t T = idx.size(1);
+  TORCH_CHECK(T <= opts_.block_size, "sequence length ", T, " exceeds architecture/block_size ",
+              opts_.block_size);
+  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
+  auto x = (wte(idx).to(torch::kFloat32) + wpe(pos).to(torch::kFloat32));  // (B, T, C)
+  if (opts_.dropout > 0 && is_training()) x = torch::dropout(x, opts_.dropout, true);
+  for (const auto& block : *h) {
+    auto forward = [block](const torch::Tensor& in) { return block->as<Block>()->forward(in); };
+    x = checkpointed(opts_.activation_checkpointing, *block, forward, x);
+  }
+  return ln_f(x);
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
+  auto x = hidden(idx);
+  return output_logits(x, wte->output_weight(x), /*padded=*/false);  // (B, T, V)
+}
+
+torch::Tensor GPTImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
+  auto x = hidden(idx);
+  auto logits = output_logits(x, wte->output_weight(x), /*padded=*/true);  // (B, T, V or padded V), bf16 under autocast
+  return cross_entropy_sum(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), opts_.fused_loss_on(idx.device()));
+}
+
+}  // namespace lt

@@ -1,0 +1,133 @@
+#include "lora_trainer/models/layers.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "lora_trainer/core/torch_compat.hpp"
+
+namespace lt {
+
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias) {
+  weight = register_parameter("weight", torch::empty({out_features, in_features}));
+  if (with_bias) bias = register_parameter("bias", torch::zeros({out_features}));
+}
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  if (!lora_on_) return lora_linear(x, weight, bias, {}, {}, 0.0);
+  return lora_linear(x, weight, bias, lora_A_, lora_B_, lora_scale_, lora_magnitude_);
+}
+
+void LinearImpl::set_lora(torch::Tensor A, torch::Tensor B, double scale, torch::Tensor magnitude) {
+  lora_A_ = std::move(A);
+  lora_B_ = std::move(B);
+  lora_magnitude_ = lora_A_.defined() ? std::move(magnitude) : torch::Tensor();
+  lora_scale_ = scale;
+}
+
+torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& idx) {
+  auto e = torch::nn::EmbeddingImpl::forward(idx);
+  if (!values_.defined() || !rows_on_) return e;
+  auto slot = slot_.index_select(0, idx.reshape({-1})).view(idx.sizes());
+  auto rows = values_.index_select(0, slot.clamp_min(0).reshape({-1})).view(e.sizes());
+  return torch::where((slot >= 0).unsqueeze(-1), rows, e.to(torch::kFloat32));
+}
+
+torch::Tensor TokenEmbeddingImpl::output_weight(const torch::Tensor& x) {
+  if (!values_.defined() || !rows_on_) return weight;
+  auto W = weight_for(weight, x);
+  return W.index_copy(0, ids_, values_.to(W.dtype()));
+}
+
+void TokenEmbeddingImpl::set_token_rows(torch::Tensor ids, torch::Tensor values) {
+  ids_ = std::move(ids);
+  values_ = std::move(values);
+  slot_ = torch::Tensor();
+  if (!ids_.defined()) return;
+  slot_ = torch::full({weight.size(0)}, -1, ids_.options());
+  slot_.index_copy_(0, ids_, torch::arange(ids_.size(0), ids_.options()));
+}
+
+LayerNormImpl::LayerNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+  bias = register_parameter("bias", torch::zeros({dim}));
+}
+
+torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
+  auto f = torch::kFloat32;
+  return torch::layer_norm(x.to(f), {weight.size(0)}, weight.to(f), bias.to(f), eps_);
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  auto xf = x.to(torch::kFloat32);
+  return xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight.to(torch::kFloat32);
+}
+
+bool fused_attention_available() { return LT_HAS_SDPA; }
+
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               double dropout, bool fused) {
+#if LT_HAS_SDPA
+  if (fused) return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
+#else
+  TORCH_CHECK(!fused, "fused attention needs LibTorch 2.0 or newer");
+#endif
+  const int64_t T = q.size(-2), D = q.size(-1);
+  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B,H,T,T)
+  auto causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+  att = att.masked_fill(causal, -std::numeric_limits<float>::infinity());
+  att = torch::softmax(att.to(torch::kFloat32), -1).to(v.scalar_type());  // softmax in f32
+  if (dropout > 0) att = torch::dropout(att, dropout, true);
+  return torch::matmul(att, v);
+}
+
+torch::Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s, const torch::Device& device) {
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  auto inv_freq = 1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim));
+  switch (s.kind) {
+    case RopeScaling::Kind::None: return inv_freq;
+    case RopeScaling::Kind::Linear: return inv_freq / s.factor;
+    case RopeScaling::Kind::Llama3: {
+      const double L = static_cast<double>(s.original_context);
+      const double low_wavelen = L / s.low_freq_factor, high_wavelen = L / s.high_freq_factor;
+      auto wavelen = 2.0 * M_PI / inv_freq;
+      auto scaled = torch::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
+      auto smooth = (L / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      auto smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+      auto medium = wavelen.ge(high_wavelen).logical_and(wavelen.le(low_wavelen));
+      return torch::where(medium, smoothed, scaled);
+    }
+  }
+  return inv_freq;
+}
+
+RopeTables rope_tables(int64_t T, int64_t head_dim, double theta, const RopeScaling& scaling, const torch::Device& device) {
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  auto inv_freq = rope_inv_freq(head_dim, theta, scaling, device);
+  auto angles = torch::outer(torch::arange(T, f32), inv_freq);  // (T, D/2)
+  auto emb = torch::cat({angles, angles}, -1);                  // (T, D)
+  return {emb.cos(), emb.sin()};
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& rope) {
+  auto xf = x.to(torch::kFloat32);
+  const int64_t half = xf.size(-1) / 2;
+  auto rotated = torch::cat({-xf.slice(-1, half), xf.slice(-1, 0, half)}, -1);
+  return xf * rope.cos + rotated * rope.sin;
+}
+
+torch::Tensor output_logits(const torch::Tensor& x, const torch::Tensor& W, bool padded) {
+  const int64_t V = W.size(0);
+  if (!x.is_cuda() || V % 64 == 0) return torch::linear(x, weight_for(W, x));
+  const int64_t Vp = (V + 63) / 64 * 64;
+  auto Wp = torch::cat({W, torch::zeros({Vp - V, W.size(1)}, W.options().requires_grad(false))});
+  auto bias = torch::zeros({Vp}, x.options().dtype(torch::kFloat32));
+  bias.slice(0, V).fill_(-std::numeric_limits<float>::infinity());
+  auto logits = torch::linear(x, weight_for(Wp, x), weight_for(bias, x));  // (B, T, Vp)
+  return padded ? logits : logits.slice(-1, 0, V);
+}
+
+}  // namespace lt

@@ -1,0 +1,120 @@
+// The layers both model families are built from (gpt2.hpp, llama.hpp). Every layer computes in f32
+// whatever its parameters' dtype, so a bf16-frozen base works unchanged; shapes use B = batch rows,
+// T = time, C = width, H = heads, D = head size.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "lora_trainer/peft/lora.hpp"
+
+namespace lt {
+
+// A linear layer y = x W^T (+ b) that can carry a LoRA adapter (lora.hpp). W: (out, in).
+class LinearImpl : public torch::nn::Module, public LoraAdaptable {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
+  torch::Tensor forward(const torch::Tensor& x);  // x: (..., in) -> (..., out)
+  void set_lora(torch::Tensor A, torch::Tensor B, double scale, torch::Tensor magnitude) override;
+  void enable_lora(bool on) override { lora_on_ = on; }
+  bool has_lora() const { return lora_A_.defined(); }
+  // A, B and a DoRA magnitude (empty without an adapter): what the forward reads beyond the registered
+  // parameters (activation checkpointing hands them to autograd).
+  std::vector<torch::Tensor> lora_tensors() const {
+    if (!has_lora()) return {};
+    if (lora_magnitude_.defined()) return {lora_A_, lora_B_, lora_magnitude_};
+    return {lora_A_, lora_B_};
+  }
+  torch::Tensor weight, bias;  // bias undefined when built without one
+
+ private:
+  torch::Tensor lora_A_, lora_B_, lora_magnitude_;
+  double lora_scale_ = 0.0;
+  bool lora_on_ = true;
+};
+TORCH_MODULE(Linear);
+
+// The token embedding: torch::nn::Embedding (the same parameter, init and lookup) that can take
+// trainable token rows (lora.hpp's TrainableTokens). With rows set, the lookup returns f32 with the
+// rows of those ids replaced by their f32 values, and output_weight() the weight with the rows
+// replaced, for a head tied to the embedding.
+class TokenEmbeddingImpl : public torch::nn::EmbeddingImpl, public TokenRowsAdaptable {
+ public:
+  TokenEmbeddingImpl(int64_t num_embeddings, int64_t dim) : torch::nn::EmbeddingImpl(num_embeddings, dim) {}
+  torch::Tensor forward(const torch::Tensor& idx);  // idx: (...) int64 -> (..., dim)
+  // The (V, dim) weight as a tied head multiplies x with it: weight_for(weight, x), rows replaced.
+  torch::Tensor output_weight(const torch::Tensor& x);
+  void set_token_rows(torch::Tensor ids, torch::Tensor values) override;
+  void enable_token_rows(bool on) override { rows_on_ = on; }
+
+ private:
+  bool rows_on_ = true;
+  torch::Tensor ids_, values_;
+  torch::Tensor slot_;  // (V) int64: the row of values_ for each token id, -1 for the frozen ones
+};
+TORCH_MODULE(TokenEmbedding);
+
+// Layer norm (weight and bias), computed in f32.
+class LayerNormImpl : public torch::nn::Module {
+ public:
+  LayerNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(LayerNorm);
+
+// RMS norm (Llama's): x / sqrt(mean(x^2) + eps) * weight, computed in f32.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+// Causal self-attention of q, k, v (B, H, T, D), with dropout p on the attention weights: either
+// LibTorch's fused scaled_dot_product_attention (LibTorch 2.0+) or masked softmax computed in f32.
+// Both give the same result within rounding (tests/models/test_attention.cpp states the tolerance).
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               double dropout, bool fused);
+// Whether this LibTorch has the fused path.
+bool fused_attention_available();
+
+// Rotary position embeddings as Hugging Face's Llama applies them: each head's two halves rotate
+// together ("rotate_half", not interleaved pairs), position p by the angles p * inv_freq[i],
+// inv_freq[i] = theta^(-2i/D) for i < D/2, computed in f32, then rescaled as transformers'
+// modeling_rope_utils does for the static scalings:
+//   Linear  inv_freq / factor
+//   Llama3  (Llama 3.1, 3.2) by wavelength w = 2 pi / inv_freq, with L = original_context:
+//           w < L / high_freq_factor kept; w > L / low_freq_factor divided by factor; in between
+//           (1 - s) inv_freq / factor + s inv_freq, s = (L / w - low_freq_factor) / (high_freq_factor - low_freq_factor)
+struct RopeScaling {
+  enum class Kind { None, Linear, Llama3 } kind = Kind::None;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_context = 8192;
+};
+struct RopeTables {
+  torch::Tensor cos, sin;  // (T, D) f32: cat(angles, angles).cos() / .sin()
+};
+// The D/2 inverse frequencies, f32.
+torch::Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling, const torch::Device& device);
+RopeTables rope_tables(int64_t T, int64_t head_dim, double theta, const RopeScaling& scaling, const torch::Device& device);
+// x: (B, H, T, D) -> x cos + rotate_half(x) sin, in f32; rotate_half(x) = cat(-x[D/2:], x[:D/2]).
+torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& rope);
+
+// Logits of x (B, T, C) against an output matrix W (V, C). cuBLAS multiplies fast only when each
+// row of the (N, V) output starts 16-byte aligned; with GPT-2's V = 50,257 it fell back to old sm75
+// kernels, which took a third of a training step on an H100 (docs/performance.md). On CUDA the head
+// therefore runs over V rounded up to a multiple of 64, the extra columns held at -inf by a bias so
+// that softmax gives them no weight and no gradient; `padded` keeps them (for the loss), else the V
+// real columns are returned.
+torch::Tensor output_logits(const torch::Tensor& x, const torch::Tensor& W, bool padded);
+
+}  // namespace lt

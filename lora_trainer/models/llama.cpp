@@ -1,0 +1,115 @@
+#include "lora_trainer/models/llama.hpp"
+
+#include "lora_trainer/models/activation_checkpointing.hpp"
+#include "lora_trainer/kernels/cross_entropy.hpp"
+
+namespace lt {
+
+LlamaAttentionImpl::LlamaAttentionImpl(const ModelOptions& o) : opts_(o) {
+  const int64_t D = o.head_dim();
+  q_proj = register_module("q_proj", Linear(o.d_model, o.n_head * D, o.qkv_bias));
+  k_proj = register_module("k_proj", Linear(o.d_model, o.kv_heads() * D, o.qkv_bias));
+  v_proj = register_module("v_proj", Linear(o.d_model, o.kv_heads() * D, o.qkv_bias));
+  o_proj = register_module("o_proj", Linear(o.n_head * D, o.d_model, /*with_bias=*/false));
+}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
+  const int64_t B = x.size(0), T = x.size(1), H = opts_.n_head, KV = opts_.kv_heads(), D = opts_.head_dim();
+  auto v = v_proj(x).view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
+  auto q = apply_rope(q_proj(x).view({B, T, H, D}).transpose(1, 2), rope).to(v.scalar_type());
+  auto k = apply_rope(k_proj(x).view({B, T, KV, D}).transpose(1, 2), rope).to(v.scalar_type());
+  if (KV != H) {  // each key/value head serves H / KV consecutive query heads
+    k = k.repeat_interleave(H / KV, /*dim=*/1);
+    v = v.repeat_interleave(H / KV, /*dim=*/1);
+  }
+  auto y = causal_attention(q, k, v, is_training() ? opts_.dropout : 0.0, opts_.fused_attention_on(x.device()));
+  return o_proj(y.transpose(1, 2).reshape({B, T, H * D}));
+}
+
+LlamaMLPImpl::LlamaMLPImpl(const ModelOptions& o) : act_(o.activation) {
+  gate_proj = register_module("gate_proj", Linear(o.d_model, o.ff(), /*with_bias=*/false));
+  up_proj = register_module("up_proj", Linear(o.d_model, o.ff(), /*with_bias=*/false));
+  down_proj = register_module("down_proj", Linear(o.ff(), o.d_model, /*with_bias=*/false));
+}
+
+torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
+  auto g = gate_proj(x);
+  g = act_ == ModelOptions::Activation::Silu ? torch::silu(g)
+                                              : torch::gelu(g, act_ == ModelOptions::Activation::GeluTanh ? "tanh" : "none");
+  return down_proj(g * up_proj(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const ModelOptions& o) : dropout_(o.dropout) {
+  input_layernorm = register_module("input_layernorm", RMSNorm(o.d_model, o.norm_eps));
+  self_attn = register_module("self_attn", LlamaAttention(o));
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(o.d_model, o.norm_eps));
+  mlp = register_module("mlp", LlamaMLP(o));
+}
+
+torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
+  // x + a reads the bf16 sublayer outputs as they are (as in gpt2.cpp's BlockImpl::forward).
+  auto a = self_attn(input_layernorm(x), rope);
+  if (dropout_ > 0 && is_training()) a = torch::dropout(a.to(torch::kFloat32), dropout_, true);
+  auto h = x + a;
+  auto m = mlp(post_attention_layernorm(h));
+  if (dropout_ > 0 && is_training()) m = torch::dropout(m.to(torch::kFloat32), dropout_, true);
+  return h + m;
+}
+
+LlamaBodyImpl::LlamaBodyImpl(const ModelOptions& o) {
+  embed_tokens = register_module("embed_tokens", TokenEmbedding(o.vocab_size, o.d_model));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.n_layer; ++i) layers->push_back(LlamaDecoderLayer(o));
+  norm = register_module("norm", RMSNorm(o.d_model, o.norm_eps));
+}
+
+LlamaImpl::LlamaImpl(const ModelOptions& o) : CausalLMImpl(o) {
+  model = register_module("model", LlamaBody(o));
+  if (!o.tie_embeddings) lm_head = register_module("lm_head", Linear(o.d_model, o.vocab_size, /*with_bias=*/false));
+}
+
+void LlamaImpl::init_weights(torch::Generator gen) {
+  torch::NoGradGuard ng;
+  for (auto& p : named_parameters()) {
+    const std::string& name = p.key();
+    auto& t = p.value();
+    if (name.find("norm.") != std::string::npos) {
+      t.fill_(1.0);
+    } else if (t.dim() == 1) {
+      t.zero_();
+    } else {
+      t.normal_(0.0, 0.02, gen);
+    }
+  }
+}
+
+bool LlamaImpl::is_lookup(const std::string& name) const {
+  return !opts_.tie_embeddings && name == "model.embed_tokens.weight";
+}
+
+torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx) {
+  const int64_t T = idx.size(1);
+  TORCH_CHECK(T <= opts_.block_size, "sequence length ", T, " exceeds architecture/block_size ", opts_.block_size);
+  const RopeTables rope = rope_tables(T, opts_.head_dim(), opts_.rope_theta, opts_.rope_scaling, idx.device());
+  auto x = model->embed_tokens(idx).to(torch::kFloat32);  // (B, T, C)
+  if (opts_.dropout > 0 && is_training()) x = torch::dropout(x, opts_.dropout, true);
+  for (const auto& layer : *model->layers) {
+    auto forward = [layer, rope](const torch::Tensor& in) { return layer->as<LlamaDecoderLayer>()->forward(in, rope); };
+    x = checkpointed(opts_.activation_checkpointing, *layer, forward, x);
+  }
+  return model->norm(x);
+}
+
+// A tied head takes output_logits' CUDA padding; an untied one is a Linear (it can carry an adapter).
+torch::Tensor LlamaImpl::logits(const torch::Tensor& x, bool padded) {
+  return lm_head ? lm_head(x) : output_logits(x, model->embed_tokens->output_weight(x), padded);
+}
+
+torch::Tensor LlamaImpl::forward(const torch::Tensor& idx) { return logits(hidden(idx), /*padded=*/false); }
+
+torch::Tensor LlamaImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
+  auto z = logits(hidden(idx), /*padded=*/true);
+  return cross_entropy_sum(z.reshape({-1, z.size(-1)}), targets.reshape({-1}), opts_.fused_loss_on(idx.device()));
+}
+
+}  // namespace lt

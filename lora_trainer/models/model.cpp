@@ -1,0 +1,175 @@
+#include "lora_trainer/models/model.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "lora_trainer/core/config.hpp"
+#include "lora_trainer/models/gpt2.hpp"
+#include "lora_trainer/models/llama.hpp"
+#include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/core/util.hpp"
+
+namespace lt {
+
+ModelFamily parse_model_family(const std::string& s) {
+  if (s == "gpt2") return ModelFamily::Gpt2;
+  if (s == "llama") return ModelFamily::Llama;
+  throw UserError("architecture/family \"" + s + "\": expected gpt2 or llama");
+}
+
+const char* to_string(ModelFamily f) { return f == ModelFamily::Gpt2 ? "gpt2" : "llama"; }
+
+void add_model_options(ConfigSchema& s) {
+  s.add("architecture/block_size", OptType::Int, 256, "context length T in tokens", check_positive());
+  s.add("architecture/n_layers", OptType::Int, 6, "transformer blocks", check_positive());
+  s.add("architecture/n_heads", OptType::Int, 6, "attention heads (must divide d_model)", check_positive());
+  s.add("architecture/d_model", OptType::Int, 384, "residual width C", check_positive());
+  s.add("architecture/vocab_size", OptType::Int, 50257, "vocabulary size V (>= the tokenizer's)", check_positive());
+  s.add("architecture/dropout", OptType::Float, 0.0, "dropout probability", check_range(0, 0.9));
+  s.add("architecture/activation", OptType::String, "gelu",
+        "the MLP's activation: gelu (exact, erf), gelu_tanh (the tanh approximation of GPT-2 and HF's gelu_new) "
+        "or silu (llama only: the gate of SwiGLU, what Llama, Qwen2 and Mistral use)",
+        check_one_of({"gelu", "gelu_tanh", "silu"}));
+  s.add("architecture/family", OptType::String, "gpt2",
+        "model family: gpt2 (learned positions, LayerNorm, GELU MLP, tied head; GPT-2's parameter names) or llama "
+        "(Llama/Qwen2/Mistral: rotary positions, RMSNorm, gated MLP, grouped-query attention; HF's parameter names)",
+        check_one_of({"gpt2", "llama"}));
+  s.add("architecture/d_ff", OptType::Int, -1, "the MLP's hidden width; -1 = 4 x d_model", check_positive_or_minus_one());
+  s.add("architecture/n_kv_heads", OptType::Int, -1,
+        "llama: key/value heads of grouped-query attention (must divide n_heads); -1 = n_heads",
+        check_positive_or_minus_one());
+  s.add("architecture/norm_eps", OptType::Float, 1e-5, "epsilon of the layer norms (gpt2) or RMS norms (llama)",
+        check_positive());
+  s.add("architecture/rope_theta", OptType::Float, 10000.0, "llama: base of the rotary position angles",
+        check_positive());
+  s.add("architecture/rope_scaling", OptType::String, "none",
+        "llama: rescaling of the rotary frequencies: none, linear (divided by rope_factor) or llama3 (Llama 3.1 and "
+        "3.2's, by wavelength: rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_context)",
+        check_one_of({"none", "linear", "llama3"}));
+  s.add("architecture/rope_factor", OptType::Float, 8.0, "llama, rope_scaling linear or llama3: the factor", check_positive());
+  s.add("architecture/rope_low_freq_factor", OptType::Float, 1.0, "llama, rope_scaling llama3: low_freq_factor",
+        check_positive());
+  s.add("architecture/rope_high_freq_factor", OptType::Float, 4.0, "llama, rope_scaling llama3: high_freq_factor",
+        check_positive());
+  s.add("architecture/rope_original_context", OptType::Int, 8192,
+        "llama, rope_scaling llama3: original_max_position_embeddings, the context of pretraining", check_positive());
+  s.add("architecture/tie_embeddings", OptType::Bool, true,
+        "the output head is the token embedding; false: a separate lm_head (llama only)");
+  s.add("architecture/qkv_bias", OptType::Bool, false, "llama: biases on q_proj, k_proj and v_proj (Qwen2 has them)");
+  s.add("training/activation_checkpointing", OptType::Bool, false,
+        "recompute each transformer block's activations in the backward instead of keeping them: less memory for "
+        "one more forward of the blocks a step; the same results (bit-identical), both phases");
+}
+
+ModelOptions ModelOptions::from_config(const Config& cfg) {
+  ModelOptions o;
+  o.family = parse_model_family(cfg.get_string("architecture/family"));
+  o.vocab_size = cfg.get_int("architecture/vocab_size");
+  o.block_size = cfg.get_int("architecture/block_size");
+  o.n_layer = cfg.get_int("architecture/n_layers");
+  o.n_head = cfg.get_int("architecture/n_heads");
+  o.d_model = cfg.get_int("architecture/d_model");
+  o.n_kv_head = cfg.get_int("architecture/n_kv_heads");
+  o.d_ff = cfg.get_int("architecture/d_ff");
+  o.dropout = cfg.get_double("architecture/dropout");
+  const std::string act = cfg.get_string("architecture/activation");
+  o.activation = act == "silu" ? Activation::Silu : act == "gelu_tanh" ? Activation::GeluTanh : Activation::Gelu;
+  o.norm_eps = cfg.get_double("architecture/norm_eps");
+  o.rope_theta = cfg.get_double("architecture/rope_theta");
+  const std::string scaling = cfg.get_string("architecture/rope_scaling");
+  o.rope_scaling.kind = scaling == "llama3"   ? RopeScaling::Kind::Llama3
+                        : scaling == "linear" ? RopeScaling::Kind::Linear
+                                              : RopeScaling::Kind::None;
+  o.rope_scaling.factor = cfg.get_double("architecture/rope_factor");
+  o.rope_scaling.low_freq_factor = cfg.get_double("architecture/rope_low_freq_factor");
+  o.rope_scaling.high_freq_factor = cfg.get_double("architecture/rope_high_freq_factor");
+  o.rope_scaling.original_context = cfg.get_int("architecture/rope_original_context");
+  o.tie_embeddings = cfg.get_bool("architecture/tie_embeddings");
+  o.qkv_bias = cfg.get_bool("architecture/qkv_bias");
+  o.activation_checkpointing = cfg.get_bool("training/activation_checkpointing");
+  const std::string attention = cfg.get_string("runtime/attention");
+  if (attention == "fused" && !fused_attention_available())
+    throw UserError(std::string("runtime/attention=fused needs LibTorch 2.0 or newer (this build has ") +
+                    compat::torch_version() + "); use runtime/attention=auto or manual");
+  o.attention = attention == "fused" ? Attention::Fused : attention == "manual" ? Attention::Manual : Attention::Auto;
+  const std::string loss = cfg.get_string("runtime/loss");
+  o.loss = loss == "fused" ? Loss::Fused : loss == "libtorch" ? Loss::LibTorch : Loss::Auto;
+  o.validate();
+  return o;
+}
+
+void ModelOptions::validate() const {
+  auto n = [](int64_t v) { return std::to_string(v); };
+  if (d_model % n_head != 0)
+    throw UserError("architecture/d_model (" + n(d_model) + ") must be divisible by architecture/n_heads (" + n(n_head) + ")");
+  if (family == ModelFamily::Gpt2) {
+    const char* llama_only = kv_heads() != n_head ? "architecture/n_kv_heads"
+                             : !tie_embeddings   ? "architecture/tie_embeddings=false"
+                             : qkv_bias          ? "architecture/qkv_bias=true"
+                             : activation == Activation::Silu ? "architecture/activation=silu"
+                             : rope_scaling.kind != RopeScaling::Kind::None ? "architecture/rope_scaling"
+                                                              : nullptr;
+    if (llama_only)
+      throw UserError(std::string(llama_only) + " is a llama-family setting; this model is architecture/family=gpt2. "
+                      "Set architecture/family=llama, or leave it at its default");
+    return;
+  }
+  if (n_head % kv_heads() != 0)
+    throw UserError("architecture/n_kv_heads (" + n(kv_heads()) + ") must divide architecture/n_heads (" + n(n_head) + ")");
+  if (rope_scaling.kind == RopeScaling::Kind::Llama3 && rope_scaling.high_freq_factor <= rope_scaling.low_freq_factor)
+    throw UserError("architecture/rope_high_freq_factor (" + std::to_string(rope_scaling.high_freq_factor) +
+                    ") must exceed architecture/rope_low_freq_factor (" + std::to_string(rope_scaling.low_freq_factor) + ")");
+  if (head_dim() % 2 != 0)
+    throw UserError("the llama family's rotary embeddings need an even head size; d_model / n_heads is " + n(head_dim()));
+}
+
+bool ModelOptions::fused_attention_on(const torch::Device& device) const {
+  if (attention == Attention::Auto) return device.is_cuda() && fused_attention_available();
+  return attention == Attention::Fused;
+}
+
+bool ModelOptions::fused_loss_on(const torch::Device& device) const {
+  if (loss == Loss::Auto) return !device.is_cuda();
+  return loss == Loss::Fused;
+}
+
+// The model's size in float32 as the options state it, in double (no overflow for any int64 sizes):
+// settings from a file (an HF config.json with vocab_size 10^12) are refused before allocating.
+static void check_model_fits(const ModelOptions& o) {
+  const double C = double(o.d_model), V = double(o.vocab_size), L = double(o.n_layer), T = double(o.block_size);
+  const double F = o.d_ff > 0 ? double(o.d_ff) : 4 * C, kv = double(o.kv_heads()) / double(o.n_head);
+  const double per_layer = C * C * (2 + 2 * kv) + C * F * (o.family == ModelFamily::Llama ? 3 : 2) + 8 * C;
+  const double params = V * C * (o.tie_embeddings ? 1 : 2) + L * per_layer + (o.family == ModelFamily::Gpt2 ? T * C : 0);
+  const double bytes = 4 * params;
+  const double memory = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+  if (bytes > memory) {
+    char b[320];
+    std::snprintf(b, sizeof b,
+                  "the model as configured (architecture/vocab_size %lld, d_model %lld, n_layers %lld, d_ff %lld) has "
+                  "%.3g parameters, %.3g GB in float32: more than this machine's %.3g GB of memory. Check these "
+                  "settings (or the config.json they came from)",
+                  (long long)o.vocab_size, (long long)o.d_model, (long long)o.n_layer, (long long)(o.d_ff > 0 ? o.d_ff : 4 * o.d_model),
+                  params, bytes / 1e9, memory / 1e9);
+    throw UserError(b);
+  }
+}
+
+CausalLM make_model(const ModelOptions& o) {
+  check_model_fits(o);
+  switch (o.family) {
+    case ModelFamily::Gpt2: return GPT(o).ptr();
+    case ModelFamily::Llama: return Llama(o).ptr();
+  }
+  throw std::logic_error("make_model: unknown family");
+}
+
+int64_t count_targets(const torch::Tensor& targets) { return targets.ge(0).sum().item<int64_t>(); }
+
+NamedTensors named_params(torch::nn::Module& m) {
+  NamedTensors out;
+  for (auto& p : m.named_parameters()) out.emplace_back(p.key(), p.value());
+  return out;
+}
+
+}  // namespace lt

@@ -1,0 +1,105 @@
+// The model seam: what a trainer needs from a causal language model, the architecture options
+// (`architecture/*`, typed once from the config) and the factory keyed by `architecture/family`.
+//
+// Families (one file each):
+//   gpt2   gpt2.hpp   learned positions, LayerNorm, GELU MLP, head tied to the token embedding;
+//                     parameter names are GPT-2's (wte.weight, h.0.attn.c_attn.weight, ...)
+//   llama  llama.hpp  Llama / Qwen2 / Mistral: rotary positions, RMSNorm, gated MLP (SwiGLU),
+//                     grouped-query attention, optional q/k/v biases, tied or untied head; parameter
+//                     names are Hugging Face's (model.layers.0.self_attn.q_proj.weight, ...)
+// A new family is a new file and one line in make_model(); the trainers do not change.
+#pragma once
+
+#include <string>
+
+#include <torch/torch.h>
+
+#include "lora_trainer/models/layers.hpp"
+#include "lora_trainer/core/named_tensors.hpp"
+
+namespace lt {
+
+class Config;
+class ConfigSchema;
+
+enum class ModelFamily { Gpt2, Llama };
+ModelFamily parse_model_family(const std::string& s);  // "gpt2" | "llama"
+const char* to_string(ModelFamily f);
+
+// architecture/*, runtime/attention and training/activation_checkpointing, read once.
+struct ModelOptions {
+  ModelFamily family = ModelFamily::Gpt2;
+  int64_t vocab_size = 50257;
+  int64_t block_size = 256;
+  int64_t n_layer = 6;
+  int64_t n_head = 6;
+  int64_t n_kv_head = -1;  // llama: grouped-query key/value heads (divide n_head); -1 = n_head (kv_heads())
+  int64_t d_model = 384;
+  int64_t d_ff = -1;       // the MLP's hidden width; -1 = 4 d_model (ff())
+  double dropout = 0.0;
+  // The MLP's activation: GELU exact (erf) or its tanh approximation (GPT-2's own weights, HF's
+  // gelu_new), or SiLU (llama's gate: SwiGLU).
+  enum class Activation { Gelu, GeluTanh, Silu } activation = Activation::Gelu;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;  // llama
+  RopeScaling rope_scaling;     // llama: none, linear or Llama 3.1's (layers.hpp)
+  bool tie_embeddings = true;   // the output head is the token embedding (gpt2: always)
+  bool qkv_bias = false;        // llama: biases on q_proj, k_proj, v_proj (Qwen2)
+  // runtime/attention. auto: fused on CUDA (where LibTorch has it), masked softmax on the CPU, where
+  // LibTorch 2.6's fused kernel measured 1.6-1.8x slower for the whole step (docs/performance.md).
+  enum class Attention { Auto, Fused, Manual } attention = Attention::Auto;
+  // runtime/loss: which kernels compute the loss of bf16 logits (cross_entropy.hpp). auto: this
+  // project's fused kernel on the CPU, LibTorch's log_softmax + nll_loss on CUDA (the fused CUDA
+  // kernel is chosen explicitly until it has been timed on a GPU: docs/performance.md).
+  enum class Loss { Auto, Fused, LibTorch } loss = Loss::Auto;
+  // training/activation_checkpointing: the blocks recompute their activations in the backward
+  // (activation_checkpointing.hpp). A way of computing the forward, like `attention`: it changes the
+  // memory a training step holds and its time, not its result.
+  bool activation_checkpointing = false;
+
+  int64_t head_dim() const { return d_model / n_head; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t ff() const { return d_ff > 0 ? d_ff : 4 * d_model; }
+  bool fused_attention_on(const torch::Device& device) const;
+  bool fused_loss_on(const torch::Device& device) const;
+  // A UserError naming the architecture/ key of the first inconsistency.
+  void validate() const;
+  static ModelOptions from_config(const Config& cfg);
+};
+
+// The architecture/* options and training/activation_checkpointing (next to from_config, which reads
+// them; runtime/attention is the runtime's).
+void add_model_options(ConfigSchema& s);
+
+// What the trainers call. Implementations are torch modules whose named_parameters() are the
+// checkpoint names; layers that can take adapters are LinearImpl (layers.hpp).
+class CausalLMImpl : public torch::nn::Module {
+ public:
+  // idx: (B, T) int64 token ids, T <= block_size -> logits (B, T, V)
+  virtual torch::Tensor forward(const torch::Tensor& idx) = 0;
+  // Sum of the cross-entropy over positions whose target is >= 0 (count them with count_targets).
+  // idx, targets: (B, T) int64; targets < 0 are ignored (padding). Reads nothing back from the
+  // device, so a CUDA step is not held up waiting for it.
+  virtual torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) = 0;
+  // The family's initialisation of every parameter, drawn from `gen`.
+  virtual void init_weights(torch::Generator gen) = 0;
+  // The parameters that are looked up rather than multiplied (excluded from FLOP counts).
+  virtual bool is_lookup(const std::string& param_name) const = 0;
+  const ModelOptions& options() const { return opts_; }
+
+ protected:
+  explicit CausalLMImpl(ModelOptions o) : opts_(std::move(o)) {}
+  ModelOptions opts_;
+};
+using CausalLM = std::shared_ptr<CausalLMImpl>;
+
+// The model of `o.family`, uninitialised (call init_weights or load weights).
+CausalLM make_model(const ModelOptions& o);
+
+// The number of targets >= 0 (positions that count in the loss). Count on the host copy of a batch.
+int64_t count_targets(const torch::Tensor& targets);
+
+// named_parameters() as an ordered vector: the single source of parameter identity.
+NamedTensors named_params(torch::nn::Module& m);
+
+}  // namespace lt

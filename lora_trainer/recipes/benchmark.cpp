@@ -1,0 +1,239 @@
+#include "lora_trainer/recipes/benchmark.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/training/report.hpp"
+#include "lora_trainer/core/util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+void add_continual_options(ConfigSchema& s) {
+  s.add("training/fade/overlap", OptType::Int, 0,
+        "tokens before each stage boundary over which batches fade from the old stage's data to the new; 0 = none",
+        check_nonnegative());
+  s.add("training/fade/curve", OptType::String, "linear", "fade curve: linear, cosine or sigmoid",
+        check_one_of({"linear", "cosine", "sigmoid"}));
+  s.add("training/reset_optimizer", OptType::Bool, false, "reset the optimizer's moments at every stage boundary");
+  s.add("eval/boundary_rows", OptType::Int, 32, "held-out rows per dataset for the forgetting matrix", check_positive());
+}
+
+ContinualOptions ContinualOptions::from_config(const Config& cfg) {
+  ContinualOptions o;
+  o.fade_overlap = cfg.get_int("training/fade/overlap");
+  o.fade_curve = cfg.get_string("training/fade/curve");
+  o.reset_optimizer = cfg.get_bool("training/reset_optimizer");
+  o.boundary_rows = cfg.get_int("eval/boundary_rows");
+  return o;
+}
+
+double fade_curve(double p, const std::string& curve) {
+  p = std::min(1.0, std::max(0.0, p));
+  if (curve == "cosine") return 0.5 * (1.0 - std::cos(M_PI * p));
+  if (curve == "sigmoid") {
+    // A logistic of slope 12 centred at 1/2, rescaled so that 0 -> 0 and 1 -> 1.
+    auto f = [](double x) { return 1.0 / (1.0 + std::exp(-12.0 * (x - 0.5))); };
+    return (f(p) - f(0.0)) / (f(1.0) - f(0.0));
+  }
+  return p;
+}
+
+FadeAt fade_at(const std::vector<Stage>& stages, int64_t step, int64_t overlap_steps, const std::string& curve,
+               int no_fade_after_stage) {
+  FadeAt f;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    if (step >= stages[i].end_step) continue;
+    f.from = f.to = static_cast<int>(i);
+    if (overlap_steps <= 0 || i + 1 == stages.size() || static_cast<int>(i) == no_fade_after_stage) return f;
+    int64_t n = std::min(overlap_steps, stages[i].end_step - stages[i].first_step);
+    int64_t k = step - (stages[i].end_step - n) + 1;  // 1..n inside the window
+    if (k >= 1) {
+      f.to = static_cast<int>(i) + 1;
+      f.weight = fade_curve(static_cast<double>(k) / static_cast<double>(n + 1), curve);
+    }
+    return f;
+  }
+  f.from = f.to = static_cast<int>(stages.size()) - 1;
+  return f;
+}
+
+static StagePlan benchmark_plan(const Config& cfg) {
+  StagePlan plan = StagePlan::from_config(cfg, "training/tokens", "training/dataset");
+  if (plan.tokens.empty()) throw UserError("training/tokens is empty: a benchmark needs at least one stage");
+  return plan;
+}
+
+template <>
+ConfigSchema ContinualTrainer<BaseTrainer>::schema() {
+  ConfigSchema s = BaseTrainer::schema();
+  s.add("job/kind", OptType::String, "continual/train/benchmark", "the registered job class that runs this config");
+  s.add("training/tokens", OptType::IntList, json::array({262144, 262144, 262144}),
+        "token budget of each stage (A, B, C, ...)", check_positive_list());
+  s.add("training/dataset", OptType::SamplingStages,
+        json::parse(R"([[{"name":"english","rate":1,"style":"pmd"}],[{"name":"code","rate":1,"style":"pmd"}],
+                        [{"name":"english","rate":1,"style":"pmd"}]])"),
+        "dataset mixture of each stage (one list of samplings per budget)");
+  add_continual_options(s);
+  return s;
+}
+
+template <>
+ConfigSchema ContinualTrainer<LoRATrainer>::schema() {
+  ConfigSchema s = LoRATrainer::schema();
+  s.add("job/kind", OptType::String, "continual/train/benchmark_lora", "the registered job class that runs this config");
+  add_continual_options(s);
+  return s;
+}
+
+template <>
+ContinualTrainer<BaseTrainer>::ContinualTrainer(JobSpec spec, Config cfg, std::string out_dir)
+    : BaseTrainer(std::move(spec), cfg, std::move(out_dir), benchmark_plan(cfg)) {
+  read_continual_options();
+}
+
+template <>
+ContinualTrainer<LoRATrainer>::ContinualTrainer(JobSpec spec, Config cfg, std::string out_dir)
+    : LoRATrainer(std::move(spec), std::move(cfg), std::move(out_dir)) {
+  read_continual_options();
+}
+
+template <class Base>
+void ContinualTrainer<Base>::read_continual_options() {
+  continual_ = ContinualOptions::from_config(this->cfg_);
+  overlap_steps_ = continual_.fade_overlap / this->tokens_per_step();
+}
+
+template <class Base>
+int ContinualTrainer<Base>::no_fade_after() const {
+  if constexpr (std::is_same_v<Base, LoRATrainer>)
+    return this->boundary_step() > 0 ? this->stage_of(this->boundary_step() - 1) : -1;
+  return -1;
+}
+
+template <class Base>
+Batch ContinualTrainer<Base>::next_batch(int64_t first, int64_t count) {
+  FadeAt f = fade_at(this->stages_, this->step_, overlap_steps_, continual_.fade_curve, no_fade_after());
+  if (f.weight <= 0.0) return this->sampler(f.from).next_share(this->batch_size_, first, count);
+  // The global batch is the old stage's rows then the new stage's; this rank takes [first, first + count).
+  auto rows = largest_remainder({1.0 - f.weight, f.weight}, this->batch_size_);
+  const int64_t end = first + count;
+  const int64_t old_first = std::min(first, rows[0]), old_end = std::min(end, rows[0]);
+  const int64_t new_first = std::max(first, rows[0]) - rows[0], new_end = std::max(end, rows[0]) - rows[0];
+  Batch old_rows = this->sampler(f.from).next_share(rows[0], old_first, old_end - old_first);
+  Batch new_rows = this->sampler(f.to).next_share(rows[1], new_first, new_end - new_first);
+  Batch b;
+  b.inputs = torch::cat({old_rows.inputs, new_rows.inputs});
+  b.targets = torch::cat({old_rows.targets, new_rows.targets});
+  b.source = old_rows.source;
+  b.source.insert(b.source.end(), new_rows.source.begin(), new_rows.source.end());
+  return b;
+}
+
+template <class Base>
+void ContinualTrainer<Base>::on_stage_end(int stage) {
+  auto evals = this->evaluate(this->plan_datasets(), continual_.boundary_rows);
+  json losses = json::object();
+  for (const auto& e : evals) losses[e.name] = e.loss;
+  matrix_.push_back({{"after_stage", stage}, {"step", this->step_}, {"loss", losses}});
+  this->log_event({{"event", "boundary"}, {"step", this->step_}, {"tokens", this->tokens_}, {"after_stage", stage},
+                   {"loss", losses}});
+  const bool last = stage + 1 == static_cast<int>(this->stages_.size());
+  // Reset before the boundary checkpoint, so that a run resumed from it starts the next stage as the
+  // uninterrupted run does.
+  if (continual_.reset_optimizer && !last) {
+    // The same parameters, weight decay and per-parameter lr (a LoRA stage's modules_to_save keep their ratio).
+    auto params = this->optimizer_->params();
+    this->build_optimizer(params, this->optimizer_->weight_decay(), this->optimizer_->lr_scale());
+  }
+  std::string label = std::to_string(stage) + "_" + (last ? std::string("end") : std::to_string(stage + 1));
+  std::string suffix = (!last && stage == no_fade_after() ? "lora_boundary_" : "boundary_") + label;
+  this->save(suffix);
+  std::printf("  stage %d done at step %lld: held-out loss%s; saved %s\n", stage, (long long)this->step_,
+              [&] {
+                std::string s;
+                char v[32];
+                for (const auto& e : evals) {
+                  std::snprintf(v, sizeof v, " %.4f", e.loss);  // as the forgetting table rounds it
+                  s += " " + e.name + v;
+                }
+                return s;
+              }().c_str(),
+              suffix.c_str());
+  std::fflush(stdout);
+}
+
+template <class Base>
+json ContinualTrainer<Base>::extra_metadata() const {
+  json m = Base::extra_metadata();
+  m["forgetting"] = matrix_;
+  return m;
+}
+
+template <class Base>
+void ContinualTrainer<Base>::restore_from_checkpoint(const CheckpointMeta& ck) {
+  Base::restore_from_checkpoint(ck);  // the LoRA variant picks its phase from the metadata here
+  // A full restore continues the checkpoint's run and its matrix (also under a new name); weights
+  // taken as a pretrained base leave this job's counters at zero and bring no matrix.
+  const bool full_restore = this->step_ == ck.step && !ck.weights_only;
+  matrix_ = full_restore ? ck.raw.value("forgetting", json::array()) : json::array();
+}
+
+template <class Base>
+std::string ContinualTrainer<Base>::forgetting_table() const {
+  std::ostringstream t;
+  std::vector<std::string> names;
+  for (const auto& s : this->plan_datasets()) names.push_back(s.name);
+  char cell[64];
+  std::snprintf(cell, sizeof cell, "%-22s", "held-out loss after");
+  t << cell;
+  for (const auto& n : names) {
+    std::snprintf(cell, sizeof cell, " %12s", n.c_str());
+    t << cell;
+  }
+  t << "\n";
+  for (const auto& row : matrix_) {
+    std::string label = "stage " + std::to_string(row["after_stage"].get<int>()) + " (step " +
+                        std::to_string(row["step"].get<int64_t>()) + ")";
+    std::snprintf(cell, sizeof cell, "%-22s", label.c_str());
+    t << cell;
+    for (const auto& n : names) {
+      std::snprintf(cell, sizeof cell, " %12.4f", row["loss"].contains(n) ? metric_value(row["loss"][n]) : std::nan(""));
+      t << cell;
+    }
+    t << "\n";
+  }
+  return t.str();
+}
+
+template <class Base>
+void ContinualTrainer<Base>::run() {
+  Base::run();
+  if (!this->done() || matrix_.empty() || !this->is_main()) return;
+  std::vector<PlotMarker> markers;
+  for (const auto& row : matrix_) {
+    int stage = row["after_stage"].get<int>();
+    if (stage + 1 < static_cast<int>(this->stages_.size()))
+      markers.push_back({row["step"].get<int64_t>(),
+                         (stage == no_fade_after() ? "LoRA, stage " : "stage ") + std::to_string(stage + 1)});
+  }
+  auto metrics = read_metrics(this->run_dir());
+  write_loss_plot(metrics, markers, "job " + this->spec_.name + ": loss", (fs::path(this->run_dir()) / "loss.svg").string());
+  write_matrix_plot(matrix_, "job " + this->spec_.name + ": held-out loss after each stage",
+                    (fs::path(this->run_dir()) / "forgetting.svg").string());
+  std::string table = forgetting_table();
+  write_file_atomic((fs::path(this->run_dir()) / "forgetting.txt").string(), table);
+  std::printf("\nforgetting matrix (rows: trained through stage; columns: dataset evaluated)\n%s"
+              "plots: %s/loss.svg, %s/forgetting.svg\n",
+              table.c_str(), this->run_dir().c_str(), this->run_dir().c_str());
+  std::fflush(stdout);
+}
+
+template class ContinualTrainer<BaseTrainer>;
+template class ContinualTrainer<LoRATrainer>;
+
+}  // namespace lt

@@ -1,0 +1,597 @@
+#include "lora_trainer/training/lora_trainer.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "lora_trainer/formats/adapter_source.hpp"
+#include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/training/report.hpp"
+#include "lora_trainer/core/util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+static const char* kPreLoraCheckpoint = "pre_lora_checkpoint";
+
+// lora.cpp knows its settings, not the config: its errors get their key (optimization/lora/...) here.
+template <class F>
+static auto with_lora_keys(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const LoraSettingError& e) {
+    throw UserError("optimization/lora/" + e.setting() + ": " + e.what());
+  }
+}
+
+LoraConfig LoraConfig::from_config(const Config& cfg) {
+  LoraConfig c;
+  c.rank = cfg.get_int("optimization/lora/rank");
+  c.alpha = cfg.get_double("optimization/lora/alpha");
+  c.target_modules = cfg.get("optimization/lora/target_modules").get<std::vector<std::string>>();
+  c.init = with_lora_keys([&] { return parse_lora_init(cfg.get_string("optimization/lora/init")); });
+  c.modules_to_save = cfg.get("optimization/lora/modules_to_save").get<std::vector<std::string>>();
+  c.modules_to_save_lr_ratio = cfg.get_double("optimization/lora/modules_to_save_lr_ratio");
+  const json tokens = cfg.get("optimization/lora/trainable_token_indices");
+  if (tokens.is_object() && tokens.size() > 1)
+    throw UserError("optimization/lora/trainable_token_indices: " + tokens.dump() + " names " + std::to_string(tokens.size()) +
+                    " modules; these models have one token embedding (a head tied to it follows it): name it once");
+  if (tokens.is_object() && tokens.size() == 1) {
+    c.token_module = tokens.begin().key();
+    c.token_ids = tokens.begin().value().get<std::vector<int64_t>>();
+  } else if (tokens.is_array()) {
+    c.token_ids = tokens.get<std::vector<int64_t>>();
+  }
+  c.init_from = cfg.get_string("optimization/lora/init_from");
+  c.rslora = cfg.get_bool("optimization/lora/rslora");
+  c.dora = cfg.get_bool("optimization/lora/dora");
+  c.lr_ratio = cfg.get_double("optimization/lora/lr_ratio");
+  c.schedule.kind = parse_schedule_kind(cfg.get_string("optimization/lora/schedule"));
+  c.schedule.lr = cfg.get_double("optimization/lora/lr");
+  c.schedule.min_lr_ratio = cfg.get_double("optimization/min_lr_ratio");  // shared with phase 1
+  c.schedule.warmup_pct = cfg.get_double("optimization/lora/warmup_pct");
+  c.schedule.decay_pct = cfg.get_double("optimization/lora/decay_pct");
+  c.weight_decay = cfg.get_double("optimization/lora/weight_decay");
+  c.allow_random_base = cfg.get_bool("training/allow_random_base");
+  return c;
+}
+
+ConfigSchema LoRATrainer::schema() {
+  ConfigSchema s;
+  add_job_options(s, "lora/train");
+  add_trainer_options(s);
+  s.remove("training/tokens").remove("training/dataset");  // the phases below replace them
+  auto stage = [](const char* name) { return json::array({json::array({{{"name", name}, {"rate", 1}, {"style", "pmd"}}})}); };
+  s.add("training/pre_lora_tokens", OptType::IntList, json::array({2097152}),
+        "token budget of each pre-LoRA (full-parameter) stage; [] starts in the LoRA phase", check_positive_list());
+  s.add("training/pre_lora_dataset", OptType::SamplingStages, stage("english"),
+        "dataset mixture of each pre-LoRA stage (one list of samplings per budget)");
+  s.add("training/post_lora_tokens", OptType::IntList, json::array({524288}),
+        "token budget of each post-LoRA (adapter) stage", check_positive_list());
+  s.add("training/post_lora_dataset", OptType::SamplingStages, stage("code"),
+        "dataset mixture of each post-LoRA stage (one list of samplings per budget)");
+  s.add("training/allow_random_base", OptType::Bool, false,
+        "with no pre-LoRA stages: let the adapters train on randomly initialised base weights (a study of LoRA "
+        "alone). Otherwise such a job needs a pretrained base: `run ... --restore CHECKPOINT`");
+  s.add("optimization/lora/rank", OptType::Int, 16, "adapter rank r", check_positive());
+  s.add("optimization/lora/alpha", OptType::Float, 16.0, "adapter scale numerator: W + (alpha/r) A B", check_positive());
+  s.add("optimization/lora/target_modules", OptType::StringList,
+        json::array({kAllLinear}),
+        "substrings of parameter names whose 2-D weights get adapters, or \"all-linear\" (PEFT's value, the default): "
+        "every linear layer of the blocks (gpt2: attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj; llama: q/k/v/o_proj, "
+        "gate/up/down_proj), not the output head");
+  s.add("optimization/lora/init", OptType::String, "gaussian",
+        "how adapter A is drawn (B starts at zero): gaussian, normal(0, 1/r) as in the reference framework and PEFT's "
+        "\"gaussian\"; or kaiming_uniform, uniform(+-1/sqrt(in)) as PEFT's default",
+        check_one_of({"gaussian", "kaiming_uniform"}));
+  s.add("optimization/lora/modules_to_save", OptType::StringList, json::array(),
+        "base modules or parameters that train in full beside the adapters, as PEFT's modules_to_save (e.g. [\"wte\"]: "
+        "the token embedding, tied to the output head; [\"ln_1\", \"ln_2\", \"ln_f\"]: every layer norm). Names or "
+        "suffixes after a '.'; they stay f32 with their own AdamW moments. Default: none, the whole base frozen in bf16");
+  s.add("optimization/lora/modules_to_save_lr_ratio", OptType::Float, 1.0,
+        "learning rate of the modules_to_save as a fraction of optimization/lora/lr (e.g. 0.1 for an embedding)",
+        check_positive());
+  s.add("optimization/lora/trainable_token_indices", OptType::TokenIndices, json::array(),
+        "token ids whose rows of the token embedding train beside the adapters, as PEFT's trainable_token_indices: a "
+        "list (e.g. [50256]) applies to the token embedding and a head tied to it; PEFT's dict form names the module "
+        "({\"wte\": [50256]}). The rows keep f32 values that replace the frozen ones, with their own AdamW moments at "
+        "optimization/lora/lr. Not with modules_to_save of the same embedding. Default []: none");
+  s.add("optimization/lora/init_from", OptType::String, "",
+        "start the adapters from an earlier run's instead of drawing them: one of our LoRA checkpoints or a PEFT adapter "
+        "directory (adapter_config.json + adapter_model.safetensors) with the same targets, rank and scale. Applied at "
+        "the transition; \"\" = drawn by optimization/lora/init");
+  s.add("optimization/lora/rslora", OptType::Bool, false,
+        "rank-stabilised LoRA: scale the adapters by alpha/sqrt(r) instead of alpha/r (PEFT's use_rslora)");
+  s.add("optimization/lora/dora", OptType::Bool, false,
+        "DoRA (PEFT's use_dora): each adapted weight also trains a magnitude per output feature, W' = m (W + s A B) / "
+        "||W + s A B|| row by row; m starts at the base's row norms and trains at B's lr without weight decay");
+  s.add("optimization/lora/lr_ratio", OptType::Float, 1.0,
+        "LoRA+: the learning rate of every B over that of A (the LoRA+ paper suggests 16); 1 trains both alike",
+        check_positive());
+  s.add("optimization/lora/lr", OptType::Float, 1e-3, "peak learning rate of the LoRA phase", check_positive());
+  s.add("optimization/lora/schedule", OptType::String, "wsd", "LoRA-phase schedule: constant, wsd or cosine",
+        check_one_of({"constant", "wsd", "cosine"}));
+  s.add("optimization/lora/warmup_pct", OptType::Float, 0.05, "LoRA-phase warmup fraction", check_range(0, 1));
+  s.add("optimization/lora/decay_pct", OptType::Float, 0.1, "LoRA-phase final decay fraction (wsd)", check_range(0, 1));
+  s.add("optimization/lora/weight_decay", OptType::Float, 0.0, "AdamW weight decay on the adapters", check_nonnegative());
+  return s;
+}
+
+StagePlan lora_stage_plan(const Config& cfg) {
+  StagePlan pre = StagePlan::from_config(cfg, "training/pre_lora_tokens", "training/pre_lora_dataset",
+                                         " (both [] to skip phase one)");
+  StagePlan post = StagePlan::from_config(cfg, "training/post_lora_tokens", "training/post_lora_dataset");
+  if (post.tokens.empty())
+    throw UserError("training/post_lora_tokens is empty: a LoRA job needs at least one post-LoRA stage "
+                    "(for full-parameter training alone use the `train` job)");
+  return pre.append(post);
+}
+
+LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
+    : LoRATrainer(std::move(spec), cfg, std::move(out_dir), lora_stage_plan(cfg),
+                  cfg.get("training/pre_lora_tokens").size()) {}
+
+LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan, size_t pre_lora_stages)
+    : BaseTrainer(std::move(spec), cfg, std::move(out_dir), plan) {
+  lora_cfg_ = LoraConfig::from_config(cfg_);
+  const size_t n_pre = pre_lora_stages;  // the plan's first stages
+  boundary_step_ = n_pre > 0 ? stages_[n_pre - 1].end_step : 0;
+  selection_ = select_lora_params();  // now, not at the boundary hours later
+  schedule_ = full_schedule(boundary_step_);  // phase 1's schedule ends at the boundary
+  lora_schedule_ = lora_cfg_.schedule.make(total_steps_ - boundary_step_);
+}
+
+LoRATrainer::Selection LoRATrainer::select_lora_params() const {
+  const NamedTensors params = named_params(*model_);
+  Selection sel;
+  with_lora_keys([&] {
+    sel.targets = param_filter(params, expand_target_modules(*model_, lora_cfg_.target_modules));
+    check_lora_targets(*model_, params, sel.targets, lora_cfg_.rank);
+    sel.saved = modules_to_save_filter(params, lora_cfg_.modules_to_save, sel.targets);
+    if (lora_cfg_.token_ids.empty() && lora_cfg_.token_module.empty()) return;
+    sel.token_embedding = resolve_trainable_tokens(*model_, params, lora_cfg_.token_module, lora_cfg_.token_ids);
+    for (size_t i = 0; i < params.size(); ++i)
+      if (sel.saved[i] && params[i].first == sel.token_embedding)
+        throw LoraSettingError("trainable_token_indices", "selects rows of " + sel.token_embedding +
+                               ", which optimization/lora/modules_to_save already trains in full; give the "
+                               "embedding to one of the two, not both");
+  });
+  for (size_t i = 0; i < params.size(); ++i)
+    if (sel.targets[i]) sel.target_names.push_back(params[i].first);
+  return sel;
+}
+
+void LoRATrainer::before_step() {
+  if (!in_lora_ && step_ >= boundary_step_) transition_at_boundary();
+}
+
+bool LoRATrainer::shard_optimizer_state() const {
+  const ShardMode mode = opts_.shard_optimizer;
+  return in_lora_ ? mode != ShardMode::None : mode == ShardMode::All;
+}
+
+double LoRATrainer::current_lr() const {
+  return in_lora_ ? lora_schedule_.at(step_ - boundary_step_) : schedule_.at(step_);
+}
+
+// The trainable token rows as checkpoints and events record them: {"wte.weight": [ids]}, {} for none.
+static json tokens_json(const TrainableTokens& t) {
+  return t.defined() ? json{{t.name, t.ids}} : json::object();
+}
+
+NamedTensors LoRATrainer::state_tensors() {
+  NamedTensors out = BaseTrainer::state_tensors();
+  if (in_lora_)
+    for (auto& [n, t] : lora_.named()) out.emplace_back(kLoraPrefix + n, t);
+  if (token_rows_.defined()) out.emplace_back(kLoraPrefix + TrainableTokens::values_name(token_rows_.name), token_rows_.values);
+  return out;
+}
+
+json LoRATrainer::extra_metadata() const {
+  return {{"lora",
+           {{"rank", lora_cfg_.rank},
+            {"alpha", lora_cfg_.alpha},
+            {"boundary_step", boundary_step_},
+            {"in_lora_phase", in_lora_},
+            {"targets", lora_.names},
+            {"init", to_string(lora_cfg_.init)},
+            {"rslora", lora_cfg_.rslora},
+            {"dora", lora_cfg_.dora},
+            {"lr_ratio", lora_cfg_.lr_ratio},
+            {"modules_to_save", saved_},
+            {"modules_to_save_lr_ratio", lora_cfg_.modules_to_save_lr_ratio},
+            {"trainable_tokens", tokens_json(token_rows_)},
+            {"adapters_from", adapters_from_},
+            {"base", base_}}}};
+}
+
+void LoRATrainer::restore_extra(const json& meta) {
+  if (meta.contains("lora") && meta["lora"].is_object() && meta["lora"].contains("base")) base_ = meta["lora"]["base"];
+  if (meta.contains("lora") && meta["lora"].is_object()) adapters_from_ = meta["lora"].value("adapters_from", std::string());
+}
+
+void transition_to_lora(LoRATrainer& trainer) { trainer.transition_at_boundary(); }
+
+void LoRATrainer::transition_at_boundary() {
+  // Rank 0 reads the file system for every rank: they must all take part in the save or none.
+  if (boundary_step_ > 0 && step_ == boundary_step_ &&
+      dist_.broadcast_flag(!is_checkpoint((fs::path(job_dir()) / kPreLoraCheckpoint).string()),
+                           "deciding whether to save " + std::string(kPreLoraCheckpoint)))
+    save(kPreLoraCheckpoint);
+  enter_lora_phase();
+  if (!lora_cfg_.init_from.empty()) load_initial_adapters();
+  log_transition();
+}
+
+void LoRATrainer::load_initial_adapters() {
+  AdapterSource src = read_adapter_source(lora_cfg_.init_from, model_->options().family, lora_.names, lora_cfg_.rank,
+                                          lora_cfg_.alpha, lora_cfg_.rslora, lora_cfg_.dora, token_embeddings(*model_).front(),
+                                          token_rows_.ids);
+  torch::NoGradGuard ng;
+  if (token_rows_.defined()) {
+    if (src.tokens.values.sizes() != token_rows_.values.sizes())
+      throw UserError("optimization/lora/init_from: " + src.path + ": the trainable token rows do not fit this model's " +
+                      token_rows_.name + " (another model size?)");
+    token_rows_.values.copy_(src.tokens.values);
+  }
+  for (size_t i = 0; i < lora_.names.size(); ++i) {
+    if (src.adapters.A[i].sizes() != lora_.A[i].sizes() || src.adapters.B[i].sizes() != lora_.B[i].sizes())
+      throw UserError("optimization/lora/init_from: " + src.path + ": the adapter of " + lora_.names[i] +
+                      " does not fit this model's weight (another model size?)");
+    lora_.A[i].copy_(src.adapters.A[i]);
+    lora_.B[i].copy_(src.adapters.B[i]);
+    if (lora_.dora()) {
+      if (src.adapters.magnitude[i].sizes() != lora_.magnitude[i].sizes())
+        throw UserError("optimization/lora/init_from: " + src.path + ": the DoRA magnitude of " + lora_.names[i] +
+                        " has shape " + shape_text(src.adapters.magnitude[i].sizes().vec()) + ", not this weight's " +
+                        shape_text(lora_.magnitude[i].sizes().vec()) + " (another model size?)");
+      lora_.magnitude[i].copy_(src.adapters.magnitude[i]);
+    }
+  }
+  adapters_from_ = src.path;
+  std::printf("adapters of the %zu adapted weights%s start from %s (%s)%s\n", lora_.names.size(),
+              token_rows_.defined() ? " and the trainable token rows" : "", src.path.c_str(),
+              src.format == "peft" ? "a PEFT adapter" : "a LoRA checkpoint",
+              src.modules_to_save.empty() ? ""
+                                          : ("; its modules_to_save (" + join(src.modules_to_save) +
+                                             ") are not loaded: they start from this job's base").c_str());
+}
+
+void LoRATrainer::enter_lora_phase() {
+  TORCH_CHECK(!in_lora_, "transition_to_lora: already in the LoRA phase");
+  // Freeze the base: bf16, no gradients, and (below) no optimizer state; except the modules_to_save,
+  // which keep their f32 values (taken before the cast) and train.
+  NamedTensors params = named_params(*model_);
+  const std::vector<bool>& mask = selection_.targets;
+  const std::vector<bool>& keep = selection_.saved;
+  const std::string& embedding = selection_.token_embedding;
+  std::vector<torch::Tensor> masters;
+  token_rows_ = TrainableTokens();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (keep[i]) masters.push_back(params[i].second.detach().to(torch::kFloat32));
+    if (params[i].first == embedding)  // the rows start from their f32 values, before the cast
+      token_rows_ = make_trainable_tokens(embedding, params[i].second, lora_cfg_.token_ids);
+  }
+  model_->to(torch::kBFloat16);
+  for (auto& p : model_->parameters()) p.requires_grad_(false);
+  NamedTensors saved;
+  saved_.clear();
+  for (size_t i = 0, k = 0; i < params.size(); ++i) {
+    if (!keep[i]) continue;
+    params[i].second.set_data(masters[k++]);
+    params[i].second.requires_grad_(true);
+    saved.push_back(params[i]);
+    saved_.push_back(params[i].first);
+  }
+
+  auto gen = at::detail::createCPUGenerator(mix64(opts_.seed ^ 0x4C6F5241ULL));  // "LoRA"
+  lora_ = with_lora_keys(
+      [&] { return inject_lora_params(params, mask, lora_cfg_.rank, gen, lora_cfg_.init, lora_cfg_.dora); });
+  for (auto& a : lora_.A) a.requires_grad_(true);
+  for (auto& b : lora_.B) b.requires_grad_(true);
+  for (auto& m : lora_.magnitude) m.requires_grad_(true);
+  attach_lora(*model_, lora_, lora_cfg_.alpha, lora_cfg_.rank, lora_cfg_.rslora);
+  if (token_rows_.defined()) {
+    token_rows_.values.requires_grad_(true);
+    attach_token_rows(*model_, token_rows_);
+  }
+  in_lora_ = true;  // before the optimizer: its sharding depends on the phase
+  // The adapters are identical on every rank (the same seed), as are the saved modules; the moments
+  // of both may be sharded. The saved modules follow the adapters, at their own lr.
+  // A, B (and DoRA's magnitude) of each target in turn; B and the magnitude at LoRA+'s lr_ratio, as
+  // PEFT's LoRA+ optimizer groups them. The magnitude is 1-D: no weight decay (AdamW's rule for them).
+  NamedTensors trained = lora_.named();
+  std::vector<double> lr_scale;
+  const size_t per_target = lora_.dora() ? 3 : 2;
+  for (size_t i = 0; i < trained.size(); ++i) lr_scale.push_back(i % per_target == 0 ? 1.0 : lora_cfg_.lr_ratio);
+  for (const auto& p : saved) {
+    trained.push_back(p);
+    lr_scale.push_back(lora_cfg_.modules_to_save_lr_ratio);
+  }
+  if (token_rows_.defined()) {  // the token rows at the adapters' lr, as PEFT trains them
+    trained.emplace_back(TrainableTokens::values_name(token_rows_.name), token_rows_.values);
+    lr_scale.push_back(1.0);
+  }
+  build_optimizer(std::move(trained), lora_cfg_.weight_decay, std::move(lr_scale));
+}
+
+void LoRATrainer::log_transition() {
+  int64_t frozen = 0, saved_numel = 0;
+  for (const auto& [name, p] : named_params(*model_))
+    (std::find(saved_.begin(), saved_.end(), name) != saved_.end() ? saved_numel : frozen) += p.numel();
+  const int64_t token_numel = token_rows_.defined() ? token_rows_.values.numel() : 0;
+  const int64_t adapters = count_lora_params(lora_), trainable = adapters + saved_numel + token_numel;
+  std::string saved_text;
+  if (!saved_.empty()) {
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%g", lora_cfg_.modules_to_save_lr_ratio);
+    saved_text = " + " + std::to_string(saved_numel) + " in the modules_to_save (" + join(saved_) + ", f32, lr x" + ratio + ")";
+  }
+  if (token_rows_.defined())
+    saved_text += " + " + std::to_string(token_numel) + " in " + std::to_string(token_rows_.ids.size()) +
+                  " trainable token rows of " + token_rows_.name + " (f32)";
+  std::string recipe;  // what differs from plain LoRA
+  if (lora_cfg_.rslora) recipe += ", rsLoRA (scale alpha/sqrt(r))";
+  if (lora_cfg_.lr_ratio != 1.0) {
+    char ratio[48];
+    std::snprintf(ratio, sizeof ratio, ", LoRA+ (B's lr x%g)", lora_cfg_.lr_ratio);
+    recipe += ratio;
+  }
+  if (lora_.dora()) {
+    int64_t m = 0;
+    for (const auto& t : lora_.magnitude) m += t.numel();
+    char text[160];
+    std::snprintf(text, sizeof text, ", DoRA (%lld magnitudes, one per output feature, at B's lr x%g, no weight decay)",
+                  (long long)m, lora_cfg_.lr_ratio);
+    recipe += text;
+  }
+  std::printf("transition to LoRA at step %lld (%lld tokens): %zu adapted weights, rank %lld, alpha %g, init %s%s; "
+              "trainable %lld (%.2f%%: %lld in adapters%s), frozen %lld (bf16)\n",
+              (long long)step_, (long long)tokens_, lora_.names.size(), (long long)lora_cfg_.rank, lora_cfg_.alpha,
+              to_string(lora_cfg_.init), recipe.c_str(), (long long)trainable,
+              100.0 * trainable / std::max<int64_t>(1, frozen + trainable), (long long)adapters, saved_text.c_str(),
+              (long long)frozen);
+  std::fflush(stdout);
+  log_event({{"event", "transition"}, {"step", step_}, {"tokens", tokens_}, {"trainable_params", trainable},
+             {"adapter_params", adapters}, {"saved_params", saved_numel}, {"token_params", token_numel},
+             {"frozen_params", frozen}, {"adapted", lora_.names}, {"modules_to_save", saved_},
+             {"trainable_tokens", tokens_json(token_rows_)}});
+}
+
+void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
+  const std::string& dir = ck.dir;
+  const StateKind kind = ck.kind;
+  const int64_t step = ck.step;
+  if (ck.weights_only || (kind == StateKind::Plain && boundary_step_ == 0)) {
+    // Skip phase one: another job's weights become this job's base; our counters stay at zero.
+    if (in_lora_ || step_ != 0)
+      throw UserError("a pretrained base can only be loaded before training starts; " + dir + " came too late");
+    load_weights_from(ck);
+    base_ = {{"path", dir}, {"job", ck.job_name}, {"step", step}};
+    return;
+  }
+  if (kind == StateKind::Lora) {
+    if (step < boundary_step_)
+      throw UserError(dir + " is a LoRA state at step " + std::to_string(step) + ", before this job's LoRA boundary (step " +
+                      std::to_string(boundary_step_) + "): it belongs to a job with other training/pre_lora_tokens");
+    const json& meta = ck.raw;
+    // The adapters' shapes are checked against this job's rank by the load; a rank in the metadata that
+    // differs from both would be silently replaced by the job's in the next checkpoint.
+    const int64_t their_rank = meta["lora"].value("rank", lora_cfg_.rank);
+    if (their_rank != lora_cfg_.rank)
+      throw UserError(dir + "/metadata.json gives lora.rank " + std::to_string(their_rank) + "; this job has "
+                      "optimization/lora/rank=" + std::to_string(lora_cfg_.rank) + ". Set it as the job that saved the "
+                      "checkpoint had it; if its adapters are not of rank " + std::to_string(their_rank) + ", its metadata "
+                      "is damaged: " + use_another_checkpoint(ck.job_name));
+    const bool their_dora = meta.contains("lora") && meta["lora"].is_object() && meta["lora"].value("dora", false);
+    if (their_dora != lora_cfg_.dora)
+      throw UserError(dir + (their_dora ? " trained DoRA adapters (a magnitude per output feature)" : " trained plain LoRA "
+                      "adapters, without DoRA's magnitudes") + "; this job has optimization/lora/dora=" +
+                      (lora_cfg_.dora ? "true" : "false") + ". Set it as the job that saved the checkpoint had it");
+    if (!in_lora_) enter_lora_phase();  // the LoRA template; the load overwrites it
+    const json theirs = meta.contains("lora") && meta["lora"].is_object() ? meta["lora"].value("modules_to_save", json::array())
+                                                                          : json::array();
+    if (theirs != json(saved_))
+      throw UserError(dir + " trained the modules_to_save " + theirs.dump() + " beside its adapters; this job's " +
+                      "optimization/lora/modules_to_save selects " + json(saved_).dump() +
+                      ". Set it as the job that saved the checkpoint had it");
+    const json their_tokens = meta.contains("lora") && meta["lora"].is_object()
+                                  ? meta["lora"].value("trainable_tokens", json::object())
+                                  : json::object();
+    if (their_tokens != tokens_json(token_rows_))
+      throw UserError(dir + " trained the token rows " + their_tokens.dump() + " beside its adapters; this job's " +
+                      "optimization/lora/trainable_token_indices selects " + tokens_json(token_rows_).dump() +
+                      ". Set it as the job that saved the checkpoint had it");
+  } else {
+    if (step > boundary_step_)
+      throw UserError(dir + " is a plain state at step " + std::to_string(step) + ", past this job's LoRA boundary (step " +
+                      std::to_string(boundary_step_) +
+                      "). To use it as a pretrained base, set training/pre_lora_tokens and training/pre_lora_dataset to []");
+    if (in_lora_) throw UserError("cannot restore the plain state " + dir + " into a job already in its LoRA phase");
+  }
+  BaseTrainer::restore_from_checkpoint(ck);
+}
+
+void LoRATrainer::run() {
+  if (boundary_step_ == 0 && step_ == 0 && base_.is_null()) {
+    // No phase one and no base given: adapters on random weights teach nothing about LoRA on a model.
+    if (!lora_cfg_.allow_random_base)
+      throw UserError("job " + spec_.name + " has no pre-LoRA stages (training/pre_lora_tokens is []), so its base must "
+                      "come from a pretrained checkpoint: add `--restore CHECKPOINT` (a plain checkpoint, an `export`, "
+                      "or an `import-hf` output). To train adapters on randomly initialised weights on purpose, set "
+                      "training/allow_random_base=true");
+    base_ = "random";
+  }
+  if (!in_lora_ && !lora_cfg_.init_from.empty()) {
+    // The adapters' source is read at the transition, maybe hours from now: check it fits before training.
+    read_adapter_source(lora_cfg_.init_from, model_->options().family, selection_.target_names, lora_cfg_.rank,
+                        lora_cfg_.alpha, lora_cfg_.rslora, lora_cfg_.dora, token_embeddings(*model_).front(),
+                        selection_.token_embedding.empty() ? std::vector<int64_t>() : lora_cfg_.token_ids);
+  }
+  BaseTrainer::run();
+  if (!done() || !is_main()) return;
+  std::string text = report();
+  if (text.empty()) {  // no training was logged under this name (e.g. `restore` of a finished job)
+    std::printf("no report: no training steps were logged in %s (the report of the run that trained this job is in "
+                "that run's directory)\n", run_dir().c_str());
+    return;
+  }
+  std::printf("%s", text.c_str());
+  std::fflush(stdout);
+}
+
+void LoRATrainer::draw_loss_plot(const std::vector<json>& metrics, const std::string& path) const {
+  write_loss_plot(metrics, {{boundary_step_, "LoRA from here"}}, "job " + spec_.name + ": loss", path);
+}
+
+std::string LoRATrainer::report() {
+  auto metrics = read_metrics(run_dir());
+  double tps[2] = {0, 0};
+  int n_tps[2] = {0, 0};
+  const json* before = nullptr;
+  const json* after = nullptr;
+  const json* transition = nullptr;
+  const json* first_dpo = nullptr;  // the first and last phase-2 step lines with DPO's figures
+  const json* last_dpo = nullptr;
+  for (const auto& e : metrics) {
+    std::string ev = e.value("event", std::string());
+    int64_t step = e.value("step", int64_t(0));
+    if (ev == "train") {
+      int phase = step > boundary_step_ ? 1 : 0;
+      tps[phase] += e.value("tok_per_s", 0.0);
+      ++n_tps[phase];
+      if (phase == 1 && e.contains("reward_margin")) {
+        if (!first_dpo) first_dpo = &e;
+        last_dpo = &e;
+      }
+    } else if (ev == "val") {
+      if (step <= boundary_step_) before = &e;
+      after = &e;
+    } else if (ev == "transition") {
+      transition = &e;
+    }
+  }
+  if (n_tps[0] + n_tps[1] == 0) return "";
+  std::string svg = (fs::path(run_dir()) / "loss.svg").string();
+  draw_loss_plot(metrics, svg);
+
+  std::ostringstream r;
+  char line[256];
+  r << "\n== report: job " << spec_.name << " (" << spec_.kind << ") ==\n";
+  if (boundary_step_ == 0) {
+    if (base_.is_object())
+      r << "phase 1: skipped; the frozen base is " << base_.value("path", std::string("?")) << " (job "
+        << base_.value("job", std::string("?")) << ", step " << base_.value("step", int64_t(0)) << ")\n";
+    else
+      r << "phase 1: skipped; the base is randomly initialised (training/allow_random_base)\n";
+  } else {
+    // Phase 1 may have run in another run (this one restored past it): then there is no speed to report.
+    std::snprintf(line, sizeof line, "phase 1 (full parameters): steps 1-%lld, %lld tokens, ", (long long)boundary_step_,
+                  (long long)(boundary_step_ * tokens_per_step()));
+    r << line;
+    if (n_tps[0] == 0) {
+      r << "not run by this run (restored from a later checkpoint)\n";
+    } else {
+      std::snprintf(line, sizeof line, "%.0f tok/s\n", tps[0] / n_tps[0]);
+      r << line;
+    }
+  }
+  std::snprintf(line, sizeof line, "phase 2 (LoRA): steps %lld-%lld, %lld tokens, %.0f tok/s\n", (long long)boundary_step_ + 1,
+                (long long)total_steps_, (long long)((total_steps_ - boundary_step_) * tokens_per_step()),
+                n_tps[1] ? tps[1] / n_tps[1] : 0.0);
+  r << line;
+  if (transition) {
+    int64_t tr = transition->value("trainable_params", int64_t(0)), fr = transition->value("frozen_params", int64_t(0));
+    const int64_t sv = transition->value("saved_params", int64_t(0)), tk = transition->value("token_params", int64_t(0));
+    std::snprintf(line, sizeof line, "parameters in phase 2: %lld trainable (%.2f%%: %lld in adapters", (long long)tr,
+                  100.0 * tr / std::max<int64_t>(1, tr + fr), (long long)(tr - sv - tk));
+    r << line;
+    if (sv > 0) {
+      std::vector<std::string> names = transition->value("modules_to_save", std::vector<std::string>());
+      r << " + " << sv << " in the modules_to_save: " << join(names);
+    }
+    const json token_rows = transition->value("trainable_tokens", json::object());
+    if (tk > 0)
+      for (auto& [name, ids] : token_rows.items())
+        r << " + " << tk << " in the trainable token rows of " << name << ": " << ids.dump();
+    std::snprintf(line, sizeof line, "), %lld frozen (bf16 base)\n", (long long)fr);
+    r << line;
+  }
+  // Perplexity, one column per text dataset measured before or after LoRA (as wide as its name, at least
+  // 10), numbers right-aligned under it; "-" where a validation did not measure it (without
+  // eval/evaluations "perplexity" it measures only the stage just trained).
+  std::vector<std::pair<std::string, int>> cols;
+  for (const json* e : {before, after}) {
+    if (!e || !e->contains("perplexity")) continue;
+    for (auto& [name, ppl] : (*e)["perplexity"].items())
+      if (std::none_of(cols.begin(), cols.end(), [&](const auto& c) { return c.first == name; }))
+        cols.emplace_back(name, std::max<int>(10, static_cast<int>(name.size())));
+  }
+  auto label = [](const char* what, const json* e) {
+    return std::string(what) + " (step " + std::to_string(e->value("step", 0)) + ")";
+  };
+  if (!cols.empty()) {
+    std::snprintf(line, sizeof line, "%-28s", "validation perplexity");
+    r << line;
+    for (const auto& [name, w] : cols) {
+      std::snprintf(line, sizeof line, "  %*s", w, name.c_str());
+      r << line;
+    }
+    r << "\n";
+    auto row = [&](const char* what, const json* e) {
+      if (!e || !e->contains("perplexity") || (*e)["perplexity"].empty()) return;
+      std::snprintf(line, sizeof line, "  %-26s", label(what, e).c_str());
+      r << line;
+      for (const auto& [name, w] : cols) {
+        const json& p = (*e)["perplexity"];
+        if (p.contains(name)) std::snprintf(line, sizeof line, "  %*.1f", w, metric_value(p[name]));
+        else std::snprintf(line, sizeof line, "  %*s", w, "-");
+        r << line;
+      }
+      r << "\n";
+    };
+    if (boundary_step_ > 0) row("before LoRA", before);
+    row("after LoRA", after);
+  }
+  // Preference pairs (dpo/train, or lora/train's phase 2): the val events' DPO loss, margin and accuracy;
+  // before LoRA (with eval/evaluations "perplexity") the model is its reference: log 2, 0, 0.
+  auto has_dpo = [](const json* e) { return e && e->contains("reward_margin") && !(*e)["reward_margin"].empty(); };
+  if (has_dpo(after)) {
+    std::snprintf(line, sizeof line, "%-36s  %10s  %13s  %8s\n", "validation DPO", "dpo loss", "reward margin", "accuracy");
+    r << line;
+    for (auto& [name, unused] : (*after)["reward_margin"].items())
+      for (const auto& [what, e] : {std::pair<const char*, const json*>{"before LoRA", before}, {"after LoRA", after}}) {
+        if (!has_dpo(e) || !(*e)["reward_margin"].contains(name)) continue;
+        std::snprintf(line, sizeof line, "  %-34s  %10.4f  %13.4f  %8.3f\n", (name + ", " + label(what, e)).c_str(),
+                      metric_value((*e)["per_dataset"].value(name, json())), metric_value((*e)["reward_margin"][name]),
+                      metric_value((*e)["accuracy"].value(name, json())));
+        r << line;
+      }
+  }
+  if (first_dpo && last_dpo) {  // the step lines' figures: averages over the steps since the line before
+    std::snprintf(line, sizeof line,
+                  "DPO steps (step lines %lld -> %lld): loss %.4f -> %.4f, reward margin %.4f -> %.4f, accuracy %.3f -> "
+                  "%.3f\n",
+                  (long long)first_dpo->value("step", int64_t(0)), (long long)last_dpo->value("step", int64_t(0)),
+                  first_dpo->value("loss", 0.0), last_dpo->value("loss", 0.0), first_dpo->value("reward_margin", 0.0),
+                  last_dpo->value("reward_margin", 0.0), first_dpo->value("accuracy", 0.0),
+                  last_dpo->value("accuracy", 0.0));
+    r << line;
+  }
+  if (!before && !after) r << "validation: none recorded (training/validation is off)\n";
+  r << "unigram baseline perplexity (validation under the training split's token frequencies):";
+  for (const auto& smp : plan_datasets()) {
+    if (smp.style != DatasetStyle::PMD) continue;
+    const auto& ds = dynamic_cast<const PmdDataset&>(catalog_->get(smp));
+    std::snprintf(line, sizeof line, "  %s %.1f", smp.name.c_str(), std::exp(unigram_val_loss(ds, model_->options().vocab_size)));
+    r << line;
+  }
+  r << "\ncheckpoints: " << job_dir() << "\n";
+  r << "metrics: " << (fs::path(run_dir()) / "metrics.jsonl").string() << "\nplot: " << svg << "\n";
+  write_file_atomic((fs::path(run_dir()) / "report.md").string(), r.str());
+  return r.str();
+}
+
+}  // namespace lt

@@ -1,0 +1,88 @@
+#include "lora_trainer/training/metrics_log.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "lora_trainer/training/report.hpp"
+#include "lora_trainer/core/util.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace lt {
+
+MetricsLog::MetricsLog(std::string run_dir, bool writer)
+    : path_((fs::path(run_dir) / "metrics.jsonl").string()), run_dir_(std::move(run_dir)), writer_(writer) {}
+
+void MetricsLog::write_config(const json& config) const {
+  if (!writer_) return;
+  fs::create_directories(run_dir_);
+  write_file_atomic((fs::path(run_dir_) / "config.json").string(), config.dump(2) + "\n");
+}
+
+void MetricsLog::event(const json& e) const {
+  if (!writer_) return;
+  fs::create_directories(run_dir_);
+  std::ofstream out(path_, std::ios::app);
+  out << e.dump() << "\n";
+}
+
+void MetricsLog::truncate_after(int64_t step) const {
+  if (!writer_ || !fs::exists(path_)) return;
+  std::string kept;  // an event dumps back to the line it was read from; a torn last line is dropped
+  for (const auto& e : read_metrics(run_dir_))
+    if (e.value("step", int64_t(0)) <= step) kept += e.dump() + "\n";
+  write_file_atomic(path_, kept);
+}
+
+void MetricsLog::log_train(const StepLine& l, StepWindow& window, int64_t tokens_per_step) const {
+  const double mean_loss = window.loss / window.steps;
+  const double tok_per_s = window.steps * tokens_per_step / std::max(1e-9, window.seconds);
+  window = StepWindow();
+  std::string extra;
+  for (const auto& [name, v] : l.extra.items()) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " | %s %.4f", name.c_str(), v.get<double>());
+    extra += buf;
+  }
+  std::printf("step %6lld/%lld | tokens %10lld | loss %.4f | lr %.2e | grad %.3f%s | %.0f tok/s\n", (long long)l.step,
+              (long long)l.total_steps, (long long)l.tokens, mean_loss, l.lr, l.grad_norm, extra.c_str(), tok_per_s);
+  std::fflush(stdout);
+  json e = {{"event", "train"}, {"step", l.step}, {"tokens", l.tokens}, {"loss", mean_loss}, {"lr", l.lr},
+            {"grad_norm", l.grad_norm}, {"tok_per_s", tok_per_s}, {"stage", l.stage}};
+  e.update(l.extra);
+  event(e);
+}
+
+void MetricsLog::log_validation(int64_t step, int64_t tokens, int stage, const ValResult& v, bool stage_end) const {
+  std::string per;
+  json per_json = json::object(), ppl_json = json::object(), margin_json = json::object(), accuracy_json = json::object();
+  for (const auto& e : v.per_dataset) {
+    char buf[160];
+    per_json[e.name] = e.loss;
+    if (e.style == DatasetStyle::CONTRASTIVE) {  // DPO's loss: no perplexity
+      std::snprintf(buf, sizeof buf, " %s dpo loss %.4f (margin %.4f, accuracy %.3f)", e.name.c_str(), e.loss,
+                    e.reward_margin, e.accuracy);
+      margin_json[e.name] = e.reward_margin;
+      accuracy_json[e.name] = e.accuracy;
+    } else {
+      std::snprintf(buf, sizeof buf, " %s %.4f (ppl %.1f)", e.name.c_str(), e.loss, std::exp(e.loss));
+      ppl_json[e.name] = std::exp(e.loss);
+    }
+    per += buf;
+  }
+  std::printf("  validation at step %lld (stage %d): loss %.4f |%s\n", (long long)step, stage, v.loss, per.c_str());
+  std::fflush(stdout);
+  json ev = {{"event", "val"}, {"step", step}, {"tokens", tokens}, {"stage", stage}, {"loss", v.loss},
+             {"per_dataset", per_json}, {"perplexity", ppl_json}, {"stage_end", stage_end}};
+  if (!margin_json.empty()) {
+    ev["reward_margin"] = margin_json;
+    ev["accuracy"] = accuracy_json;
+  }
+  event(ev);
+}
+
+}  // namespace lt

@@ -1,0 +1,59 @@
+// MetricsLog: a run's record, the files of its run directory and the progress lines printed with them.
+//
+// metrics.jsonl holds one JSON event a line ("train", "val", "transition", "boundary", "nonfinite",
+// ...; report.hpp's read_metrics reads them back), config.json the run's config. Only the writer (rank
+// 0, or the only process) writes files; every process prints its lines.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "lora_trainer/training/evaluation.hpp"
+
+namespace lt {
+
+// What the step line says besides the averaged loss and speed.
+struct StepLine {
+  int64_t step = 0, total_steps = 0, tokens = 0;
+  int stage = 0;  // the stage of the step just taken
+  double lr = 0.0, grad_norm = 0.0;
+  nlohmann::json extra = nlohmann::json::object();  // more figures (name: number), after the others
+};
+
+// The steps since the last step line: their losses and times, summed.
+struct StepWindow {
+  double loss = 0, seconds = 0;
+  int64_t steps = 0;
+  void add(double step_loss, double step_seconds) {
+    loss += step_loss;
+    seconds += step_seconds;
+    ++steps;
+  }
+};
+
+class MetricsLog {
+ public:
+  MetricsLog(std::string run_dir, bool writer);
+
+  // Creates the run directory and writes config.json.
+  void write_config(const nlohmann::json& config) const;
+  // Appends one event to metrics.jsonl.
+  void event(const nlohmann::json& e) const;
+  // Drops the events of the steps after `step` (a resumed run redoes them), and a torn last line.
+  void truncate_after(int64_t step) const;
+
+  // Prints the step line and logs the "train" event with the loss and the speed (`tokens_per_step`
+  // tokens a step) averaged over `window`, which starts again empty.
+  void log_train(const StepLine& line, StepWindow& window, int64_t tokens_per_step) const;
+  // Prints the validation line (loss and perplexity per dataset) and logs the "val" event.
+  void log_validation(int64_t step, int64_t tokens, int stage, const ValResult& v, bool stage_end) const;
+
+ private:
+  std::string path_;  // metrics.jsonl
+  std::string run_dir_;
+  bool writer_;
+};
+
+}  // namespace lt

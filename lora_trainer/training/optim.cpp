@@ -1,0 +1,219 @@
+#include "lora_trainer/training/optim.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "lora_trainer/core/torch_compat.hpp"
+
+namespace lt {
+
+AdamW::AdamW(NamedTensors params, AdamWOptions opts, std::vector<double> lr_scale)
+    : params_(std::move(params)), o_(opts), lr_scale_(std::move(lr_scale)) {
+  if (lr_scale_.empty()) lr_scale_.assign(params_.size(), 1.0);
+  TORCH_CHECK(lr_scale_.size() == params_.size(), "AdamW: ", lr_scale_.size(), " lr scales for ", params_.size(), " parameters");
+  for (const auto& [name, p] : params_) {
+    m_.push_back(torch::zeros_like(p, torch::kFloat32));
+    v_.push_back(torch::zeros_like(p, torch::kFloat32));
+    decay_.push_back(p.dim() >= 2);
+  }
+}
+
+std::vector<ParamRule> parse_param_rules(const nlohmann::json& v) {
+  std::vector<ParamRule> out;
+  for (const auto& r : v) {
+    ParamRule p;
+    p.match = r.at("match").get<std::string>();
+    p.lr_ratio = r.value("lr_ratio", 1.0);
+    if (r.contains("weight_decay")) p.weight_decay = r["weight_decay"].get<bool>() ? 1 : 0;
+    out.push_back(p);
+  }
+  return out;
+}
+
+int match_param_rule(const std::vector<ParamRule>& rules, const std::string& name) {
+  for (size_t i = 0; i < rules.size(); ++i)
+    if (name.find(rules[i].match) != std::string::npos) return static_cast<int>(i);
+  return -1;
+}
+
+std::vector<std::string> AdamW::param_names() const {
+  std::vector<std::string> out;
+  for (const auto& p : params_) out.push_back(p.first);
+  return out;
+}
+
+void AdamW::zero_grad() {
+  for (auto& p : params_)
+    if (p.second.grad().defined()) p.second.mutable_grad() = torch::Tensor();
+}
+
+void AdamW::step(double lr) {
+  torch::NoGradGuard ng;
+  ++t_;
+#if LT_HAS_FUSED_ADAMW
+  if (!params_.empty() && params_.front().second.is_cuda()) return fused_step(lr);
+#endif
+  const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t_));
+  const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t_));
+  const double inv_sqrt_bc2 = 1.0 / std::sqrt(bc2);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i].second;
+    const auto& g = p.grad();
+    if (!g.defined() || !owns(i)) continue;
+    const double lr_i = lr * lr_scale_[i];
+    const double step_size = lr_i / bc1;
+    if (decay_[i] && o_.weight_decay != 0) p.mul_(1.0 - lr_i * o_.weight_decay);
+    m_[i].mul_(o_.beta1).add_(g, 1.0 - o_.beta1);
+    v_[i].mul_(o_.beta2).addcmul_(g, g, 1.0 - o_.beta2);
+    auto denom = (v_[i].sqrt() * inv_sqrt_bc2).add_(o_.eps);
+    p.addcdiv_(m_[i], denom, -step_size);
+  }
+}
+
+#if LT_HAS_FUSED_ADAMW
+// CUDA: LibTorch's fused AdamW kernel (the one torch.optim.AdamW(fused=True) runs), one launch per
+// group of tensors instead of six per tensor; the same update as the loop above, in a different
+// order of rounding. One group per (weight decay or not, lr scale).
+void AdamW::fused_step(double lr) {
+  const auto& first = params_.front().second;
+  auto step = torch::full({}, static_cast<double>(t_), first.options().dtype(torch::kFloat32));
+  std::vector<std::pair<bool, double>> groups;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (std::find(groups.begin(), groups.end(), std::make_pair(bool(decay_[i]), lr_scale_[i])) == groups.end())
+      groups.emplace_back(decay_[i], lr_scale_[i]);
+  for (const auto& [decay, scale] : groups) {
+    std::vector<torch::Tensor> ps, gs, ms, vs, steps;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& p = params_[i].second;
+      if (!p.grad().defined() || !owns(i) || decay_[i] != decay || lr_scale_[i] != scale) continue;
+      ps.push_back(p);
+      gs.push_back(p.grad());
+      ms.push_back(m_[i]);
+      vs.push_back(v_[i]);
+      steps.push_back(step);
+    }
+    if (ps.empty()) continue;
+    at::_fused_adamw_(ps, gs, ms, vs, /*max_exp_avg_sqs=*/{}, steps, lr * scale, o_.beta1, o_.beta2,
+                      decay ? o_.weight_decay : 0.0, o_.eps, /*amsgrad=*/false, /*maximize=*/false);
+  }
+}
+#endif
+
+NamedTensors AdamW::state() const {
+  NamedTensors out;
+  auto held = [&](size_t i, const torch::Tensor& t) {
+    return owns(i) ? t : torch::zeros_like(params_[i].second, torch::kFloat32);
+  };
+  for (size_t i = 0; i < params_.size(); ++i) out.emplace_back("optim/exp_avg/" + params_[i].first, held(i, m_[i]));
+  for (size_t i = 0; i < params_.size(); ++i) out.emplace_back("optim/exp_avg_sq/" + params_[i].first, held(i, v_[i]));
+  out.emplace_back("optim/step", torch::tensor(t_, torch::kLong));
+  return out;
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t b = 0;
+  for (size_t i = 0; i < m_.size(); ++i)
+    if (owns(i)) b += (m_[i].numel() + v_[i].numel()) * 4;
+  return b;
+}
+
+void AdamW::shard(int rank, int world) {
+  TORCH_CHECK(world >= 1 && rank >= 0 && rank < world, "AdamW::shard: rank ", rank, " of ", world);
+  rank_ = rank;
+  world_ = world;
+  owner_.assign(params_.size(), 0);
+  if (world == 1) {
+    owner_.clear();
+    return;
+  }
+  std::vector<size_t> order(params_.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return params_[a].second.numel() > params_[b].second.numel(); });
+  std::vector<int64_t> load(static_cast<size_t>(world), 0);
+  for (size_t i : order) {
+    int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner_[i] = r;
+    load[static_cast<size_t>(r)] += params_[i].second.numel();
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!owns(i)) m_[i] = v_[i] = torch::Tensor();  // freed: another rank keeps them
+}
+
+double clip_grad_norm(const NamedTensors& params, double max_norm) {
+  torch::NoGradGuard ng;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params)
+    if (p.second.grad().defined()) grads.push_back(p.second.grad());
+  if (grads.empty()) return 0.0;
+  double norm;
+#if LT_TORCH_AT_LEAST(2, 0)
+  if (grads.front().is_cuda()) {
+    // CUDA: one multi-tensor kernel for the norms (as torch.nn.utils.clip_grad_norm_ does), and the
+    // one read back of the step.
+    norm = at::stack(at::_foreach_norm(grads, 2)).to(torch::kFloat64).pow(2).sum().sqrt().item<double>();
+    if (max_norm > 0 && norm > max_norm) at::_foreach_mul_(grads, max_norm / (norm + 1e-6));
+    return norm;
+  }
+#endif
+  std::vector<torch::Tensor> sq;
+  for (const auto& g : grads) sq.push_back(g.to(torch::kFloat32).pow(2).sum());
+  norm = std::sqrt(torch::stack(sq).sum().item<double>());
+  if (max_norm > 0 && norm > max_norm) {
+    double scale = max_norm / (norm + 1e-6);
+    for (auto& g : grads) g.mul_(scale);
+  }
+  return norm;
+}
+
+static const std::pair<ScheduleKind, const char*> kScheduleKinds[] = {
+    {ScheduleKind::Constant, "constant"}, {ScheduleKind::Wsd, "wsd"}, {ScheduleKind::Cosine, "cosine"}};
+
+ScheduleKind parse_schedule_kind(const std::string& name) {
+  for (const auto& [kind, n] : kScheduleKinds)
+    if (name == n) return kind;
+  throw std::invalid_argument("unknown schedule \"" + name + "\" (known: constant, wsd, cosine)");
+}
+
+std::string schedule_kind_name(ScheduleKind kind) {
+  for (const auto& [k, n] : kScheduleKinds)
+    if (k == kind) return n;
+  throw std::logic_error("schedule_kind_name: not a ScheduleKind");
+}
+
+std::vector<std::string> schedule_kind_names() {
+  std::vector<std::string> out;
+  for (const auto& [k, n] : kScheduleKinds) out.push_back(n);
+  return out;
+}
+
+Schedule Schedule::make(ScheduleKind kind, double lr, double min_lr_ratio, int64_t total_steps,
+                        double warmup_pct, double decay_pct) {
+  Schedule s;
+  s.kind = kind;
+  s.lr = lr;
+  s.min_lr = lr * min_lr_ratio;
+  s.total_steps = std::max<int64_t>(1, total_steps);
+  s.warmup_steps = static_cast<int64_t>(std::floor(warmup_pct * static_cast<double>(s.total_steps)));
+  s.decay_steps = kind == ScheduleKind::Wsd ? static_cast<int64_t>(std::floor(decay_pct * static_cast<double>(s.total_steps))) : 0;
+  return s;
+}
+
+double Schedule::at(int64_t step) const {
+  if (warmup_steps > 0 && step < warmup_steps)
+    return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  if (kind == ScheduleKind::Constant) return lr;
+  if (kind == ScheduleKind::Cosine) {
+    int64_t span = std::max<int64_t>(1, total_steps - warmup_steps);
+    double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / static_cast<double>(span));
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+  }
+  // wsd
+  int64_t decay_start = total_steps - decay_steps;
+  if (decay_steps <= 0 || step < decay_start) return lr;
+  double progress = static_cast<double>(step - decay_start + 1) / static_cast<double>(decay_steps);
+  return lr + (min_lr - lr) * std::min(1.0, progress);
+}
+
+}  // namespace lt

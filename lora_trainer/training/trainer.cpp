@@ -1,0 +1,384 @@
+#include "lora_trainer/training/trainer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+
+#include "lora_trainer/core/util.hpp"
+
+namespace lt {
+
+std::atomic<bool> BaseTrainer::stop_requested{false};
+
+ConfigSchema BaseTrainer::schema() {
+  ConfigSchema s;
+  add_job_options(s, "train");
+  add_trainer_options(s);
+  return s;
+}
+
+static StagePlan single_stage(const Config& cfg) {
+  return {{cfg.get_int("training/tokens")}, {parse_samplings(cfg.get("training/dataset"))}};
+}
+
+BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir)
+    : BaseTrainer(spec, cfg, out_dir, single_stage(cfg)) {}
+
+BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan)
+    : RestoreableJob(std::move(spec), std::move(cfg), std::move(out_dir)),
+      opts_(TrainingOptions::from_config(cfg_)),
+      dist_(distributed()),
+      metrics_(run_dir(), dist_.is_main()),
+      divergence_(opts_.skip_nonfinite, spec_.name, job_dir()) {
+  rt_ = Runtime::from_config(cfg_);
+  batch_size_ = opts_.batch_size;
+  const int64_t ranks = dist_.world_size();
+  if (batch_size_ % ranks != 0)
+    throw UserError("training/batch_size (" + std::to_string(batch_size_) + ") must be a multiple of the number of ranks (" +
+                    std::to_string(ranks) + "): each rank takes an equal share of every batch");
+  rank_rows_ = batch_size_ / ranks;
+  const int64_t micro = opts_.per_device_batch_size;
+  micro_batch_ = micro < 0 ? rank_rows_ : micro;
+  if (ranks > 1 && micro_batch_ > rank_rows_) {
+    // More ranks than the config was written for: each rank's share is one micro-batch.
+    if (dist_.is_main())
+      std::printf("note: with %lld ranks each takes %lld rows a step, fewer than training/per_device_batch_size (%lld): "
+                  "each rank runs them as one micro-batch\n",
+                  (long long)ranks, (long long)rank_rows_, (long long)micro_batch_);
+    micro_batch_ = rank_rows_;
+  }
+  if (rank_rows_ % micro_batch_ != 0)
+    throw UserError(ranks == 1 ? "training/batch_size (" + std::to_string(batch_size_) +
+                                     ") must be a multiple of training/per_device_batch_size (" + std::to_string(micro_batch_) + ")"
+                               : "with " + std::to_string(ranks) + " ranks each takes training/batch_size / " + std::to_string(ranks) +
+                                     " = " + std::to_string(rank_rows_) + " rows a step, which must be a multiple of "
+                                     "training/per_device_batch_size (" + std::to_string(micro_batch_) +
+                                     "); set it to a divisor of " + std::to_string(rank_rows_) + ", or -1");
+  torch::manual_seed(opts_.seed);
+  model_ = make_model(ModelOptions::from_config(cfg_));
+  block_size_ = model_->options().block_size;
+  auto gen = at::detail::createCPUGenerator(opts_.seed);
+  model_->init_weights(gen);
+  model_->to(rt_.device);
+  catalog_ = std::make_unique<DataCatalog>(opts_.data_dir, model_->options().vocab_size);
+  plan_stages(plan);
+  if (opts_.use_ema && opts_.optimizer.ema_decay <= 0)
+    throw UserError("eval/use_ema is true but optimization/ema/decay is 0, so there is no average to use: set "
+                    "optimization/ema/decay (e.g. 0.999), or eval/use_ema=false");
+  // A rule must match some parameter, or some adapter a LoRA phase could put on a matrix.
+  for (const auto& rule : opts_.optimizer.param_rules) {
+    std::vector<std::string> names;
+    for (const auto& [n, p] : named_params(*model_)) {
+      names.push_back(n);
+      if (p.dim() == 2)
+        names.insert(names.end(), {LoraParams::a_name(n), LoraParams::b_name(n), LoraParams::magnitude_name(n)});
+    }
+    if (std::none_of(names.begin(), names.end(), [&](const std::string& n) { return n.find(rule.match) != std::string::npos; }))
+      throw UserError("optimization/param_groups: \"" + rule.match + "\" matches no parameter of this model (nor an "
+                      "adapter's lora_A/lora_B/lora_magnitude); names look like " + names.front() + ", " + names[names.size() / 2]);
+  }
+  build_optimizer(named_params(*model_), opts_.optimizer.adamw.weight_decay);
+}
+
+void BaseTrainer::build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale) {
+  AdamWOptions o = opts_.optimizer.adamw;  // the configured betas and epsilon
+  o.weight_decay = weight_decay;
+  const auto& rules = opts_.optimizer.param_rules;
+  if (lr_scale.empty()) lr_scale.assign(params.size(), 1.0);
+  std::vector<int> rule_of;
+  for (size_t i = 0; i < params.size(); ++i) {
+    rule_of.push_back(match_param_rule(rules, params[i].first));
+    if (rule_of.back() >= 0) lr_scale[i] *= rules[static_cast<size_t>(rule_of.back())].lr_ratio;
+  }
+  optimizer_ = std::make_unique<AdamW>(std::move(params), o, std::move(lr_scale));
+  for (size_t i = 0; i < rule_of.size(); ++i)
+    if (rule_of[i] >= 0 && rules[static_cast<size_t>(rule_of[i])].weight_decay >= 0)
+      optimizer_->set_decay(i, rules[static_cast<size_t>(rule_of[i])].weight_decay == 1);
+  if (!rules.empty() && is_main()) log_param_groups(rule_of);
+  if (dist_.active() && shard_optimizer_state()) optimizer_->shard(dist_.rank(), dist_.world_size());
+  // A new trainable set (the start, the LoRA transition) starts a new average; a rebuilt optimizer over
+  // the same parameters (a benchmark's reset_optimizer) keeps it.
+  if (opts_.optimizer.ema_decay > 0 && (!ema_ || optimizer_->param_names() != names_of(ema_->params())))
+    ema_ = std::make_unique<Ema>(optimizer_->params(), opts_.optimizer.ema_decay);
+}
+
+void BaseTrainer::log_param_groups(const std::vector<int>& rule_of) const {
+  const auto& rules = opts_.optimizer.param_rules;
+  const auto& params = optimizer_->params();
+  for (size_t r = 0; r < rules.size(); ++r) {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < rule_of.size(); ++i)
+      if (rule_of[i] == static_cast<int>(r)) names.push_back(params[i].first);
+    char what[96];
+    std::snprintf(what, sizeof what, "lr x%g%s", rules[r].lr_ratio,
+                  rules[r].weight_decay < 0 ? "" : rules[r].weight_decay ? ", weight decay" : ", no weight decay");
+    std::string shown = names.size() <= 4 ? join(names)
+                                          : join(std::vector<std::string>(names.begin(), names.begin() + 3)) + ", ... (" +
+                                                std::to_string(names.size()) + " in all)";
+    std::printf("param group %zu (match \"%s\", %s): %s\n", r, rules[r].match.c_str(), what,
+                names.empty() ? "no trainable parameter now" : shown.c_str());
+  }
+  std::fflush(stdout);
+}
+
+bool BaseTrainer::shard_optimizer_state() const {
+  return opts_.shard_optimizer == ShardMode::All;
+}
+
+void BaseTrainer::sync_sharded_params() {
+  torch::NoGradGuard ng;
+  std::vector<torch::Tensor> params;
+  const auto& trained = trainable();
+  for (size_t i = 0; i < trained.size(); ++i) {
+    // x + 0 + ... + 0 == x exactly: the sum over the ranks hands out each owner's value unchanged.
+    if (!optimizer_->owns(i)) trained[i].second.zero_();
+    params.push_back(trained[i].second);
+  }
+  dist_.all_reduce_sum(params, "sharing the parameters updated by each rank (step " + std::to_string(step_) + ")");
+}
+
+void BaseTrainer::plan_stages(const StagePlan& plan) {
+  stages_ = split_stages(plan, tokens_per_step());
+  samplers_.clear();
+  samplers_.resize(stages_.size());
+  total_steps_ = stages_.empty() ? 0 : stages_.back().end_step;
+  schedule_ = full_schedule(total_steps_);
+}
+
+Schedule BaseTrainer::full_schedule(int64_t steps) const {
+  return opts_.optimizer.schedule.make(steps);
+}
+
+int BaseTrainer::current_stage() const { return stage_of(step_); }
+
+const Dataset& BaseTrainer::open_dataset(const Sampling& smp) {
+  const Dataset& ds = catalog_->get(smp);
+  int64_t vocab = ds.meta().value("vocab_size", int64_t(0));
+  if (vocab > model_->options().vocab_size)
+    throw UserError("dataset \"" + smp.name + "\" was tokenized with a vocabulary of " + std::to_string(vocab) +
+                    " ids, but architecture/vocab_size is " + std::to_string(model_->options().vocab_size) +
+                    "; raise architecture/vocab_size or re-tokenize");
+  return ds;
+}
+
+MixtureSampler& BaseTrainer::sampler(int stage) {
+  auto& s = samplers_.at(static_cast<size_t>(stage));
+  if (!s) {
+    check_dataset_styles(stages_[stage].samplings);
+    for (const auto& smp : stages_[stage].samplings) open_dataset(smp);
+    s = std::make_unique<MixtureSampler>(*catalog_, stages_[stage].samplings, block_size_, opts_.seed,
+                                         static_cast<uint64_t>(stage));
+    // A sampler made after a restore continues where the checkpoint says it was; one made fresh
+    // starts at the stage's position by the step count (rows drawn before, e.g. in a fade, are
+    // only known from a checkpoint).
+    uint64_t cursor = static_cast<uint64_t>(std::max<int64_t>(0, step_ - stages_[stage].first_step) * batch_size_);
+    auto restored = restored_cursors_.find(stage);
+    if (restored != restored_cursors_.end()) {
+      cursor = restored->second;
+      restored_cursors_.erase(restored);
+    }
+    s->set_cursor(cursor);
+  }
+  return *s;
+}
+
+Batch BaseTrainer::next_batch(int64_t first, int64_t count) {
+  return sampler(current_stage()).next_share(batch_size_, first, count);
+}
+
+double BaseTrainer::forward_backward(const Batch& batch) {
+  int64_t n_valid = batch.targets.ge(0).sum().item<int64_t>();
+  if (dist_.active()) {  // the loss is a mean over the targets of the whole global batch
+    auto count = torch::tensor({n_valid}, torch::kLong);
+    dist_.all_reduce_sum({count}, "the target count of step " + std::to_string(step_ + 1));
+    n_valid = count.item<int64_t>();
+  }
+  optimizer_->zero_grad();
+  torch::Tensor loss_total;  // f64 on the device: read once a step, not once a micro-batch
+  for (int64_t first = 0; first < rank_rows_; first += micro_batch_) {
+    auto in = rt_.to_device(batch.inputs.slice(0, first, first + micro_batch_));
+    auto tgt = rt_.to_device(batch.targets.slice(0, first, first + micro_batch_));
+    AutocastGuard autocast(rt_);
+    auto scaled = model_->loss_sum(in, tgt) / static_cast<double>(std::max<int64_t>(1, n_valid));
+    scaled.backward();
+    auto part = scaled.detach().to(torch::kFloat64);
+    loss_total = loss_total.defined() ? loss_total + part : part;
+  }
+  return loss_total.item<double>();
+}
+
+double BaseTrainer::sum_over_ranks(double loss) {
+  stopping_ = stop_requested.load();
+  if (!dist_.active()) return loss;
+  // One sum over the ranks: the gradients (so clipping sees the global norm), the loss, and
+  // whether any rank was asked to stop (so all stop after the same step).
+  std::vector<torch::Tensor> sums;
+  for (const auto& [name, p] : trainable()) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    sums.push_back(p.grad());
+  }
+  auto extra = torch::tensor({static_cast<float>(loss), stopping_ ? 1.0f : 0.0f}, torch::kFloat32).to(rt_.device);
+  sums.push_back(extra);
+  dist_.all_reduce_sum(sums, "the gradient sum of step " + std::to_string(step_ + 1));
+  auto host = extra.cpu();
+  stopping_ = host[1].item<float>() > 0;
+  return host[0].item<double>();
+}
+
+StepResult BaseTrainer::train_step() {
+  TORCH_CHECK(step_ < total_steps_, "train_step past the end of training");
+  before_step();
+  double t0 = now_seconds();
+  model_->train();
+  if (dist_.active())  // each rank its own dropout masks, the same after a restore
+    torch::manual_seed(mix64(opts_.seed ^ mix64((static_cast<uint64_t>(step_) << 16) + static_cast<uint64_t>(dist_.rank()))));
+  Batch batch = next_batch(rank_rows_ * dist_.rank(), rank_rows_);
+  const double loss = sum_over_ranks(forward_backward(batch));
+  StepResult r;
+  r.grad_norm = clip_grad_norm(trainable(), opts_.optimizer.grad_clip);
+  r.lr = current_lr();
+  r.loss = loss;
+  // Every rank sees the same global loss and norm, so all take the same branch.
+  r.skipped = !std::isfinite(loss) || !std::isfinite(r.grad_norm);
+  if (r.skipped) {
+    divergence_.on_nonfinite(step_ + 1, r.loss, r.grad_norm, r.lr, metrics_);  // throws unless the policy is to skip
+  } else {
+    divergence_.on_finite();
+    optimizer_->step(r.lr);
+    if (optimizer_->sharded()) sync_sharded_params();
+    if (ema_) ema_->update();
+  }
+  ++step_;
+  tokens_ += tokens_per_step();
+  r.step = step_;
+  r.seconds = now_seconds() - t0;
+  after_step(r);
+  return r;
+}
+
+int BaseTrainer::trained_stage() const {
+  return step_ == 0 ? 0 : stage_of(step_ - 1);
+}
+
+int BaseTrainer::stage_of(int64_t step) const { return lt::stage_of(stages_, step); }
+
+std::vector<Sampling> BaseTrainer::plan_datasets() const { return lt::plan_datasets(stages_); }
+
+void BaseTrainer::check_datasets() {
+  check_dataset_styles(plan_datasets());
+  for (const auto& s : plan_datasets()) open_dataset(s);
+}
+
+bool BaseTrainer::step_line_due() const {
+  return step_ % opts_.report_interval == 0 || step_ == total_steps_;
+}
+
+void BaseTrainer::check_dataset_styles(const std::vector<Sampling>& datasets) const {
+  for (const auto& s : datasets)
+    if (s.style == DatasetStyle::CONTRASTIVE)
+      throw UserError("dataset \"" + s.name + "\" is contrastive (preference pairs): it trains with DPO, in a `dpo/train` "
+                      "job or the LoRA phase of a `lora/train` job (as its post-LoRA datasets), not in a " + spec_.kind +
+                      " job");
+}
+
+std::unique_ptr<Ema::Swap> BaseTrainer::ema_weights() {
+  if (!opts_.use_ema) return nullptr;
+  if (!ema_)
+    throw UserError("eval/use_ema is true but this job keeps no average: set optimization/ema/decay (for eval and "
+                    "sample, on a checkpoint of a run that had it)");
+  return std::make_unique<Ema::Swap>(*ema_);
+}
+
+std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& datasets, int64_t rows) {
+  check_dataset_styles(datasets);
+  auto ema = ema_weights();  // the average in place of the weights while evaluating, with eval/use_ema
+  return held_out_loss(model_, datasets, rows, [this](const Sampling& smp) -> const Dataset& { return open_dataset(smp); },
+                       {micro_batch_, block_size_}, rt_, dist_);
+}
+
+ValResult BaseTrainer::validate() {
+  const Stage& scored = stages_[static_cast<size_t>(trained_stage())];
+  const auto& evals = opts_.evaluations;
+  bool perplexity = std::find(evals.begin(), evals.end(), "perplexity") != evals.end();
+  return validation_score(evaluate(perplexity ? plan_datasets() : scored.samplings, opts_.validation_steps),
+                          scored.samplings);
+}
+
+void BaseTrainer::validate_and_keep_best(bool stage_end) {
+  ValResult v = validate();
+  metrics_.log_validation(step_, tokens_, trained_stage(), v, stage_end);
+  if (!std::isfinite(v.loss)) {
+    std::printf("  warning: the validation loss is not finite; `best` is not updated\n");
+  } else if (!best_score_ || v.loss < *best_score_ || best_stage_ != trained_stage()) {
+    best_score_ = v.loss;
+    best_stage_ = trained_stage();
+    save("best", false);
+  }
+}
+
+bool BaseTrainer::save_or_stop() {
+  // One process stops on a signal seen any time; ranks on the one they agreed on in the step.
+  const bool stop = dist_.active() ? stopping_ : stop_requested.load();
+  if (step_ >= total_steps_ || (step_ % opts_.checkpoint_interval != 0 && !stop)) return false;
+  save("ntoks/" + std::to_string(tokens_));
+  if (stop)
+    std::printf("stopped by signal after step %lld; checkpoint %s/ntoks/%lld saved.\n"
+                "Resume with the same `lora_trainer run %s ...` command (it continues from `latest`).\n",
+                (long long)step_, job_dir().c_str(), (long long)tokens_, spec_.name.c_str());
+  return stop;
+}
+
+extern "C" void lt_on_signal(int) { BaseTrainer::stop_requested.store(true); }
+
+void BaseTrainer::run() {
+  if (dist_.active()) {
+    // Every rank must continue from the same state: rank 0's step, on every rank. The sums of the
+    // steps and of their squares equal W times rank 0's only when every step equals it.
+    auto s = torch::tensor({step_, step_ * step_, is_main() ? step_ : int64_t(0)}, torch::kLong);
+    dist_.all_reduce_sum({s}, "comparing the ranks' starting steps");
+    const int64_t w = dist_.world_size(), first = s[2].item<int64_t>();
+    if (s[0].item<int64_t>() != w * first || s[1].item<int64_t>() != w * first * first)
+      throw UserError("the ranks start from different steps (rank 0 at step " + std::to_string(first) + ", this rank at " +
+                      std::to_string(step_) + "): every rank must see the same checkpoints under OUT_DIR (" + out_dir_ +
+                      "); on several machines, put OUT_DIR on a shared file system");
+  }
+  metrics_.write_config(cfg_.to_json());
+  if (done()) {
+    std::printf("job %s already finished at step %lld (%lld tokens); checkpoints in %s\n", spec_.name.c_str(),
+                (long long)step_, (long long)tokens_, job_dir().c_str());
+    return;
+  }
+  int64_t n_params = 0;
+  for (auto& [n, t] : named_params(*model_)) n_params += t.numel();
+  std::printf("job %s (%s): %.2fM parameters, %s%s, step %lld of %lld (%lld tokens per step)\n", spec_.name.c_str(),
+              spec_.kind.c_str(), n_params / 1e6, rt_.describe().c_str(),
+              dist_.active() ? (" per rank, " + std::to_string(dist_.world_size()) + " ranks (" +
+                                std::to_string(rank_rows_) + " rows each a step)").c_str() : "",
+              (long long)step_, (long long)total_steps_, (long long)tokens_per_step());
+  std::fflush(stdout);
+  check_datasets();  // a missing dataset is found now, not at its stage
+  metrics_.truncate_after(step_);  // a resumed run drops the lines of steps it will redo
+  stop_requested = false;
+  stopping_ = false;
+  SignalGuard signals(lt_on_signal);  // the previous handlers come back however run() ends
+  const int64_t val_every = opts_.validation_interval;
+  const bool validation = opts_.validation;
+  StepWindow window;  // the steps since the last step line
+  while (step_ < total_steps_) {
+    StepResult r = train_step();
+    window.add(r.loss, r.seconds);
+    if (step_line_due())
+      metrics_.log_train({r.step, total_steps_, tokens_, trained_stage(), r.lr, r.grad_norm, window_metrics()}, window,
+                         tokens_per_step());
+    const bool stage_end = step_ == stages_[static_cast<size_t>(trained_stage())].end_step;
+    if (stage_end) on_stage_end(trained_stage());  // before validation, so `best` includes its effects
+    if (validation && (step_ % val_every == 0 || stage_end)) validate_and_keep_best(stage_end);
+    if (save_or_stop()) return;
+  }
+  save("final/" + std::to_string(tokens_));
+  std::printf("finished: %lld steps, %lld tokens; final checkpoint %s/final/%lld\n", (long long)step_,
+              (long long)tokens_, job_dir().c_str(), (long long)tokens_);
+}
+
+}  // namespace lt

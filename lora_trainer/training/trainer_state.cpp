@@ -1,0 +1,172 @@
+// BaseTrainer's state as a checkpoint: what a checkpoint of it holds (state_tensors,
+// checkpoint_metadata), saving it, and restoring it (a full state, or weights only). The format itself
+// is checkpoint.hpp's; the loop that decides when to save is in trainer.cpp.
+#include <cstdint>
+#include <cstdio>
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/training/trainer.hpp"
+#include "lora_trainer/core/util.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+NamedTensors BaseTrainer::state_tensors() {
+  NamedTensors out;
+  for (auto& [name, t] : named_params(*model_)) out.emplace_back(kParamsPrefix + name, t);
+  for (auto& kv : optimizer_->state()) out.push_back(kv);
+  if (ema_)
+    for (auto& kv : ema_->state()) out.push_back(kv);
+  out.emplace_back("rng/generators", rng_state(rt_));
+  return out;
+}
+
+json BaseTrainer::checkpoint_metadata() const {
+  json cursors = json::object();
+  uint64_t drawn = 0;
+  for (size_t i = 0; i < samplers_.size(); ++i) {
+    if (samplers_[i]) cursors[std::to_string(i)] = samplers_[i]->cursor();
+    else if (restored_cursors_.count(static_cast<int>(i))) cursors[std::to_string(i)] = restored_cursors_.at(static_cast<int>(i));
+    if (cursors.contains(std::to_string(i))) drawn += cursors[std::to_string(i)].get<uint64_t>();
+  }
+  // per_step: when the counters follow from the step count (every step took training/batch_size rows of
+  // tokens_per_step() tokens, and the cursors sum to no more than those rows), a restore checks them
+  // exactly (check_counters). A resume that changed the batch or block size breaks that: null then.
+  const bool uniform = tokens_ == step_ * tokens_per_step() && drawn <= static_cast<uint64_t>(step_ * batch_size_);
+  json m = {{"kind", state_kind_name(state_kind())},
+            {"step", step_},
+            {"tokens", tokens_},
+            {"total_steps", total_steps_},
+            {"finished", step_ >= total_steps_},
+            {"best_score", best_score_ ? json(*best_score_) : json(nullptr)},
+            {"best_stage", best_stage_},
+            {"trainable_params", optimizer_->param_names()},
+            {"distributed", {{"ranks", dist_.world_size()}, {"optimizer_sharded", optimizer_->sharded()}}},
+            {"data", {{"stage", current_stage()}, {"cursors", cursors}}},
+            {"per_step", uniform ? json{{"rows", batch_size_}, {"tokens", tokens_per_step()}} : json(nullptr)},
+            {"job", spec_.to_json()},
+            {"config", cfg_.to_json()}};
+  if (!base_model_.is_null()) m["base_model"] = base_model_;
+  if (ema_) m["ema"] = {{"decay", ema_->decay()}, {"params", names_of(ema_->params())}};
+  m.update(extra_metadata());
+  return m;
+}
+
+void BaseTrainer::save(const std::string& suffix, bool update_latest) {
+  std::string dir = (fs::path(job_dir()) / suffix).string();
+  NamedTensors tensors = state_tensors();
+  if (optimizer_->sharded()) {  // the whole state: each rank contributes its share of the moments, zeros elsewhere
+    std::vector<torch::Tensor> moments;
+    for (auto& [n, t] : tensors)
+      if (n.rfind("optim/exp_avg", 0) == 0) moments.push_back(t);
+    dist_.all_reduce_sum(moments, "gathering the sharded optimizer state for " + suffix);
+  }
+  check_finite(tensors, step_, spec_.name, "checkpoint " + suffix);  // every rank holds the whole state, so all decide alike
+  if (is_main()) {
+    save_checkpoint(dir, tensors, checkpoint_metadata());
+    if (update_latest) write_latest(job_dir(), suffix);
+  }
+  dist_.barrier("saving checkpoint " + suffix);  // the others go on once it is complete
+}
+
+// The shapes say nothing about these: weights trained with one GELU, head count, norm epsilon or
+// rotary base would load silently into a model computing another (GPT-2's own weights need gelu_tanh).
+// A key the checkpoint's config lacks (an older checkpoint) had its default.
+void BaseTrainer::check_same_architecture(const CheckpointMeta& ck) const {
+  const json arch = ck.raw.value("config", json::object()).value("architecture", json::object());
+  for (const char* key : {"family", "activation", "n_heads", "norm_eps", "rope_theta", "rope_scaling", "rope_factor",
+                          "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context"}) {
+    const std::string path = std::string("architecture/") + key;
+    const json theirs = arch.contains(key) ? arch[key] : cfg_.schema().find(path)->default_value;
+    const json& ours = cfg_.get(path);
+    if (theirs == ours || (theirs.is_number() && ours.is_number() && theirs.get<double>() == ours.get<double>())) continue;
+    auto text = [](const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+    throw UserError(ck.dir + " holds weights of a model with " + path + "=" + text(theirs) + "; this job has " + text(ours) +
+                    ". Set " + path + "=" + text(theirs) + " (import-hf prints the architecture a job needs)");
+  }
+}
+
+void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
+  const std::string& dir = ck.dir;
+  const json& meta = ck.raw;
+  if (ck.weights_only) {
+    load_weights_from(ck);
+    return;
+  }
+  if (ck.kind != state_kind())
+    throw UserError(dir + " holds a \"" + state_kind_name(ck.kind) + "\" state; job kind " + spec_.kind +
+                    " expects \"" + state_kind_name(state_kind()) + "\"");
+  if (ck.step > total_steps_)
+    throw UserError(dir + " is at step " + std::to_string(ck.step) + " (" + std::to_string(ck.tokens) + " tokens), past the end "
+                    "of this job's schedule (" + std::to_string(total_steps_) + " steps of " + std::to_string(tokens_per_step()) +
+                    " tokens): this job would call it finished without having trained to its end. To continue it, raise "
+                    "the token budget (training/tokens, or training/post_lora_tokens) to " + std::to_string(ck.step) +
+                    " steps or more, or " + use_another_checkpoint(ck.job_name));
+  check_same_architecture(ck);
+  auto names = meta.value("trainable_params", std::vector<std::string>());
+  if (names != optimizer_->param_names())
+    throw UserError(dir + ": its trainable parameters (" + std::to_string(names.size()) +
+                    ") differ from this job's (" + std::to_string(optimizer_->param_names().size()) +
+                    "); is it a checkpoint of this model (architecture/*)?");
+  // Parameters and moments are loaded in place; the step count and RNG state come back as the fresh
+  // scalars that state_tensors() made for them, and are applied here.
+  NamedTensors into = state_tensors();
+  // The EMA is loaded where both have one; a checkpoint without it (saved with optimization/ema/decay 0)
+  // starts this job's average at its weights, and one with it loads into a job without one as weights only.
+  const bool ema_saved = meta.contains("ema");
+  if (ema_ && !ema_saved)
+    into.erase(std::remove_if(into.begin(), into.end(), [](const auto& p) { return p.first.rfind(kEmaPrefix, 0) == 0; }),
+               into.end());
+  std::set<std::string> prefixes;  // without an EMA here: every kind of tensor but the saved average
+  if (!ema_ && ema_saved)
+    for (const auto& [n, t] : into) prefixes.insert(n.substr(0, n.find('/') + 1));
+  load_checkpoint_into(ck, into, std::vector<std::string>(prefixes.begin(), prefixes.end()));
+  if (ema_ && !ema_saved) {
+    ema_->reset();
+    std::fprintf(stderr, "note: %s has no EMA (its run had optimization/ema/decay 0); the average starts here\n", dir.c_str());
+  }
+  for (auto& [n, t] : into) {
+    if (n == "rng/generators") set_rng_state(rt_, t);
+    if (n == "optim/step") optimizer_->set_steps_taken(t.item<int64_t>());
+  }
+  step_ = ck.step;
+  tokens_ = ck.tokens;
+  const json best = meta.value("best_score", json());
+  best_score_ = best.is_number() ? std::optional<double>(best.get<double>()) : std::nullopt;
+  best_stage_ = meta.value("best_stage", 0);
+  base_model_ = meta.value("base_model", json());
+  restore_extra(meta);
+  const std::string& from_job = ck.job_name;
+  if (from_job != spec_.name)  // another job's state: say what was loaded and that its counters go on
+    std::fprintf(stderr,
+                 "loaded the %s state of job %s at step %lld (%lld tokens) from %s; job %s continues from there: its "
+                 "step, tokens, learning-rate schedule, optimizer moments and data position are that state's\n",
+                 state_kind_name(state_kind()).c_str(), from_job.c_str(), (long long)step_, (long long)tokens_, dir.c_str(),
+                 spec_.name.c_str());
+  // Samplers are rebuilt when next used (a checkpoint read for eval needs no training data).
+  for (auto& s : samplers_) s.reset();
+  restored_cursors_.clear();
+  for (auto& [k, v] : meta["data"]["cursors"].items()) restored_cursors_[std::stoi(k)] = v.get<uint64_t>();
+}
+
+void BaseTrainer::load_weights_from(const CheckpointMeta& ck) {
+  const std::string& dir = ck.dir;
+  const json& meta = ck.raw;
+  if (ck.kind != StateKind::Plain)
+    throw UserError(dir + " holds a \"" + state_kind_name(ck.kind) +
+                    "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
+  check_same_architecture(ck);
+  NamedTensors into;
+  for (auto& [name, t] : named_params(*model_)) into.emplace_back(kParamsPrefix + name, t);
+  load_checkpoint_into(ck, into, {kParamsPrefix});
+  base_model_ = meta.value("base_model", json());
+  std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", dir.c_str(),
+              (long long)ck.step, ck.job_name.c_str(),
+              (long long)step_);
+}
+
+}  // namespace lt

@@ -1,0 +1,63 @@
+// The trainers' typed options: what add_trainer_options declares (names, defaults, docs: the schema
+// is their single source) and TrainingOptions::from_config reads once, for BaseTrainer's constructor.
+// The model's options are ModelOptions (model.hpp), the runtime's Runtime (runtime.hpp), the LoRA
+// phase's LoraConfig (lora_trainer.hpp), the continual kinds' ContinualOptions (benchmark.hpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "lora_trainer/core/config.hpp"
+#include "lora_trainer/core/distributed.hpp"
+#include "lora_trainer/training/optim.hpp"
+
+namespace lt {
+
+// A learning-rate schedule's settings, as Schedule::make takes them; make(steps) is lr(step) over
+// `steps` steps. Filled from the config: TrainingOptions::from_config (the full-parameter schedule)
+// and LoraConfig::from_config (the LoRA phase's); the defaults are the schema's.
+struct ScheduleOptions {
+  ScheduleKind kind{};
+  double lr{}, min_lr_ratio{}, warmup_pct{}, decay_pct{};
+  Schedule make(int64_t steps) const { return Schedule::make(kind, lr, min_lr_ratio, steps, warmup_pct, decay_pct); }
+};
+
+// The full-parameter optimizer (AdamW, gradient clipping, the lr schedule). The LoRA phase keeps the
+// betas, epsilon and clip, with its own schedule and weight decay (LoraConfig).
+struct OptimizerOptions {
+  AdamWOptions adamw;         // optimization/beta1, optimization/beta2, optimization/eps, optimization/weight_decay
+  double grad_clip{};         // optimization/grad_clip; 0 = off
+  double ema_decay{};         // optimization/ema/decay; 0 = no average (ema.hpp)
+  std::vector<ParamRule> param_rules;  // optimization/param_groups: lr ratio and weight decay by name, both phases
+  ScheduleOptions schedule;   // training/schedule, optimization/lr, optimization/min_lr_ratio,
+                              // training/warmup_pct, training/decay_pct
+};
+
+// Every trainer's options besides the architecture (ModelOptions), the runtime (Runtime) and the
+// stage plan: the keys add_trainer_options declares (and distributed/shard_optimizer, which it adds
+// with add_distributed_options), read once by BaseTrainer's constructor. The schema holds their
+// names, defaults and docs: from_config sets every field.
+struct TrainingOptions {
+  uint64_t seed{};                  // training/seed
+  int64_t batch_size{};             // training/batch_size: the global batch in rows
+  int64_t per_device_batch_size{};  // training/per_device_batch_size; -1 = batch_size / ranks
+  std::string data_dir;             // data/dir
+  OptimizerOptions optimizer;       // optimization/* and training/{schedule, warmup_pct, decay_pct}
+  ShardMode shard_optimizer{};      // distributed/shard_optimizer
+  bool skip_nonfinite{};            // training/on_nonfinite: skip (true) or stop
+  bool validation{};                // training/validation
+  int64_t validation_steps{};       // training/validation_steps: rows per dataset
+  std::vector<std::string> evaluations;  // eval/evaluations
+  bool use_ema{};                   // eval/use_ema: validation, eval and sample on the EMA weights
+  // logging/report_interval, logging/checkpoint_interval, logging/validation_interval (in steps).
+  int64_t report_interval{}, checkpoint_interval{}, validation_interval{};
+  static TrainingOptions from_config(const Config& cfg);
+};
+
+// Options of every trainer (runtime, optimizer, model, data, logging) and the plain trainer's
+// training/tokens and training/dataset. They are read by TrainingOptions::from_config (above), by
+// ModelOptions::from_config (architecture/*) and Runtime::from_config (runtime/*); the plain trainer's
+// two by its constructor (its stage plan).
+void add_trainer_options(ConfigSchema& s);
+
+}  // namespace lt

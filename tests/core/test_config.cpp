@@ -1,0 +1,100 @@
+// Config: defaults, file < override precedence, and every error path names the key.
+#include "catch.hpp"
+
+#include "lora_trainer/core/config.hpp"
+#include "lora_trainer/cli/registry.hpp"
+#include "lora_trainer/training/trainer.hpp"
+#include "fixtures.hpp"
+
+using namespace lt;
+using lt::test::Contains;
+
+TEST_CASE("defaults come from the schema", "[config]") {
+  Config c(BaseTrainer::schema());
+  CHECK(c.get_int("training/batch_size") == 16);
+  CHECK(c.get_int("training/per_device_batch_size") == -1);
+  CHECK(c.get_double("optimization/lr") == Approx(6e-4));
+  CHECK(c.get_string("job/kind") == "train");
+  CHECK(c.get("training/dataset")[0]["name"] == "english");
+  // The nested JSON has every key at its path.
+  CHECK(c.to_json()["architecture"]["block_size"] == 256);
+}
+
+TEST_CASE("file overrides defaults and key=value overrides the file", "[config]") {
+  test::TempDir dir;
+  write_file_atomic(dir / "c.json", R"({"training": {"batch_size": 8, "tokens": 1000}, "optimization": {"lr": 0.01}})");
+  Config c(BaseTrainer::schema());
+  c.merge_file(dir / "c.json");
+  c.apply_override("training/batch_size=32");
+  c.apply_override(R"(training/dataset=[{"name":"a","rate":0.25},{"name":"b","rate":0.75,"style":"pmd"}])");
+  c.apply_override("job/project=demo");  // a bare word is a string
+  CHECK(c.get_int("training/batch_size") == 32);
+  CHECK(c.get_int("training/tokens") == 1000);
+  CHECK(c.get_double("optimization/lr") == Approx(0.01));
+  CHECK(c.get("training/dataset").size() == 2);
+  CHECK(c.get_string("job/project") == "demo");
+  CHECK(c.get_int("architecture/block_size") == 256);  // untouched default
+}
+
+TEST_CASE("an integral float is accepted for an integer key", "[config]") {
+  Config c(BaseTrainer::schema());
+  c.apply_override("training/tokens=1e6");
+  CHECK(c.get_int("training/tokens") == 1000000);
+}
+
+TEST_CASE("unknown keys are errors that suggest the closest key", "[config]") {
+  Config c(BaseTrainer::schema());
+  CHECK_THROWS_WITH(c.apply_override("training/batch_sise=4"),
+                    Contains("unknown config key \"training/batch_sise\"") && Contains("did you mean \"training/batch_size\""));
+  test::TempDir dir;
+  write_file_atomic(dir / "c.json", R"({"architecture": {"n_layer": 4}})");
+  CHECK_THROWS_WITH(c.merge_file(dir / "c.json"),
+                    Contains(dir / "c.json") && Contains("architecture/n_layer") && Contains("architecture/n_layers"));
+}
+
+TEST_CASE("wrong types and out-of-range values name the key", "[config]") {
+  Config c(BaseTrainer::schema());
+  CHECK_THROWS_WITH(c.apply_override("training/batch_size=\"big\""), Contains("training/batch_size") && Contains("integer"));
+  CHECK_THROWS_WITH(c.apply_override("training/batch_size=2.5"), Contains("training/batch_size"));
+  CHECK_THROWS_WITH(c.apply_override("training/batch_size=0"), Contains("training/batch_size") && Contains("> 0"));
+  CHECK_THROWS_WITH(c.apply_override("training/warmup_pct=1.5"), Contains("training/warmup_pct") && Contains("between 0 and 1"));
+  CHECK_THROWS_WITH(c.apply_override("training/schedule=linear"), Contains("training/schedule") && Contains("wsd"));
+  CHECK_THROWS_WITH(c.apply_override("training/validation=1"), Contains("training/validation") && Contains("true or false"));
+  CHECK_THROWS_WITH(c.apply_override("noequals"), Contains("key=value"));
+  // The failed sets left the value alone.
+  CHECK(c.get_int("training/batch_size") == 16);
+}
+
+TEST_CASE("dataset mixtures are checked", "[config]") {
+  Config c(BaseTrainer::schema());
+  CHECK_THROWS_WITH(c.apply_override(R"(training/dataset=[{"name":"a","rate":0.5}])"),
+                    Contains("training/dataset") && Contains("sum to 1"));
+  CHECK_THROWS_WITH(c.apply_override(R"(training/dataset=[{"name":"a","rate":1,"style":"csv"}])"),
+                    Contains("\"pmd\", \"padded\" or \"contrastive\""));
+  CHECK_THROWS_WITH(c.apply_override(R"(training/dataset=[{"rate":1}])"), Contains("needs a \"name\""));
+  CHECK_THROWS_WITH(c.apply_override(R"(training/dataset=[{"name":"a","rate":1,"weight":2}])"),
+                    Contains("unknown field \"weight\""));
+  CHECK_THROWS_WITH(c.apply_override("training/dataset=[]"), Contains("non-empty"));
+}
+
+TEST_CASE("a config file that is not JSON names the file", "[config]") {
+  test::TempDir dir;
+  write_file_atomic(dir / "bad.json", "{\"training\": {");
+  Config c(BaseTrainer::schema());
+  CHECK_THROWS_AS(c.merge_file(dir / "bad.json"), UserError);
+  CHECK_THROWS_WITH(c.merge_file(dir / "bad.json"), Contains("bad.json") && Contains("not valid JSON"));
+  CHECK_THROWS_WITH(c.merge_file(dir / "missing.json"), Contains("missing.json"));
+}
+
+TEST_CASE("every config shipped in configs/ builds its job", "[config]") {
+  test::TempDir out;
+  int n = 0;
+  walk_tree(std::string(LT_SOURCE_DIR) + "/configs", [&](const std::string& path, bool is_dir) {
+    if (is_dir || std::filesystem::path(path).extension() != ".json") return true;
+    INFO(path);
+    CHECK_NOTHROW(make_job("check", path, out.str(), {}));
+    ++n;
+    return true;
+  });
+  CHECK(n >= 3);
+}

@@ -1,0 +1,841 @@
+// LoRA: the adapter helpers, the transition, and the two-phase trainer's restore in every phase.
+#include "catch.hpp"
+
+#include <csignal>
+
+#include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/formats/export.hpp"
+#include "lora_trainer/models/gpt2.hpp"
+#include "lora_trainer/formats/huggingface.hpp"
+#include "lora_trainer/cli/registry.hpp"
+#include "lora_trainer/training/report.hpp"
+#include "lora_trainer/formats/safetensors.hpp"
+#include "lora_trainer/training/lora_trainer.hpp"
+#include "fixtures.hpp"
+#include "lora_fixtures.hpp"
+
+using namespace lt;
+using lt::test::Contains;
+
+using Data = test::TwoDatasets;
+using test::logits_of;
+using test::make_lora;
+using test::snapshot;
+using test::tiny_gpt;
+
+// A plain f32 job on "gen": what an `export` initialises.
+const std::vector<std::string> kPlainF32 = {"runtime/precision=f32", R"(training/dataset=[{"name":"gen","rate":1}])"};
+
+TEST_CASE("param_filter picks the 2-D weights whose names contain a target", "[lora]") {
+  GPT m = tiny_gpt();
+  auto params = named_params(*m);
+  auto mask = param_filter(params, {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"});
+  std::vector<std::string> picked;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (mask[i]) picked.push_back(params[i].first);
+  CHECK(picked == std::vector<std::string>{"h.0.attn.c_attn.weight", "h.0.attn.c_proj.weight", "h.0.mlp.c_fc.weight",
+                                           "h.0.mlp.c_proj.weight", "h.1.attn.c_attn.weight", "h.1.attn.c_proj.weight",
+                                           "h.1.mlp.c_fc.weight", "h.1.mlp.c_proj.weight"});
+  CHECK_THROWS_WITH(param_filter(params, {"attn.c_attn", "q_proj"}),
+                    Contains("\"q_proj\" matches no 2-D parameter") && Contains("h.0.attn.c_attn.weight"));
+  CHECK_THROWS_WITH(param_filter(params, {"ln_1"}), Contains("\"ln_1\" matches no 2-D parameter"));
+}
+
+TEST_CASE("inject_lora_params: A (in x r) ~ N(0, 1/r), B (r x out) = 0, reproducible", "[lora]") {
+  GPT m = tiny_gpt();
+  auto params = named_params(*m);
+  auto mask = param_filter(params, {"mlp.c_fc"});
+  auto lora = inject_lora_params(params, mask, 8, at::detail::createCPUGenerator(5));
+  REQUIRE(lora.names.size() == 2);
+  CHECK(lora.A[0].sizes() == torch::IntArrayRef({32, 8}));
+  CHECK(lora.B[0].sizes() == torch::IntArrayRef({8, 128}));
+  CHECK(lora.A[0].scalar_type() == torch::kFloat32);
+  CHECK(torch::count_nonzero(lora.B[0]).item<int64_t>() == 0);
+  auto all_a = torch::cat({lora.A[0].flatten(), lora.A[1].flatten()});
+  CHECK(all_a.std().item<double>() == Approx(1.0 / 8).epsilon(0.15));
+  auto again = inject_lora_params(params, mask, 8, at::detail::createCPUGenerator(5));
+  CHECK(torch::equal(again.A[1], lora.A[1]));
+  CHECK(count_lora_params(lora) == 2 * (32 * 8 + 8 * 128));
+  CHECK(LoraParams::a_name("h.0.mlp.c_fc.weight") == "h.0.mlp.c_fc.lora_A");
+}
+
+TEST_CASE("inject_lora_params with init kaiming_uniform: A ~ U(+-1/sqrt(in)) as PEFT's default, B = 0", "[lora]") {
+  GPT m = tiny_gpt();
+  auto params = named_params(*m);
+  auto mask = param_filter(params, {"mlp.c_proj"});  // in = 128
+  auto lora = inject_lora_params(params, mask, 8, at::detail::createCPUGenerator(5), LoraInit::KaimingUniform);
+  REQUIRE(lora.names.size() == 2);
+  CHECK(lora.A[0].sizes() == torch::IntArrayRef({128, 8}));
+  const double bound = 1.0 / std::sqrt(128.0);
+  auto all_a = torch::cat({lora.A[0].flatten(), lora.A[1].flatten()});
+  CHECK(all_a.abs().max().item<double>() <= bound);
+  CHECK(all_a.abs().max().item<double>() > 0.95 * bound);
+  CHECK(all_a.std().item<double>() == Approx(bound / std::sqrt(3.0)).epsilon(0.1));
+  CHECK(torch::count_nonzero(lora.B[1]).item<int64_t>() == 0);
+  auto gaussian = inject_lora_params(params, mask, 8, at::detail::createCPUGenerator(5), LoraInit::Gaussian);
+  CHECK_FALSE(torch::equal(gaussian.A[0], lora.A[0]));
+  CHECK(parse_lora_init("kaiming_uniform") == LoraInit::KaimingUniform);
+  CHECK_THROWS_AS(parse_lora_init("kaiming"), LoraSettingError);
+  CHECK_THROWS_WITH(parse_lora_init("kaiming"), Contains("\"kaiming\" is not one of gaussian, kaiming_uniform"));
+}
+
+TEST_CASE("modules_to_save_filter: module or parameter names and their suffixes, and an error for nothing matched or adapted twice", "[lora]") {
+  GPT m = tiny_gpt();
+  auto params = named_params(*m);
+  auto adapted = param_filter(params, {"attn.c_attn", "mlp.c_fc"});
+  auto picked = [&](const std::vector<std::string>& modules) {
+    auto mask = modules_to_save_filter(params, modules, adapted);
+    std::vector<std::string> out;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (mask[i]) out.push_back(params[i].first);
+    return out;
+  };
+  CHECK(picked({"wte"}) == std::vector<std::string>{"wte.weight"});
+  CHECK_THROWS_WITH(picked({"transformer.wte"}), Contains("matches no module or parameter"));  // a Hugging Face name, not ours
+  CHECK(picked({"ln_f"}) == std::vector<std::string>{"ln_f.weight", "ln_f.bias"});
+  CHECK(picked({"ln_f.weight"}) == std::vector<std::string>{"ln_f.weight"});
+  CHECK(picked({"ln_1"}) == std::vector<std::string>{"h.0.ln_1.weight", "h.0.ln_1.bias", "h.1.ln_1.weight", "h.1.ln_1.bias"});
+  CHECK(picked({"h.1.mlp.c_proj"}) == std::vector<std::string>{"h.1.mlp.c_proj.weight", "h.1.mlp.c_proj.bias"});
+  CHECK(picked({}).empty());
+  CHECK_THROWS_WITH(picked({"te"}), Contains("\"te\" matches no module or parameter") &&
+                                        Contains(": wte, wpe, h.*.ln_1, h.*.attn.c_attn, h.*.attn.c_proj, h.*.ln_2, h.*.mlp.c_fc, "
+                                                 "h.*.mlp.c_proj, ln_f"));
+  CHECK_THROWS_WITH(picked({"embed_tokens"}), Contains("\"embed_tokens\" matches no"));
+  try {  // lora.cpp names the setting; the trainer adds the config key
+    picked({"embed_tokens"});
+  } catch (const LoraSettingError& e) {
+    CHECK(e.setting() == "modules_to_save");
+  }
+  CHECK_THROWS_WITH(picked({"c_fc"}), Contains("selects h.0.mlp.c_fc.weight") && Contains("already gives an adapter"));
+}
+
+TEST_CASE("merged and unmerged forward agree (f32, |diff| < 1e-4)", "[lora]") {
+  GPT adapted = tiny_gpt(), merged = tiny_gpt();
+  auto params = named_params(*adapted);
+  auto lora = inject_lora_params(params, param_filter(params, {"attn", "mlp"}), 4, at::detail::createCPUGenerator(1));
+  for (auto& b : lora.B) b.normal_(0.0, 0.05);  // non-zero adapters
+  attach_lora(*adapted, lora, 16.0, 4);
+  {
+    torch::NoGradGuard ng;
+    auto target = named_params(*merged);
+    auto values = merge_lora_params(params, lora, 16.0, 4);
+    for (size_t i = 0; i < target.size(); ++i) target[i].second.copy_(values[i].second);
+  }
+  auto idx = torch::randint(0, 257, {2, 16}, torch::kLong);
+  auto a = logits_of(*adapted, idx), m = logits_of(*merged, idx);
+  CHECK((a - m).abs().max().item<double>() < 1e-4);
+  detach_lora(*adapted);
+  CHECK((logits_of(*adapted, idx) - m).abs().max().item<double>() > 1e-3);  // the adapters did matter
+}
+
+TEST_CASE("with B = 0 the transition keeps the output, up to the bf16 cast of the base", "[lora]") {
+  Data d;
+  auto t = make_lora(d, "b0", {"runtime/precision=f32"});
+  for (int i = 0; i < 5; ++i) t->train_step();
+  auto idx = torch::randint(0, 257, {2, 32}, torch::kLong);
+  auto before = logits_of(*t->model(), idx);
+  // The same weights rounded to bf16, no adapters: what the frozen base computes.
+  GPT rounded(t->model()->options());
+  rounded->to(t->model()->parameters()[0].device());
+  {
+    torch::NoGradGuard ng;
+    auto dst = named_params(*rounded), src = named_params(*t->model());
+    for (size_t i = 0; i < dst.size(); ++i) dst[i].second.copy_(src[i].second.to(torch::kBFloat16).to(torch::kFloat32));
+  }
+  auto expected = logits_of(*rounded, idx);
+  transition_to_lora(*t);
+  REQUIRE(t->in_lora_phase());
+  auto after = logits_of(*t->model(), idx);
+  CHECK((after - expected).abs().max().item<double>() < 1e-5);  // B = 0: adapters add exactly nothing
+  CHECK((after - before).abs().max().item<double>() < 0.05);    // bf16 rounding of the base only
+}
+
+TEST_CASE("after one LoRA step only the adapters changed and the optimizer holds only them", "[lora]") {
+  Data d;
+  auto t = make_lora(d, "only");
+  for (int i = 0; i < 5; ++i) t->train_step();
+  transition_to_lora(*t);
+  auto base = snapshot(named_params(*t->model()));
+  auto A = snapshot(t->lora_params().named());
+  t->train_step();
+  auto base_after = named_params(*t->model());
+  for (size_t i = 0; i < base.size(); ++i) {
+    INFO(base[i].first);
+    CHECK(base_after[i].second.scalar_type() == torch::kBFloat16);
+    CHECK_FALSE(base_after[i].second.requires_grad());
+    CHECK(torch::equal(base[i].second, base_after[i].second));
+  }
+  auto after = t->lora_params().named();
+  for (size_t i = 0; i < after.size(); i += 2) CHECK(torch::equal(A[i].second, after[i].second));  // B was 0: dA = 0
+  for (size_t i = 1; i < after.size(); i += 2) CHECK_FALSE(torch::equal(A[i].second, after[i].second));  // B moved
+  t->train_step();
+  CHECK_FALSE(torch::equal(A[0].second, t->lora_params().A[0]));  // and now A moves too
+  std::vector<std::string> adapter_names;
+  for (auto& [n, x] : t->lora_params().named()) adapter_names.push_back(n);
+  CHECK(t->optimizer().param_names() == adapter_names);
+  CHECK(t->optimizer().state().size() == 2 * adapter_names.size() + 1);
+}
+
+TEST_CASE("modules_to_save train in f32 at their own lr beside the adapters, and every other base tensor stays bit-identical", "[lora]") {
+  Data d;
+  auto t = make_lora(d, "saved", {R"(optimization/lora/modules_to_save=["wte","ln_f"])",
+                                  "optimization/lora/modules_to_save_lr_ratio=0.5"});
+  for (int i = 0; i < 5; ++i) t->train_step();
+  auto f32_before = snapshot(named_params(*t->model()));
+  transition_to_lora(*t);
+  CHECK(t->saved_modules() == std::vector<std::string>{"wte.weight", "ln_f.weight", "ln_f.bias"});
+  auto base = snapshot(named_params(*t->model()));
+  t->train_step();
+  t->train_step();
+  auto after = named_params(*t->model());
+  for (size_t i = 0; i < base.size(); ++i) {
+    const auto& name = base[i].first;
+    INFO(name);
+    const bool saved = name == "wte.weight" || name.rfind("ln_f.", 0) == 0;
+    CHECK(after[i].second.requires_grad() == saved);
+    CHECK(after[i].second.scalar_type() == (saved ? torch::kFloat32 : torch::kBFloat16));
+    if (saved) {
+      CHECK(torch::equal(base[i].second, f32_before[i].second));  // the transition kept their f32 values
+      CHECK_FALSE(torch::equal(base[i].second, after[i].second));  // and they trained
+    } else {
+      CHECK(torch::equal(base[i].second, after[i].second));
+    }
+  }
+  std::vector<std::string> want;
+  for (auto& [n, x] : t->lora_params().named()) want.push_back(n);
+  for (const char* n : {"wte.weight", "ln_f.weight", "ln_f.bias"}) want.push_back(n);
+  CHECK(t->optimizer().param_names() == want);
+  // The step is taken and checkpointed like any other: the saved modules are in the state with their moments.
+  t->save("ntoks/896");
+  auto meta = read_checkpoint_metadata(t->job_dir() + "/ntoks/896");
+  CHECK(meta["lora"]["modules_to_save"] == nlohmann::json::array({"wte.weight", "ln_f.weight", "ln_f.bias"}));
+  CHECK(meta["lora"]["modules_to_save_lr_ratio"] == 0.5);
+  CHECK(meta["lora"]["init"] == "gaussian");
+  std::map<std::string, torch::Tensor> stored;
+  for (auto& [n, x] : read_checkpoint_tensors(t->job_dir() + "/ntoks/896")) stored[n] = x;
+  CHECK(stored.at("params/wte.weight").scalar_type() == torch::kFloat32);
+  CHECK(stored.count("optim/exp_avg/wte.weight") == 1);
+  CHECK(stored.count("optim/exp_avg/h.0.mlp.c_fc.weight") == 0);
+  // A job that names other modules cannot take this state over silently.
+  auto other = make_lora(d, "saved", {R"(optimization/lora/modules_to_save=["wte"])"});
+  CHECK_THROWS_WITH(other->restore_from_path("ntoks/896"),
+                    Contains("trained the modules_to_save") && Contains("optimization/lora/modules_to_save selects"));
+  CHECK_THROWS_WITH(make_lora(d, "bad", {R"(optimization/lora/modules_to_save=["lm_head"])"}),
+                    Contains("optimization/lora/modules_to_save: \"lm_head\" matches no module or parameter"));
+}
+
+TEST_CASE("the lr ratio of the modules_to_save is applied: a tiny ratio barely moves them", "[lora]") {
+  Data d;
+  auto moved = [&](const std::string& ratio) {
+    auto t = make_lora(d, "ratio" + ratio, {R"(optimization/lora/modules_to_save=["ln_f"])",
+                                             "optimization/lora/modules_to_save_lr_ratio=" + ratio});
+    for (int i = 0; i < 5; ++i) t->train_step();
+    transition_to_lora(*t);
+    auto before = snapshot(named_params(*t->model()));
+    for (int i = 0; i < 3; ++i) t->train_step();
+    for (size_t i = 0; i < before.size(); ++i)
+      if (before[i].first == "ln_f.weight")
+        return (named_params(*t->model())[i].second - before[i].second).abs().max().item<double>();
+    return -1.0;
+  };
+  const double full = moved("1"), tiny = moved("0.001");
+  CHECK(full > 0);
+  CHECK(tiny > 0);
+  CHECK(tiny < full / 100);
+}
+
+TEST_CASE("a run crosses the boundary, and resume in phase 1, at the boundary and in phase 2 is bit-identical", "[lora]") {
+  Data d;
+  auto straight = make_lora(d, "straight");
+  REQUIRE(straight->total_steps() == 10);
+  REQUIRE(straight->boundary_step() == 5);
+  std::vector<double> losses;
+  for (int i = 0; i < 10; ++i) losses.push_back(straight->train_step().loss);
+  CHECK(straight->in_lora_phase());
+  CHECK(is_checkpoint(straight->job_dir() + "/pre_lora_checkpoint"));
+
+  auto resume_from = [&](const std::string& name, int steps_before, const std::string& suffix) {
+    {
+      auto first = make_lora(d, name);
+      for (int i = 0; i < steps_before; ++i) REQUIRE(first->train_step().loss == losses[static_cast<size_t>(i)]);
+      if (suffix.rfind("ntoks/", 0) == 0) first->save(suffix);
+    }
+    auto resumed = make_lora(d, name);
+    resumed->restore_from_path(suffix);
+    for (int64_t i = resumed->step(); i < 10; ++i) {
+      INFO(name << " step " << i);
+      REQUIRE(resumed->train_step().loss == losses[static_cast<size_t>(i)]);
+    }
+    test::require_same_state(*straight, *resumed);
+  };
+  SECTION("mid phase 1") { resume_from("p1", 3, "ntoks/384"); }
+  SECTION("pre_lora_checkpoint restores as plain, then transitions") { resume_from("boundary", 6, "pre_lora_checkpoint"); }
+  SECTION("mid phase 2") { resume_from("p2", 8, "ntoks/1024"); }
+}
+
+using test::check_resume_mid_phase2_and_final;
+
+TEST_CASE("with modules_to_save and PEFT's init, resume mid phase 2 and from final is bit-identical", "[lora]") {
+  Data d;
+  const std::vector<std::string> opts = {R"(optimization/lora/modules_to_save=["wte","ln_1"])",
+                                         "optimization/lora/modules_to_save_lr_ratio=0.1",
+                                         "optimization/lora/init=kaiming_uniform"};
+  check_resume_mid_phase2_and_final(d, opts);
+}
+
+TEST_CASE("restoring final gives the finished state", "[lora]") {
+  Data d;
+  auto a = make_lora(d, "fin");
+  a->run();
+  auto b = make_lora(d, "fin");
+  CHECK(b->restore_latest() == "final/1280");
+  CHECK(b->done());
+  CHECK(b->in_lora_phase());
+  test::require_same_state(*a, *b);
+}
+
+TEST_CASE("restore refuses checkpoints of the wrong phase with a clear reason", "[lora]") {
+  Data d;
+  auto a = make_lora(d, "src");
+  for (int i = 0; i < 4; ++i) a->train_step();
+  a->save("ntoks/512");
+  auto later = make_lora(d, "dst", {"training/pre_lora_tokens=[256]"});  // boundary at step 2
+  CHECK_THROWS_WITH(later->restore_from_path(a->job_dir() + "/ntoks/512"),
+                    Contains("plain state at step 4, past this job's LoRA boundary (step 2)"));
+  CHECK_THROWS_WITH(make_lora(d, "emb", {R"(optimization/lora/target_modules=["wte"])"}),
+                    Contains("optimization/lora/target_modules: selects wte.weight, which is not a linear layer's weight") &&
+                        Contains("h.0.mlp.c_fc.weight"));
+  CHECK_THROWS_WITH(make_lora(d, "rank", {"optimization/lora/rank=64"}),
+                    Contains("optimization/lora/rank: 64 exceeds the smaller side of h.0.attn.c_attn.weight (96 x 32)"));
+  auto nodata = make_lora(d, "nodata", {R"(training/post_lora_dataset=[[{"name":"absent","rate":1}]])"});
+  CHECK_THROWS_WITH(nodata->run(), Contains("absent/meta.json"));  // before the first step, not at the boundary
+  CHECK(nodata->step() == 0);
+  auto mismatch = [&] { make_lora(d, "bad", {R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}],[{"name":"gen","rate":1}]])"}); };
+  CHECK_THROWS_WITH(mismatch(), Contains("training/pre_lora_tokens has 1 stages but training/pre_lora_dataset has 2"));
+}
+
+TEST_CASE("skip phase one: a plain checkpoint of another job becomes the frozen base", "[lora]") {
+  Data d;
+  auto pre = make_lora(d, "pretrain");
+  for (int i = 0; i < 6; ++i) pre->train_step();  // writes pre_lora_checkpoint at step 5
+  auto ft = make_lora(d, "finetune", {"training/pre_lora_tokens=[]", "training/pre_lora_dataset=[]"});
+  CHECK(ft->boundary_step() == 0);
+  CHECK(ft->total_steps() == 5);
+  ft->restore_from_path(pre->job_dir() + "/pre_lora_checkpoint");
+  CHECK(ft->step() == 0);
+  CHECK(ft->tokens() == 0);
+  auto base = read_checkpoint_tensors(pre->job_dir() + "/pre_lora_checkpoint");
+  ft->run();
+  CHECK(ft->step() == 5);
+  CHECK(ft->in_lora_phase());
+  std::map<std::string, torch::Tensor> stored(base.begin(), base.end());
+  for (auto& [n, t] : named_params(*ft->model())) {
+    INFO(n);
+    CHECK(torch::equal(t.cpu(), stored.at("params/" + n).to(torch::kBFloat16)));
+  }
+}
+
+TEST_CASE("export merges the adapters: the exported model computes what base + adapters compute", "[lora]") {
+  Data d;
+  std::vector<std::string> opts = {"runtime/precision=f32"};
+  SECTION("LoRA") {}
+  // rsLoRA scales by alpha/sqrt(r), LoRA+ trains B faster, and the token embedding trains in full:
+  // the export must merge with the scale that was trained and carry the trained embedding.
+  SECTION("rsLoRA, LoRA+ and modules_to_save") {
+    for (const char* o : {"optimization/lora/rslora=true", "optimization/lora/lr_ratio=16", R"(optimization/lora/modules_to_save=["wte"])"})
+      opts.push_back(o);
+  }
+  auto a = make_lora(d, "exp", opts);
+  a->run();
+  std::string out = d.dir / "exported";
+  export_merged(a->job_dir() + "/final/1280", out);
+  auto meta = read_checkpoint_metadata(out);
+  CHECK(meta["weights_only"] == true);
+  CHECK(meta["merged_adapters"] == 8);
+  // The export initialises a plain job (and would equally be the base of a LoRA job).
+  BaseTrainer plain(test::job_spec("from_export"),
+                    test::tiny_config(BaseTrainer::schema(), d.dir / "data", kPlainF32), d.dir / "out");
+  plain.restore_from_path(out);
+  CHECK(plain.step() == 0);
+  auto idx = torch::randint(0, 257, {2, 32}, torch::kLong);
+  CHECK((logits_of(*plain.model(), idx) - logits_of(*a->model(), idx)).abs().max().item<double>() < 1e-4);
+}
+
+TEST_CASE("rsLoRA scales by alpha/sqrt(r) and LoRA+ gives every B its lr ratio", "[lora]") {
+  CHECK(lora_scale(32, 16) == 2.0);
+  CHECK(lora_scale(32, 16, true) == 8.0);
+  CHECK(lora_scale(8, 4, true) == 4.0);
+  Data d;
+  auto t = make_lora(d, "plus", {"optimization/lora/rslora=true", "optimization/lora/lr_ratio=16", "optimization/lora/alpha=8"});
+  for (int i = 0; i < 6; ++i) t->train_step();
+  REQUIRE(t->in_lora_phase());
+  const auto names = t->optimizer().param_names();
+  const auto& scale = t->optimizer().lr_scale();
+  REQUIRE(names.size() == 16);
+  for (size_t i = 0; i < names.size(); ++i) {
+    INFO(names[i]);
+    CHECK(scale[i] == (names[i].find("lora_B") != std::string::npos ? 16.0 : 1.0));
+  }
+  // The adapted layer computes x W^T + b + (alpha / sqrt(r)) (x A) B: with B set by hand, the output
+  // moves by that scale exactly.
+  GPT m = tiny_gpt();
+  auto params = named_params(*m);
+  auto lora = inject_lora_params(params, param_filter(params, {"mlp.c_fc"}), 4, at::detail::createCPUGenerator(1));
+  for (auto& b : lora.B) b.normal_(0, 0.1);
+  auto idx = torch::randint(0, 257, {2, 16}, torch::kLong);
+  auto base = logits_of(*m, idx);
+  attach_lora(*m, lora, 8.0, 4, true);
+  auto ours = logits_of(*m, idx);
+  detach_lora(*m);
+  GPT merged = tiny_gpt();
+  {
+    torch::NoGradGuard ng;
+    auto into = named_params(*merged);
+    auto from = merge_lora_params(named_params(*m), lora, 8.0, 4, true);
+    for (size_t i = 0; i < into.size(); ++i) into[i].second.copy_(from[i].second);
+  }
+  CHECK((logits_of(*merged, idx) - ours).abs().max().item<double>() < 1e-4);
+  CHECK((ours - base).abs().max().item<double>() > 1e-3);
+  t->save("ntoks/768");
+  auto meta = read_checkpoint_metadata(t->job_dir() + "/ntoks/768");
+  CHECK(meta["lora"]["rslora"] == true);
+  CHECK(meta["lora"]["lr_ratio"] == 16.0);
+}
+
+TEST_CASE("export never replaces what it did not write, nor its own source", "[lora]") {
+  Data d;
+  auto a = make_lora(d, "exp2", {"runtime/precision=f32"});
+  a->run();
+  const std::string ck = a->job_dir() + "/final/1280";
+  const auto digest_before = inspect_checkpoint(ck).dump();
+  // The checkpoint itself, a directory inside it, and a directory holding it.
+  CHECK_THROWS_WITH(export_merged(ck, ck), Contains("is the checkpoint being exported") && Contains("Nothing was written"));
+  CHECK_THROWS_WITH(export_merged(ck, ck + "/sub"), Contains("is inside the checkpoint being exported"));
+  CHECK_THROWS_WITH(export_merged(ck, a->job_dir()), Contains("holds the checkpoint being exported"));
+  CHECK(inspect_checkpoint(ck).dump() == digest_before);
+  CHECK_FALSE(std::filesystem::exists(ck + "/sub"));
+  // Somebody's directory, and a training checkpoint, are refused and left as they were.
+  const std::string mine = d.dir / "mine";
+  std::filesystem::create_directories(mine);
+  write_file_atomic(mine + "/notes.txt", "keep me");
+  CHECK_THROWS_WITH(export_merged(ck, mine), Contains("already exists and is not an earlier export"));
+  CHECK(read_file(mine + "/notes.txt") == "keep me");
+  CHECK_THROWS_WITH(export_merged(ck, a->job_dir() + "/pre_lora_checkpoint"), Contains("already exists and is not an earlier export"));
+  // An earlier export is replaced.
+  const std::string out = d.dir / "exported";
+  export_merged(ck, out);
+  CHECK_NOTHROW(export_merged(ck, out));
+  CHECK(read_checkpoint_metadata(out)["weights_only"] == true);
+}
+
+TEST_CASE("an empty `latest` is an error that says what to do, not a silent restart from step 0", "[lora]") {
+  Data d;
+  {
+    auto a = make_lora(d, "lat");
+    for (int i = 0; i < 3; ++i) a->train_step();
+    a->save("ntoks/384");
+  }
+  auto b = make_lora(d, "lat");
+  write_file_atomic(b->job_dir() + "/latest", "\n");
+  CHECK_THROWS_WITH(b->restore_latest(), Contains("latest is empty") && Contains("lora_trainer checkpoints"));
+  write_file_atomic(b->job_dir() + "/latest", "ntoks/999\n");
+  CHECK_THROWS_WITH(b->restore_latest(), Contains("not a complete checkpoint"));
+  // Garbled: another job's checkpoint, an absolute path, several lines.
+  for (std::string bad : {"../other/ntoks/384\n", "/tmp\n", "ntoks/../../x\n", "ntoks/384\nntoks/512\n"}) {
+    write_file_atomic(b->job_dir() + "/latest", bad);
+    CHECK_THROWS_WITH(b->restore_latest(), Contains("not a checkpoint inside the job directory"));
+  }
+  write_file_atomic(b->job_dir() + "/latest", "ntoks/384\n");
+  CHECK(b->restore_latest() == "ntoks/384");
+  CHECK(b->step() == 3);
+}
+
+
+namespace {
+extern "C" void sentinel_handler(int) {}
+}  // namespace
+
+TEST_CASE("run() puts the previous SIGINT and SIGTERM handlers back however it ends", "[lora]") {
+  Data d;
+  auto before_int = std::signal(SIGINT, sentinel_handler);
+  auto before_term = std::signal(SIGTERM, sentinel_handler);
+  {
+    auto ok = make_lora(d, "sig_ok");
+    ok->run();
+  }
+  CHECK(std::signal(SIGINT, sentinel_handler) == sentinel_handler);
+  CHECK(std::signal(SIGTERM, sentinel_handler) == sentinel_handler);
+  {
+    auto boom = make_lora(d, "sig_boom", {"optimization/lr=1e30"});
+    CHECK_THROWS_AS(boom->run(), TrainingDiverged);
+  }
+  CHECK(std::signal(SIGINT, before_int) == sentinel_handler);
+  CHECK(std::signal(SIGTERM, before_term) == sentinel_handler);
+}
+
+TEST_CASE("init_from starts the adapters from an earlier run's, read from our checkpoint or its PEFT export", "[lora]") {
+  Data d;
+  auto src = make_lora(d, "src");
+  src->run();
+  const std::string final_ck = src->job_dir() + "/final/1280";
+  REQUIRE(is_checkpoint(final_ck));
+  export_peft(final_ck, d.dir / "peft");
+  auto started_from = [&](const std::string& name, const std::string& from) {
+    auto t = make_lora(d, name, {"optimization/lora/init_from=\"" + from + "\""});
+    for (int i = 0; i < 5; ++i) t->train_step();
+    transition_to_lora(*t);
+    const auto& a = t->lora_params();
+    const auto& b = src->lora_params();
+    REQUIRE(a.names == b.names);
+    for (size_t i = 0; i < a.names.size(); ++i) {
+      INFO(a.names[i]);
+      CHECK(torch::equal(a.A[i], b.A[i]));
+      CHECK(torch::equal(a.B[i], b.B[i]));
+    }
+    CHECK(torch::count_nonzero(a.B[0]).item<int64_t>() > 0);  // trained adapters, not fresh ones
+    return t;
+  };
+  SECTION("our checkpoint") {
+    auto t = started_from("from_ck", final_ck);
+    t->train_step();  // and they train on from there
+    CHECK_FALSE(torch::equal(t->lora_params().B[0], src->lora_params().B[0]));
+  }
+  SECTION("a PEFT adapter directory") { started_from("from_peft", d.dir / "peft"); }
+  SECTION("a source that does not fit is refused, naming the key to change") {
+    auto refused = [&](const std::vector<std::string>& extra, const std::string& text) {
+      INFO(text);
+      std::vector<std::string> o = {"optimization/lora/init_from=\"" + final_ck + "\""};
+      o.insert(o.end(), extra.begin(), extra.end());  // later overrides win
+      auto t = make_lora(d, "bad", o);
+      for (int i = 0; i < 5; ++i) t->train_step();
+      CHECK_THROWS_WITH(transition_to_lora(*t), Contains(text));
+    };
+    refused({"optimization/lora/rank=2"}, "Set optimization/lora/rank=4");
+    refused({"optimization/lora/alpha=32"}, "they would compute another function");
+    refused({R"(optimization/lora/target_modules=["attn.c_attn"])"}, "which this job does not");
+    refused({"optimization/lora/init_from=\"" + src->job_dir() + "/pre_lora_checkpoint\""}, "is a plain checkpoint");
+  }
+}
+
+namespace {
+// The ema/<name> tensors of a trainer's state, by name (without "ema/").
+std::map<std::string, torch::Tensor> ema_of(BaseTrainer& t) {
+  std::map<std::string, torch::Tensor> out;
+  for (auto& [n, v] : t.state_tensors())
+    if (n.rfind("ema/", 0) == 0) out[n.substr(4)] = v.clone();
+  return out;
+}
+}  // namespace
+
+TEST_CASE("EMA: the average equals the hand-computed one in both phases, restarts over the adapters, and resumes bit-identically", "[lora][ema]") {
+  Data d;
+  const std::vector<std::string> ema = {"optimization/ema/decay=0.75", "runtime/precision=f32"};
+  auto t = make_lora(d, "ema", ema);
+  // by hand: avg_0 = p_0, avg_k = 0.75 avg_{k-1} + 0.25 p_k, over the trainable parameters of each phase
+  std::map<std::string, torch::Tensor> hand;
+  for (auto& [n, p] : t->trainable()) hand[n] = p.detach().clone();
+  for (int i = 1; i <= 5; ++i) {
+    t->train_step();
+    for (auto& [n, p] : t->trainable()) hand[n] = 0.75 * hand[n] + 0.25 * p.detach();
+  }
+  auto avg = ema_of(*t);
+  REQUIRE(avg.size() == hand.size());
+  REQUIRE(avg.count("wte.weight") == 1);
+  for (auto& [n, h] : hand) {
+    INFO(n);
+    CHECK(torch::allclose(avg.at(n), h, 1e-6, 1e-7));
+  }
+  CHECK_FALSE(torch::equal(avg.at("wte.weight"), t->trainable()[0].second));  // an average, not the weights
+  transition_to_lora(*t);
+  hand.clear();
+  for (auto& [n, p] : t->trainable()) hand[n] = p.detach().clone();
+  for (int i = 6; i <= 8; ++i) {
+    t->train_step();
+    for (auto& [n, p] : t->trainable()) hand[n] = 0.75 * hand[n] + 0.25 * p.detach();
+  }
+  avg = ema_of(*t);
+  REQUIRE(avg.size() == t->lora_params().names.size() * 2);  // only the adapters now
+  for (auto& [n, h] : hand) {
+    INFO(n);
+    CHECK(torch::allclose(avg.at(n), h, 1e-6, 1e-7));
+  }
+
+  // Resume mid phase 2: the average comes back with everything else.
+  auto straight = make_lora(d, "ema_straight", ema);
+  std::vector<double> losses;
+  for (int i = 0; i < 10; ++i) losses.push_back(straight->train_step().loss);
+  {
+    auto first = make_lora(d, "ema_split", ema);
+    for (int i = 0; i < 8; ++i) first->train_step();
+    first->save("ntoks/1024");
+  }
+  auto resumed = make_lora(d, "ema_split", ema);
+  resumed->restore_from_path("ntoks/1024");
+  for (int64_t i = resumed->step(); i < 10; ++i) REQUIRE(resumed->train_step().loss == losses[static_cast<size_t>(i)]);
+  test::require_same_state(*straight, *resumed);
+  CHECK(ema_of(*resumed).size() == 2 * resumed->lora_params().names.size());
+}
+
+TEST_CASE("EMA weights: eval/use_ema evaluates the average and puts the weights back, export --ema writes it", "[lora][ema]") {
+  Data d;
+  auto t = make_lora(d, "ema", {"optimization/ema/decay=0.5", "runtime/precision=f32"});
+  t->run();
+  const std::string ck = t->job_dir() + "/final/1280";
+  // export --ema merges the averaged adapters; without --ema the trained ones.
+  const auto meta = read_checkpoint_metadata(ck);
+  CHECK(meta["ema"]["decay"] == 0.5);
+  auto plain = merged_weights(ck), averaged = merged_weights(ck, /*use_ema=*/true);
+  std::map<std::string, torch::Tensor> tensors;
+  for (auto& [n, v] : read_checkpoint_tensors(ck)) tensors[n] = v;
+  const std::string w = "h.0.attn.c_attn.weight";
+  auto find = [&](const MergedWeights& m) {
+    for (auto& [n, v] : m.params)
+      if (n == w) return v;
+    return torch::Tensor();
+  };
+  auto expected = merge_lora_params(tensors.at("params/" + w).to(torch::kFloat32), tensors.at("ema/h.0.attn.c_attn.lora_A"),
+                                    tensors.at("ema/h.0.attn.c_attn.lora_B"), meta["lora"]["alpha"].get<double>(), 4);
+  CHECK(torch::equal(find(averaged), expected));
+  CHECK_FALSE(torch::equal(find(averaged), find(plain)));
+  // eval with and without the average: different losses, and the weights are the trained ones after.
+  test::TempDir out;
+  auto with = from_checkpoint_path(ck, "", out / "a", {"eval/use_ema=true"});
+  auto without = from_checkpoint_path(ck, "", out / "b", {});
+  auto* tw = dynamic_cast<LoRATrainer*>(with.get());
+  auto* tn = dynamic_cast<LoRATrainer*>(without.get());
+  const auto rows = parse_samplings(nlohmann::json::parse(R"([{"name":"gen2","rate":1}])"));
+  const double lw = tw->evaluate(rows, 4)[0].loss, ln = tn->evaluate(rows, 4)[0].loss;
+  CHECK(lw != ln);
+  for (size_t i = 0; i < tw->lora_params().A.size(); ++i) CHECK(torch::equal(tw->lora_params().A[i], tn->lora_params().A[i]));
+  // A checkpoint without an average: export --ema says so.
+  auto none = make_lora(d, "none", {"runtime/precision=f32"});
+  none->run();
+  CHECK_THROWS_WITH(merged_weights(none->job_dir() + "/final/1280", true), Contains("holds no moving average"));
+}
+
+TEST_CASE("param_groups: a rule's lr ratio applies in phase 1 and to the adapters, and a rule that matches nothing is refused", "[lora][optim]") {
+  Data d;
+  auto t = make_lora(d, "groups", {R"(optimization/param_groups=[{"match":"h.0.","lr_ratio":1e-9},{"match":"lora_A","lr_ratio":1e-9,"weight_decay":false}])",
+                                   "runtime/precision=f32"});
+  auto before = snapshot(named_params(*t->model()));
+  for (int i = 0; i < 3; ++i) t->train_step();
+  auto after = named_params(*t->model());
+  for (size_t i = 0; i < before.size(); ++i) {
+    INFO(before[i].first);
+    const double moved = (after[i].second - before[i].second).abs().max().item<double>();
+    if (before[i].first.rfind("h.0.", 0) == 0) CHECK(moved < 1e-8);
+    else if (before[i].first.find("ln_") == std::string::npos && before[i].first.find("bias") == std::string::npos)
+      CHECK(moved > 1e-5);
+  }
+  for (int i = 0; i < 2; ++i) t->train_step();
+  transition_to_lora(*t);
+  auto A = snapshot(t->lora_params().named());
+  for (int i = 0; i < 3; ++i) t->train_step();
+  auto now = t->lora_params().named();
+  for (size_t i = 0; i < A.size(); ++i) {
+    INFO(A[i].first);
+    const double moved = (now[i].second - A[i].second).abs().max().item<double>();
+    // h.0.'s adapters fall under the first rule too (the first match applies); the other B train.
+    if (A[i].first.find("lora_A") != std::string::npos || A[i].first.rfind("h.0.", 0) == 0) CHECK(moved < 1e-8);
+    else CHECK(moved > 1e-5);
+  }
+  CHECK_THROWS_WITH(make_lora(d, "bad", {R"(optimization/param_groups=[{"match":"q_proj"}])"}),
+                    Contains("optimization/param_groups: \"q_proj\" matches no parameter of this model"));
+  CHECK_THROWS_WITH(make_lora(d, "bad", {R"(optimization/param_groups=[{"match":"wte","lr":0.1}])"}),
+                    Contains("unknown field \"lr\" (known: match, lr_ratio, weight_decay)"));
+}
+
+TEST_CASE("init_from and eval/use_ema are checked before training starts, not at the transition", "[lora][ema]") {
+  Data d;
+  auto t = make_lora(d, "early", {"optimization/lora/init_from=\"" + (d.dir / "nowhere") + "\""});
+  CHECK_THROWS_WITH(t->run(), Contains("optimization/lora/init_from: " + (d.dir / "nowhere") + " is not a directory"));
+  CHECK(t->step() == 0);  // refused before the first step
+  CHECK_THROWS_WITH(make_lora(d, "ema", {"eval/use_ema=true"}), Contains("eval/use_ema is true but optimization/ema/decay is 0"));
+}
+
+// ---- trainable_token_indices (PEFT's trainable tokens): chosen rows of the token embedding train ----
+
+namespace {
+const char* kTokens = R"(optimization/lora/trainable_token_indices=[5,101,200])";
+const std::vector<int64_t> kTokenIds = {5, 101, 200};
+}  // namespace
+
+TEST_CASE("trainable token rows: ids checked against the vocabulary and the embedding, and rows that replace the weight's", "[lora][tokens]") {
+  GPT m = tiny_gpt();
+  auto params = named_params(*m);
+  CHECK(token_embeddings(*m) == std::vector<std::string>{"wte.weight"});  // not wpe: positions are no tokens
+  CHECK(resolve_trainable_tokens(*m, params, "", {0, 256}) == "wte.weight");
+  CHECK(resolve_trainable_tokens(*m, params, "wte", {3}) == "wte.weight");  // PEFT's dict form
+  CHECK_THROWS_WITH(resolve_trainable_tokens(*m, params, "", {3, 257}),
+                    Contains("token id 257 is outside the vocabulary of wte.weight (size 257: ids 0 to 256)"));
+  CHECK_THROWS_WITH(resolve_trainable_tokens(*m, params, "", {-1}), Contains("token id -1 is outside the vocabulary"));
+  CHECK_THROWS_WITH(resolve_trainable_tokens(*m, params, "", {4, 9, 4}), Contains("token id 4 is listed twice"));
+  CHECK_THROWS_WITH(resolve_trainable_tokens(*m, params, "wpe", {3}),
+                    Contains("\"wpe\" is not a token embedding of this model") && Contains(": wte.weight"));
+  CHECK_THROWS_WITH(resolve_trainable_tokens(*m, params, "wte", {}), Contains("no token ids given"));
+  CHECK(TrainableTokens::values_name("model.embed_tokens.weight") == "model.embed_tokens.trainable_tokens_delta");
+
+  // Rows set on the embedding compute what the weight with those rows replaced computes, in the lookup
+  // and in the tied head; the weight itself is untouched.
+  GPT merged = tiny_gpt();
+  TrainableTokens tokens = make_trainable_tokens("wte.weight", m->wte->weight, kTokenIds);
+  CHECK(tokens.values.sizes() == at::IntArrayRef({3, 32}));
+  CHECK(torch::equal(tokens.values[1], m->wte->weight[101]));  // initialised to the base's rows, as PEFT does
+  tokens.values.normal_(0.0, 0.5);
+  attach_token_rows(*m, tokens);
+  {
+    torch::NoGradGuard ng;
+    merged->wte->weight.copy_(replace_token_rows(merged->wte->weight, kTokenIds, tokens.values));
+  }
+  CHECK(torch::equal(merged->wte->weight[200], tokens.values[2]));
+  CHECK(torch::equal(m->wte->weight, tiny_gpt()->wte->weight));
+  auto idx = torch::tensor({5, 6, 101, 7, 200, 5, 0, 256}, torch::kLong).view({2, 4});
+  CHECK((logits_of(*m, idx) - logits_of(*merged, idx)).abs().max().item<double>() < 1e-6);
+  {
+    AdaptersOff off(*m);  // DPO's reference: the rows are switched off with the adapters
+    CHECK((logits_of(*m, idx) - logits_of(*tiny_gpt(), idx)).abs().max().item<double>() == 0);
+  }
+  CHECK((logits_of(*m, idx) - logits_of(*merged, idx)).abs().max().item<double>() < 1e-6);  // and back on
+  detach_token_rows(*m);
+  CHECK((logits_of(*m, idx) - logits_of(*tiny_gpt(), idx)).abs().max().item<double>() == 0);
+}
+
+TEST_CASE("trainable token rows: after LoRA steps only the adapters and the chosen rows changed, checkpointed with their moments", "[lora][tokens]") {
+  Data d;
+  auto t = make_lora(d, "tokens", {kTokens});
+  for (int i = 0; i < 5; ++i) t->train_step();
+  const torch::Tensor f32_rows = t->model()->named_parameters()["wte.weight"].index_select(0, torch::tensor(kTokenIds)).clone();
+  transition_to_lora(*t);
+  const TrainableTokens& rows = t->trainable_tokens();
+  REQUIRE(rows.defined());
+  CHECK(rows.name == "wte.weight");
+  CHECK(rows.ids == kTokenIds);
+  CHECK(rows.values.scalar_type() == torch::kFloat32);
+  CHECK(torch::equal(rows.values, f32_rows));  // the f32 rows, taken before the base's cast to bf16
+  CHECK(t->saved_modules().empty());
+  auto base = snapshot(named_params(*t->model()));
+  auto A = snapshot(t->lora_params().named());
+  t->train_step();
+  t->train_step();
+  // Every base tensor, the whole embedding included, is bit-identical: the rows are replaced in the
+  // forward, never written into the frozen weight.
+  auto after = named_params(*t->model());
+  for (size_t i = 0; i < base.size(); ++i) {
+    INFO(base[i].first);
+    CHECK(after[i].second.scalar_type() == torch::kBFloat16);
+    CHECK_FALSE(after[i].second.requires_grad());
+    CHECK(torch::equal(base[i].second, after[i].second));
+  }
+  for (int64_t r = 0; r < 3; ++r) CHECK_FALSE(torch::equal(rows.values[r], f32_rows[r]));  // each row trained
+  CHECK_FALSE(torch::equal(A[1].second, t->lora_params().named()[1].second));              // and the adapters
+  std::vector<std::string> want;
+  for (auto& [n, x] : t->lora_params().named()) want.push_back(n);
+  want.push_back("wte.trainable_tokens_delta");
+  CHECK(t->optimizer().param_names() == want);
+  t->save("ntoks/896");
+  auto meta = read_checkpoint_metadata(t->job_dir() + "/ntoks/896");
+  CHECK(meta["lora"]["trainable_tokens"] == nlohmann::json{{"wte.weight", kTokenIds}});
+  std::map<std::string, torch::Tensor> stored;
+  for (auto& [n, x] : read_checkpoint_tensors(t->job_dir() + "/ntoks/896")) stored[n] = x;
+  CHECK(torch::equal(stored.at("lora/wte.trainable_tokens_delta"), rows.values));
+  CHECK(stored.count("optim/exp_avg/wte.trainable_tokens_delta") == 1);
+  CHECK(stored.at("params/wte.weight").scalar_type() == torch::kBFloat16);
+  // The transition line's totals: the adapters plus 3 rows of 32.
+  int transitions = 0;
+  for (const auto& e : read_metrics(t->run_dir()))
+    if (e["event"] == "transition") {
+      ++transitions;
+      CHECK(e["token_params"] == 3 * 32);
+      CHECK(e["trainable_params"] == count_lora_params(t->lora_params()) + 3 * 32);
+      CHECK(e["trainable_tokens"] == nlohmann::json{{"wte.weight", kTokenIds}});
+    }
+  CHECK(transitions == 1);
+  // A job with other rows (or none) cannot take this state over silently.
+  for (const char* other : {R"(optimization/lora/trainable_token_indices=[5,101])", "optimization/lora/trainable_token_indices=[]"}) {
+    auto o = make_lora(d, "tokens", {other});
+    CHECK_THROWS_WITH(o->restore_from_path("ntoks/896"), Contains("trained the token rows {\"wte.weight\":[5,101,200]}") &&
+                                                             Contains("optimization/lora/trainable_token_indices selects"));
+  }
+}
+
+TEST_CASE("trainable_token_indices that do not fit are refused with the key and the value", "[lora][tokens]") {
+  Data d;
+  const std::string key = "optimization/lora/trainable_token_indices";
+  CHECK_THROWS_WITH(make_lora(d, "bad", {key + "=[5,257]"}),
+                    Contains(key + ": token id 257 is outside the vocabulary of wte.weight (size 257"));
+  CHECK_THROWS_WITH(make_lora(d, "bad", {key + "=[5,6,5]"}), Contains(key + ": token id 5 is listed twice"));
+  CHECK_THROWS_WITH(make_lora(d, "bad", {key + R"(={"lm_head":[5]})"}), Contains(key + ": \"lm_head\" is not a token embedding"));
+  CHECK_THROWS_WITH(make_lora(d, "bad", {key + R"(={"wte":[5],"wpe":[1]})"}), Contains("names 2 modules"));
+  CHECK_THROWS_WITH(make_lora(d, "bad", {key + "=[5]", R"(optimization/lora/modules_to_save=["wte"])"}),
+                    Contains(key + ": selects rows of wte.weight, which optimization/lora/modules_to_save already trains in full"));
+  CHECK_THROWS_WITH(make_lora(d, "bad", {key + "=\"5\""}), Contains("must be a list of integers or {\"module\": [integers]}"));
+  CHECK_THROWS_WITH(make_lora(d, "bad", {key + R"(={"wte":[1.5]})"}), Contains("\"wte\": must be a list of integers"));
+  CHECK(make_lora(d, "dict", {key + R"(={"wte":[5]})"}) != nullptr);  // PEFT's dict form, naming our module
+}
+
+TEST_CASE("with trainable token rows, resume mid phase 2 and from final is bit-identical", "[lora][tokens]") {
+  Data d;
+  const std::vector<std::string> opts = {kTokens, R"(optimization/lora/modules_to_save=["ln_f"])"};
+  auto [straight, resumed] = check_resume_mid_phase2_and_final(d, opts);
+  CHECK(torch::equal(straight->trainable_tokens().values, resumed->trainable_tokens().values));
+}
+
+TEST_CASE("export merges the trainable token rows into the embedding (and so the tied head): the logits are the unmerged model's", "[lora][tokens]") {
+  Data d;
+  auto a = make_lora(d, "exp", {"runtime/precision=f32", kTokens});
+  a->run();
+  const std::string ck = a->job_dir() + "/final/1280";
+  export_merged(ck, d.dir / "exported");
+  std::map<std::string, torch::Tensor> out, in;
+  for (auto& [n, x] : read_checkpoint_tensors(d.dir / "exported")) out[n] = x;
+  for (auto& [n, x] : read_checkpoint_tensors(ck)) in[n] = x;
+  const auto& W = out.at("params/wte.weight");
+  const auto& rows = in.at("lora/wte.trainable_tokens_delta");
+  for (int64_t r = 0; r < 257; ++r) {
+    auto k = std::find(kTokenIds.begin(), kTokenIds.end(), r);
+    if (k == kTokenIds.end()) REQUIRE(torch::equal(W[r], in.at("params/wte.weight")[r].to(torch::kFloat32)));
+    else REQUIRE(torch::equal(W[r], rows[k - kTokenIds.begin()]));
+  }
+  BaseTrainer plain(test::job_spec("from_export"),
+                    test::tiny_config(BaseTrainer::schema(), d.dir / "data", kPlainF32), d.dir / "out");
+  plain.restore_from_path(d.dir / "exported");
+  auto idx = torch::tensor(std::vector<int64_t>{5, 101, 200, 7, 5, 33, 200, 1}).view({2, 4}).repeat({1, 4});
+  const double diff = (logits_of(*plain.model(), idx) - logits_of(*a->model(), idx)).abs().max().item<double>();
+  CHECK(diff < 1e-4);
+  // The rows mattered: the base with the exported adapters but the original rows computes something else.
+  auto base_rows = in.at("params/wte.weight").to(torch::kFloat32);
+  {
+    torch::NoGradGuard ng;
+    plain.model()->named_parameters()["wte.weight"].copy_(base_rows);
+  }
+  CHECK((logits_of(*plain.model(), idx) - logits_of(*a->model(), idx)).abs().max().item<double>() > 100 * diff);
+}
+
+TEST_CASE("init_from loads the trainable token rows from our checkpoint or its PEFT export, and refuses other rows", "[lora][tokens]") {
+  Data d;
+  auto src = make_lora(d, "src", {kTokens});
+  src->run();
+  const std::string final_ck = src->job_dir() + "/final/1280";
+  export_peft(final_ck, d.dir / "peft");
+  auto cfg = nlohmann::json::parse(read_file(d.dir / "peft/adapter_config.json"));
+  CHECK(cfg["trainable_token_indices"] == nlohmann::json(kTokenIds));
+  std::map<std::string, torch::Tensor> adapter;
+  for (auto& [n, x] : read_safetensors(d.dir / "peft/adapter_model.safetensors")) adapter[n] = x;
+  CHECK(torch::equal(adapter.at("base_model.model.transformer.wte.token_adapter.trainable_tokens_delta"),
+                     src->trainable_tokens().values));
+  for (const std::string from : {final_ck, d.dir / "peft"}) {
+    INFO(from);
+    auto t = make_lora(d, "from", {kTokens, "optimization/lora/init_from=\"" + from + "\""});
+    for (int i = 0; i < 5; ++i) t->train_step();
+    transition_to_lora(*t);
+    CHECK(torch::equal(t->trainable_tokens().values, src->trainable_tokens().values));
+    CHECK(torch::equal(t->lora_params().B[0], src->lora_params().B[0]));
+    for (const char* other : {R"(optimization/lora/trainable_token_indices=[5,101,201])", "optimization/lora/trainable_token_indices=[]"}) {
+      INFO(other);
+      auto refused = make_lora(d, "refused", {other, "optimization/lora/init_from=\"" + from + "\""});
+      CHECK_THROWS_WITH(refused->run(), Contains("trained the token rows {\"wte.weight\":[5,101,200]}") &&
+                                            Contains("Set it as the source had it"));
+      CHECK(refused->step() == 0);
+    }
+  }
+}

@@ -1,0 +1,125 @@
+// Optimizer and schedules: values at chosen steps, and AdamW equal to LibTorch's own.
+#include "catch.hpp"
+
+#include "lora_trainer/training/optim.hpp"
+
+using namespace lt;
+
+TEST_CASE("wsd: linear warmup, flat, linear decay to min_lr", "[optim]") {
+  Schedule s = Schedule::make(ScheduleKind::Wsd, 1.0, 0.1, 100, 0.1, 0.2);
+  CHECK(s.warmup_steps == 10);
+  CHECK(s.decay_steps == 20);
+  CHECK(s.at(0) == Approx(0.1));
+  CHECK(s.at(4) == Approx(0.5));
+  CHECK(s.at(9) == Approx(1.0));
+  CHECK(s.at(50) == Approx(1.0));
+  CHECK(s.at(79) == Approx(1.0));
+  CHECK(s.at(80) == Approx(1.0 - 0.9 / 20));
+  CHECK(s.at(89) == Approx(0.55));
+  CHECK(s.at(99) == Approx(0.1));
+}
+
+TEST_CASE("cosine: warmup then cosine from lr to min_lr", "[optim]") {
+  Schedule s = Schedule::make(ScheduleKind::Cosine, 2.0, 0.0, 110, 10.0 / 110, 0.0);
+  CHECK(s.at(9) == Approx(2.0));
+  CHECK(s.at(10) == Approx(2.0));
+  CHECK(s.at(60) == Approx(1.0));
+  CHECK(s.at(110) == Approx(0.0).margin(1e-12));
+}
+
+TEST_CASE("constant: warmup then flat", "[optim]") {
+  Schedule s = Schedule::make(ScheduleKind::Constant, 0.5, 0.1, 10, 0.2, 0.5);
+  CHECK(s.at(0) == Approx(0.25));
+  CHECK(s.at(1) == Approx(0.5));
+  CHECK(s.at(9) == Approx(0.5));
+}
+
+TEST_CASE("AdamW matches torch::optim::AdamW step for step", "[optim]") {
+  torch::manual_seed(0);
+  auto w0 = torch::randn({8, 5});
+  auto ours = w0.clone().set_requires_grad(true);
+  auto theirs = w0.clone().set_requires_grad(true);
+  AdamW opt({{"w", ours}}, AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+  torch::optim::AdamW ref({theirs}, torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1));
+  for (int i = 0; i < 5; ++i) {
+    auto x = torch::randn({3, 8});
+    ours.mutable_grad() = torch::Tensor();
+    ref.zero_grad();
+    (x.matmul(ours).pow(2).sum()).backward();
+    (x.matmul(theirs).pow(2).sum()).backward();
+    opt.step(1e-2);
+    ref.step();
+  }
+  CHECK(torch::allclose(ours, theirs, 1e-6, 1e-7));
+  CHECK(opt.steps_taken() == 5);
+}
+
+TEST_CASE("weight decay skips vectors, and optimizer state is named", "[optim]") {
+  auto bias = torch::ones({4}).set_requires_grad(true);
+  bias.mutable_grad() = torch::zeros({4});
+  AdamW opt({{"b", bias}}, AdamWOptions{0.9, 0.95, 1e-8, 0.5});
+  opt.step(0.1);
+  CHECK(torch::equal(bias, torch::ones({4})));  // zero gradient, no decay: unchanged
+  auto st = opt.state();
+  REQUIRE(st.size() == 3);
+  CHECK(st[0].first == "optim/exp_avg/b");
+  CHECK(st[1].first == "optim/exp_avg_sq/b");
+  CHECK(st[2].first == "optim/step");
+}
+
+TEST_CASE("gradient clipping bounds the global norm", "[optim]") {
+  auto a = torch::zeros({2}).set_requires_grad(true);
+  auto b = torch::zeros({1}).set_requires_grad(true);
+  a.mutable_grad() = torch::tensor({3.0f, 0.0f});
+  b.mutable_grad() = torch::tensor({4.0f});
+  double norm = clip_grad_norm({{"a", a}, {"b", b}}, 1.0);
+  CHECK(norm == Approx(5.0));
+  double after = std::sqrt(a.grad().pow(2).sum().item<double>() + b.grad().pow(2).sum().item<double>());
+  CHECK(after == Approx(1.0).epsilon(1e-5));
+}
+
+TEST_CASE("AdamW lr_scale: a parameter trains as if alone at lr x its scale", "[optim]") {
+  // One optimizer with scales {1, 0.25} against two optimizers at lr and lr/4: the same updates, bit for bit.
+  auto make = [] {
+    torch::manual_seed(7);
+    return NamedTensors{{"a", torch::randn({4, 3}).requires_grad_(true)}, {"e", torch::randn({5, 3}).requires_grad_(true)}};
+  };
+  NamedTensors together = make(), a_alone = make(), e_alone = make();
+  AdamWOptions o;
+  o.weight_decay = 0.1;
+  AdamW both(together, o, {1.0, 0.25});
+  AdamW only_a({a_alone[0]}, o), only_e({e_alone[1]}, o);
+  for (int step = 0; step < 3; ++step) {
+    for (auto* ps : {&together, &a_alone, &e_alone})
+      for (auto& [n, p] : *ps) p.mutable_grad() = torch::full_like(p, 0.5 + step) * p.detach().sign();
+    both.step(1e-2);
+    only_a.step(1e-2);
+    only_e.step(0.25e-2);
+  }
+  CHECK(torch::equal(together[0].second, a_alone[0].second));
+  CHECK(torch::equal(together[1].second, e_alone[1].second));
+  CHECK_FALSE(torch::equal(together[1].second, make()[1].second));  // it did move
+  CHECK_THROWS(AdamW(make(), o, {1.0}));  // one scale per parameter
+}
+
+TEST_CASE("AdamW set_decay: a parameter's decoupled weight decay switched off or on (param_groups' weight_decay)", "[optim]") {
+  AdamWOptions o;
+  o.weight_decay = 0.5;
+  auto run = [&](bool decay, torch::Tensor p) {
+    p.requires_grad_(true);
+    p.mutable_grad() = torch::zeros_like(p);  // no gradient signal: only the decay moves it
+    AdamW opt({{"p", p}}, o);
+    opt.set_decay(0, decay);
+    opt.step(0.1);
+    return p.detach().clone();
+  };
+  CHECK(torch::allclose(run(true, torch::ones({2, 2})), torch::full({2, 2}, 0.95)));
+  CHECK(torch::equal(run(false, torch::ones({2, 2})), torch::ones({2, 2})));
+  CHECK(torch::allclose(run(true, torch::ones({3})), torch::full({3}, 0.95)));  // a vector decays when a rule says so
+  auto rules = parse_param_rules(nlohmann::json::parse(R"([{"match":"ln_","weight_decay":true},{"match":"h.","lr_ratio":0.5}])"));
+  CHECK(match_param_rule(rules, "h.0.ln_1.weight") == 0);  // the first match applies
+  CHECK(match_param_rule(rules, "h.0.mlp.c_fc.weight") == 1);
+  CHECK(match_param_rule(rules, "wte.weight") == -1);
+  CHECK(rules[1].lr_ratio == 0.5);
+  CHECK(rules[1].weight_decay == -1);
+}
