@@ -37,7 +37,7 @@ inline torch::Tensor golden_logits(const std::string& dir) {  // (2, 16, V)
 // The model of a checkpoint as `eval` and `sample` rebuild it (adapters attached, unmerged, on the
 // runtime's device), and its f32 logits without autocast, on the CPU.
 struct Loaded {
-  std::unique_ptr<RestoreableJob> job;
+  std::unique_ptr<RestorableJob> job;
   BaseTrainer* trainer;
   torch::Tensor logits(const torch::Tensor& ids) {
     torch::NoGradGuard ng;

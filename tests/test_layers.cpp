@@ -32,9 +32,6 @@ const std::set<std::pair<std::string, std::string>> kKnownExceptions = {
     // import-hf reads the architecture through LoRATrainer::schema(); issue 29 step 5 builds the
     // model's options directly.
     {"formats/huggingface.cpp", "training/lora_trainer.hpp"},
-    // `export --ema` needs the EMA tensors' name prefix, which training/ema.hpp declares; it belongs
-    // beside the other prefixes in formats/checkpoint.hpp.
-    {"formats/export.cpp", "training/ema.hpp"},
 };
 
 }  // namespace

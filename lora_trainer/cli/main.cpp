@@ -19,7 +19,7 @@
 #include "lora_trainer/formats/export.hpp"
 #include "lora_trainer/training/lora_trainer.hpp"
 #include "lora_trainer/cli/registry.hpp"
-#include "lora_trainer/cli/speed_bench.hpp"
+#include "lora_trainer/cli/bench.hpp"
 #include "lora_trainer/data/tokenize.hpp"
 #include "lora_trainer/core/util.hpp"
 
@@ -111,7 +111,7 @@ int cmd_configure(const std::string& kind, const std::string& out, const std::ve
 // Continuing a job under a config that differs from the one its checkpoint was saved with is allowed (a
 // larger token budget continues a finished job), but a changed step size or schedule silently changes
 // what the counters mean: say which keys differ.
-void note_config_changes(const RestoreableJob& job, const std::string& checkpoint) {
+void note_config_changes(const RestorableJob& job, const std::string& checkpoint) {
   using nlohmann::json;
   if (distributed().rank() != 0) return;
   const json saved = read_checkpoint_metadata(checkpoint).value("config", json::object()).flatten();
@@ -131,7 +131,7 @@ void note_config_changes(const RestoreableJob& job, const std::string& checkpoin
               join(changed, "; ").c_str());
 }
 
-void run_or_continue(RestoreableJob& job, const std::string& restore) {
+void run_or_continue(RestorableJob& job, const std::string& restore) {
   std::string latest = job.restore_latest();
   if (!latest.empty()) {
     std::printf("continuing %s from its latest checkpoint %s\n", job.spec().name.c_str(), latest.c_str());
@@ -177,7 +177,7 @@ int cmd_checkpoints(const std::string& name, const std::string& out) {
 }
 
 // A job rebuilt from a checkpoint for reading only: nothing is written under `out`.
-std::unique_ptr<RestoreableJob> load_for_reading(const std::string& checkpoint, const std::vector<std::string>& overrides,
+std::unique_ptr<RestorableJob> load_for_reading(const std::string& checkpoint, const std::vector<std::string>& overrides,
                                                  BaseTrainer** trainer) {
   auto job = from_checkpoint_path(checkpoint, "", "/nonexistent-lora-trainer-out", overrides);
   *trainer = dynamic_cast<BaseTrainer*>(job.get());

@@ -1,6 +1,6 @@
 #include "lora_trainer/cli/registry.hpp"
 
-#include "lora_trainer/recipes/benchmark.hpp"
+#include "lora_trainer/recipes/continual.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/recipes/dpo_trainer.hpp"
 #include "lora_trainer/training/lora_trainer.hpp"
@@ -13,7 +13,7 @@ const JobRegistry& job_registry() {
   static const JobRegistry registry = [] {
     JobRegistry r;
     r.add({"train", "full-parameter GPT training on a dataset mixture (the base trainer)", &BaseTrainer::schema,
-           [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
+           [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
              return std::make_unique<BaseTrainer>(std::move(spec), std::move(cfg), std::move(out));
            }});
     r.add({"lora/train",
@@ -22,18 +22,18 @@ const JobRegistry& job_registry() {
            &lora_train_schema, &make_lora_train});
     r.add({"continual/train/benchmark",
            "continual-learning benchmark: stages A, B, C, ... with optional fades; forgetting matrix at each boundary",
-           &BenchmarkTrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
+           &BenchmarkTrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
              return std::make_unique<BenchmarkTrainer>(std::move(spec), std::move(cfg), std::move(out));
            }});
     r.add({"continual/train/benchmark_lora",
            "the benchmark's stages as the pre-LoRA phase, then LoRA stages; forgetting matrix at every boundary",
-           &BenchmarkLoRABaseTrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
+           &BenchmarkLoRABaseTrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
              return std::make_unique<BenchmarkLoRABaseTrainer>(std::move(spec), std::move(cfg), std::move(out));
            }});
     r.add({"dpo/train",
            "DPO on preference pairs from a pretrained base: LoRA adapters (reference: adapters off) or every parameter "
            "(reference: a frozen bf16 copy), by optimization/dpo/lora",
-           &DpoTrainer<LoRATrainer>::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestoreableJob> {
+           &DpoTrainer<LoRATrainer>::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
              if (cfg.get_bool("optimization/dpo/lora"))
                return std::make_unique<DpoTrainer<LoRATrainer>>(std::move(spec), std::move(cfg), std::move(out));
              return std::make_unique<DpoTrainer<BaseTrainer>>(std::move(spec), std::move(cfg), std::move(out));
@@ -74,7 +74,7 @@ Config make_config(const std::string& config_path, const std::vector<std::string
   return cfg;
 }
 
-std::unique_ptr<RestoreableJob> make_job(const std::string& name, const std::string& config_path,
+std::unique_ptr<RestorableJob> make_job(const std::string& name, const std::string& config_path,
                                          const std::string& out_dir, const std::vector<std::string>& overrides) {
   Config cfg = make_config(config_path, overrides);
   const JobClass& cls = job_registry().find(cfg.get_string("job/kind"));
@@ -83,7 +83,7 @@ std::unique_ptr<RestoreableJob> make_job(const std::string& name, const std::str
   return cls.make(spec, std::move(cfg), out_dir);
 }
 
-std::unique_ptr<RestoreableJob> from_checkpoint_path(const std::string& checkpoint, const std::string& name,
+std::unique_ptr<RestorableJob> from_checkpoint_path(const std::string& checkpoint, const std::string& name,
                                                      const std::string& out_dir,
                                                      const std::vector<std::string>& overrides) {
   const CheckpointMeta ck = CheckpointMeta::read(checkpoint);

@@ -17,12 +17,12 @@ const JobRegistry& job_registry();
 Config make_config(const std::string& config_path, const std::vector<std::string>& overrides);
 
 // make_config, then the job of that kind.
-std::unique_ptr<RestoreableJob> make_job(const std::string& name, const std::string& config_path,
+std::unique_ptr<RestorableJob> make_job(const std::string& name, const std::string& config_path,
                                          const std::string& out_dir, const std::vector<std::string>& overrides);
 
 // Rebuilds the job saved in a checkpoint: its saved config, `overrides` on top, the class by its
 // recorded kind, then restores the checkpoint's state into it. `name` "" keeps the saved name.
-std::unique_ptr<RestoreableJob> from_checkpoint_path(const std::string& checkpoint, const std::string& name,
+std::unique_ptr<RestorableJob> from_checkpoint_path(const std::string& checkpoint, const std::string& name,
                                                      const std::string& out_dir,
                                                      const std::vector<std::string>& overrides);
 

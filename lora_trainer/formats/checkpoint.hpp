@@ -32,9 +32,11 @@ StateKind parse_state_kind(const std::string& name);  // std::invalid_argument n
 std::string state_kind_name(StateKind kind);
 
 // The prefixes of the tensor names in state.h5 that a trainer reads back by part: the model's
-// parameters ("params/h.0.attn.c_attn.weight") and the adapters ("lora/<weight>.lora_a").
+// parameters ("params/h.0.attn.c_attn.weight"), the adapters ("lora/<weight>.lora_a") and the moving
+// average of the trained tensors ("ema/<name>", optimization/ema/decay).
 inline const std::string kParamsPrefix = "params/";
 inline const std::string kLoraPrefix = "lora/";
+inline const std::string kEmaPrefix = "ema/";
 
 // Writes tensors and metadata to `dir` atomically (replacing an existing checkpoint there; other files
 // in it are kept, but for the names in `ours`: publish_dir).

@@ -7,7 +7,6 @@
 
 #include "lora_trainer/formats/adapter_source.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
-#include "lora_trainer/training/ema.hpp"
 #include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/core/util.hpp"
 

@@ -19,7 +19,7 @@ ConfigSchema dpo_schema() {
   s.add("training/dataset", OptType::Samplings,
         json::array({{{"name", "preferences"}, {"rate", 1}, {"style", "contrastive"}}}),
         "mixture of contrastive datasets (preference pairs: `tokenize --format pairs`) to train on");
-  // The adapters' keys, as lora/train declares them (LoraConfig reads them in the LoRA form).
+  // The adapters' keys, as lora/train declares them (LoraOptions reads them in the LoRA form).
   const ConfigSchema lora = LoRATrainer::schema();
   for (const OptionSpec& o : lora.options())
     if (o.path.rfind("optimization/lora/", 0) == 0 || o.path == "training/allow_random_base")
@@ -305,7 +305,7 @@ ConfigSchema lora_train_schema() {
   return s;
 }
 
-std::unique_ptr<RestoreableJob> make_lora_train(JobSpec spec, Config cfg, std::string out_dir) {
+std::unique_ptr<RestorableJob> make_lora_train(JobSpec spec, Config cfg, std::string out_dir) {
   const StagePlan plan = lora_stage_plan(cfg);
   const size_t pre_lora_stages = cfg.get("training/pre_lora_tokens").size();
   if (lora_phase_is_dpo(plan, pre_lora_stages))

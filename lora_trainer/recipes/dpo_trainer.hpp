@@ -98,6 +98,6 @@ bool lora_phase_is_dpo(const StagePlan& plan, size_t pre_lora_stages);
 // lora/train's schema: LoRATrainer's and optimization/dpo/{beta, label_smoothing} for a DPO phase 2.
 ConfigSchema lora_train_schema();
 // The lora/train job: a LoRATrainer, or a DpoTrainer<LoRATrainer> when lora_phase_is_dpo.
-std::unique_ptr<RestoreableJob> make_lora_train(JobSpec spec, Config cfg, std::string out_dir);
+std::unique_ptr<RestorableJob> make_lora_train(JobSpec spec, Config cfg, std::string out_dir);
 
 }  // namespace lt

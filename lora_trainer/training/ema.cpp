@@ -1,5 +1,7 @@
 #include "lora_trainer/training/ema.hpp"
 
+#include "lora_trainer/formats/checkpoint.hpp"
+
 namespace lt {
 
 Ema::Ema(const NamedTensors& params, double decay) : params_(params), decay_(decay) {

@@ -14,8 +14,6 @@
 
 namespace lt {
 
-const std::string kEmaPrefix = "ema/";
-
 class Ema {
  public:
   Ema(const NamedTensors& params, double decay);

@@ -40,7 +40,7 @@ static void check_name_part(const std::string& what, const std::string& v) {
   if (!problem.empty()) throw UserError(what + " " + problem);
 }
 
-RestoreableJob::RestoreableJob(JobSpec spec, Config cfg, std::string out_dir)
+RestorableJob::RestorableJob(JobSpec spec, Config cfg, std::string out_dir)
     : spec_(std::move(spec)), cfg_(std::move(cfg)), out_dir_(std::move(out_dir)) {
   spec_.project = cfg_.get_string("job/project");
   spec_.group = cfg_.get_string("job/group");
@@ -58,7 +58,7 @@ std::string job_dir_path(const std::string& out_dir, const std::string& project,
   return (fs::path(out_dir) / "checkpoints" / project / group / name).string();
 }
 
-std::string RestoreableJob::job_dir() const { return job_dir_path(out_dir_, spec_.project, spec_.group, spec_.name); }
+std::string RestorableJob::job_dir() const { return job_dir_path(out_dir_, spec_.project, spec_.group, spec_.name); }
 
 JobDirLock::JobDirLock(const std::string& job_dir) : job_dir_(job_dir) {
   std::error_code ec;
@@ -113,23 +113,23 @@ bool JobDirLock::held_by_launcher() {
   return v && *v && std::string(v) != "0";
 }
 
-std::string RestoreableJob::run_dir() const {
+std::string RestorableJob::run_dir() const {
   return (fs::path(out_dir_) / "runs" / spec_.project / spec_.group / spec_.name).string();
 }
 
-std::string RestoreableJob::checkpoint_path(const std::string& p) const {
+std::string RestorableJob::checkpoint_path(const std::string& p) const {
   if (is_checkpoint(p)) return p;
   fs::path rel = fs::path(job_dir()) / p;
   if (is_checkpoint(rel.string())) return rel.string();
   return p;  // the reader reports it as missing, naming the path
 }
 
-void RestoreableJob::restore_from_path(const std::string& path) {
+void RestorableJob::restore_from_path(const std::string& path) {
   const std::string dir = checkpoint_path(path);
   json_context(dir + "/metadata.json", [&] { restore_from_checkpoint(CheckpointMeta::read(dir)); });
 }
 
-std::string RestoreableJob::restore_latest() {
+std::string RestorableJob::restore_latest() {
   auto latest = read_latest(job_dir());
   if (!latest) return "";
   std::string path = (fs::path(job_dir()) / *latest).string();

@@ -51,10 +51,10 @@ class JobDirLock {
   std::string job_dir_, created_;  // created_: the outermost directory the lock made, if any
 };
 
-class RestoreableJob {
+class RestorableJob {
  public:
-  RestoreableJob(JobSpec spec, Config cfg, std::string out_dir);
-  virtual ~RestoreableJob() = default;
+  RestorableJob(JobSpec spec, Config cfg, std::string out_dir);
+  virtual ~RestorableJob() = default;
 
   virtual void run() = 0;
   // True when the job has reached its end (its final checkpoint exists or its counters say so).
@@ -85,7 +85,7 @@ struct JobClass {
   std::string kind;
   std::string description;
   std::function<ConfigSchema()> schema;
-  std::function<std::unique_ptr<RestoreableJob>(JobSpec, Config, std::string)> make;
+  std::function<std::unique_ptr<RestorableJob>(JobSpec, Config, std::string)> make;
 };
 
 class JobRegistry {

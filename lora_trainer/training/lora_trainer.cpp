@@ -26,8 +26,8 @@ static auto with_lora_keys(F&& f) -> decltype(f()) {
   }
 }
 
-LoraConfig LoraConfig::from_config(const Config& cfg) {
-  LoraConfig c;
+LoraOptions LoraOptions::from_config(const Config& cfg) {
+  LoraOptions c;
   c.rank = cfg.get_int("optimization/lora/rank");
   c.alpha = cfg.get_double("optimization/lora/alpha");
   c.target_modules = cfg.get("optimization/lora/target_modules").get<std::vector<std::string>>();
@@ -135,7 +135,7 @@ LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir)
 
 LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan, size_t pre_lora_stages)
     : BaseTrainer(std::move(spec), cfg, std::move(out_dir), plan) {
-  lora_cfg_ = LoraConfig::from_config(cfg_);
+  lora_cfg_ = LoraOptions::from_config(cfg_);
   const size_t n_pre = pre_lora_stages;  // the plan's first stages
   boundary_step_ = n_pre > 0 ? stages_[n_pre - 1].end_step : 0;
   selection_ = select_lora_params();  // now, not at the boundary hours later

@@ -30,7 +30,7 @@ namespace lt {
 // declared, with their defaults and docs, by LoRATrainer::schema(): optimization/lora/* (the
 // adapters, their recipe and the phase-2 optimizer) and training/allow_random_base. The schema holds
 // the defaults: from_config sets every field.
-struct LoraConfig {
+struct LoraOptions {
   int64_t rank{};                         // optimization/lora/rank
   double alpha{};                         // optimization/lora/alpha
   std::vector<std::string> target_modules;  // optimization/lora/target_modules (as given: "all-linear" unexpanded)
@@ -51,7 +51,7 @@ struct LoraConfig {
   ScheduleOptions schedule;  // optimization/lora/{schedule, lr, warmup_pct, decay_pct}, optimization/min_lr_ratio
   double weight_decay{};     // optimization/lora/weight_decay
   bool allow_random_base{};  // training/allow_random_base: with no phase 1, the adapters may train on random weights
-  static LoraConfig from_config(const Config& cfg);
+  static LoraOptions from_config(const Config& cfg);
 };
 
 class LoRATrainer : public BaseTrainer {
@@ -86,7 +86,7 @@ class LoRATrainer : public BaseTrainer {
   // and logged as the `transition` event).
   void transition_at_boundary();
 
-  const LoraConfig& lora_config() const { return lora_cfg_; }
+  const LoraOptions& lora_config() const { return lora_cfg_; }
 
  protected:
   // The stages of `plan`, the first `pre_lora_stages` of them full-parameter (dpo/train: none).
@@ -123,7 +123,7 @@ class LoRATrainer : public BaseTrainer {
   // optimization/lora/init_from: the source's A and B (and DoRA magnitudes) copied into the fresh adapters (at the transition
   // only; a restore in the LoRA phase reads them from its checkpoint).
   void load_initial_adapters();
-  LoraConfig lora_cfg_;
+  LoraOptions lora_cfg_;
   Selection selection_;
   LoraParams lora_;
   std::vector<std::string> saved_;  // parameter names selected by modules_to_save, in model order

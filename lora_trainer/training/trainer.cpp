@@ -26,7 +26,7 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir)
     : BaseTrainer(spec, cfg, out_dir, single_stage(cfg)) {}
 
 BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan)
-    : RestoreableJob(std::move(spec), std::move(cfg), std::move(out_dir)),
+    : RestorableJob(std::move(spec), std::move(cfg), std::move(out_dir)),
       opts_(TrainingOptions::from_config(cfg_)),
       dist_(distributed()),
       metrics_(run_dir(), dist_.is_main()),

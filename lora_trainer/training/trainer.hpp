@@ -48,7 +48,7 @@ struct StepResult {
   bool skipped = false;  // non-finite loss or gradient norm: no update was made (training/on_nonfinite=skip)
 };
 
-class BaseTrainer : public RestoreableJob {
+class BaseTrainer : public RestorableJob {
  public:
   static ConfigSchema schema();
   // One stage: training/tokens over training/dataset.

@@ -1,7 +1,7 @@
 // The trainers' typed options: what add_trainer_options declares (names, defaults, docs: the schema
 // is their single source) and TrainingOptions::from_config reads once, for BaseTrainer's constructor.
 // The model's options are ModelOptions (model.hpp), the runtime's Runtime (runtime.hpp), the LoRA
-// phase's LoraConfig (lora_trainer.hpp), the continual kinds' ContinualOptions (benchmark.hpp).
+// phase's LoraOptions (lora_trainer.hpp), the continual kinds' ContinualOptions (continual.hpp).
 #pragma once
 
 #include <string>
@@ -15,7 +15,7 @@ namespace lt {
 
 // A learning-rate schedule's settings, as Schedule::make takes them; make(steps) is lr(step) over
 // `steps` steps. Filled from the config: TrainingOptions::from_config (the full-parameter schedule)
-// and LoraConfig::from_config (the LoRA phase's); the defaults are the schema's.
+// and LoraOptions::from_config (the LoRA phase's); the defaults are the schema's.
 struct ScheduleOptions {
   ScheduleKind kind{};
   double lr{}, min_lr_ratio{}, warmup_pct{}, decay_pct{};
@@ -23,7 +23,7 @@ struct ScheduleOptions {
 };
 
 // The full-parameter optimizer (AdamW, gradient clipping, the lr schedule). The LoRA phase keeps the
-// betas, epsilon and clip, with its own schedule and weight decay (LoraConfig).
+// betas, epsilon and clip, with its own schedule and weight decay (LoraOptions).
 struct OptimizerOptions {
   AdamWOptions adamw;         // optimization/beta1, optimization/beta2, optimization/eps, optimization/weight_decay
   double grad_clip{};         // optimization/grad_clip; 0 = off

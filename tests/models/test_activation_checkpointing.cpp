@@ -6,7 +6,7 @@
 
 #include "lora_trainer/training/lora_trainer.hpp"
 #include "lora_trainer/core/runtime.hpp"
-#include "lora_trainer/cli/speed_bench.hpp"
+#include "lora_trainer/cli/bench.hpp"
 #include "fixtures.hpp"
 #include "launch.hpp"
 

@@ -1,4 +1,4 @@
-#include "lora_trainer/recipes/benchmark.hpp"
+#include "lora_trainer/recipes/continual.hpp"
 
 #include <cmath>
 #include <cstdio>

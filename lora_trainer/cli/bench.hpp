@@ -1,4 +1,4 @@
-// The speed benchmark (`lora_trainer bench`), not to be confused with benchmark.* (the continual-
+// The speed benchmark (`lora_trainer bench`), not to be confused with continual.* (the continual-
 // learning trainers): for one model size it times phase-1 (full) and phase-2 (LoRA) training steps of
 // the real LoRATrainer on synthetic tokens and reports, per phase, tokens/s, step time (median and
 // spread), peak memory (the process's RSS, the CPU allocator's peak above the state held before the timed

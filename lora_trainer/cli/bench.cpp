@@ -1,4 +1,4 @@
-#include "lora_trainer/cli/speed_bench.hpp"
+#include "lora_trainer/cli/bench.hpp"
 
 #include <dlfcn.h>
 #include <sys/resource.h>

@@ -2,7 +2,7 @@
 // checkpoints and the forgetting matrix, exact resume, and the LoRA variant.
 #include "catch.hpp"
 
-#include "lora_trainer/recipes/benchmark.hpp"
+#include "lora_trainer/recipes/continual.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "fixtures.hpp"
 
