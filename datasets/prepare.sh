@@ -90,7 +90,7 @@ tokenize() {
 }
 
 # The tokenizer's own code is part of every stamp: a change to it re-tokenizes.
-TOKENIZER_SUM=$(cat "$ROOT/lora_trainer/tokenizer.cpp" "$ROOT/lora_trainer/tokenize.cpp" | sha256sum | cut -d' ' -f1)
+TOKENIZER_SUM=$(cat "$ROOT/lora_trainer/data/tokenizer.cpp" "$ROOT/lora_trainer/data/tokenize.cpp" | sha256sum | cut -d' ' -f1)
 
 # English prose: unpack the text files (the .json twins are skipped). Only *.txt files are
 # tokenized, so the .done markers beside them are not documents.

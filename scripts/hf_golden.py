@@ -42,7 +42,7 @@ Modes:
       its logits, unmerged and after merge_and_unload(), from EXPECTED's "logits". Exit 1 above --tol.
   peft-convention
       Needs `peft`; reads no file of ours. Wraps a small random GPT2LMHeadModel with
-      get_peft_model(LoraOptions(r=4, lora_alpha=8, target_modules=["attn.c_attn", "mlp.c_fc",
+      get_peft_model(LoraConfig(r=4, lora_alpha=8, target_modules=["attn.c_attn", "mlp.c_fc",
       "mlp.c_proj"], fan_in_fan_out=True), random adapters), saves it, and prints what
       lora_trainer's export relies on: the modules those targets select (not attn.c_proj), the saved
       keys and shapes (lora_A (r, in), lora_B (out, r)), and the max abs difference between PEFT's
@@ -470,7 +470,7 @@ def peft_logits(args):
 def peft_convention(args):
     import tempfile
 
-    from peft import LoraOptions, get_peft_model
+    from peft import LoraConfig, get_peft_model
     from safetensors import safe_open
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -478,7 +478,7 @@ def peft_convention(args):
     base = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=N_POSITIONS, n_embd=N_EMBD, n_layer=N_LAYER,
                                       n_head=N_HEAD, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1))
     r, alpha = 4, 8
-    model = get_peft_model(base, LoraOptions(r=r, lora_alpha=alpha, target_modules=["attn.c_attn", "mlp.c_fc", "mlp.c_proj"],
+    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, target_modules=["attn.c_attn", "mlp.c_fc", "mlp.c_proj"],
                                             fan_in_fan_out=True, task_type="CAUSAL_LM", init_lora_weights=False))
     adapted = [n for n, _ in model.named_modules() if n.endswith(".lora_A")]
     print("adapted:", adapted)

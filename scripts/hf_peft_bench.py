@@ -20,7 +20,7 @@ What it runs, as a Hugging Face user would write it:
   counts them);
 - phase 1: torch.optim.AdamW (defaults: foreach on CUDA) with the benchmark's lr, betas, eps and
   weight decay on matrices only, clip_grad_norm_(grad_clip), micro-batches of per_device_batch_size;
-- phase 2: peft.get_peft_model(model, LoraOptions(r, lora_alpha, target_modules = the benchmark's
+- phase 2: peft.get_peft_model(model, LoraConfig(r, lora_alpha, target_modules = the benchmark's
   optimization/lora/target_modules (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj), lora_dropout=0,
   fan_in_fan_out=True (GPT-2's Conv1D layers), bias="none")), the base frozen in f32 (PEFT's usual
   set-up; --lora-base-bf16 casts it to bf16 first, as lora_trainer's LoRA phase does), AdamW on the
@@ -241,7 +241,7 @@ def main():
 
     # Phase 2: PEFT LoRA on the phase-1 model.
     try:
-        from peft import LoraOptions, get_peft_model
+        from peft import LoraConfig, get_peft_model
         for p in model.parameters():
             p.grad = None
         if args.lora_base_bf16:
@@ -250,10 +250,10 @@ def main():
         lora_kwargs = dict(r=lcfg["rank"], lora_alpha=lcfg["alpha"], target_modules=targets, lora_dropout=0.0,
                            fan_in_fan_out=True, bias="none")
         try:
-            lconf = LoraOptions(task_type="CAUSAL_LM", **lora_kwargs)
+            lconf = LoraConfig(task_type="CAUSAL_LM", **lora_kwargs)
         except (TypeError, ValueError) as e:
-            print(f"hf_peft_bench: LoraOptions(task_type='CAUSAL_LM') failed ({e}); without task_type", file=sys.stderr)
-            lconf = LoraOptions(**lora_kwargs)
+            print(f"hf_peft_bench: LoraConfig(task_type='CAUSAL_LM') failed ({e}); without task_type", file=sys.stderr)
+            lconf = LoraConfig(**lora_kwargs)
         pmodel = get_peft_model(model, lconf)
         # PEFT creates the adapters in the base layer's dtype; keep them f32 (master weights) when the base is bf16.
         n_lora = 0

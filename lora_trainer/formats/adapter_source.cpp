@@ -103,7 +103,7 @@ AdapterSource from_checkpoint(const std::string& path, const std::vector<std::st
   return s;
 }
 
-// adapter_config.json holds every field of PEFT's LoraOptions (peft/tuners/lora/config.py, checked at
+// adapter_config.json holds every field of PEFT's LoraConfig (peft/tuners/lora/config.py, checked at
 // 0.20.1.dev0), most at their defaults. Each field that changes what the adapter computes, or how it
 // trains on, and that this trainer does not implement is refused by name unless it is at its
 // default: loading such an adapter as plain LoRA would compute another function without a word.
