@@ -149,9 +149,13 @@ class TokenWriter {
   uint64_t count_ = 0;
 };
 
-TokenizeResult tokenize_to_pmd(const TokenizeOptions& o) {
+static void check_val_fraction(const TokenizeOptions& o) {
   if (!(o.val_fraction > 0 && o.val_fraction < 1))
     throw UserError("tokenize: --val-fraction must be between 0 and 1 (exclusive)");
+}
+
+TokenizeResult tokenize_to_pmd(const TokenizeOptions& o) {
+  check_val_fraction(o);
   auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
   const auto ours = check_dataset_target(o);
   auto files = collect(o);
@@ -306,39 +310,40 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
   return r;
 }
 
-void check_val_fraction(const TokenizeOptions& o) {
-  if (!(o.val_fraction > 0 && o.val_fraction < 1))
-    throw UserError("tokenize: --val-fraction must be between 0 and 1 (exclusive)");
+// A JSONL tokenize: the options and the target are checked before any work, then each record with
+// string `fields` becomes `rows_per_record` rows (`to_rows`), written as a dataset of `style`.
+TokenizeResult tokenize_records(
+    const TokenizeOptions& o, const std::vector<std::string>& fields, size_t rows_per_record, const std::string& style,
+    const std::function<void(const Tokenizer&, const nlohmann::json&, std::vector<MaskedRow>&)>& to_rows) {
+  check_val_fraction(o);
+  auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
+  const auto ours = check_dataset_target(o);
+  std::vector<MaskedRow> rows;
+  uint64_t bytes = 0;
+  for_each_record(o, fields, [&](const nlohmann::json& j, size_t n) {
+    to_rows(*tok, j, rows);
+    bytes += n;
+  });
+  return write_padded_rows(o, *tok, rows, rows_per_record, style, bytes, ours);
 }
 
 }  // namespace
 
 TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& o) {
-  check_val_fraction(o);
-  auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
-  const auto ours = check_dataset_target(o);  // refused before the work
-  std::vector<MaskedRow> rows;
-  uint64_t bytes = 0;
-  for_each_record(o, {"prompt", "completion"}, [&](const nlohmann::json& j, size_t n) {
-    rows.push_back(prompt_completion_row(*tok, j["prompt"].get<std::string>(), j["completion"].get<std::string>()));
-    bytes += n;
-  });
-  return write_padded_rows(o, *tok, rows, 1, "padded", bytes, ours);
+  return tokenize_records(o, {"prompt", "completion"}, 1, "padded",
+                          [](const Tokenizer& tok, const nlohmann::json& j, std::vector<MaskedRow>& rows) {
+                            rows.push_back(prompt_completion_row(tok, j["prompt"].get<std::string>(),
+                                                                 j["completion"].get<std::string>()));
+                          });
 }
 
 TokenizeResult tokenize_jsonl_to_contrastive(const TokenizeOptions& o) {
-  check_val_fraction(o);
-  auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
-  const auto ours = check_dataset_target(o);  // refused before the work
-  std::vector<MaskedRow> rows;
-  uint64_t bytes = 0;
-  for_each_record(o, {"prompt", "chosen", "rejected"}, [&](const nlohmann::json& j, size_t n) {
-    const std::string prompt = j["prompt"].get<std::string>();
-    rows.push_back(prompt_completion_row(*tok, prompt, j["chosen"].get<std::string>()));
-    rows.push_back(prompt_completion_row(*tok, prompt, j["rejected"].get<std::string>()));
-    bytes += n;
-  });
-  return write_padded_rows(o, *tok, rows, 2, "contrastive", bytes, ours);
+  return tokenize_records(o, {"prompt", "chosen", "rejected"}, 2, "contrastive",
+                          [](const Tokenizer& tok, const nlohmann::json& j, std::vector<MaskedRow>& rows) {
+                            const std::string prompt = j["prompt"].get<std::string>();
+                            rows.push_back(prompt_completion_row(tok, prompt, j["chosen"].get<std::string>()));
+                            rows.push_back(prompt_completion_row(tok, prompt, j["rejected"].get<std::string>()));
+                          });
 }
 
 }  // namespace lt

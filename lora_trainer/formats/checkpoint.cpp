@@ -277,8 +277,8 @@ torch::Tensor read_dataset(hid_t file, const std::string& name, const std::strin
   const std::string actual = !stored.empty() || crc ? crc32_hex(t) : std::string();
   if (!stored.empty() && actual != stored)
     throw UserError(path + ": tensor " + name + " is corrupt: its data's CRC-32 is " + actual + ", the save recorded " +
-                    stored + ". The file was damaged after it was written (disk, copy or transfer); restore from "
-                    "another checkpoint (`lora_trainer checkpoints JOB OUT_DIR` lists them) or copy it again");
+                    stored + ". The file was damaged after it was written (disk, copy or transfer): copy it again, or " +
+                    use_another_checkpoint());
   if (verified) *verified += stored.empty() ? 0 : 1;
   if (crc) *crc = actual;
   return t;
