@@ -1,0 +1,70 @@
+#include "lora_trainer/cli/commands/command.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "lora_trainer/cli/registry.hpp"
+#include "lora_trainer/core/util.hpp"
+#include "lora_trainer/training/trainer.hpp"
+
+namespace lt {
+
+CLI::Validator tokenizer_name(std::vector<std::string> names) {
+  std::string desc = join(names, "|") + "|hf:DIR";
+  return CLI::Validator(
+      [names](std::string& text) -> std::string {
+        if (text.rfind("hf:", 0) == 0 && text.size() > 3) return "";
+        for (const auto& n : names)
+          if (text == n) return "";
+        return "\"" + text + "\" is not a tokenizer: use " + join(names, ", ") + " or hf:DIR";
+      },
+      desc);
+}
+
+CLI::Validator dir_name() {
+  return CLI::Validator([](std::string& text) { return name_problem(text); }, "NAME");
+}
+
+CLI::Validator uint64_text() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const std::string bad = "must be a whole number from 0 to 18446744073709551615, got \"" + text + "\"";
+        if (text.empty() || text.size() > 20 || text.find_first_not_of("0123456789") != std::string::npos) return bad;
+        if (text.size() == 20 && text > "18446744073709551615") return bad;
+        return "";
+      },
+      "UINT64");
+}
+
+CLI::Validator finite_in(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        char* end = nullptr;
+        double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0') return "\"" + text + "\" is not a number";
+        if (!std::isfinite(v) || v < lo || v > hi) {
+          char b[96];
+          std::snprintf(b, sizeof b, "must be a finite number from %g to %g, got %s", lo, hi, text.c_str());
+          return b;
+        }
+        return "";
+      },
+      "NUMBER in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+void check_out_dir(const std::string& out_dir) {
+  if (out_dir.find('=') != std::string::npos)
+    throw UserError("OUT_DIR \"" + out_dir + "\" looks like a key=value override: give the output directory " +
+                    "first (`.` for this directory), then the overrides");
+}
+
+std::unique_ptr<RestorableJob> load_for_reading(const std::string& checkpoint, const std::vector<std::string>& overrides,
+                                                BaseTrainer** trainer) {
+  auto job = from_checkpoint_path(checkpoint, "", "/nonexistent-lora-trainer-out", overrides);
+  *trainer = dynamic_cast<BaseTrainer*>(job.get());
+  if (!*trainer) throw UserError(checkpoint + " is not a checkpoint of a training job");
+  return job;
+}
+
+}  // namespace lt

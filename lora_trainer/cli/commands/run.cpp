@@ -1,0 +1,109 @@
+// `lora_trainer run NAME CONFIG OUT_DIR [--restore CKPT] [--nproc N] [key=value ...]`: run a job, or continue
+// it from its latest checkpoint; with --nproc, start N data-parallel ranks of this program that do so.
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "lora_trainer/cli/commands/command.hpp"
+#include "lora_trainer/cli/local_ranks.hpp"
+#include "lora_trainer/cli/registry.hpp"
+#include "lora_trainer/core/distributed.hpp"
+#include "lora_trainer/core/runtime.hpp"
+#include "lora_trainer/core/util.hpp"
+#include "lora_trainer/formats/checkpoint.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+namespace {
+
+struct RunArgs {
+  std::string program, name, config_path, out_dir, restore;
+  int nproc = 1;
+  std::vector<std::string> overrides;
+};
+
+// Continuing a job under a config that differs from the one its checkpoint was saved with is allowed (a
+// larger token budget continues a finished job), but a changed step size or schedule silently changes
+// what the counters mean: say which keys differ.
+void note_config_changes(const RestorableJob& job, const std::string& checkpoint) {
+  using nlohmann::json;
+  if (distributed().rank() != 0) return;
+  const json saved = read_checkpoint_metadata(checkpoint).value("config", json::object()).flatten();
+  const json now = job.config().to_json().flatten();
+  std::vector<std::string> changed;
+  for (auto it = now.begin(); it != now.end(); ++it) {
+    const std::string key = it.key().substr(1);  // flatten() writes "/a/b"
+    if (key.rfind("runtime/", 0) == 0 || key.rfind("logging/", 0) == 0) continue;  // how it runs, not what
+    auto was = saved.find(it.key());
+    if (was == saved.end() || *was != it.value())
+      changed.push_back(key + " " + (was == saved.end() ? std::string("(new)") : was->dump()) + " -> " + it.value().dump());
+  }
+  if (changed.empty()) return;
+  std::printf("note: %zu setting%s differ%s from the config %s was saved with: %s. The restored state continues under "
+              "this run's values (docs/cli.md, run)\n",
+              changed.size(), changed.size() == 1 ? "" : "s", changed.size() == 1 ? "s" : "", checkpoint.c_str(),
+              join(changed, "; ").c_str());
+}
+
+void run_or_continue(RestorableJob& job, const std::string& restore) {
+  std::string latest = job.restore_latest();
+  if (!latest.empty()) {
+    std::printf("continuing %s from its latest checkpoint %s\n", job.spec().name.c_str(), latest.c_str());
+    note_config_changes(job, (fs::path(job.job_dir()) / latest).string());
+  } else if (!restore.empty()) {
+    std::printf("restoring %s from %s\n", job.spec().name.c_str(), restore.c_str());
+    job.restore_from_path(restore);
+  }
+  job.run();
+}
+
+// --nproc N: this process starts the ranks (each runs `run` without --nproc) and holds the job's lock for them.
+int start_local_ranks(const RunArgs& a) {
+  if (Distributed::requested_by_env())
+    throw UserError("--nproc starts its own ranks; it cannot be combined with WORLD_SIZE=" +
+                    std::string(std::getenv("WORLD_SIZE")) + " in the environment (torchrun starts them instead)");
+  Config cfg = make_config(a.config_path, a.overrides);  // a mistake is reported once, before any rank starts
+  JobDirLock lock(job_dir_path(a.out_dir, cfg.get_string("job/project"), cfg.get_string("job/group"), a.name));
+  setenv("LT_JOB_LOCK_HELD", "1", 1);  // the ranks' own: this launcher holds the lock for them
+  std::vector<std::string> args = {a.program, "run", a.name, a.config_path, a.out_dir};
+  if (!a.restore.empty()) args.insert(args.end(), {"--restore", a.restore});
+  args.insert(args.end(), a.overrides.begin(), a.overrides.end());
+  return run_local_ranks(a.nproc, args, cfg.get_double("distributed/timeout_s") + 10.0);
+}
+
+int run(const RunArgs& a) {
+  check_out_dir(a.out_dir);
+  if (a.nproc > 1) return start_local_ranks(a);
+  if (Distributed::requested_by_env()) {  // one of several ranks (torchrun's, or --nproc's)
+    Config cfg = make_config(a.config_path, a.overrides);
+    set_distributed(Distributed::from_env(cfg.get_double("distributed/timeout_s"), Runtime::from_config(cfg).device));
+    if (!distributed().is_main() && !std::freopen("/dev/null", "w", stdout))
+      throw std::runtime_error("cannot redirect the output of rank " + std::to_string(distributed().rank()));
+  }
+  auto job = make_job(a.name, a.config_path, a.out_dir, a.overrides);
+  std::unique_ptr<JobDirLock> lock;  // one writer per job directory (rank 0 for several ranks)
+  if (!JobDirLock::held_by_launcher() && distributed().is_main()) lock = std::make_unique<JobDirLock>(job->job_dir());
+  run_or_continue(*job, a.restore);
+  return 0;
+}
+
+}  // namespace
+
+Command add_run(CLI::App& app, const std::string& program) {
+  auto a = std::make_shared<RunArgs>();
+  a->program = program;
+  auto* sub = app.add_subcommand("run", "run a job; re-running continues from its latest checkpoint");
+  sub->add_option("NAME", a->name, "the run's name (its checkpoint directory)")->required();
+  sub->add_option("CONFIG", a->config_path, "config file (JSON; `configure` writes one)")->required()->check(CLI::ExistingFile);
+  sub->add_option("OUT_DIR", a->out_dir, "output root: checkpoints/ and runs/ go below it (. = this directory)")->required();
+  sub->add_option("--restore", a->restore, "start from this checkpoint directory (ignored when the job has a `latest`)");
+  sub->add_option("--nproc", a->nproc,
+                  "data-parallel ranks to start on this machine (c10d/Gloo; see docs/distributed.md). Ranks "
+                  "started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) need no --nproc")
+      ->capture_default_str()->check(CLI::Range(1, 1024));
+  sub->add_option("overrides", a->overrides, "key=value settings over the config file");
+  return {sub, [a] { return run(*a); }};
+}
+
+}  // namespace lt

@@ -1,0 +1,61 @@
+// `lora_trainer tokenize INPUT... --name NAME [--format text|jsonl|pairs] ...`: text files into a PMD
+// dataset, prompt/completion records into a PADDED one, preference pairs into a CONTRASTIVE one.
+#include <cstdio>
+#include <filesystem>
+
+#include "lora_trainer/cli/commands/command.hpp"
+#include "lora_trainer/core/util.hpp"
+#include "lora_trainer/data/tokenize.hpp"
+
+namespace lt {
+namespace {
+
+struct TokenizeArgs {
+  TokenizeOptions tok;
+  std::string name, data_dir = "datasets/data", format = "text";
+  CLI::Option* length = nullptr;  // given or not
+};
+
+int tokenize(TokenizeArgs& a) {
+  if (a.format == "text" && a.length->count() > 0)
+    throw UserError("tokenize: --length sets the row length of --format jsonl and pairs; text is cut into rows at "
+                    "training time (architecture/block_size). Drop --length, or give --format jsonl|pairs");
+  a.tok.out_dir = (std::filesystem::path(a.data_dir) / a.name).string();
+  auto r = a.format == "jsonl"   ? tokenize_jsonl_to_padded(a.tok)
+           : a.format == "pairs" ? tokenize_jsonl_to_contrastive(a.tok)
+                                 : tokenize_to_pmd(a.tok);
+  std::printf("dataset %s: %llu documents (%llu validation), %llu bytes -> %llu train + %llu val tokens\n",
+              a.tok.out_dir.c_str(), (unsigned long long)r.documents, (unsigned long long)r.val_documents,
+              (unsigned long long)r.bytes, (unsigned long long)r.train_tokens, (unsigned long long)r.val_tokens);
+  return 0;
+}
+
+}  // namespace
+
+Command add_tokenize(CLI::App& app) {
+  auto a = std::make_shared<TokenizeArgs>();
+  TokenizeOptions& tok = a->tok;
+  auto* sub = app.add_subcommand("tokenize", "turn text files/directories into a PMD dataset, JSONL prompt/completion records into a PADDED one, "
+                                 "or JSONL prompt/chosen/rejected preference records into a CONTRASTIVE one");
+  sub->add_option("INPUT", tok.inputs, "text files or directories")->required();
+  sub->add_option("--name", a->name, "dataset name (a directory under --data-dir)")->required()->check(dir_name());
+  sub->add_option("--data-dir", a->data_dir, "data directory (config key data/dir)")->capture_default_str();
+  sub->add_option("--tokenizer", tok.tokenizer, "gpt2, byte, or hf:DIR (a Hugging Face byte-level BPE tokenizer.json in DIR)")
+      ->capture_default_str()->check(tokenizer_name({"gpt2", "byte"}));
+  sub->add_option("--tokenizer-dir", tok.tokenizer_dir, "directory with encoder.json and vocab.bpe");
+  sub->add_option("--val-fraction", tok.val_fraction, "share of documents for validation")->capture_default_str();
+  sub->add_option("--ext", tok.extensions, "only files ending in this (e.g. --ext .py); repeat it or give a "
+                  "comma-separated list (--ext .py,.js)")
+      ->allow_extra_args(false)->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  sub->add_option("--format", a->format,
+                  "text: each file a document -> PMD; jsonl: {\"prompt\",\"completion\"} records -> PADDED; pairs: "
+                  "{\"prompt\",\"chosen\",\"rejected\"} records -> CONTRASTIVE (for dpo/train)")
+      ->capture_default_str()->check(CLI::IsMember({"text", "jsonl", "pairs"}));
+  sub->add_flag("--force", tok.force,
+                "write into an existing directory that is not a dataset of lora_trainer (its other files are kept)");
+  a->length = sub->add_option("--length", tok.length, "jsonl, pairs: row length in tokens (0 = the longest row)")
+                  ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+  return {sub, [a] { return tokenize(*a); }};
+}
+
+}  // namespace lt
