@@ -163,8 +163,11 @@ LoRATrainer::Selection LoRATrainer::select_lora_params() const {
   return sel;
 }
 
-void LoRATrainer::before_step() {
-  if (!in_lora_ && step_ >= boundary_step_) transition_at_boundary();
+std::vector<Phase> LoRATrainer::phases() {
+  return {{boundary_step_, nullptr},  // pre-LoRA: every parameter (none when the job starts with adapters)
+          {total_steps_, [this] {      // LoRA: the adapters
+             if (!in_lora_) transition_to_lora();  // a restored LoRA state is in it already
+           }}};
 }
 
 bool LoRATrainer::shard_optimizer_state() const {
@@ -212,15 +215,13 @@ void LoRATrainer::restore_extra(const json& meta) {
   if (meta.contains("lora") && meta["lora"].is_object()) adapters_from_ = meta["lora"].value("adapters_from", std::string());
 }
 
-void transition_to_lora(LoRATrainer& trainer) { trainer.transition_at_boundary(); }
-
-void LoRATrainer::transition_at_boundary() {
+void LoRATrainer::transition_to_lora() {
   // Rank 0 reads the file system for every rank: they must all take part in the save or none.
   if (boundary_step_ > 0 && step_ == boundary_step_ &&
       dist_.broadcast_flag(!is_checkpoint((fs::path(job_dir()) / kPreLoraCheckpoint).string()),
                            "deciding whether to save " + std::string(kPreLoraCheckpoint)))
     save(kPreLoraCheckpoint);
-  enter_lora_phase();
+  freeze_base_and_inject();
   if (!lora_cfg_.init_from.empty()) load_initial_adapters();
   log_transition();
 }
@@ -259,7 +260,7 @@ void LoRATrainer::load_initial_adapters() {
                                              ") are not loaded: they start from this job's base").c_str());
 }
 
-void LoRATrainer::enter_lora_phase() {
+void LoRATrainer::freeze_base_and_inject() {
   TORCH_CHECK(!in_lora_, "transition_to_lora: already in the LoRA phase");
   // Freeze the base: bf16, no gradients, and (below) no optimizer state; except the modules_to_save,
   // which keep their f32 values (taken before the cast) and train.
@@ -390,7 +391,7 @@ void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
       throw UserError(dir + (their_dora ? " trained DoRA adapters (a magnitude per output feature)" : " trained plain LoRA "
                       "adapters, without DoRA's magnitudes") + "; this job has optimization/lora/dora=" +
                       (lora_cfg_.dora ? "true" : "false") + ". Set it as the job that saved the checkpoint had it");
-    if (!in_lora_) enter_lora_phase();  // the LoRA template; the load overwrites it
+    if (!in_lora_) freeze_base_and_inject();  // the LoRA template; the load overwrites it
     const json theirs = meta.contains("lora") && meta["lora"].is_object() ? meta["lora"].value("modules_to_save", json::array())
                                                                           : json::array();
     if (theirs != json(saved_))

@@ -2,8 +2,8 @@
 //
 //   phase 1 (pre-LoRA)   full-parameter training over the stages of training/pre_lora_tokens and
 //                        training/pre_lora_dataset, with optimization/lr and training/schedule.
-//   boundary             the sum of the pre-LoRA budgets. Reaching it saves `pre_lora_checkpoint`
-//                        (a plain state) and calls transition_to_lora.
+//   boundary             the sum of the pre-LoRA budgets. run() calls transition_to_lora there: it
+//                        saves `pre_lora_checkpoint` (a plain state) and puts on the adapters.
 //   phase 2 (post-LoRA)  only the adapters train, over the stages of training/post_lora_tokens and
 //                        training/post_lora_dataset, with optimization/lora/* (its own lr, schedule,
 //                        weight decay; AdamW as in phase 1). The step counter runs on across phases.
@@ -81,17 +81,20 @@ class LoRATrainer : public BaseTrainer {
   // The token rows that train in the LoRA phase (trainable_token_indices); undefined when off.
   const TrainableTokens& trainable_tokens() const { return token_rows_; }
 
-  // The boundary (transition_to_lora): saves `pre_lora_checkpoint` when phase 1 ran and it is not there
-  // yet, enters the LoRA phase, and reports count_lora_params and the frozen/trainable totals (printed
-  // and logged as the `transition` event).
-  void transition_at_boundary();
+  // The two phases: pre-LoRA (every parameter) to the boundary, then LoRA, entered by transition_to_lora.
+  std::vector<Phase> phases() override;
+  // The boundary, the mission's entry: saves `pre_lora_checkpoint` when phase 1 ran and it is not there
+  // yet; freezes the base as bf16, gives param_filter's targets adapters (inject_lora_params) and trains
+  // only those (and any modules_to_save) from here on; reports count_lora_params and the
+  // frozen/trainable totals (printed and logged as the `transition` event). Entering the LoRA phase
+  // calls it (run(), or train_step at the first LoRA step); a test may call it at any step.
+  void transition_to_lora();
 
   const LoraOptions& lora_config() const { return lora_cfg_; }
 
  protected:
   // The stages of `plan`, the first `pre_lora_stages` of them full-parameter (dpo/train: none).
   LoRATrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan, size_t pre_lora_stages);
-  void before_step() override;
   double current_lr() const override;
   // Also at the boundary: a line never averages the two phases' losses (DPO's, in a lora/train job on
   // preference pairs, is not a cross-entropy), and the report's per-phase speeds stay apart.
@@ -104,11 +107,12 @@ class LoRATrainer : public BaseTrainer {
   virtual void draw_loss_plot(const std::vector<nlohmann::json>& metrics, const std::string& path) const;
 
  private:
-  // The state change alone: freezes the base as bf16 (no gradients, no optimizer state) except the
-  // modules_to_save, selects targets with param_filter, creates adapters with inject_lora_params (on
-  // the trainer's device, deterministic from the seed), attaches them, and rebuilds the optimizer over
-  // the adapters and the modules_to_save. A restore of a LoRA state calls it to build the template.
-  void enter_lora_phase();
+  // transition_to_lora's change of state alone: freezes the base as bf16 (no gradients, no optimizer
+  // state) except the modules_to_save, creates adapters for param_filter's targets with
+  // inject_lora_params (on the trainer's device, deterministic from the seed), attaches them, and
+  // rebuilds the optimizer over the adapters and the modules_to_save. A restore of a LoRA state calls it
+  // to build the template its tensors load into.
+  void freeze_base_and_inject();
   // What the LoRA settings select in this model, resolved once by the constructor (so a setting that
   // does not fit fails before phase 1, not at the boundary) and used by run() and the transition. The
   // masks are over named_params(*model_), whose names and order no restore changes.
@@ -136,11 +140,6 @@ class LoRATrainer : public BaseTrainer {
   nlohmann::json base_;
   Schedule lora_schedule_;
 };
-
-// The mission's entry: the boundary of `trainer` (LoRATrainer::transition_at_boundary): the base frozen
-// as bf16, param_filter's targets given adapters by inject_lora_params, only those (and any
-// modules_to_save) trained from here on.
-void transition_to_lora(LoRATrainer& trainer);
 
 // The stages of both phases, pre-LoRA first, from the config (UserError when token and dataset lists
 // differ in length).

@@ -228,7 +228,11 @@ double BaseTrainer::sum_over_ranks(double loss) {
 
 StepResult BaseTrainer::train_step() {
   TORCH_CHECK(step_ < total_steps_, "train_step past the end of training");
-  before_step();
+  for (const Phase& phase : phases())  // run() has entered it; a caller stepping by hand may not have
+    if (step_ < phase.end_step) {
+      if (phase.enter) phase.enter();
+      break;
+    }
   double t0 = now_seconds();
   model_->train();
   if (dist_.active())  // each rank its own dropout masks, the same after a restore
@@ -362,10 +366,21 @@ void BaseTrainer::run() {
   stop_requested = false;
   stopping_ = false;
   SignalGuard signals(lt_on_signal);  // the previous handlers come back however run() ends
-  const int64_t val_every = opts_.validation_interval;
-  const bool validation = opts_.validation;
+  for (const Phase& phase : phases()) {
+    if (step_ >= phase.end_step) continue;  // finished before this run (a resumed job)
+    if (phase.enter) phase.enter();
+    if (!train_until(phase.end_step)) return;  // a signal stopped the run: saved
+  }
+  save("final/" + std::to_string(tokens_));
+  std::printf("finished: %lld steps, %lld tokens; final checkpoint %s/final/%lld\n", (long long)step_,
+              (long long)tokens_, job_dir().c_str(), (long long)tokens_);
+}
+
+std::vector<Phase> BaseTrainer::phases() { return {{total_steps_, nullptr}}; }
+
+bool BaseTrainer::train_until(int64_t end_step) {
   StepWindow window;  // the steps since the last step line
-  while (step_ < total_steps_) {
+  while (step_ < end_step) {
     StepResult r = train_step();
     window.add(r.loss, r.seconds);
     if (step_line_due())
@@ -373,12 +388,10 @@ void BaseTrainer::run() {
                          tokens_per_step());
     const bool stage_end = step_ == stages_[static_cast<size_t>(trained_stage())].end_step;
     if (stage_end) on_stage_end(trained_stage());  // before validation, so `best` includes its effects
-    if (validation && (step_ % val_every == 0 || stage_end)) validate_and_keep_best(stage_end);
-    if (save_or_stop()) return;
+    if (opts_.validation && (step_ % opts_.validation_interval == 0 || stage_end)) validate_and_keep_best(stage_end);
+    if (save_or_stop()) return false;
   }
-  save("final/" + std::to_string(tokens_));
-  std::printf("finished: %lld steps, %lld tokens; final checkpoint %s/final/%lld\n", (long long)step_,
-              (long long)tokens_, job_dir().c_str(), (long long)tokens_);
+  return true;
 }
 
 }  // namespace lt

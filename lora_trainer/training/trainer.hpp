@@ -17,6 +17,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,19 +49,34 @@ struct StepResult {
   bool skipped = false;  // non-finite loss or gradient norm: no update was made (training/on_nonfinite=skip)
 };
 
+// A phase of a job's plan: its steps, up to `end_step`, all train the same set of parameters the same
+// way. Entering it, before its first step, changes what trains: the LoRA trainer's second phase is
+// entered by transition_to_lora. Phases follow each other in the order of their end steps.
+struct Phase {
+  int64_t end_step = 0;         // the step count after its last step
+  std::function<void()> enter;  // null: nothing changes (a job's first phase); else it does nothing when the
+                                // state is the phase's already (a restored checkpoint of the phase)
+};
+
 class BaseTrainer : public RestorableJob {
  public:
   static ConfigSchema schema();
   // One stage: training/tokens over training/dataset.
   BaseTrainer(JobSpec spec, Config cfg, std::string out_dir);
 
+  // The plan's phases in order, each entered (Phase::enter) before its first step and trained until its
+  // end step (train_until); then the `final` checkpoint. A resumed run skips the phases it finished.
   void run() override;
   bool done() const override { return step_ >= total_steps_; }
   // A full state restores everything (weights, optimizer, counters, data position, RNG); a
   // weights-only checkpoint (`export`) initialises the weights and leaves the counters at zero.
   void restore_from_checkpoint(const CheckpointMeta& ck) override;
 
+  // One optimizer step. A step that begins a phase enters it first (Phase::enter, e.g. transition_to_lora)
+  // when run() has not, so that a caller stepping by hand crosses the phases as run() does.
   StepResult train_step();
+  // The plan's phases: one here, every parameter to the end.
+  virtual std::vector<Phase> phases();
   // Held-out loss of the model (base + adapters in the LoRA phase) on the first `rows` validation
   // samples of each dataset (DPO's loss, margin and accuracy of a contrastive one, in dpo/train).
   virtual std::vector<DatasetEval> evaluate(const std::vector<Sampling>& datasets, int64_t rows);
@@ -128,7 +144,6 @@ class BaseTrainer : public RestorableJob {
   virtual bool shard_optimizer_state() const;
   // After a stage's last step, before that step's validation and periodic checkpoint.
   virtual void on_stage_end(int stage) {}
-  virtual void before_step() {}
   virtual void after_step(const StepResult&) {}
   virtual nlohmann::json extra_metadata() const { return nlohmann::json::object(); }
   // Figures of the steps since the last step line besides the loss (name: number), printed on it and
@@ -168,6 +183,9 @@ class BaseTrainer : public RestorableJob {
   void validate_and_keep_best(bool stage_end);
   // Saves the periodic checkpoint when one is due or a signal asked to stop; true when the run stops.
   bool save_or_stop();
+  // Steps until step `end_step`, each with its step line, validation and periodic checkpoint when due;
+  // false when a signal stopped the run (after saving).
+  bool train_until(int64_t end_step);
 
   const TrainingOptions opts_;  // declared first: the members after it are built from it
   Distributed& dist_;

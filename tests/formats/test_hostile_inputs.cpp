@@ -284,7 +284,7 @@ TEST_CASE("hostile: PEFT adapter_config.json fields that change the math are ref
     write_file_atomic(peft + "/adapter_config.json", c.dump(2));
     auto t = test::make_lora(d, "from", {"optimization/lora/init_from=\"" + peft + "\""});
     for (int i = 0; i < 5; ++i) t->train_step();
-    transition_to_lora(*t);
+    t->transition_to_lora();
   };
   for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
            {"alpha_pattern", {{"attn.c_attn", 64}}},

@@ -36,7 +36,7 @@ TEST_CASE("DoRA at injection: the magnitudes are the base's row norms and the mo
   Data d;
   auto t = make_lora(d, "inject", {kDora, "runtime/precision=f32"});
   for (int i = 0; i < 5; ++i) t->train_step();
-  transition_to_lora(*t);
+  t->transition_to_lora();
   const LoraParams& l = t->lora_params();
   REQUIRE(l.dora());
   REQUIRE(l.magnitude.size() == l.names.size());
@@ -62,7 +62,7 @@ TEST_CASE("DoRA steps change only A, B and the magnitudes, m at B's lr without w
   Data d;
   auto t = make_lora(d, "steps", {kDora, "optimization/lora/lr_ratio=4", "optimization/lora/weight_decay=0.1"});
   for (int i = 0; i < 5; ++i) t->train_step();
-  transition_to_lora(*t);
+  t->transition_to_lora();
   auto base = test::snapshot(named_params(*t->model()));
   auto before = test::snapshot(t->lora_params().named());
   for (int i = 0; i < 3; ++i) t->train_step();
@@ -271,7 +271,7 @@ TEST_CASE("DoRA export: merged weights, eval's model, the PEFT files, and init_f
     INFO(from);
     auto t = make_lora(d, "from", {kDora, "optimization/lora/init_from=\"" + from + "\""});
     for (int i = 0; i < 5; ++i) t->train_step();
-    transition_to_lora(*t);
+    t->transition_to_lora();
     const LoraParams& a = t->lora_params();
     REQUIRE(a.names == l.names);
     for (size_t i = 0; i < a.names.size(); ++i) {
@@ -283,7 +283,7 @@ TEST_CASE("DoRA export: merged weights, eval's model, the PEFT files, and init_f
     auto plain = make_lora(d, "from_plain", {"optimization/lora/init_from=\"" + from + "\""});
     for (int i = 0; i < 5; ++i) plain->train_step();
     try {
-      transition_to_lora(*plain);
+      plain->transition_to_lora();
       FAIL("a DoRA source into a job without DoRA was accepted");
     } catch (const UserError& e) {
       CHECK_THAT(e.what(), Contains("holds DoRA adapters") && Contains("optimization/lora/dora=false"));

@@ -143,7 +143,7 @@ TEST_CASE("with B = 0 the transition keeps the output, up to the bf16 cast of th
     for (size_t i = 0; i < dst.size(); ++i) dst[i].second.copy_(src[i].second.to(torch::kBFloat16).to(torch::kFloat32));
   }
   auto expected = logits_of(*rounded, idx);
-  transition_to_lora(*t);
+  t->transition_to_lora();
   REQUIRE(t->in_lora_phase());
   auto after = logits_of(*t->model(), idx);
   CHECK((after - expected).abs().max().item<double>() < 1e-5);  // B = 0: adapters add exactly nothing
@@ -154,7 +154,7 @@ TEST_CASE("after one LoRA step only the adapters changed and the optimizer holds
   Data d;
   auto t = make_lora(d, "only");
   for (int i = 0; i < 5; ++i) t->train_step();
-  transition_to_lora(*t);
+  t->transition_to_lora();
   auto base = snapshot(named_params(*t->model()));
   auto A = snapshot(t->lora_params().named());
   t->train_step();
@@ -182,7 +182,7 @@ TEST_CASE("modules_to_save train in f32 at their own lr beside the adapters, and
                                   "optimization/lora/modules_to_save_lr_ratio=0.5"});
   for (int i = 0; i < 5; ++i) t->train_step();
   auto f32_before = snapshot(named_params(*t->model()));
-  transition_to_lora(*t);
+  t->transition_to_lora();
   CHECK(t->saved_modules() == std::vector<std::string>{"wte.weight", "ln_f.weight", "ln_f.bias"});
   auto base = snapshot(named_params(*t->model()));
   t->train_step();
@@ -230,7 +230,7 @@ TEST_CASE("the lr ratio of the modules_to_save is applied: a tiny ratio barely m
     auto t = make_lora(d, "ratio" + ratio, {R"(optimization/lora/modules_to_save=["ln_f"])",
                                              "optimization/lora/modules_to_save_lr_ratio=" + ratio});
     for (int i = 0; i < 5; ++i) t->train_step();
-    transition_to_lora(*t);
+    t->transition_to_lora();
     auto before = snapshot(named_params(*t->model()));
     for (int i = 0; i < 3; ++i) t->train_step();
     for (size_t i = 0; i < before.size(); ++i)
@@ -483,7 +483,7 @@ TEST_CASE("init_from starts the adapters from an earlier run's, read from our ch
   auto started_from = [&](const std::string& name, const std::string& from) {
     auto t = make_lora(d, name, {"optimization/lora/init_from=\"" + from + "\""});
     for (int i = 0; i < 5; ++i) t->train_step();
-    transition_to_lora(*t);
+    t->transition_to_lora();
     const auto& a = t->lora_params();
     const auto& b = src->lora_params();
     REQUIRE(a.names == b.names);
@@ -508,7 +508,7 @@ TEST_CASE("init_from starts the adapters from an earlier run's, read from our ch
       o.insert(o.end(), extra.begin(), extra.end());  // later overrides win
       auto t = make_lora(d, "bad", o);
       for (int i = 0; i < 5; ++i) t->train_step();
-      CHECK_THROWS_WITH(transition_to_lora(*t), Contains(text));
+      CHECK_THROWS_WITH(t->transition_to_lora(), Contains(text));
     };
     refused({"optimization/lora/rank=2"}, "Set optimization/lora/rank=4");
     refused({"optimization/lora/alpha=32"}, "they would compute another function");
@@ -546,7 +546,7 @@ TEST_CASE("EMA: the average equals the hand-computed one in both phases, restart
     CHECK(torch::allclose(avg.at(n), h, 1e-6, 1e-7));
   }
   CHECK_FALSE(torch::equal(avg.at("wte.weight"), t->trainable()[0].second));  // an average, not the weights
-  transition_to_lora(*t);
+  t->transition_to_lora();
   hand.clear();
   for (auto& [n, p] : t->trainable()) hand[n] = p.detach().clone();
   for (int i = 6; i <= 8; ++i) {
@@ -628,7 +628,7 @@ TEST_CASE("param_groups: a rule's lr ratio applies in phase 1 and to the adapter
       CHECK(moved > 1e-5);
   }
   for (int i = 0; i < 2; ++i) t->train_step();
-  transition_to_lora(*t);
+  t->transition_to_lora();
   auto A = snapshot(t->lora_params().named());
   for (int i = 0; i < 3; ++i) t->train_step();
   auto now = t->lora_params().named();
@@ -705,7 +705,7 @@ TEST_CASE("trainable token rows: after LoRA steps only the adapters and the chos
   auto t = make_lora(d, "tokens", {kTokens});
   for (int i = 0; i < 5; ++i) t->train_step();
   const torch::Tensor f32_rows = t->model()->named_parameters()["wte.weight"].index_select(0, torch::tensor(kTokenIds)).clone();
-  transition_to_lora(*t);
+  t->transition_to_lora();
   const TrainableTokens& rows = t->trainable_tokens();
   REQUIRE(rows.defined());
   CHECK(rows.name == "wte.weight");
@@ -827,7 +827,7 @@ TEST_CASE("init_from loads the trainable token rows from our checkpoint or its P
     INFO(from);
     auto t = make_lora(d, "from", {kTokens, "optimization/lora/init_from=\"" + from + "\""});
     for (int i = 0; i < 5; ++i) t->train_step();
-    transition_to_lora(*t);
+    t->transition_to_lora();
     CHECK(torch::equal(t->trainable_tokens().values, src->trainable_tokens().values));
     CHECK(torch::equal(t->lora_params().B[0], src->lora_params().B[0]));
     for (const char* other : {R"(optimization/lora/trainable_token_indices=[5,101,201])", "optimization/lora/trainable_token_indices=[]"}) {
