@@ -87,9 +87,10 @@ void DpoTrainer<Base>::copy_reference() {
 }
 
 template <class Base>
-bool DpoTrainer<Base>::dpo_step() const {
-  if constexpr (kLora) return this->in_lora_phase();  // dpo/train: from step 0, lora/train: past the boundary
-  return true;
+std::vector<Phase> DpoTrainer<Base>::phases() {
+  std::vector<Phase> plan = Base::phases();
+  plan.back().loss = &pair_loss_;  // lora/train's phase 1 stays next-token training
+  return plan;
 }
 
 template <class Base>
@@ -179,31 +180,31 @@ DpoTerms DpoTrainer<Base>::pair_terms(const torch::Tensor& inputs, const torch::
 }
 
 template <class Base>
-double DpoTrainer<Base>::forward_backward(const Batch& batch) {
-  if (!dpo_step()) return Base::forward_backward(batch);  // lora/train's phase 1: next-token training
-  const double pairs = static_cast<double>(this->batch_size_);  // the global batch's: every sample is a pair
-  this->optimizer_->zero_grad();
-  DpoStats stats;
-  torch::Tensor loss_total;  // f64 on the device, as the base trainer's
-  for (int64_t first = 0; first < this->rank_rows_; first += this->micro_batch_) {
-    auto in = this->rt_.to_device(batch.inputs.slice(0, first, first + this->micro_batch_));
-    auto tgt = this->rt_.to_device(batch.targets.slice(0, first, first + this->micro_batch_));
-    DpoTerms terms = pair_terms(in, tgt);
-    auto scaled = terms.losses.sum() / pairs;
-    scaled.backward();
-    stats.add(terms);
-    auto part = scaled.detach();
-    loss_total = loss_total.defined() ? loss_total + part : part;
-  }
-  if (this->dist_.active()) {  // the step line's figures are the global batch's
-    auto t = stats.to_tensor().to(this->rt_.device);
-    this->dist_.all_reduce_sum({t}, "the DPO figures of step " + std::to_string(this->step_ + 1));
-    last_ = DpoStats::from_tensor(t);
+void DpoTrainer<Base>::PairLoss::begin_step(const Batch&, int64_t step) {
+  stats_ = DpoStats();
+  step_ = step;
+}
+
+template <class Base>
+torch::Tensor DpoTrainer<Base>::PairLoss::forward_backward(const torch::Tensor& inputs, const torch::Tensor& targets) {
+  const double pairs = static_cast<double>(t_.batch_size_);  // the global batch's: every sample is a pair
+  DpoTerms terms = t_.pair_terms(inputs, targets);
+  auto scaled = terms.losses.sum() / pairs;  // f64 (dpo_loss)
+  scaled.backward();
+  stats_.add(terms);
+  return scaled.detach();
+}
+
+template <class Base>
+void DpoTrainer<Base>::PairLoss::end_step() {
+  if (t_.dist_.active()) {  // the step line's figures are the global batch's
+    auto t = stats_.to_tensor().to(t_.rt_.device);
+    t_.dist_.all_reduce_sum({t}, "the DPO figures of step " + std::to_string(step_));
+    t_.last_ = DpoStats::from_tensor(t);
   } else {
-    last_ = stats;
+    t_.last_ = stats_;
   }
-  window_.add(last_);
-  return loss_total.item<double>();
+  t_.window_.add(t_.last_);
 }
 
 template <class Base>

@@ -54,12 +54,14 @@ class DpoTrainer : public Base {
   // Contrastive datasets: DPO's loss, margin and accuracy; others: the held-out cross-entropy.
   std::vector<DatasetEval> evaluate(const std::vector<Sampling>& datasets, int64_t rows) override;
 
+  // The base's phases, the last trained on preference pairs with DPO's loss: dpo/train's (its only one,
+  // or the LoRA one after an empty pre-LoRA phase) and lora/train's LoRA phase.
+  std::vector<Phase> phases() override;
   const DpoOptions& dpo_options() const { return dpo_; }
   // The last DPO step's sums over its pairs (all ranks).
   const DpoStats& last_step() const { return last_; }
 
  protected:
-  double forward_backward(const Batch& batch) override;
   nlohmann::json window_metrics() override;
   void check_dataset_styles(const std::vector<Sampling>& datasets) const override;
   nlohmann::json extra_metadata() const override;
@@ -72,13 +74,26 @@ class DpoTrainer : public Base {
   // The DPO terms of pairs (P, 2T) on the device (the loss differentiable).
   DpoTerms pair_terms(const torch::Tensor& inputs, const torch::Tensor& targets);
   void copy_reference();  // full-parameter: the model's weights into the reference (bf16)
-  // Whether the step being taken trains with DPO: lora/train's phase 1 is next-token training.
-  bool dpo_step() const;
+  // DPO's StepLoss: each micro-batch's pairs' losses over the global batch's pairs (training/batch_size);
+  // the step's figures summed over its micro-batches and the ranks into last_step() and the step line's window.
+  class PairLoss : public StepLoss {
+   public:
+    explicit PairLoss(DpoTrainer& trainer) : t_(trainer) {}
+    void begin_step(const Batch& rows, int64_t step) override;
+    torch::Tensor forward_backward(const torch::Tensor& inputs, const torch::Tensor& targets) override;
+    void end_step() override;
+
+   private:
+    DpoTrainer& t_;
+    DpoStats stats_;  // this rank's, over the step's micro-batches
+    int64_t step_ = 0;
+  };
 
   DpoOptions dpo_;
   bool lora_train_ = false;  // the lora/train form: a next-token phase 1 before the DPO phase
   CausalLM reference_;  // full-parameter only
   DpoStats last_, window_;
+  PairLoss pair_loss_{*this};
   bool has_base_ = false;
 };
 

@@ -164,10 +164,13 @@ LoRATrainer::Selection LoRATrainer::select_lora_params() const {
 }
 
 std::vector<Phase> LoRATrainer::phases() {
-  return {{boundary_step_, nullptr},  // pre-LoRA: every parameter (none when the job starts with adapters)
-          {total_steps_, [this] {      // LoRA: the adapters
+  return {{boundary_step_, nullptr, &next_token_loss_},  // pre-LoRA: every parameter (none when the job
+                                                         // starts with adapters)
+          {total_steps_,
+           [this] {  // LoRA: the adapters
              if (!in_lora_) transition_to_lora();  // a restored LoRA state is in it already
-           }}};
+           },
+           &next_token_loss_}};
 }
 
 bool LoRATrainer::shard_optimizer_state() const {

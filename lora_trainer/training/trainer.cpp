@@ -187,25 +187,24 @@ Batch BaseTrainer::next_batch(int64_t first, int64_t count) {
   return sampler(current_stage()).next_share(batch_size_, first, count);
 }
 
-double BaseTrainer::forward_backward(const Batch& batch) {
-  int64_t n_valid = batch.targets.ge(0).sum().item<int64_t>();
-  if (dist_.active()) {  // the loss is a mean over the targets of the whole global batch
-    auto count = torch::tensor({n_valid}, torch::kLong);
-    dist_.all_reduce_sum({count}, "the target count of step " + std::to_string(step_ + 1));
-    n_valid = count.item<int64_t>();
-  }
+double BaseTrainer::forward_backward(const Batch& batch, StepLoss& loss) {
+  loss.begin_step(batch, step_ + 1);
   optimizer_->zero_grad();
   torch::Tensor loss_total;  // f64 on the device: read once a step, not once a micro-batch
   for (int64_t first = 0; first < rank_rows_; first += micro_batch_) {
     auto in = rt_.to_device(batch.inputs.slice(0, first, first + micro_batch_));
     auto tgt = rt_.to_device(batch.targets.slice(0, first, first + micro_batch_));
-    AutocastGuard autocast(rt_);
-    auto scaled = model_->loss_sum(in, tgt) / static_cast<double>(std::max<int64_t>(1, n_valid));
-    scaled.backward();
-    auto part = scaled.detach().to(torch::kFloat64);
+    auto part = loss.forward_backward(in, tgt).to(torch::kFloat64);
     loss_total = loss_total.defined() ? loss_total + part : part;
   }
+  loss.end_step();
   return loss_total.item<double>();
+}
+
+Phase BaseTrainer::phase_of_next_step() {
+  for (Phase& phase : phases())
+    if (step_ < phase.end_step) return phase;
+  throw std::logic_error("no phase holds step " + std::to_string(step_ + 1) + " of " + std::to_string(total_steps_));
 }
 
 double BaseTrainer::sum_over_ranks(double loss) {
@@ -228,17 +227,14 @@ double BaseTrainer::sum_over_ranks(double loss) {
 
 StepResult BaseTrainer::train_step() {
   TORCH_CHECK(step_ < total_steps_, "train_step past the end of training");
-  for (const Phase& phase : phases())  // run() has entered it; a caller stepping by hand may not have
-    if (step_ < phase.end_step) {
-      if (phase.enter) phase.enter();
-      break;
-    }
+  const Phase phase = phase_of_next_step();
+  if (phase.enter) phase.enter();  // run() has; a caller stepping by hand may not have
   double t0 = now_seconds();
   model_->train();
   if (dist_.active())  // each rank its own dropout masks, the same after a restore
     torch::manual_seed(mix64(opts_.seed ^ mix64((static_cast<uint64_t>(step_) << 16) + static_cast<uint64_t>(dist_.rank()))));
   Batch batch = next_batch(rank_rows_ * dist_.rank(), rank_rows_);
-  const double loss = sum_over_ranks(forward_backward(batch));
+  const double loss = sum_over_ranks(forward_backward(batch, *phase.loss));
   StepResult r;
   r.grad_norm = clip_grad_norm(trainable(), opts_.optimizer.grad_clip);
   r.lr = current_lr();
@@ -376,7 +372,7 @@ void BaseTrainer::run() {
               (long long)tokens_, job_dir().c_str(), (long long)tokens_);
 }
 
-std::vector<Phase> BaseTrainer::phases() { return {{total_steps_, nullptr}}; }
+std::vector<Phase> BaseTrainer::phases() { return {{total_steps_, nullptr, &next_token_loss_}}; }
 
 bool BaseTrainer::train_until(int64_t end_step) {
   StepWindow window;  // the steps since the last step line

@@ -36,6 +36,7 @@
 #include "lora_trainer/training/optim.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/data/stage_plan.hpp"
+#include "lora_trainer/training/step_loss.hpp"
 #include "lora_trainer/training/training_options.hpp"
 
 namespace lt {
@@ -49,13 +50,14 @@ struct StepResult {
   bool skipped = false;  // non-finite loss or gradient norm: no update was made (training/on_nonfinite=skip)
 };
 
-// A phase of a job's plan: its steps, up to `end_step`, all train the same set of parameters the same
-// way. Entering it, before its first step, changes what trains: the LoRA trainer's second phase is
+// A phase of a job's plan: its steps, up to `end_step`, all train the same set of parameters with the
+// same loss. Entering it, before its first step, changes what trains: the LoRA trainer's second phase is
 // entered by transition_to_lora. Phases follow each other in the order of their end steps.
 struct Phase {
   int64_t end_step = 0;         // the step count after its last step
   std::function<void()> enter;  // null: nothing changes (a job's first phase); else it does nothing when the
                                 // state is the phase's already (a restored checkpoint of the phase)
+  StepLoss* loss = nullptr;     // what its steps minimise (the trainer's): next-token, or DPO's on pairs
 };
 
 class BaseTrainer : public RestorableJob {
@@ -75,7 +77,7 @@ class BaseTrainer : public RestorableJob {
   // One optimizer step. A step that begins a phase enters it first (Phase::enter, e.g. transition_to_lora)
   // when run() has not, so that a caller stepping by hand crosses the phases as run() does.
   StepResult train_step();
-  // The plan's phases: one here, every parameter to the end.
+  // The plan's phases: one here, every parameter to the end with the next-token loss.
   virtual std::vector<Phase> phases();
   // Held-out loss of the model (base + adapters in the LoRA phase) on the first `rows` validation
   // samples of each dataset (DPO's loss, margin and accuracy of a contrastive one, in dpo/train).
@@ -171,9 +173,12 @@ class BaseTrainer : public RestorableJob {
   // A UserError naming the architecture/ key when the checkpoint's model computes differently from ours
   // with the same shapes (activation, heads, norm epsilon, rotary base, family).
   void check_same_architecture(const CheckpointMeta& ck) const;
-  // This rank's micro-batches of `batch`: forward, loss / (targets of the whole global batch), backward
-  // (gradients accumulate). Returns this rank's part of the step's mean loss.
-  virtual double forward_backward(const Batch& batch);
+  // The micro-batch loop, the one of every job: this rank's micro-batches of `batch`, each through
+  // `loss` (forward and backward of its part of the step's mean; gradients accumulate). Returns this
+  // rank's part of the step's mean loss.
+  double forward_backward(const Batch& batch, StepLoss& loss);
+  // The phase the step about to be taken belongs to.
+  Phase phase_of_next_step();
   // Reads the stop flag; with several ranks, sums the gradients, `loss` and the flag over the ranks.
   // Returns the step's global loss.
   double sum_over_ranks(double loss);
@@ -192,6 +197,7 @@ class BaseTrainer : public RestorableJob {
   MetricsLog metrics_;  // the run directory's metrics.jsonl and config.json, and the lines printed with them
   Runtime rt_;
   CausalLM model_;
+  NextTokenLoss next_token_loss_{model_, rt_, dist_};
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Ema> ema_;  // with optimization/ema/decay > 0: the average of optimizer_'s parameters
   std::unique_ptr<DataCatalog> catalog_;

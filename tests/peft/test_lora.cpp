@@ -150,6 +150,30 @@ TEST_CASE("with B = 0 the transition keeps the output, up to the bf16 cast of th
   CHECK((after - before).abs().max().item<double>() < 0.05);    // bf16 rounding of the base only
 }
 
+TEST_CASE("the plan: pre-LoRA to the boundary, then LoRA entered by transition_to_lora, which a step by hand enters as run() does", "[lora]") {
+  Data d;
+  auto t = make_lora(d, "phases");
+  const std::vector<Phase> plan = t->phases();
+  REQUIRE(plan.size() == 2);
+  CHECK(plan[0].end_step == t->boundary_step());
+  CHECK(plan[0].end_step == 5);
+  CHECK_FALSE(plan[0].enter);  // phase 1 trains the model as built
+  CHECK(plan[1].end_step == 10);
+  REQUIRE(plan[1].enter);
+  CHECK(plan[0].loss == plan[1].loss);  // the next-token loss in both (DPO's only in a DPO phase)
+  for (int i = 0; i < 5; ++i) t->train_step();
+  CHECK_FALSE(t->in_lora_phase());  // the boundary step's validation and checkpoint see the whole model
+  CHECK_FALSE(is_checkpoint(t->job_dir() + "/pre_lora_checkpoint"));
+  t->train_step();  // the first LoRA step enters the phase: the transition, then the step
+  CHECK(t->in_lora_phase());
+  CHECK(is_checkpoint(t->job_dir() + "/pre_lora_checkpoint"));
+  CHECK(t->trainable().size() == t->lora_params().named().size());
+  const auto adapters = snapshot(t->lora_params().named());
+  t->phases()[1].enter();  // entering a phase the state is in already changes nothing
+  REQUIRE(t->lora_params().named().size() == adapters.size());
+  for (size_t i = 0; i < adapters.size(); ++i) CHECK(torch::equal(t->lora_params().named()[i].second, adapters[i].second));
+}
+
 TEST_CASE("after one LoRA step only the adapters changed and the optimizer holds only them", "[lora]") {
   Data d;
   auto t = make_lora(d, "only");

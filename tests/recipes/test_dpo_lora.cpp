@@ -50,9 +50,14 @@ TEST_CASE("lora/train with preference pairs after the boundary: next-token phase
   auto t = make_job(d, "toy", 40, recipe);
   DpoTrainer<LoRATrainer>& dpo = as_dpo(*t);
   CHECK(dpo.dpo_options().beta == 0.5);
+  // The plan: phase 1 with the next-token loss of any lora/train job, phase 2 with DPO's.
+  const std::vector<Phase> plan = t->phases();
+  REQUIRE(plan.size() == 2);
+  CHECK(plan[0].loss != plan[1].loss);
   // Phase 1 is the next-token training of any lora/train job: the same losses as one whose phase 2 is text.
   auto text = make_job(d, "text", 40, {R"(training/post_lora_dataset=[[{"name":"gen","rate":1}]])"});
   CHECK(dynamic_cast<DpoTrainer<LoRATrainer>*>(text.get()) == nullptr);
+  CHECK(text->phases()[0].loss == text->phases()[1].loss);
   for (int i = 0; i < 4; ++i) {
     INFO("step " << i + 1);
     REQUIRE(t->train_step().loss == text->train_step().loss);
