@@ -101,7 +101,7 @@ CORPUS_FILES = ["lora_trainer/data/tokenize.hpp", "docs/huggingface.md", "config
 
 def training_files(root):
     files = sorted(os.path.join(root, "docs", f) for f in os.listdir(os.path.join(root, "docs")) if f.endswith(".md"))
-    for f in ["tokenizer.cpp", "tokenize.cpp", "util.cpp", "main.cpp"]:
+    for f in ["data/tokenizer.cpp", "data/tokenize.cpp", "core/util.cpp", "cli/main.cpp"]:
         files.append(os.path.join(root, "lora_trainer", f))
     return files
 

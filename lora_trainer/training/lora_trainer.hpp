@@ -87,7 +87,8 @@ class LoRATrainer : public BaseTrainer {
   // yet; freezes the base as bf16, gives param_filter's targets adapters (inject_lora_params) and trains
   // only those (and any modules_to_save) from here on; reports count_lora_params and the
   // frozen/trainable totals (printed and logged as the `transition` event). Entering the LoRA phase
-  // calls it (run(), or train_step at the first LoRA step); a test may call it at any step.
+  // calls it (run(), or train_step at the first LoRA step); a test may call it at any step, but the
+  // steps before the boundary still take phase 1's loss (a DPO job's: next-token, on adapters then).
   void transition_to_lora();
 
   const LoraOptions& lora_config() const { return lora_cfg_; }

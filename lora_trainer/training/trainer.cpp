@@ -203,7 +203,10 @@ double BaseTrainer::forward_backward(const Batch& batch, StepLoss& loss) {
 
 Phase BaseTrainer::phase_of_next_step() {
   for (Phase& phase : phases())
-    if (step_ < phase.end_step) return phase;
+    if (step_ < phase.end_step) {
+      TORCH_CHECK(phase.loss, "the phase ending at step ", phase.end_step, " names no StepLoss (Phase::loss)");
+      return phase;
+    }
   throw std::logic_error("no phase holds step " + std::to_string(step_ + 1) + " of " + std::to_string(total_steps_));
 }
 

@@ -57,7 +57,8 @@ struct Phase {
   int64_t end_step = 0;         // the step count after its last step
   std::function<void()> enter;  // null: nothing changes (a job's first phase); else it does nothing when the
                                 // state is the phase's already (a restored checkpoint of the phase)
-  StepLoss* loss = nullptr;     // what its steps minimise (the trainer's): next-token, or DPO's on pairs
+  StepLoss* loss = nullptr;     // what its steps minimise (the trainer's): next-token, or DPO's on pairs;
+                                // every phase names one (train_step refuses a phase without)
 };
 
 class BaseTrainer : public RestorableJob {
@@ -74,8 +75,9 @@ class BaseTrainer : public RestorableJob {
   // weights-only checkpoint (`export`) initialises the weights and leaves the counters at zero.
   void restore_from_checkpoint(const CheckpointMeta& ck) override;
 
-  // One optimizer step. A step that begins a phase enters it first (Phase::enter, e.g. transition_to_lora)
-  // when run() has not, so that a caller stepping by hand crosses the phases as run() does.
+  // One optimizer step. It first enters the phase of the step (Phase::enter, e.g. transition_to_lora:
+  // nothing when run() or an earlier step has), so that a caller stepping by hand crosses the phases as
+  // run() does.
   StepResult train_step();
   // The plan's phases: one here, every parameter to the end with the next-token loss.
   virtual std::vector<Phase> phases();
