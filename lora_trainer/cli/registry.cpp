@@ -2,7 +2,7 @@
 
 #include "lora_trainer/recipes/continual.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
-#include "lora_trainer/recipes/dpo_trainer.hpp"
+#include "lora_trainer/recipes/dpo_part.hpp"
 #include "lora_trainer/training/lora_trainer.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/core/util.hpp"
@@ -19,24 +19,24 @@ const JobRegistry& job_registry() {
     r.add({"lora/train",
            "two phases: full-parameter training, then LoRA adapters on a frozen bf16 base (with DPO when the post-LoRA "
            "datasets are preference pairs)",
-           &lora_train_schema, &make_lora_train});
+           &lora_train_schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
+             return make_lora_train(std::move(spec), std::move(cfg), std::move(out));
+           }});
     r.add({"continual/train/benchmark",
            "continual-learning benchmark: stages A, B, C, ... with optional fades; forgetting matrix at each boundary",
-           &BenchmarkTrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
-             return std::make_unique<BenchmarkTrainer>(std::move(spec), std::move(cfg), std::move(out));
+           &continual_schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
+             return make_continual(std::move(spec), std::move(cfg), std::move(out));
            }});
     r.add({"continual/train/benchmark_lora",
            "the benchmark's stages as the pre-LoRA phase, then LoRA stages; forgetting matrix at every boundary",
-           &BenchmarkLoRABaseTrainer::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
-             return std::make_unique<BenchmarkLoRABaseTrainer>(std::move(spec), std::move(cfg), std::move(out));
+           &continual_lora_schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
+             return make_continual_lora(std::move(spec), std::move(cfg), std::move(out));
            }});
     r.add({"dpo/train",
            "DPO on preference pairs from a pretrained base: LoRA adapters (reference: adapters off) or every parameter "
            "(reference: a frozen bf16 copy), by optimization/dpo/lora",
-           &DpoTrainer<LoRATrainer>::schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
-             if (cfg.get_bool("optimization/dpo/lora"))
-               return std::make_unique<DpoTrainer<LoRATrainer>>(std::move(spec), std::move(cfg), std::move(out));
-             return std::make_unique<DpoTrainer<BaseTrainer>>(std::move(spec), std::move(cfg), std::move(out));
+           &dpo_train_schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
+             return make_dpo_train(std::move(spec), std::move(cfg), std::move(out));
            }});
     return r;
   }();

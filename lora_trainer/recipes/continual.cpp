@@ -68,8 +68,7 @@ static StagePlan benchmark_plan(const Config& cfg) {
   return plan;
 }
 
-template <>
-ConfigSchema ContinualTrainer<BaseTrainer>::schema() {
+ConfigSchema continual_schema() {
   ConfigSchema s = BaseTrainer::schema();
   s.add("job/kind", OptType::String, "continual/train/benchmark", "the registered job class that runs this config");
   s.add("training/tokens", OptType::IntList, json::array({262144, 262144, 262144}),
@@ -82,50 +81,49 @@ ConfigSchema ContinualTrainer<BaseTrainer>::schema() {
   return s;
 }
 
-template <>
-ConfigSchema ContinualTrainer<LoRATrainer>::schema() {
+ConfigSchema continual_lora_schema() {
   ConfigSchema s = LoRATrainer::schema();
   s.add("job/kind", OptType::String, "continual/train/benchmark_lora", "the registered job class that runs this config");
   add_continual_options(s);
   return s;
 }
 
-template <>
-ContinualTrainer<BaseTrainer>::ContinualTrainer(JobSpec spec, Config cfg, std::string out_dir)
-    : BaseTrainer(std::move(spec), cfg, std::move(out_dir), benchmark_plan(cfg)) {
-  read_continual_options();
+std::unique_ptr<BaseTrainer> make_continual(JobSpec spec, Config cfg, std::string out_dir) {
+  const StagePlan plan = benchmark_plan(cfg);
+  auto t = std::make_unique<BaseTrainer>(std::move(spec), cfg, std::move(out_dir), plan);
+  t->add_part(std::make_unique<ContinualPart>(*t, ContinualOptions::from_config(cfg), -1));
+  return t;
 }
 
-template <>
-ContinualTrainer<LoRATrainer>::ContinualTrainer(JobSpec spec, Config cfg, std::string out_dir)
-    : LoRATrainer(std::move(spec), std::move(cfg), std::move(out_dir)) {
-  read_continual_options();
+std::unique_ptr<LoRATrainer> make_continual_lora(JobSpec spec, Config cfg, std::string out_dir) {
+  auto t = std::make_unique<LoRATrainer>(std::move(spec), cfg, std::move(out_dir));
+  const int64_t boundary = t->boundary_step();
+  t->add_part(std::make_unique<ContinualPart>(*t, ContinualOptions::from_config(cfg), boundary > 0 ? t->stage_of(boundary - 1) : -1));
+  return t;
 }
 
-template <class Base>
-void ContinualTrainer<Base>::read_continual_options() {
-  continual_ = ContinualOptions::from_config(this->cfg_);
-  overlap_steps_ = continual_.fade_overlap / this->tokens_per_step();
+ContinualPart::ContinualPart(BaseTrainer& trainer, ContinualOptions options, int lora_switch_stage)
+    : trainer_(trainer),
+      continual_(std::move(options)),
+      lora_switch_stage_(lora_switch_stage),
+      overlap_steps_(continual_.fade_overlap / trainer.tokens_per_step()) {}
+
+void ContinualPart::plan(std::vector<Phase>& phases) {
+  for (Phase& phase : phases) phase.batches = &fades_;
 }
 
-template <class Base>
-int ContinualTrainer<Base>::no_fade_after() const {
-  if constexpr (std::is_same_v<Base, LoRATrainer>)
-    return this->boundary_step() > 0 ? this->stage_of(this->boundary_step() - 1) : -1;
-  return -1;
-}
-
-template <class Base>
-Batch ContinualTrainer<Base>::next_batch(int64_t first, int64_t count) {
-  FadeAt f = fade_at(this->stages_, this->step_, overlap_steps_, continual_.fade_curve, no_fade_after());
-  if (f.weight <= 0.0) return this->sampler(f.from).next_share(this->batch_size_, first, count);
+Batch ContinualPart::Fades::next_share(int64_t first, int64_t count) {
+  BaseTrainer& t = part_.trainer_;
+  const int64_t batch = t.batch_size();
+  FadeAt f = fade_at(t.stages(), t.step(), part_.overlap_steps_, part_.continual_.fade_curve, part_.lora_switch_stage_);
+  if (f.weight <= 0.0) return t.sampler(f.from).next_share(batch, first, count);
   // The global batch is the old stage's rows then the new stage's; this rank takes [first, first + count).
-  auto rows = largest_remainder({1.0 - f.weight, f.weight}, this->batch_size_);
+  auto rows = largest_remainder({1.0 - f.weight, f.weight}, batch);
   const int64_t end = first + count;
   const int64_t old_first = std::min(first, rows[0]), old_end = std::min(end, rows[0]);
   const int64_t new_first = std::max(first, rows[0]) - rows[0], new_end = std::max(end, rows[0]) - rows[0];
-  Batch old_rows = this->sampler(f.from).next_share(rows[0], old_first, old_end - old_first);
-  Batch new_rows = this->sampler(f.to).next_share(rows[1], new_first, new_end - new_first);
+  Batch old_rows = t.sampler(f.from).next_share(rows[0], old_first, old_end - old_first);
+  Batch new_rows = t.sampler(f.to).next_share(rows[1], new_first, new_end - new_first);
   Batch b;
   b.inputs = torch::cat({old_rows.inputs, new_rows.inputs});
   b.targets = torch::cat({old_rows.targets, new_rows.targets});
@@ -134,26 +132,21 @@ Batch ContinualTrainer<Base>::next_batch(int64_t first, int64_t count) {
   return b;
 }
 
-template <class Base>
-void ContinualTrainer<Base>::on_stage_end(int stage) {
-  auto evals = this->evaluate(this->plan_datasets(), continual_.boundary_rows);
+void ContinualPart::on_stage_end(int stage) {
+  BaseTrainer& t = trainer_;
+  auto evals = t.evaluate(t.plan_datasets(), continual_.boundary_rows);
   json losses = json::object();
   for (const auto& e : evals) losses[e.name] = e.loss;
-  matrix_.push_back({{"after_stage", stage}, {"step", this->step_}, {"loss", losses}});
-  this->log_event({{"event", "boundary"}, {"step", this->step_}, {"tokens", this->tokens_}, {"after_stage", stage},
-                   {"loss", losses}});
-  const bool last = stage + 1 == static_cast<int>(this->stages_.size());
+  matrix_.push_back({{"after_stage", stage}, {"step", t.step()}, {"loss", losses}});
+  t.log_event({{"event", "boundary"}, {"step", t.step()}, {"tokens", t.tokens()}, {"after_stage", stage}, {"loss", losses}});
+  const bool last = stage + 1 == static_cast<int>(t.stages().size());
   // Reset before the boundary checkpoint, so that a run resumed from it starts the next stage as the
   // uninterrupted run does.
-  if (continual_.reset_optimizer && !last) {
-    // The same parameters, weight decay and per-parameter lr (a LoRA stage's modules_to_save keep their ratio).
-    auto params = this->optimizer_->params();
-    this->build_optimizer(params, this->optimizer_->weight_decay(), this->optimizer_->lr_scale());
-  }
+  if (continual_.reset_optimizer && !last) t.reset_optimizer();
   std::string label = std::to_string(stage) + "_" + (last ? std::string("end") : std::to_string(stage + 1));
-  std::string suffix = (!last && stage == no_fade_after() ? "lora_boundary_" : "boundary_") + label;
-  this->save(suffix);
-  std::printf("  stage %d done at step %lld: held-out loss%s; saved %s\n", stage, (long long)this->step_,
+  std::string suffix = (!last && stage == lora_switch_stage_ ? "lora_boundary_" : "boundary_") + label;
+  t.save(suffix);
+  std::printf("  stage %d done at step %lld: held-out loss%s; saved %s\n", stage, (long long)t.step(),
               [&] {
                 std::string s;
                 char v[32];
@@ -167,27 +160,17 @@ void ContinualTrainer<Base>::on_stage_end(int stage) {
   std::fflush(stdout);
 }
 
-template <class Base>
-json ContinualTrainer<Base>::extra_metadata() const {
-  json m = Base::extra_metadata();
-  m["forgetting"] = matrix_;
-  return m;
-}
+void ContinualPart::add_metadata(json& meta) const { meta["forgetting"] = matrix_; }
 
-template <class Base>
-void ContinualTrainer<Base>::restore_from_checkpoint(const CheckpointMeta& ck) {
-  Base::restore_from_checkpoint(ck);  // the LoRA variant picks its phase from the metadata here
-  // A full restore continues the checkpoint's run and its matrix (also under a new name); weights
-  // taken as a pretrained base leave this job's counters at zero and bring no matrix.
-  const bool full_restore = this->step_ == ck.step && !ck.weights_only;
+void ContinualPart::restored(const CheckpointMeta& ck) {
+  const bool full_restore = trainer_.step() == ck.step && !ck.weights_only;
   matrix_ = full_restore ? ck.raw.value("forgetting", json::array()) : json::array();
 }
 
-template <class Base>
-std::string ContinualTrainer<Base>::forgetting_table() const {
+std::string ContinualPart::forgetting_table() const {
   std::ostringstream t;
   std::vector<std::string> names;
-  for (const auto& s : this->plan_datasets()) names.push_back(s.name);
+  for (const auto& s : trainer_.plan_datasets()) names.push_back(s.name);
   char cell[64];
   std::snprintf(cell, sizeof cell, "%-22s", "held-out loss after");
   t << cell;
@@ -210,30 +193,27 @@ std::string ContinualTrainer<Base>::forgetting_table() const {
   return t.str();
 }
 
-template <class Base>
-void ContinualTrainer<Base>::run() {
-  Base::run();
-  if (!this->done() || matrix_.empty() || !this->is_main()) return;
+void ContinualPart::after_run() {
+  if (matrix_.empty()) return;
+  const BaseTrainer& t = trainer_;
   std::vector<PlotMarker> markers;
   for (const auto& row : matrix_) {
     int stage = row["after_stage"].get<int>();
-    if (stage + 1 < static_cast<int>(this->stages_.size()))
+    if (stage + 1 < static_cast<int>(t.stages().size()))
       markers.push_back({row["step"].get<int64_t>(),
-                         (stage == no_fade_after() ? "LoRA, stage " : "stage ") + std::to_string(stage + 1)});
+                         (stage == lora_switch_stage_ ? "LoRA, stage " : "stage ") + std::to_string(stage + 1)});
   }
-  auto metrics = read_metrics(this->run_dir());
-  write_loss_plot(metrics, markers, "job " + this->spec_.name + ": loss", (fs::path(this->run_dir()) / "loss.svg").string());
-  write_matrix_plot(matrix_, "job " + this->spec_.name + ": held-out loss after each stage",
-                    (fs::path(this->run_dir()) / "forgetting.svg").string());
+  const std::string& name = t.spec().name;
+  const fs::path dir = t.run_dir();
+  // Over the LoRA trainer's loss.svg (the phase boundary only): every stage boundary marked.
+  write_loss_plot(read_metrics(t.run_dir()), markers, "job " + name + ": loss", (dir / "loss.svg").string());
+  write_matrix_plot(matrix_, "job " + name + ": held-out loss after each stage", (dir / "forgetting.svg").string());
   std::string table = forgetting_table();
-  write_file_atomic((fs::path(this->run_dir()) / "forgetting.txt").string(), table);
+  write_file_atomic((dir / "forgetting.txt").string(), table);
   std::printf("\nforgetting matrix (rows: trained through stage; columns: dataset evaluated)\n%s"
               "plots: %s/loss.svg, %s/forgetting.svg\n",
-              table.c_str(), this->run_dir().c_str(), this->run_dir().c_str());
+              table.c_str(), t.run_dir().c_str(), t.run_dir().c_str());
   std::fflush(stdout);
 }
-
-template class ContinualTrainer<BaseTrainer>;
-template class ContinualTrainer<LoRATrainer>;
 
 }  // namespace lt

@@ -1,16 +1,17 @@
-// Continual-learning benchmark trainers: several stages (A, B, C, ...) of different data, trained one
-// after another, measuring forgetting.
+// Continual-learning benchmarks: several stages (A, B, C, ...) of different data, trained one after
+// another, measuring forgetting. Two jobs, each a trainer with a ContinualPart (a TrainerPart:
+// training/trainer_part.hpp):
 //
 //   continual/train/benchmark       stages from training/tokens + training/dataset (lists), on the
-//                                   base trainer.
+//                                   base trainer (make_continual).
 //   continual/train/benchmark_lora  the pre-LoRA stages, then transition_to_lora, then the post-LoRA
-//                                   stages (the LoRA trainer's lists and phases).
+//                                   stages (the LoRA trainer's lists and phases; make_continual_lora).
 //
-// Both add, through one mixin (ContinualTrainer<Base>):
+// The part adds:
 //   - an optional fade: over the last training/fade/overlap tokens before a boundary, each batch's
 //     rows are split between the stage being left and the next by the fade weight w (curve linear,
 //     cosine or sigmoid; largest-remainder rounding, so the parts sum to the batch). No fade crosses
-//     the LoRA switch.
+//     the LoRA switch. It is the batch source of every phase.
 //   - an optional optimizer reset at each boundary (training/reset_optimizer).
 //   - at every stage end: held-out loss on the data of every stage (a row of the forgetting matrix:
 //     stage trained so far x dataset evaluated), saved as `boundary_<i>_<j>` (`lora_boundary_<i>_<j>`
@@ -19,19 +20,21 @@
 //   - at the end: the matrix as a table and forgetting.svg, and loss.svg with the boundaries marked.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "lora_trainer/training/lora_trainer.hpp"
 #include "lora_trainer/training/trainer.hpp"
+#include "lora_trainer/training/trainer_part.hpp"
 
 namespace lt {
 
 void add_continual_options(ConfigSchema& s);
 
 // The keys add_continual_options declares (their defaults and docs are there), read once by
-// ContinualTrainer's constructor: training/fade/overlap, training/fade/curve,
+// make_continual and make_continual_lora: training/fade/overlap, training/fade/curve,
 // training/reset_optimizer and eval/boundary_rows. from_config sets every field.
 struct ContinualOptions {
   int64_t fade_overlap{};   // training/fade/overlap, in tokens (whole steps of it fade); 0 = no fade
@@ -54,35 +57,48 @@ struct FadeAt {
 FadeAt fade_at(const std::vector<Stage>& stages, int64_t step, int64_t overlap_steps, const std::string& curve,
                int no_fade_after_stage = -1);
 
-template <class Base>
-class ContinualTrainer : public Base {
+class ContinualPart : public TrainerPart {
  public:
-  static ConfigSchema schema();
-  ContinualTrainer(JobSpec spec, Config cfg, std::string out_dir);
+  // The part of `trainer`, which must outlive it. `lora_switch_stage`: the stage whose end is the LoRA
+  // switch (no fade crosses it; its checkpoint is `lora_boundary_*`), -1 for none.
+  ContinualPart(BaseTrainer& trainer, ContinualOptions options, int lora_switch_stage);
 
-  void run() override;
-  void restore_from_checkpoint(const CheckpointMeta& ck) override;
+  void plan(std::vector<Phase>& phases) override;  // every phase's rows come through the fades
+  void on_stage_end(int stage) override;
+  void add_metadata(nlohmann::json& meta) const override;
+  // A full restore continues the checkpoint's run and its matrix (also under a new name); weights taken
+  // as a pretrained base leave the job's counters at zero and bring no matrix.
+  void restored(const CheckpointMeta& ck) override;
+  void after_run() override;
+
   // Rows of the forgetting matrix: {"after_stage": i, "step": s, "loss": {dataset: nats}}.
   const nlohmann::json& forgetting() const { return matrix_; }
   std::string forgetting_table() const;
 
- protected:
-  Batch next_batch(int64_t first, int64_t count) override;
-  void on_stage_end(int stage) override;
-  nlohmann::json extra_metadata() const override;
-  // Over the LoRA base's: its report draws no loss.svg, since run() draws one with every stage
-  // boundary marked afterwards (a member the plain base does not call).
-  void draw_loss_plot(const std::vector<nlohmann::json>&, const std::string&) const {}
-
  private:
-  void read_continual_options();
-  int no_fade_after() const;
+  // The rows of a step: the stage's mixture, or in a fade window the old stage's rows then the new's.
+  class Fades : public BatchSource {
+   public:
+    explicit Fades(ContinualPart& part) : part_(part) {}
+    Batch next_share(int64_t first, int64_t count) override;
+
+   private:
+    ContinualPart& part_;
+  };
+
+  BaseTrainer& trainer_;
   ContinualOptions continual_;
+  int lora_switch_stage_;
   int64_t overlap_steps_ = 0;  // continual_.fade_overlap in whole steps
   nlohmann::json matrix_ = nlohmann::json::array();
+  Fades fades_{*this};
 };
 
-using BenchmarkTrainer = ContinualTrainer<BaseTrainer>;
-using BenchmarkLoRABaseTrainer = ContinualTrainer<LoRATrainer>;
+// continual/train/benchmark: its schema, and a BaseTrainer over its stages with a ContinualPart.
+ConfigSchema continual_schema();
+std::unique_ptr<BaseTrainer> make_continual(JobSpec spec, Config cfg, std::string out_dir);
+// continual/train/benchmark_lora: its schema, and a LoRATrainer with a ContinualPart.
+ConfigSchema continual_lora_schema();
+std::unique_ptr<LoRATrainer> make_continual_lora(JobSpec spec, Config cfg, std::string out_dir);
 
 }  // namespace lt

@@ -163,7 +163,7 @@ LoRATrainer::Selection LoRATrainer::select_lora_params() const {
   return sel;
 }
 
-std::vector<Phase> LoRATrainer::phases() {
+std::vector<Phase> LoRATrainer::own_phases() {
   return {{boundary_step_, nullptr, &next_token_loss_},  // pre-LoRA: every parameter (none when the job
                                                          // starts with adapters)
           {total_steps_,
@@ -364,7 +364,7 @@ void LoRATrainer::log_transition() {
              {"trainable_tokens", tokens_json(token_rows_)}});
 }
 
-void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
+void LoRATrainer::restore_state(const CheckpointMeta& ck) {
   const std::string& dir = ck.dir;
   const StateKind kind = ck.kind;
   const int64_t step = ck.step;
@@ -415,10 +415,10 @@ void LoRATrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
                       "). To use it as a pretrained base, set training/pre_lora_tokens and training/pre_lora_dataset to []");
     if (in_lora_) throw UserError("cannot restore the plain state " + dir + " into a job already in its LoRA phase");
   }
-  BaseTrainer::restore_from_checkpoint(ck);
+  BaseTrainer::restore_state(ck);
 }
 
-void LoRATrainer::run() {
+void LoRATrainer::check_can_start() {
   if (boundary_step_ == 0 && step_ == 0 && base_.is_null()) {
     // No phase one and no base given: adapters on random weights teach nothing about LoRA on a model.
     if (!lora_cfg_.allow_random_base)
@@ -434,8 +434,9 @@ void LoRATrainer::run() {
                         lora_cfg_.alpha, lora_cfg_.rslora, lora_cfg_.dora, token_embeddings(*model_).front(),
                         selection_.token_embedding.empty() ? std::vector<int64_t>() : lora_cfg_.token_ids);
   }
-  BaseTrainer::run();
-  if (!done() || !is_main()) return;
+}
+
+void LoRATrainer::report_finished() {
   std::string text = report();
   if (text.empty()) {  // no training was logged under this name (e.g. `restore` of a finished job)
     std::printf("no report: no training steps were logged in %s (the report of the run that trained this job is in "
@@ -444,10 +445,6 @@ void LoRATrainer::run() {
   }
   std::printf("%s", text.c_str());
   std::fflush(stdout);
-}
-
-void LoRATrainer::draw_loss_plot(const std::vector<json>& metrics, const std::string& path) const {
-  write_loss_plot(metrics, {{boundary_step_, "LoRA from here"}}, "job " + spec_.name + ": loss", path);
 }
 
 std::string LoRATrainer::report() {
@@ -479,7 +476,7 @@ std::string LoRATrainer::report() {
   }
   if (n_tps[0] + n_tps[1] == 0) return "";
   std::string svg = (fs::path(run_dir()) / "loss.svg").string();
-  draw_loss_plot(metrics, svg);
+  write_loss_plot(metrics, {{boundary_step_, "LoRA from here"}}, "job " + spec_.name + ": loss", svg);
 
   std::ostringstream r;
   char line[256];

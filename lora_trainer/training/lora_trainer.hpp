@@ -59,15 +59,9 @@ class LoRATrainer : public BaseTrainer {
   static ConfigSchema schema();
   LoRATrainer(JobSpec spec, Config cfg, std::string out_dir);
 
-  // Reads the checkpoint's step and kind from its metadata: a LoRA state (past the boundary) is loaded
-  // into a LoRA template (transitioning first); a plain state at or before the boundary is loaded as
-  // plain (pre_lora_checkpoint included) and the transition follows at the boundary; a plain state of
-  // another job given to a job without phase 1 becomes the frozen base (skip phase one).
-  void restore_from_checkpoint(const CheckpointMeta& ck) override;
-  // BaseTrainer::run, then (when finished) the report: per-phase speed, parameter counts, validation
-  // perplexity per dataset before and after the LoRA phase, printed and written to report.md beside
-  // loss.svg (the loss curves with the boundary marked) in the run directory.
-  void run() override;
+  // The report of a finished job: per-phase speed, parameter counts, validation perplexity per dataset
+  // before and after the LoRA phase, written to report.md beside loss.svg (the loss curves with the
+  // boundary marked) in the run directory; "" when no training was logged in it. run() prints it.
   std::string report();
 
   NamedTensors state_tensors() override;
@@ -81,8 +75,6 @@ class LoRATrainer : public BaseTrainer {
   // The token rows that train in the LoRA phase (trainable_token_indices); undefined when off.
   const TrainableTokens& trainable_tokens() const { return token_rows_; }
 
-  // The two phases: pre-LoRA (every parameter) to the boundary, then LoRA, entered by transition_to_lora.
-  std::vector<Phase> phases() override;
   // The boundary, the mission's entry: saves `pre_lora_checkpoint` when phase 1 ran and it is not there
   // yet; freezes the base as bf16, gives param_filter's targets adapters (inject_lora_params) and trains
   // only those (and any modules_to_save) from here on; reports count_lora_params and the
@@ -93,9 +85,22 @@ class LoRATrainer : public BaseTrainer {
 
   const LoraOptions& lora_config() const { return lora_cfg_; }
 
- protected:
   // The stages of `plan`, the first `pre_lora_stages` of them full-parameter (dpo/train: none).
   LoRATrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan, size_t pre_lora_stages);
+
+ protected:
+  // The two phases: pre-LoRA (every parameter) to the boundary, then LoRA, entered by transition_to_lora.
+  std::vector<Phase> own_phases() override;
+  // Reads the checkpoint's step and kind from its metadata: a LoRA state (past the boundary) is loaded
+  // into a LoRA template (transitioning first); a plain state at or before the boundary is loaded as
+  // plain (pre_lora_checkpoint included) and the transition follows at the boundary; a plain state of
+  // another job given to a job without phase 1 becomes the frozen base (skip phase one).
+  void restore_state(const CheckpointMeta& ck) override;
+  // Without phase 1, a base must have been given (or training/allow_random_base); an init_from source
+  // must fit before phase 1 starts.
+  void check_can_start() override;
+  // Prints report().
+  void report_finished() override;
   double current_lr() const override;
   // Also at the boundary: a line never averages the two phases' losses (DPO's, in a lora/train job on
   // preference pairs, is not a cross-entropy), and the report's per-phase speeds stay apart.
@@ -104,8 +109,6 @@ class LoRATrainer : public BaseTrainer {
   bool shard_optimizer_state() const override;
   nlohmann::json extra_metadata() const override;
   void restore_extra(const nlohmann::json& meta) override;
-  // report()'s loss.svg at `path`: the loss curves with the boundary marked.
-  virtual void draw_loss_plot(const std::vector<nlohmann::json>& metrics, const std::string& path) const;
 
  private:
   // transition_to_lora's change of state alone: freezes the base as bf16 (no gradients, no optimizer

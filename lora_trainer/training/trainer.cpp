@@ -165,7 +165,7 @@ const Dataset& BaseTrainer::open_dataset(const Sampling& smp) {
 MixtureSampler& BaseTrainer::sampler(int stage) {
   auto& s = samplers_.at(static_cast<size_t>(stage));
   if (!s) {
-    check_dataset_styles(stages_[stage].samplings);
+    check_training_datasets(stages_[stage].samplings);
     for (const auto& smp : stages_[stage].samplings) open_dataset(smp);
     s = std::make_unique<MixtureSampler>(*catalog_, stages_[stage].samplings, block_size_, opts_.seed,
                                          static_cast<uint64_t>(stage));
@@ -183,10 +183,6 @@ MixtureSampler& BaseTrainer::sampler(int stage) {
   return *s;
 }
 
-Batch BaseTrainer::next_batch(int64_t first, int64_t count) {
-  return sampler(current_stage()).next_share(batch_size_, first, count);
-}
-
 double BaseTrainer::forward_backward(const Batch& batch, StepLoss& loss) {
   loss.begin_step(batch, step_ + 1);
   optimizer_->zero_grad();
@@ -199,6 +195,12 @@ double BaseTrainer::forward_backward(const Batch& batch, StepLoss& loss) {
   }
   loss.end_step();
   return loss_total.item<double>();
+}
+
+void BaseTrainer::reset_optimizer() {
+  // The same parameters, weight decay and per-parameter lr (a LoRA stage's modules_to_save keep their ratio).
+  auto params = optimizer_->params();
+  build_optimizer(params, optimizer_->weight_decay(), optimizer_->lr_scale());
 }
 
 Phase BaseTrainer::phase_of_next_step() {
@@ -236,7 +238,9 @@ StepResult BaseTrainer::train_step() {
   model_->train();
   if (dist_.active())  // each rank its own dropout masks, the same after a restore
     torch::manual_seed(mix64(opts_.seed ^ mix64((static_cast<uint64_t>(step_) << 16) + static_cast<uint64_t>(dist_.rank()))));
-  Batch batch = next_batch(rank_rows_ * dist_.rank(), rank_rows_);
+  const int64_t first = rank_rows_ * dist_.rank();
+  Batch batch = phase.batches ? phase.batches->next_share(first, rank_rows_)
+                              : sampler(current_stage()).next_share(batch_size_, first, rank_rows_);
   const double loss = sum_over_ranks(forward_backward(batch, *phase.loss));
   StepResult r;
   r.grad_norm = clip_grad_norm(trainable(), opts_.optimizer.grad_clip);
@@ -256,7 +260,6 @@ StepResult BaseTrainer::train_step() {
   tokens_ += tokens_per_step();
   r.step = step_;
   r.seconds = now_seconds() - t0;
-  after_step(r);
   return r;
 }
 
@@ -269,7 +272,7 @@ int BaseTrainer::stage_of(int64_t step) const { return lt::stage_of(stages_, ste
 std::vector<Sampling> BaseTrainer::plan_datasets() const { return lt::plan_datasets(stages_); }
 
 void BaseTrainer::check_datasets() {
-  check_dataset_styles(plan_datasets());
+  check_training_datasets(plan_datasets());
   for (const auto& s : plan_datasets()) open_dataset(s);
 }
 
@@ -277,9 +280,15 @@ bool BaseTrainer::step_line_due() const {
   return step_ % opts_.report_interval == 0 || step_ == total_steps_;
 }
 
-void BaseTrainer::check_dataset_styles(const std::vector<Sampling>& datasets) const {
+void BaseTrainer::check_training_datasets(const std::vector<Sampling>& datasets) const {
+  check_measurable(datasets);
+  for (const auto& part : parts_) part->check_training_datasets(datasets);
+}
+
+void BaseTrainer::check_measurable(const std::vector<Sampling>& datasets) const {
   for (const auto& s : datasets)
-    if (s.style == DatasetStyle::CONTRASTIVE)
+    if (s.style == DatasetStyle::CONTRASTIVE &&
+        std::none_of(parts_.begin(), parts_.end(), [&](const auto& part) { return part->measures(s.style); }))
       throw UserError("dataset \"" + s.name + "\" is contrastive (preference pairs): it trains with DPO, in a `dpo/train` "
                       "job or the LoRA phase of a `lora/train` job (as its post-LoRA datasets), not in a " + spec_.kind +
                       " job");
@@ -294,10 +303,33 @@ std::unique_ptr<Ema::Swap> BaseTrainer::ema_weights() {
 }
 
 std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& datasets, int64_t rows) {
-  check_dataset_styles(datasets);
+  check_measurable(datasets);
   auto ema = ema_weights();  // the average in place of the weights while evaluating, with eval/use_ema
-  return held_out_loss(model_, datasets, rows, [this](const Sampling& smp) -> const Dataset& { return open_dataset(smp); },
-                       {micro_batch_, block_size_}, rt_, dist_);
+  // The datasets a part measures go to the first part that does; the others' held-out cross-entropy here.
+  std::vector<TrainerPart*> by(datasets.size(), nullptr);
+  std::vector<Sampling> text;
+  for (size_t i = 0; i < datasets.size(); ++i) {
+    for (const auto& part : parts_)
+      if (!by[i] && part->measures(datasets[i].style)) by[i] = part.get();
+    if (!by[i]) text.push_back(datasets[i]);
+  }
+  std::vector<DatasetEval> measured;
+  if (!text.empty())
+    measured = held_out_loss(model_, text, rows, [this](const Sampling& smp) -> const Dataset& { return open_dataset(smp); },
+                             {micro_batch_, block_size_}, rt_, dist_);
+  std::vector<DatasetEval> out(datasets.size());
+  for (size_t i = 0, next = 0; i < datasets.size(); ++i)
+    if (!by[i]) out[i] = measured[next++];
+  for (const auto& part : parts_) {
+    std::vector<Sampling> mine;
+    for (size_t i = 0; i < datasets.size(); ++i)
+      if (by[i] == part.get()) mine.push_back(datasets[i]);
+    if (mine.empty()) continue;
+    std::vector<DatasetEval> figures = part->measure(mine, rows);
+    for (size_t i = 0, next = 0; i < datasets.size(); ++i)
+      if (by[i] == part.get()) out[i] = figures.at(next++);
+  }
+  return out;
 }
 
 ValResult BaseTrainer::validate() {
@@ -335,6 +367,8 @@ bool BaseTrainer::save_or_stop() {
 extern "C" void lt_on_signal(int) { BaseTrainer::stop_requested.store(true); }
 
 void BaseTrainer::run() {
+  for (const auto& part : parts_) part->before_run();
+  check_can_start();
   if (dist_.active()) {
     // Every rank must continue from the same state: rank 0's step, on every rank. The sums of the
     // steps and of their squares equal W times rank 0's only when every step equals it.
@@ -350,6 +384,7 @@ void BaseTrainer::run() {
   if (done()) {
     std::printf("job %s already finished at step %lld (%lld tokens); checkpoints in %s\n", spec_.name.c_str(),
                 (long long)step_, (long long)tokens_, job_dir().c_str());
+    finish();
     return;
   }
   int64_t n_params = 0;
@@ -365,28 +400,50 @@ void BaseTrainer::run() {
   stop_requested = false;
   stopping_ = false;
   SignalGuard signals(lt_on_signal);  // the previous handlers come back however run() ends
-  for (const Phase& phase : phases()) {
-    if (step_ >= phase.end_step) continue;  // finished before this run (a resumed job)
-    if (phase.enter) phase.enter();
-    if (!train_until(phase.end_step)) return;  // a signal stopped the run: saved
-  }
+  if (!train_phases()) return;  // a signal stopped the run: saved
   save("final/" + std::to_string(tokens_));
   std::printf("finished: %lld steps, %lld tokens; final checkpoint %s/final/%lld\n", (long long)step_,
               (long long)tokens_, job_dir().c_str(), (long long)tokens_);
+  finish();
 }
 
-std::vector<Phase> BaseTrainer::phases() { return {{total_steps_, nullptr, &next_token_loss_}}; }
+void BaseTrainer::finish() {
+  if (!is_main()) return;
+  report_finished();
+  for (const auto& part : parts_) part->after_run();
+}
+
+bool BaseTrainer::train_phases() {
+  for (const Phase& phase : phases()) {
+    if (step_ >= phase.end_step) continue;  // finished before this run (a resumed job)
+    if (phase.enter) phase.enter();
+    if (!train_until(phase.end_step)) return false;
+  }
+  return true;
+}
+
+std::vector<Phase> BaseTrainer::own_phases() { return {{total_steps_, nullptr, &next_token_loss_}}; }
+
+std::vector<Phase> BaseTrainer::phases() {
+  std::vector<Phase> plan = own_phases();
+  for (const auto& part : parts_) part->plan(plan);
+  return plan;
+}
 
 bool BaseTrainer::train_until(int64_t end_step) {
   StepWindow window;  // the steps since the last step line
   while (step_ < end_step) {
     StepResult r = train_step();
     window.add(r.loss, r.seconds);
-    if (step_line_due())
-      metrics_.log_train({r.step, total_steps_, tokens_, trained_stage(), r.lr, r.grad_norm, window_metrics()}, window,
+    if (step_line_due()) {
+      json figures = json::object();  // the parts' (DPO's margin and accuracy) besides the loss
+      for (const auto& part : parts_) part->add_window_metrics(figures);
+      metrics_.log_train({r.step, total_steps_, tokens_, trained_stage(), r.lr, r.grad_norm, figures}, window,
                          tokens_per_step());
+    }
     const bool stage_end = step_ == stages_[static_cast<size_t>(trained_stage())].end_step;
-    if (stage_end) on_stage_end(trained_stage());  // before validation, so `best` includes its effects
+    if (stage_end)  // before validation, so `best` includes its effects
+      for (const auto& part : parts_) part->on_stage_end(trained_stage());
     if (opts_.validation && (step_ % opts_.validation_interval == 0 || stage_end)) validate_and_keep_best(stage_end);
     if (save_or_stop()) return false;
   }

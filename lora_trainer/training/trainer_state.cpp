@@ -22,6 +22,7 @@ NamedTensors BaseTrainer::state_tensors() {
   if (ema_)
     for (auto& kv : ema_->state()) out.push_back(kv);
   out.emplace_back("rng/generators", rng_state(rt_));
+  for (const auto& part : parts_) part->add_state(out);
   return out;
 }
 
@@ -53,6 +54,7 @@ json BaseTrainer::checkpoint_metadata() const {
   if (!base_model_.is_null()) m["base_model"] = base_model_;
   if (ema_) m["ema"] = {{"decay", ema_->decay()}, {"params", names_of(ema_->params())}};
   m.update(extra_metadata());
+  for (const auto& part : parts_) part->add_metadata(m);
   return m;
 }
 
@@ -91,6 +93,14 @@ void BaseTrainer::check_same_architecture(const CheckpointMeta& ck) const {
 }
 
 void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
+  bool restored = false;
+  for (const auto& part : parts_)
+    if (!restored) restored = part->restore(ck);
+  if (!restored) restore_state(ck);
+  for (const auto& part : parts_) part->restored(ck);
+}
+
+void BaseTrainer::restore_state(const CheckpointMeta& ck) {
   const std::string& dir = ck.dir;
   const json& meta = ck.raw;
   if (ck.weights_only) {

@@ -20,14 +20,21 @@ struct Data {
   }
 };
 
+// The forgetting matrix of a continual job (its ContinualPart's).
+const json& forgetting_of(const BaseTrainer& t) {
+  const ContinualPart* part = t.part<ContinualPart>();
+  REQUIRE(part);
+  return part->forgetting();
+}
+
 const char* kThreeStages = R"(training/dataset=[[{"name":"a","rate":1}],[{"name":"b","rate":1}],[{"name":"c","rate":1}]])";
 
 // Three stages of 4 steps each (128 tokens a step).
-std::unique_ptr<BenchmarkTrainer> make_bench(const Data& d, const std::string& name, std::vector<std::string> extra = {},
+std::unique_ptr<BaseTrainer> make_bench(const Data& d, const std::string& name, std::vector<std::string> extra = {},
                                              const std::string& out = "out") {
   const std::vector<std::string> job = {"training/tokens=[512,512,512]", kThreeStages, "eval/boundary_rows=4"};
-  return std::make_unique<BenchmarkTrainer>(
-      test::job_spec(name), test::tiny_config(BenchmarkTrainer::schema(), d.dir / "data", job, extra), d.dir / out);
+  return make_continual(test::job_spec(name), test::tiny_config(continual_schema(), d.dir / "data", job, extra),
+                        d.dir / out);
 }
 
 }  // namespace
@@ -99,7 +106,7 @@ TEST_CASE("boundaries save checkpoints and the forgetting matrix, and a resumed 
   std::string job = straight->job_dir();
   for (std::string s : {"boundary_0_1", "boundary_1_2", "boundary_2_end"}) CHECK(is_checkpoint(job + "/" + s));
   CHECK(read_checkpoint_metadata(job + "/boundary_0_1")["step"] == 4);
-  const auto& m = straight->forgetting();
+  const auto& m = forgetting_of(*straight);
   REQUIRE(m.size() == 3);
   for (int i = 0; i < 3; ++i) {
     CHECK(m[i]["after_stage"] == i);
@@ -113,24 +120,24 @@ TEST_CASE("boundaries save checkpoints and the forgetting matrix, and a resumed 
   auto resumed = make_bench(d, "straight", opts, "out2");
   resumed->restore_from_path(job + "/ntoks/896");
   CHECK(resumed->step() == 7);
-  REQUIRE(resumed->forgetting().size() == 1);
+  REQUIRE(forgetting_of(*resumed).size() == 1);
   resumed->run();
   test::require_same_state(*straight, *resumed);
-  REQUIRE(resumed->forgetting().size() == 3);
-  CHECK(resumed->forgetting() == m);
+  REQUIRE(forgetting_of(*resumed).size() == 3);
+  CHECK(forgetting_of(*resumed) == m);
   // A boundary checkpoint restores (with the optimizer already reset for the next stage), and the
   // rest of the run equals the uninterrupted one; a new name keeps the matrix too.
   auto from_boundary = make_bench(d, "branch", opts, "out3");
   from_boundary->restore_from_path(job + "/boundary_1_2");
   CHECK(from_boundary->step() == 8);
-  CHECK(from_boundary->forgetting().size() == 2);
+  CHECK(forgetting_of(*from_boundary).size() == 2);
   from_boundary->run();
   test::require_same_state(*straight, *from_boundary);
-  CHECK(from_boundary->forgetting() == m);
+  CHECK(forgetting_of(*from_boundary) == m);
 }
 
 // A benchmark_lora job of two pre-LoRA and two LoRA stages (12 steps) on the tiny model.
-std::unique_ptr<BenchmarkLoRABaseTrainer> make_benchmark_lora(const Data& d, const std::string& name,
+std::unique_ptr<LoRATrainer> make_benchmark_lora(const Data& d, const std::string& name,
                                                               const std::vector<std::string>& extra = {}) {
   const std::vector<std::string> job = {
       "training/pre_lora_tokens=[384,384]",
@@ -140,9 +147,8 @@ std::unique_ptr<BenchmarkLoRABaseTrainer> make_benchmark_lora(const Data& d, con
       "optimization/lora/rank=4",
       "training/fade/overlap=128",
       "eval/boundary_rows=4"};
-  return std::make_unique<BenchmarkLoRABaseTrainer>(
-      test::job_spec(name), test::tiny_config(BenchmarkLoRABaseTrainer::schema(), d.dir / "data", job, extra),
-      d.dir / "out");
+  return make_continual_lora(test::job_spec(name), test::tiny_config(continual_lora_schema(), d.dir / "data", job, extra),
+                             d.dir / "out");
 }
 
 TEST_CASE("benchmark LoRA: pre-LoRA stages, the switch, LoRA stages, a bit-identical base and restores in each phase", "[benchmark]") {
@@ -165,7 +171,7 @@ TEST_CASE("benchmark LoRA: pre-LoRA stages, the switch, LoRA stages, a bit-ident
   // A run through the launcher's path keeps the matrix: one row per stage end.
   auto full = make("bl_run");
   full->run();
-  REQUIRE(full->forgetting().size() == 4);
+  REQUIRE(forgetting_of(*full).size() == 4);
   std::string job = full->job_dir();
   CHECK(is_checkpoint(job + "/boundary_0_1"));
   CHECK(is_checkpoint(job + "/lora_boundary_1_2"));
@@ -195,8 +201,9 @@ TEST_CASE("benchmark LoRA with reset_optimizer: the reset keeps the modules_to_s
                                         "eval/boundary_rows=4",
                                         R"(optimization/lora/modules_to_save=["ln_f"])",
                                         "optimization/lora/modules_to_save_lr_ratio=0.25"};
-  BenchmarkLoRABaseTrainer t(test::job_spec("reset"), test::tiny_config(BenchmarkLoRABaseTrainer::schema(), d.dir / "data", job),
-                             d.dir / "out");
+  auto job_ptr = make_continual_lora(test::job_spec("reset"), test::tiny_config(continual_lora_schema(), d.dir / "data", job),
+                                     d.dir / "out");
+  LoRATrainer& t = *job_ptr;
   t.run();
   REQUIRE(t.in_lora_phase());
   const auto names = t.optimizer().param_names();
@@ -224,7 +231,7 @@ TEST_CASE("benchmark LoRA with a llama-family model: stage ends, the switch and 
   CHECK(straight->in_lora_phase());
   auto full = make_benchmark_lora(d, "ll_run", llama);
   full->run();
-  REQUIRE(full->forgetting().size() == 4);
+  REQUIRE(forgetting_of(*full).size() == 4);
   auto r = make_benchmark_lora(d, "ll_run", llama);
   r->restore_from_path("boundary_2_3");
   CHECK(r->in_lora_phase());

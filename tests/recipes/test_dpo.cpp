@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "lora_trainer/formats/checkpoint.hpp"
-#include "lora_trainer/recipes/dpo_trainer.hpp"
+#include "lora_trainer/recipes/dpo_part.hpp"
 #include "lora_trainer/cli/registry.hpp"
 #include "dpo_fixtures.hpp"
 #include "fixtures.hpp"
@@ -33,8 +33,9 @@ std::unique_ptr<BaseTrainer> make_dpo(const PrefData& d, const std::string& name
 }
 
 const DpoStats& last_step(BaseTrainer& t) {
-  if (auto* l = dynamic_cast<DpoTrainer<LoRATrainer>*>(&t)) return l->last_step();
-  return dynamic_cast<DpoTrainer<BaseTrainer>&>(t).last_step();
+  DpoPart* dpo = t.part<DpoPart>();
+  REQUIRE(dpo);
+  return dpo->last_step();
 }
 
 const Sampling kPrefs{"prefs", 1.0, DatasetStyle::CONTRASTIVE};

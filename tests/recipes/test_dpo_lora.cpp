@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "lora_trainer/recipes/dpo_trainer.hpp"
+#include "lora_trainer/recipes/dpo_part.hpp"
 #include "lora_trainer/cli/registry.hpp"
 #include "dpo_fixtures.hpp"
 #include "fixtures.hpp"
@@ -32,8 +32,8 @@ std::unique_ptr<LoRATrainer> make_job(const PrefData& d, const std::string& name
       d.dir / "out");
 }
 
-DpoTrainer<LoRATrainer>& as_dpo(LoRATrainer& t) {
-  auto* d = dynamic_cast<DpoTrainer<LoRATrainer>*>(&t);
+DpoPart& as_dpo(LoRATrainer& t) {
+  auto* d = t.part<DpoPart>();
   REQUIRE(d);  // contrastive post-LoRA datasets make the DPO form
   return *d;
 }
@@ -48,7 +48,7 @@ TEST_CASE("lora/train with preference pairs after the boundary: next-token phase
   const std::vector<std::string> recipe = {"optimization/lora/lr=0.01", "optimization/lora/schedule=constant",
                                            "optimization/dpo/beta=0.5"};
   auto t = make_job(d, "toy", 40, recipe);
-  DpoTrainer<LoRATrainer>& dpo = as_dpo(*t);
+  DpoPart& dpo = as_dpo(*t);
   CHECK(dpo.dpo_options().beta == 0.5);
   // The plan: phase 1 with the next-token loss of any lora/train job, phase 2 with DPO's.
   const std::vector<Phase> plan = t->phases();
@@ -56,7 +56,7 @@ TEST_CASE("lora/train with preference pairs after the boundary: next-token phase
   CHECK(plan[0].loss != plan[1].loss);
   // Phase 1 is the next-token training of any lora/train job: the same losses as one whose phase 2 is text.
   auto text = make_job(d, "text", 40, {R"(training/post_lora_dataset=[[{"name":"gen","rate":1}]])"});
-  CHECK(dynamic_cast<DpoTrainer<LoRATrainer>*>(text.get()) == nullptr);
+  CHECK(text->part<DpoPart>() == nullptr);
   CHECK(text->phases()[0].loss == text->phases()[1].loss);
   for (int i = 0; i < 4; ++i) {
     INFO("step " << i + 1);

@@ -1,0 +1,273 @@
+#include "lora_trainer/recipes/dpo_part.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/core/util.hpp"
+
+namespace lt {
+
+namespace {
+
+const std::string kRefPrefix = "ref/";  // full-parameter DPO: the frozen reference's weights
+
+StagePlan dpo_stage_plan(const Config& cfg) {
+  return {{cfg.get_int("training/tokens")}, {parse_samplings(cfg.get("training/dataset"))}};
+}
+
+// The reference is the model with its adapters off: modules trained beside them would leak into it.
+void check_no_modules_to_save(const LoRATrainer& t, const char* job) {
+  if (!t.lora_config().modules_to_save.empty())
+    throw UserError(std::string("optimization/lora/modules_to_save must be [] in ") + job +
+                    ": the reference model is the base with the adapters switched off, and trained base modules "
+                    "would change it too");
+}
+
+}  // namespace
+
+DpoPart::DpoPart(BaseTrainer& trainer, DpoOptions options, bool after_next_token_phase)
+    : trainer_(trainer), dpo_(options), lora_train_(after_next_token_phase) {
+  if (dpo_.lora) return;
+  reference_ = make_model(trainer_.model()->options());
+  reference_->to(trainer_.runtime().device);
+  reference_->to(torch::kBFloat16);
+  for (auto& p : reference_->parameters()) p.requires_grad_(false);
+  reference_->eval();
+  copy_reference();
+}
+
+void DpoPart::copy_reference() {
+  torch::NoGradGuard ng;
+  auto from = named_params(*trainer_.model()), to = named_params(*reference_);
+  for (size_t i = 0; i < from.size(); ++i) to[i].second.copy_(from[i].second);
+}
+
+void DpoPart::plan(std::vector<Phase>& phases) {
+  phases.back().loss = &pair_loss_;  // lora/train's phase 1 stays next-token training
+}
+
+void DpoPart::check_training_datasets(const std::vector<Sampling>& datasets) const {
+  // lora/train: lora_phase_is_dpo checked each phase's styles when the job was made (text before the
+  // boundary, pairs after it); here a stage's list comes without its phase.
+  if (lora_train_) return;
+  for (const auto& s : datasets)
+    if (s.style != DatasetStyle::CONTRASTIVE)
+      throw UserError("dpo/train trains on preference pairs, but training/dataset has \"" + s.name + "\" of style " +
+                      style_name(s.style) + ": give contrastive datasets (`lora_trainer tokenize --format pairs` of "
+                      "JSONL {\"prompt\",\"chosen\",\"rejected\"} records, sampled with \"style\": \"contrastive\")");
+}
+
+void DpoPart::before_run() {
+  // lora/train: its phase 1 trains the base, or the LoRA trainer asks for one as for any lora/train job.
+  if (!lora_train_ && trainer_.step() == 0 && !has_base_ && !trainer_.config().get_bool("training/allow_random_base"))
+    throw UserError("job " + trainer_.spec().name + " (dpo/train) tunes a pretrained model on preferences: add `--restore "
+                    "CHECKPOINT` (a plain checkpoint, an `export`, or an `import-hf` output). To train on randomly "
+                    "initialised weights on purpose, set training/allow_random_base=true");
+}
+
+bool DpoPart::restore(const CheckpointMeta& ck) {
+  if (dpo_.lora) return false;  // the LoRA trainer's: a LoRA state continues; a plain one or an export is the base
+  const json dpo = ck.raw.value("dpo", json());
+  const bool own_form = !ck.weights_only && ck.kind == StateKind::Plain && dpo.is_object() && !dpo.value("lora", true);
+  if (own_form) return false;  // the reference comes back from its ref/* tensors
+  if (trainer_.step() != 0)
+    throw UserError("a pretrained base can only be loaded before training starts; " + ck.dir + " came too late");
+  trainer_.load_weights_from(ck);
+  copy_reference();
+  return true;
+}
+
+void DpoPart::restored(const CheckpointMeta&) { has_base_ = true; }
+
+void DpoPart::add_state(NamedTensors& tensors) {
+  if (reference_)
+    for (auto& [name, t] : named_params(*reference_)) tensors.emplace_back(kRefPrefix + name, t);
+}
+
+void DpoPart::add_metadata(json& meta) const {
+  meta["dpo"] = {{"beta", dpo_.beta},
+                 {"label_smoothing", dpo_.label_smoothing},
+                 {"lora", dpo_.lora},
+                 {"reference", dpo_.lora ? "the base with the adapters off" : "a frozen bf16 copy (ref/*)"}};
+}
+
+torch::Tensor DpoPart::reference_logps(const torch::Tensor& idx, const torch::Tensor& targets) {
+  torch::NoGradGuard ng;
+  AutocastGuard autocast(trainer_.runtime());
+  if (reference_) return sequence_logps(*reference_, idx, targets);
+  // The reference computes without dropout, as the frozen copy does (eval mode).
+  CausalLM& model = trainer_.model();
+  AdaptersOff off(*model);
+  const bool training = model->is_training();
+  model->eval();
+  auto out = sequence_logps(*model, idx, targets);
+  if (training) model->train();
+  return out;
+}
+
+DpoTerms DpoPart::pair_terms(const torch::Tensor& inputs, const torch::Tensor& targets) {
+  const int64_t T = trainer_.block_size();
+  auto idx = inputs.reshape({-1, T});  // (2P, T): chosen, rejected, chosen, ...
+  auto tgt = targets.reshape({-1, T});
+  auto ref = reference_logps(idx, tgt);
+  AutocastGuard autocast(trainer_.runtime());
+  auto policy = sequence_logps(*trainer_.model(), idx, tgt);
+  using torch::indexing::None;
+  using torch::indexing::Slice;
+  return dpo_loss(policy.index({Slice(0, None, 2)}), policy.index({Slice(1, None, 2)}), ref.index({Slice(0, None, 2)}),
+                  ref.index({Slice(1, None, 2)}), dpo_);
+}
+
+void DpoPart::PairLoss::begin_step(const Batch&, int64_t step) {
+  stats_ = DpoStats();
+  step_ = step;
+}
+
+torch::Tensor DpoPart::PairLoss::forward_backward(const torch::Tensor& inputs, const torch::Tensor& targets) {
+  const double pairs = static_cast<double>(part_.trainer_.batch_size());  // the global batch's: every sample is a pair
+  DpoTerms terms = part_.pair_terms(inputs, targets);
+  auto scaled = terms.losses.sum() / pairs;  // f64 (dpo_loss)
+  scaled.backward();
+  stats_.add(terms);
+  return scaled.detach();
+}
+
+void DpoPart::PairLoss::end_step() {
+  Distributed& dist = part_.trainer_.dist();
+  if (dist.active()) {  // the step line's figures are the global batch's
+    auto t = stats_.to_tensor().to(part_.trainer_.runtime().device);
+    dist.all_reduce_sum({t}, "the DPO figures of step " + std::to_string(step_));
+    part_.last_ = DpoStats::from_tensor(t);
+  } else {
+    part_.last_ = stats_;
+  }
+  part_.window_.add(part_.last_);
+}
+
+void DpoPart::add_window_metrics(json& metrics) {
+  if (window_.pairs == 0) return;  // lora/train's phase 1: no DPO step since the last line
+  json m = window_.means();
+  m.erase("dpo_loss");  // the step line's loss already is
+  metrics.update(m);
+  window_ = DpoStats();
+}
+
+std::vector<DatasetEval> DpoPart::measure(const std::vector<Sampling>& datasets, int64_t rows) {
+  torch::NoGradGuard ng;
+  CausalLM& model = trainer_.model();
+  Distributed& dist = trainer_.dist();
+  const int64_t micro = trainer_.micro_batch();
+  const bool was_training = model->is_training();
+  model->eval();
+  const int64_t D = static_cast<int64_t>(datasets.size());
+  auto sums = torch::zeros({D, 6}, torch::kFloat64);  // [dataset, DpoStats]
+  for (int64_t d = 0; d < D; ++d) {
+    const Dataset& ds = trainer_.open_dataset(datasets[static_cast<size_t>(d)]);
+    DpoStats stats;
+    int64_t k = 0;
+    for (int64_t first = 0; first < rows; first += micro, ++k) {
+      if (k % dist.world_size() != dist.rank()) continue;
+      Batch b = validation_rows(ds, trainer_.block_size(), static_cast<uint64_t>(first), std::min(micro, rows - first));
+      stats.add(pair_terms(trainer_.runtime().to_device(b.inputs), trainer_.runtime().to_device(b.targets)));
+    }
+    sums[d] = stats.to_tensor();
+  }
+  dist.all_reduce_sum({sums}, "the validation DPO sums");
+  if (was_training) model->train();
+  std::vector<DatasetEval> out;
+  for (int64_t d = 0; d < D; ++d) {
+    const DpoStats stats = DpoStats::from_tensor(sums[d]);
+    const json means = stats.means();
+    DatasetEval e;
+    e.name = datasets[static_cast<size_t>(d)].name;
+    e.style = datasets[static_cast<size_t>(d)].style;
+    e.loss = means["dpo_loss"].get<double>();
+    e.tokens = static_cast<int64_t>(stats.pairs);
+    e.reward_margin = means["reward_margin"].get<double>();
+    e.accuracy = means["accuracy"].get<double>();
+    out.push_back(e);
+  }
+  return out;
+}
+
+ConfigSchema dpo_train_schema() {
+  ConfigSchema s;
+  add_job_options(s, "dpo/train");
+  add_trainer_options(s);
+  s.remove("training/dataset");
+  s.add("training/dataset", OptType::Samplings,
+        json::array({{{"name", "preferences"}, {"rate", 1}, {"style", "contrastive"}}}),
+        "mixture of contrastive datasets (preference pairs: `tokenize --format pairs`) to train on");
+  // The adapters' keys, as lora/train declares them (LoraOptions reads them in the LoRA form).
+  const ConfigSchema lora = LoRATrainer::schema();
+  for (const OptionSpec& o : lora.options())
+    if (o.path.rfind("optimization/lora/", 0) == 0 || o.path == "training/allow_random_base")
+      s.add(o.path, o.type, o.default_value, o.doc, o.check);
+  add_dpo_options(s);
+  return s;
+}
+
+std::unique_ptr<BaseTrainer> make_dpo_train(JobSpec spec, Config cfg, std::string out_dir) {
+  const DpoOptions dpo = DpoOptions::from_config(cfg);
+  std::unique_ptr<BaseTrainer> t;
+  if (dpo.lora) {
+    auto lora = std::make_unique<LoRATrainer>(std::move(spec), cfg, std::move(out_dir), dpo_stage_plan(cfg),
+                                              /*pre_lora_stages=*/0);
+    check_no_modules_to_save(*lora, "dpo/train");
+    t = std::move(lora);
+  } else {
+    t = std::make_unique<BaseTrainer>(std::move(spec), cfg, std::move(out_dir), dpo_stage_plan(cfg));
+  }
+  t->add_part(std::make_unique<DpoPart>(*t, dpo, /*after_next_token_phase=*/false));
+  return t;
+}
+
+bool lora_phase_is_dpo(const StagePlan& plan, size_t pre_lora_stages) {
+  auto listed = [](const std::vector<Sampling>& list) {
+    std::string out;
+    for (const auto& s : list) out += std::string(out.empty() ? "" : ", ") + "\"" + s.name + "\" (" + style_name(s.style) + ")";
+    return out;
+  };
+  std::vector<Sampling> pre, post, pairs;
+  for (size_t i = 0; i < plan.datasets.size(); ++i)
+    for (const auto& s : plan.datasets[i]) {
+      auto& list = i < pre_lora_stages ? pre : post;
+      if (std::none_of(list.begin(), list.end(), [&](const Sampling& o) { return o.name == s.name && o.style == s.style; }))
+        list.push_back(s);
+    }
+  for (const auto& s : pre)
+    if (s.style == DatasetStyle::CONTRASTIVE) pairs.push_back(s);
+  if (!pairs.empty())
+    throw UserError("training/pre_lora_dataset has preference pairs: " + listed(pairs) + ". Phase 1 trains every "
+                    "parameter on next-token prediction, which pairs cannot feed: put them in training/post_lora_dataset "
+                    "(the LoRA phase then trains the adapters with DPO) and text datasets (pmd, padded) before the "
+                    "boundary");
+  const size_t n_pairs = static_cast<size_t>(std::count_if(
+      post.begin(), post.end(), [](const Sampling& s) { return s.style == DatasetStyle::CONTRASTIVE; }));
+  if (n_pairs != 0 && n_pairs != post.size())
+    throw UserError("training/post_lora_dataset mixes preference pairs with single rows: " + listed(post) +
+                    ". The LoRA phase trains with DPO when every post-LoRA dataset is contrastive and with the "
+                    "next-token loss when none is: make them all one or the other (a second job, --restore'd from "
+                    "this one's export, can train the other kind)");
+  return n_pairs != 0;
+}
+
+ConfigSchema lora_train_schema() {
+  ConfigSchema s = LoRATrainer::schema();
+  add_dpo_loss_options(s);
+  return s;
+}
+
+std::unique_ptr<LoRATrainer> make_lora_train(JobSpec spec, Config cfg, std::string out_dir) {
+  const StagePlan plan = lora_stage_plan(cfg);
+  const size_t pre_lora_stages = cfg.get("training/pre_lora_tokens").size();
+  if (!lora_phase_is_dpo(plan, pre_lora_stages))
+    return std::make_unique<LoRATrainer>(std::move(spec), std::move(cfg), std::move(out_dir));
+  auto t = std::make_unique<LoRATrainer>(std::move(spec), cfg, std::move(out_dir), plan, pre_lora_stages);
+  check_no_modules_to_save(*t, "a lora/train job whose post-LoRA datasets are preference pairs (DPO)");
+  t->add_part(std::make_unique<DpoPart>(*t, DpoOptions::from_config(cfg), /*after_next_token_phase=*/true));
+  return t;
+}
+
+}  // namespace lt
