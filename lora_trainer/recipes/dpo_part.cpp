@@ -163,6 +163,7 @@ std::vector<DatasetEval> DpoPart::measure(const std::vector<Sampling>& datasets,
   const int64_t D = static_cast<int64_t>(datasets.size());
   auto sums = torch::zeros({D, 6}, torch::kFloat64);  // [dataset, DpoStats]
   for (int64_t d = 0; d < D; ++d) {
+    if (datasets[static_cast<size_t>(d)].style != DatasetStyle::CONTRASTIVE) continue;
     const Dataset& ds = trainer_.open_dataset(datasets[static_cast<size_t>(d)]);
     DpoStats stats;
     int64_t k = 0;
@@ -177,6 +178,7 @@ std::vector<DatasetEval> DpoPart::measure(const std::vector<Sampling>& datasets,
   if (was_training) model->train();
   std::vector<DatasetEval> out;
   for (int64_t d = 0; d < D; ++d) {
+    if (datasets[static_cast<size_t>(d)].style != DatasetStyle::CONTRASTIVE) continue;
     const DpoStats stats = DpoStats::from_tensor(sums[d]);
     const json means = stats.means();
     DatasetEval e;

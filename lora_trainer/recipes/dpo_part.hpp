@@ -56,7 +56,8 @@ class DpoPart : public TrainerPart {
   void restored(const CheckpointMeta& ck) override;
   void add_window_metrics(nlohmann::json& metrics) override;
   bool measures(DatasetStyle style) const override { return style == DatasetStyle::CONTRASTIVE; }
-  // DPO's loss, reward margin and accuracy of each (contrastive) dataset's first `rows` pairs.
+  // DPO's loss, reward margin and accuracy of each contrastive dataset's first `rows` pairs (the others
+  // are the trainer's; their rows of the sums reduced over the ranks stay zero).
   std::vector<DatasetEval> measure(const std::vector<Sampling>& datasets, int64_t rows) override;
   // dpo/train trains on pairs only.
   void check_training_datasets(const std::vector<Sampling>& datasets) const override;

@@ -321,11 +321,7 @@ std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& data
   for (size_t i = 0, next = 0; i < datasets.size(); ++i)
     if (!by[i]) out[i] = measured[next++];
   for (const auto& part : parts_) {
-    std::vector<Sampling> mine;
-    for (size_t i = 0; i < datasets.size(); ++i)
-      if (by[i] == part.get()) mine.push_back(datasets[i]);
-    if (mine.empty()) continue;
-    std::vector<DatasetEval> figures = part->measure(mine, rows);
+    std::vector<DatasetEval> figures = part->measure(datasets, rows);  // those of its styles
     for (size_t i = 0, next = 0; i < datasets.size(); ++i)
       if (by[i] == part.get()) out[i] = figures.at(next++);
   }

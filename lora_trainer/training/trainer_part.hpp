@@ -49,7 +49,9 @@ class TrainerPart {
   // Figures of the steps since the last step line (name: number), added to it; the window starts again.
   virtual void add_window_metrics(nlohmann::json& metrics) {}
   virtual bool measures(DatasetStyle style) const { return false; }
-  // The held-out figures of `datasets` (each of a style this part measures), on their first `rows` rows.
+  // The held-out figures, on their first `rows` rows, of those of `datasets` whose style this part
+  // measures, in their order. `datasets` is the whole list being evaluated, the same on every rank, so
+  // that a part reduces its sums over the ranks in the same shape whatever the list's mix of styles.
   virtual std::vector<DatasetEval> measure(const std::vector<Sampling>& datasets, int64_t rows) { return {}; }
   // A UserError when the datasets the job trains on do not suit the part (after the trainer's own check).
   virtual void check_training_datasets(const std::vector<Sampling>& datasets) const {}
