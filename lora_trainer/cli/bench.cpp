@@ -248,7 +248,6 @@ nlohmann::json run_bench(const BenchOptions& o) {
     double flops_per_token = lora ? 4.0 * n_matmul + 6.0 * count_lora_params(t->lora_params()) + attn
                                   : 6.0 * n_matmul + attn;
     const double tok_s = tps / med;
-    NamedTensors params = named_params(*t->model());
     int64_t grads = 0;
     for (auto& [n, p] : t->optimizer().params()) grads += p.numel() * 4;
     nlohmann::json ph = {{"phase", lora ? "lora" : "full"},
@@ -267,7 +266,7 @@ nlohmann::json run_bench(const BenchOptions& o) {
                          {"gpu_peak_mb", gpu_peak_mb(rt, /*reset=*/false)},
                          {"rss_mb", current_rss_mb()},
                          {"state_bytes",
-                          {{"weights", bytes_of(params)},
+                          {{"weights", bytes_of(base_params(*t->model()))},
                            {"adapters", lora ? bytes_of(t->lora_params().named()) : 0},
                            {"gradients", grads},
                            {"optimizer", t->optimizer().state_bytes()}}}};

@@ -54,51 +54,43 @@ void add_magnitude(AdapterSource& s, const std::string& w, bool found, const tor
 }
 
 AdapterSource from_checkpoint(const std::string& path, const std::vector<std::string>& targets) {
-  const json meta = read_checkpoint_metadata(path);
-  if (meta.value("kind", std::string()) != "lora" || !meta.contains("lora"))
-    throw UserError(std::string(kKey) + ": " + path + " is a " + meta.value("kind", std::string("?")) +
+  const CheckpointMeta ck = CheckpointMeta::read(path);
+  if (ck.kind != StateKind::Lora || !ck.lora)
+    throw UserError(std::string(kKey) + ": " + path + " is a " + ck.raw.value("kind", std::string("?")) +
                     " checkpoint; adapters come from a LoRA-phase checkpoint (kind lora) or a PEFT adapter directory");
-  const std::string meta_path = (fs::path(path) / "metadata.json").string();
+  const LoraMetadata& l = *ck.lora;
   AdapterSource s;
   s.format = "checkpoint";
-  std::vector<std::string> theirs;
-  json_context(meta_path, [&] {
-    const json& l = meta["lora"];
-    s.rank = l.at("rank").get<int64_t>();
-    s.alpha = l.at("alpha").get<double>();
-    s.rslora = l.value("rslora", false);
-    s.dora = l.value("dora", false);
-    s.modules_to_save = l.value("modules_to_save", std::vector<std::string>());
-    theirs = l.value("targets", std::vector<std::string>());
-  });
+  s.rank = l.rank;
+  s.alpha = l.alpha;
+  s.rslora = l.rslora;
+  s.dora = l.dora;
+  s.modules_to_save = l.modules_to_save;
+  const std::vector<std::string>& theirs = l.targets;
   std::vector<std::string> missing, extra;
   for (const auto& w : targets)
     if (std::find(theirs.begin(), theirs.end(), w) == theirs.end()) missing.push_back(w);
   for (const auto& w : theirs)
     if (std::find(targets.begin(), targets.end(), w) == targets.end()) extra.push_back(w);
   check_same_targets(path, missing, extra);
-  std::map<std::string, torch::Tensor> lora;
-  for (auto& [n, t] : read_checkpoint_tensors(path))
-    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
+  const std::map<std::string, torch::Tensor> lora = param_tensors(read_checkpoint_tensors(ck)).adapters;
   for (const auto& w : targets) {
     auto a = lora.find(LoraParams::a_name(w)), b = lora.find(LoraParams::b_name(w));
     if (a == lora.end() || b == lora.end())
-      throw UserError(std::string(kKey) + ": " + path + " lists " + w + " as adapted but holds no " + kLoraPrefix +
+      throw UserError(std::string(kKey) + ": " + path + " lists " + w + " as adapted but holds no " + kParamsPrefix +
                       LoraParams::a_name(w) + "; is the checkpoint complete?");
     add(s, w, a->second, b->second, path);
     if (!s.dora) continue;
     auto m = lora.find(LoraParams::magnitude_name(w));
     add_magnitude(s, w, m != lora.end(), m != lora.end() ? m->second : torch::Tensor(),
-                  kLoraPrefix + LoraParams::magnitude_name(w), path);
+                  kParamsPrefix + LoraParams::magnitude_name(w), path);
   }
-  const json token_rows = json_context(meta_path, [&] { return meta["lora"].value("trainable_tokens", json::object()); });
-  for (auto& [name, ids] : token_rows.items()) {
+  for (const auto& [name, ids] : l.trainable_tokens) {
     auto v = lora.find(TrainableTokens::values_name(name));
     if (v == lora.end())
       throw UserError(std::string(kKey) + ": " + path + " lists trainable token rows of " + name + " but holds no " +
-                      kLoraPrefix + TrainableTokens::values_name(name) + "; is the checkpoint complete?");
-    s.tokens = {name, json_context(meta_path, [&] { return ids.get<std::vector<int64_t>>(); }),
-                v->second.to(torch::kFloat32).contiguous()};
+                      kParamsPrefix + TrainableTokens::values_name(name) + "; is the checkpoint complete?");
+    s.tokens = {name, ids, v->second.to(torch::kFloat32).contiguous()};
   }
   return s;
 }

@@ -4,7 +4,7 @@
 // save_pretrained writes it), for the weights this job adapts.
 //
 // PEFT's lora_A.weight is (r, in) and lora_B.weight (out, r): our A (in, r) and B (r, out) are their
-// transposes (huggingface.hpp). DoRA's magnitudes come along: ours lora/<module>.lora_magnitude,
+// transposes (huggingface.hpp). DoRA's magnitudes come along: ours params/<layer>.lora_magnitude,
 // PEFT's <module>.lora_magnitude_vector (use_dora), (out) in both. The source must adapt exactly this
 // job's weights, with this job's rank, the same scale (alpha / r, or alpha / sqrt(r) with rsLoRA) and
 // DoRA on both sides or neither, so that the adapters compute what they computed there; anything else is

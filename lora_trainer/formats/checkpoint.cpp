@@ -16,6 +16,7 @@
 #include <map>
 
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/peft/lora.hpp"
 
 namespace fs = std::filesystem;
 
@@ -420,34 +421,35 @@ bool is_checkpoint(const std::string& dir) {
 // against its kind and step, rank, alpha, rslora and dora against its config's optimization/lora/*.
 // A contradiction is a damaged or hand-edited file; merging or resuming it would use one of two
 // scales or phases.
-static void check_lora_metadata(const std::string& dir, const nlohmann::json& meta) {
-  if (!meta.contains("lora")) return;
-  const std::string file = (fs::path(dir) / "metadata.json").string();
+static void check_lora_metadata(const CheckpointMeta& ck) {
+  if (!ck.lora) return;
+  const LoraMetadata& l = *ck.lora;
+  const nlohmann::json& meta = ck.raw;
+  const std::string file = (fs::path(ck.dir) / "metadata.json").string();
   const std::string tail = ". The checkpoint is damaged or hand-edited and would compute or resume wrongly; " +
                            use_another_checkpoint();
+  const bool lora_kind = ck.kind == StateKind::Lora;
+  const std::string kind = state_kind_name(ck.kind);
+  if (l.in_lora_phase && *l.in_lora_phase != lora_kind)
+    throw UserError(file + ": lora.in_lora_phase is " + (*l.in_lora_phase ? "true" : "false") + " but kind is \"" + kind +
+                    "\": a " + (lora_kind ? "LoRA" : "plain") + " state is " + (lora_kind ? "" : "not ") +
+                    "in the LoRA phase" + tail);
+  if (l.boundary_step) {
+    const int64_t boundary = *l.boundary_step;
+    if (boundary < 0 || (lora_kind && boundary > ck.step) || (!lora_kind && ck.step > boundary))
+      throw UserError(file + ": lora.boundary_step " + std::to_string(boundary) + " and step " + std::to_string(ck.step) +
+                      " contradict kind \"" + kind + "\": the LoRA phase starts at the " + "boundary, so a " +
+                      (lora_kind ? "LoRA state's step is at or after it" : "plain state's step is at or before it") + tail);
+  }
+  // The lora section repeats the job's optimization/lora/* settings: both were written from one value.
+  // Compared where the file has both (older files lack some).
   json_context(file, [&] {
-    const nlohmann::json& l = meta.at("lora");
-    if (!l.is_object()) throw UserError(file + ": \"lora\" must be an object, not " + l.dump() + tail);
-    const bool lora_kind = meta.value("kind", std::string()) == "lora";
-    const int64_t step = meta.at("step").get<int64_t>();
-    if (l.contains("in_lora_phase") && l["in_lora_phase"].get<bool>() != lora_kind)
-      throw UserError(file + ": lora.in_lora_phase is " + l["in_lora_phase"].dump() + " but kind is \"" +
-                      meta.value("kind", std::string()) + "\": a " + (lora_kind ? "LoRA" : "plain") + " state is " +
-                      (lora_kind ? "" : "not ") + "in the LoRA phase" + tail);
-    if (l.contains("boundary_step")) {
-      const int64_t boundary = l["boundary_step"].get<int64_t>();
-      if (boundary < 0 || (lora_kind && boundary > step) || (!lora_kind && step > boundary))
-        throw UserError(file + ": lora.boundary_step " + std::to_string(boundary) + " and step " + std::to_string(step) +
-                        " contradict kind \"" + meta.value("kind", std::string()) + "\": the LoRA phase starts at the " +
-                        "boundary, so a " + (lora_kind ? "LoRA state's step is at or after it" : "plain state's step is "
-                        "at or before it") + tail);
-    }
-    // The lora section repeats the job's optimization/lora/* settings: both were written from one value.
     const nlohmann::json none = nlohmann::json::object();
+    const nlohmann::json& block = meta.at("lora");
     const nlohmann::json cfg = meta.value("config", none).value("optimization", none).value("lora", none);
     for (const std::string key : {"rank", "alpha", "rslora", "dora"}) {
-      if (!l.contains(key) || !cfg.contains(key)) continue;
-      const nlohmann::json &a = l[key], &b = cfg[key];
+      if (!block.contains(key) || !cfg.contains(key)) continue;
+      const nlohmann::json &a = block[key], &b = cfg[key];
       const bool same = a == b || (a.is_number() && b.is_number() && a.get<double>() == b.get<double>());
       if (!same)
         throw UserError(file + ": lora." + key + " is " + a.dump() + " but its config's optimization/lora/" + key +
@@ -513,10 +515,13 @@ CheckpointMeta CheckpointMeta::read(const std::string& dir) {
   if (!meta.is_object()) throw UserError(dir + "/metadata.json is not a JSON object; the checkpoint is damaged");
   const auto& fv = meta.contains("format_version") ? meta["format_version"] : nlohmann::json();
   const int64_t version = fv.is_number_integer() ? fv.get<int64_t>() : 0;
-  if (version != kCheckpointFormatVersion)
-    throw UserError(dir + ": checkpoint format version " + std::to_string(version) + ", this build reads " +
-                    std::to_string(kCheckpointFormatVersion));
+  if (version < kOldestReadableFormatVersion || version > kCheckpointFormatVersion)
+    throw UserError(dir + ": checkpoint format version " + std::to_string(version) + ", this build reads versions " +
+                    std::to_string(kOldestReadableFormatVersion) + " to " + std::to_string(kCheckpointFormatVersion) +
+                    (version > kCheckpointFormatVersion ? ": it was written by a newer lora_trainer; use that one"
+                                                        : ": a damaged or hand-edited metadata.json?"));
   CheckpointMeta ck;
+  ck.format_version = static_cast<int>(version);
   json_context(dir + "/metadata.json", [&] {
     check_metadata_fields(dir, meta);
     ck.dir = dir;
@@ -529,7 +534,8 @@ CheckpointMeta CheckpointMeta::read(const std::string& dir) {
     // What the metadata says must agree with itself, for every reader (restore, eval, export, init_from).
     if (!ck.weights_only) {
       check_counters(ck);
-      check_lora_metadata(dir, ck.raw);
+      if (ck.raw.contains("lora")) ck.lora = LoraMetadata::from_json(ck.raw["lora"], dir + "/metadata.json");
+      check_lora_metadata(ck);
     }
   });
   return ck;
@@ -590,8 +596,31 @@ static NamedTensors read_tensors(const CheckpointMeta& ck, int* verified, std::v
   return out;
 }
 
+// Format 1 kept the adapters apart, as lora/<name>; format 2 keeps them with the parameters of their
+// layers, as params/<name>.
+static void upgrade_names(int from_version, NamedTensors& tensors) {
+  if (from_version >= 2) return;
+  const std::string old_prefix = "lora/";
+  for (auto& [name, t] : tensors)
+    if (name.rfind(old_prefix, 0) == 0) name = kParamsPrefix + name.substr(old_prefix.size());
+  std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+}
+
 NamedTensors read_checkpoint_tensors(const CheckpointMeta& ck, int* verified) {
-  return read_tensors(ck, verified, nullptr);
+  NamedTensors tensors = read_tensors(ck, verified, nullptr);
+  upgrade_names(ck.format_version, tensors);
+  return tensors;
+}
+
+ParamTensors param_tensors(const NamedTensors& tensors) {
+  ParamTensors out;
+  for (const auto& [n, t] : tensors) {
+    if (n.rfind(kParamsPrefix, 0) != 0) continue;
+    const std::string name = n.substr(kParamsPrefix.size());
+    if (is_adapter_param(name)) out.adapters[name] = t;
+    else out.base.emplace_back(name, t);
+  }
+  return out;
 }
 
 void load_checkpoint_into(const std::string& dir, const NamedTensors& into,

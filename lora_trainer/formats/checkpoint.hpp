@@ -13,6 +13,7 @@
 // checkpoints/README.md describes the layout for users.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,10 +21,16 @@
 #include <nlohmann/json.hpp>
 
 #include "lora_trainer/core/named_tensors.hpp"
+#include "lora_trainer/formats/lora_metadata.hpp"
 
 namespace lt {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+// 2: the adapters are parameters of their layers, stored as params/<layer>.lora_A (and .lora_B,
+//    .lora_magnitude, <embedding>.trainable_tokens_delta).
+// 1: they were stored as lora/<name>. A format-1 checkpoint is read as format 2 (read_checkpoint_tensors
+//    renames them), so every reader sees one layout; `inspect` shows the names as stored.
+inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr int kOldestReadableFormatVersion = 1;
 
 // What a checkpoint's state is, its metadata's "kind": "plain" (a whole model, trained in full) or
 // "lora" (a frozen bf16 base and adapters).
@@ -32,11 +39,18 @@ StateKind parse_state_kind(const std::string& name);  // std::invalid_argument n
 std::string state_kind_name(StateKind kind);
 
 // The prefixes of the tensor names in state.h5 that a trainer reads back by part: the model's
-// parameters ("params/h.0.attn.c_attn.weight"), the adapters ("lora/<weight>.lora_a") and the moving
-// average of the trained tensors ("ema/<name>", optimization/ema/decay).
+// parameters, the adapters' included ("params/h.0.attn.c_attn.weight", "params/h.0.attn.c_attn.lora_A")
+// and the moving average of the trained tensors ("ema/<name>", optimization/ema/decay).
 inline const std::string kParamsPrefix = "params/";
-inline const std::string kLoraPrefix = "lora/";
 inline const std::string kEmaPrefix = "ema/";
+
+// params/* of a checkpoint's tensors without the prefix, in order, split into the model's own and the
+// adapters' (lora.hpp's is_adapter_param: "<layer>.lora_A", "<embedding>.trainable_tokens_delta").
+struct ParamTensors {
+  NamedTensors base;
+  std::map<std::string, torch::Tensor> adapters;
+};
+ParamTensors param_tensors(const NamedTensors& tensors);
 
 // Writes tensors and metadata to `dir` atomically (replacing an existing checkpoint there; other files
 // in it are kept, but for the names in `ours`: publish_dir).
@@ -50,10 +64,12 @@ bool is_checkpoint(const std::string& dir);
 // from the registry through the trainers to the tensor loader instead of each re-reading the file.
 struct CheckpointMeta {
   std::string dir;            // the checkpoint directory
+  int format_version = kCheckpointFormatVersion;  // as written (kOldestReadableFormatVersion or later)
   StateKind kind = StateKind::Plain;
   int64_t step = 0, tokens = 0;
   bool weights_only = false;  // made by `export` or `import-hf`: weights, no training state
   std::string job_name;       // the job that saved it; "?" when not recorded
+  std::optional<LoraMetadata> lora;  // its "lora" block (LoRA kinds' full states), parsed and checked
   nlohmann::json raw;         // the whole file, for the fields the layers above own (config, job, lora, data, ...)
 
   // UserError naming the directory when it is not a complete checkpoint of this format version, or
@@ -64,7 +80,8 @@ struct CheckpointMeta {
 // CheckpointMeta::read(dir).raw: the metadata as JSON (listings, exports).
 nlohmann::json read_checkpoint_metadata(const std::string& dir);
 
-// Every tensor in the checkpoint, on the CPU, sorted by name. Each tensor's CRC-32 is checked against
+// Every tensor in the checkpoint, on the CPU, sorted by name, named as format kCheckpointFormatVersion
+// names them (an older file's names are upgraded). Each tensor's CRC-32 is checked against
 // the one recorded at save (a mismatch is a UserError naming the tensor); `verified` (when given)
 // counts the tensors that had one. The first form reads the metadata first.
 NamedTensors read_checkpoint_tensors(const std::string& dir, int* verified = nullptr);

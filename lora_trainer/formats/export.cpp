@@ -87,51 +87,43 @@ NamedTensors export_tensors(const std::string& checkpoint, bool use_ema) {
     const size_t slash = n.find('/');
     if (slash == std::string::npos || n.rfind(kEmaPrefix, 0) == 0) continue;
     auto it = ema.find(n.substr(slash + 1));
-    if (it != ema.end() && (n.rfind(kParamsPrefix, 0) == 0 || n.rfind(kLoraPrefix, 0) == 0)) t = it->second;
+    if (it != ema.end() && n.rfind(kParamsPrefix, 0) == 0) t = it->second;
   }
   return all;
 }
 
 MergedWeights merged_weights(const std::string& checkpoint, bool use_ema) {
   MergedWeights m;
-  m.meta = read_checkpoint_metadata(checkpoint);
-  std::map<std::string, torch::Tensor> lora;
-  for (auto& [n, t] : export_tensors(checkpoint, use_ema)) {
-    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
-    if (n.rfind(kParamsPrefix, 0) == 0) m.params.emplace_back(n.substr(kParamsPrefix.size()), t.to(torch::kFloat32));
-  }
+  const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
+  m.meta = ck.raw;
+  ParamTensors stored = param_tensors(export_tensors(checkpoint, use_ema));
+  const std::map<std::string, torch::Tensor>& lora = stored.adapters;
+  for (auto& [n, t] : stored.base) m.params.emplace_back(n, t.to(torch::kFloat32));
   if (m.params.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
   if (lora.empty()) return m;
-  if (!m.meta.contains("lora")) throw UserError(checkpoint + ": adapters without lora metadata (rank, alpha)");
-  const json& l = m.meta["lora"];
-  const std::string meta_path = checkpoint + "/metadata.json";
-  const double alpha = json_context(meta_path, [&] { return l.at("alpha").get<double>(); });
-  const int64_t rank = json_context(meta_path, [&] { return l.at("rank").get<int64_t>(); });
-  const bool rslora = json_context(meta_path, [&] { return l.value("rslora", false); });
-  const bool dora = json_context(meta_path, [&] { return l.value("dora", false); });
+  if (!ck.lora) throw UserError(checkpoint + ": adapters without lora metadata (rank, alpha)");
+  const LoraMetadata& l = *ck.lora;
   for (auto& [n, t] : m.params) {
     auto a = lora.find(LoraParams::a_name(n)), b = lora.find(LoraParams::b_name(n));
     if (a == lora.end() || b == lora.end()) continue;
     torch::Tensor magnitude;
-    if (dora) {
+    if (l.dora) {
       auto mg = lora.find(LoraParams::magnitude_name(n));
       if (mg == lora.end())
-        throw UserError(checkpoint + ": its metadata says DoRA (lora.dora) but it holds no " + kLoraPrefix +
+        throw UserError(checkpoint + ": its metadata says DoRA (lora.dora) but it holds no " + kParamsPrefix +
                         LoraParams::magnitude_name(n) + "; is the checkpoint complete?");
       magnitude = mg->second;
     }
-    t = merge_lora_params(t, a->second, b->second, alpha, rank, rslora, magnitude);
+    t = merge_lora_params(t, a->second, b->second, l.alpha, l.rank, l.rslora, magnitude);
     ++m.merged;
   }
-  const json token_rows = json_context(meta_path, [&] { return l.value("trainable_tokens", json::object()); });
-  for (auto& [name, ids] : token_rows.items()) {
+  for (const auto& [name, ids] : l.trainable_tokens) {
     auto v = lora.find(TrainableTokens::values_name(name));
     auto p = std::find_if(m.params.begin(), m.params.end(), [&](const auto& np) { return np.first == name; });
     if (v == lora.end() || p == m.params.end())
       throw UserError(checkpoint + ": its metadata lists trainable token rows of " + name + " but it holds no " +
-                      (p == m.params.end() ? kParamsPrefix + name : kLoraPrefix + TrainableTokens::values_name(name)));
-    p->second = replace_token_rows(p->second, json_context(meta_path, [&] { return ids.get<std::vector<int64_t>>(); }),
-                                   v->second);
+                      kParamsPrefix + (p == m.params.end() ? name : TrainableTokens::values_name(name)));
+    p->second = replace_token_rows(p->second, ids, v->second);
     m.token_rows += static_cast<int64_t>(ids.size());
   }
   return m;

@@ -28,7 +28,7 @@ struct MergedWeights {
 MergedWeights merged_weights(const std::string& checkpoint, bool use_ema = false);
 
 // A checkpoint's tensors for an export: as saved, or with `use_ema` (export --ema) each trained
-// tensor (params/<n>, lora/<n>) replaced by its moving average (ema/<n>, optimization/ema/decay); a
+// tensor (params/<n>, the adapters' included) replaced by its moving average (ema/<n>, optimization/ema/decay); a
 // checkpoint without one is then a UserError.
 NamedTensors export_tensors(const std::string& checkpoint, bool use_ema);
 

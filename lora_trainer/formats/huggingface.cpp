@@ -161,18 +161,18 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
 namespace {
 
 void write_peft(const std::string& checkpoint, const std::string& out, bool use_ema, const std::vector<std::string>& ours) {
-  json meta = read_checkpoint_metadata(checkpoint);
-  if (meta.value("kind", std::string()) != "lora" || !meta.contains("lora"))
+  const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
+  const json& meta = ck.raw;
+  if (ck.kind != StateKind::Lora || !ck.lora)
     throw UserError("export --format peft: " + checkpoint + " is a " + meta.value("kind", std::string("?")) +
                     " checkpoint without adapters; a PEFT adapter comes from a LoRA-phase checkpoint. For full weights "
                     "use --format hf. Nothing was written");
-  const double alpha = meta["lora"].at("alpha").get<double>();
-  const int64_t r = meta["lora"].at("rank").get<int64_t>();
-  std::map<std::string, torch::Tensor> lora, base;
-  for (auto& [n, t] : export_tensors(checkpoint, use_ema)) {
-    if (n.rfind(kLoraPrefix, 0) == 0) lora[n.substr(kLoraPrefix.size())] = t;
-    if (n.rfind(kParamsPrefix, 0) == 0) base[n.substr(kParamsPrefix.size())] = t;
-  }
+  const LoraMetadata& l = *ck.lora;
+  const double alpha = l.alpha;
+  const int64_t r = l.rank;
+  ParamTensors stored = param_tensors(export_tensors(checkpoint, use_ema));
+  const std::map<std::string, torch::Tensor>& lora = stored.adapters;
+  const std::map<std::string, torch::Tensor> base(stored.base.begin(), stored.base.end());
   const ModelOptions options = options_of(meta, checkpoint);
   const ModelFamily family = options.family;
   // Every weight of this model that can take an adapter, as a PEFT module path without base_model.model.
@@ -183,10 +183,10 @@ void write_peft(const std::string& checkpoint, const std::string& out, bool use_
   }
   const std::string root = "base_model.model.";
   for (const auto& w : adaptable) all.push_back(peft_module_path(family, w).substr(root.size()));
-  const auto targets = meta["lora"].value("targets", std::vector<std::string>());
+  const std::vector<std::string>& targets = l.targets;
   if (targets.empty()) throw UserError(checkpoint + ": its lora metadata lists no adapted weights. Nothing was written");
   NamedTensors tensors;
-  const bool dora = meta["lora"].value("dora", false);
+  const bool dora = l.dora;
   std::set<std::string> adapted;  // HF module paths, without base_model.model.
   for (const auto& w : targets) {
     if (std::find(adaptable.begin(), adaptable.end(), w) == adaptable.end())
@@ -194,7 +194,7 @@ void write_peft(const std::string& checkpoint, const std::string& out, bool use_
                       " model. Nothing was written");
     auto a = lora.find(LoraParams::a_name(w)), b = lora.find(LoraParams::b_name(w));
     if (a == lora.end() || b == lora.end())
-      throw UserError(checkpoint + ": the adapter of " + w + " is missing (lora/" + LoraParams::a_name(w) + "). Nothing was written");
+      throw UserError(checkpoint + ": the adapter of " + w + " is missing (params/" + LoraParams::a_name(w) + "). Nothing was written");
     auto W = base.find(w);
     if (W == base.end())
       throw UserError(checkpoint + ": adapted weight " + w + " is not among its parameters (params/" + w + "). Nothing was written");
@@ -205,7 +205,7 @@ void write_peft(const std::string& checkpoint, const std::string& out, bool use_
     if (dora) {  // (out): one per output feature, for a Conv1D layer too (PEFT's norm is of the (out, in) weight's rows)
       auto mg = lora.find(LoraParams::magnitude_name(w));
       if (mg == lora.end())
-        throw UserError(checkpoint + ": a DoRA checkpoint without the magnitude of " + w + " (lora/" +
+        throw UserError(checkpoint + ": a DoRA checkpoint without the magnitude of " + w + " (params/" +
                         LoraParams::magnitude_name(w) + "). Nothing was written");
       tensors.emplace_back(mod + ".lora_magnitude_vector", mg->second.to(torch::kFloat32).contiguous());
     }
@@ -235,7 +235,7 @@ void write_peft(const std::string& checkpoint, const std::string& out, bool use_
   // also the output head; PEFT would give each of the two tied modules its own copy, so both are
   // listed and both get the trained tensor; ensure_weight_tying (peft >= 0.18; older versions ignore the key)
   // then makes PEFT tie the two copies again, so a merged model stays tied as ours is.
-  const auto saved = meta["lora"].value("modules_to_save", std::vector<std::string>());
+  const std::vector<std::string>& saved = l.modules_to_save;
   std::set<std::string> saved_modules;  // ours: "wte", "h.0.ln_1"
   const std::string tied_embedding =
       !options.tie_embeddings ? "" : family == ModelFamily::Gpt2 ? "wte.weight" : "model.embed_tokens.weight";
@@ -258,17 +258,15 @@ void write_peft(const std::string& checkpoint, const std::string& out, bool use_
   // <module>.token_adapter.trainable_tokens_delta and lists the ids (the list form: the input
   // embedding; PEFT ties a tied head to it, saving nothing for it).
   json token_indices = nullptr;
-  const json token_rows = meta["lora"].value("trainable_tokens", json::object());
-  for (auto& [name, ids] : token_rows.items()) {
+  for (const auto& [name, ids] : l.trainable_tokens) {
     auto v = lora.find(TrainableTokens::values_name(name));
     if (v == lora.end())
-      throw UserError(checkpoint + ": the trainable token rows of " + name + " are missing (lora/" +
+      throw UserError(checkpoint + ": the trainable token rows of " + name + " are missing (params/" +
                       TrainableTokens::values_name(name) + "). Nothing was written");
     tensors.emplace_back(peft_module_path(family, name) + ".token_adapter.trainable_tokens_delta",
                          v->second.to(torch::kFloat32).contiguous());
     token_indices = ids;
   }
-  const std::string init = meta["lora"].value("init", std::string("gaussian"));
   const json base_model = meta.value("base_model", json());
   json config = {{"peft_type", "LORA"},
                  {"task_type", "CAUSAL_LM"},
@@ -278,13 +276,13 @@ void write_peft(const std::string& checkpoint, const std::string& out, bool use_
                  {"target_modules", target_modules},
                  {"fan_in_fan_out", hf_fan_in_fan_out(family)},
                  {"bias", "none"},
-                 {"use_rslora", meta["lora"].value("rslora", false)},
+                 {"use_rslora", l.rslora},
                  {"use_dora", dora},
                  {"modules_to_save", peft_modules_to_save.empty() ? json(nullptr) : json(peft_modules_to_save)},
                  {"ensure_weight_tying", saves_tied_embedding},
                  {"trainable_token_indices", token_indices},
                  // PEFT's value for the init the adapters were drawn with (only used when PEFT creates new ones)
-                 {"init_lora_weights", init == "gaussian" ? json("gaussian") : json(true)},
+                 {"init_lora_weights", l.init == LoraInit::Gaussian ? json("gaussian") : json(true)},
                  {"layers_to_transform", nullptr},
                  {"layers_pattern", nullptr},
                  {"rank_pattern", json::object()},
@@ -298,7 +296,7 @@ void write_peft(const std::string& checkpoint, const std::string& out, bool use_
     write_file_atomic((dir / "adapter_config.json").string(), config.dump(2) + "\n");
     write_marker(dir, checkpoint, "peft");
   }, "", ours);
-  const bool rslora = meta["lora"].value("rslora", false);
+  const bool rslora = l.rslora;
   std::printf("exported %s -> %s (PEFT LoRA adapter: %zu adapted modules, r %lld, lora_alpha %g, scaling %s = %g, "
               "fan_in_fan_out %s%s%s%s%s%s; base %s)\n", checkpoint.c_str(), out.c_str(), adapted.size(), (long long)r, alpha,
               rslora ? "alpha/sqrt(r)" : "alpha/r", lora_scale(alpha, r, rslora), hf_fan_in_fan_out(family) ? "true" : "false",

@@ -126,12 +126,9 @@ class CheckpointBackward : public torch::autograd::Node {
 
 std::vector<torch::Tensor> grad_tensors(torch::nn::Module& block) {
   std::vector<torch::Tensor> out;
+  // The adapters are parameters of their layers: parameters() lists them with the rest.
   for (const auto& p : block.parameters())
     if (p.requires_grad()) out.push_back(p);
-  for (const auto& m : block.modules(/*include_self=*/true))
-    if (auto* linear = dynamic_cast<LinearImpl*>(m.get()))
-      for (const auto& t : linear->lora_tensors())
-        if (t.requires_grad()) out.push_back(t);
   return out;
 }
 

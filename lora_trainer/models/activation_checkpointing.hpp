@@ -34,8 +34,8 @@ using BlockForward = std::function<torch::Tensor(const torch::Tensor&)>;
 // value). Only `block`'s parameters and adapters receive gradients through a checkpointed forward.
 torch::Tensor checkpointed(bool enabled, torch::nn::Module& block, const BlockForward& forward, const torch::Tensor& x);
 
-// The tensors inside `block` that require a gradient: its parameters, then its LinearImpl layers'
-// adapters (which are not registered parameters), in module order.
+// The tensors inside `block` that require a gradient: its parameters (the adapters of its layers
+// among them), in module order.
 std::vector<torch::Tensor> grad_tensors(torch::nn::Module& block);
 
 }  // namespace lt

@@ -10,37 +10,51 @@ namespace lt {
 LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias) {
   weight = register_parameter("weight", torch::empty({out_features, in_features}));
   if (with_bias) bias = register_parameter("bias", torch::zeros({out_features}));
+  // The adapter's places, empty until set_lora fills them.
+  for (const char* name : {"lora_A", "lora_B", "lora_magnitude"}) register_parameter(name, torch::Tensor(), false);
+}
+
+torch::Tensor LinearImpl::base_weight(const torch::Tensor& x) const {
+  return frozen_ ? frozen_->for_matmul(x) : weight_for(weight, x);
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  if (!lora_on_) return lora_linear(x, weight, bias, {}, {}, 0.0);
-  return lora_linear(x, weight, bias, lora_A_, lora_B_, lora_scale_, lora_magnitude_);
+  if (!lora_on_) return lora_linear(x, base_weight(x), bias, {}, {}, 0.0);
+  return lora_linear(x, base_weight(x), bias, lora_A(), lora_B(), lora_scale_, lora_magnitude());
 }
 
 void LinearImpl::set_lora(torch::Tensor A, torch::Tensor B, double scale, torch::Tensor magnitude) {
-  lora_A_ = std::move(A);
-  lora_B_ = std::move(B);
-  lora_magnitude_ = lora_A_.defined() ? std::move(magnitude) : torch::Tensor();
+  const bool on = A.defined();
+  parameters_["lora_A"] = std::move(A);
+  parameters_["lora_B"] = on ? std::move(B) : torch::Tensor();
+  parameters_["lora_magnitude"] = on ? std::move(magnitude) : torch::Tensor();
   lora_scale_ = scale;
+}
+
+void LinearImpl::freeze_weight(FrozenFormat format) { frozen_ = lt::freeze_weight(weight, format); }
+
+TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t num_embeddings, int64_t dim)
+    : torch::nn::EmbeddingImpl(num_embeddings, dim) {
+  register_parameter("trainable_tokens_delta", torch::Tensor(), false);  // empty until set_token_rows
 }
 
 torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& idx) {
   auto e = torch::nn::EmbeddingImpl::forward(idx);
-  if (!values_.defined() || !rows_on_) return e;
+  if (!values().defined() || !rows_on_) return e;
   auto slot = slot_.index_select(0, idx.reshape({-1})).view(idx.sizes());
-  auto rows = values_.index_select(0, slot.clamp_min(0).reshape({-1})).view(e.sizes());
+  auto rows = values().index_select(0, slot.clamp_min(0).reshape({-1})).view(e.sizes());
   return torch::where((slot >= 0).unsqueeze(-1), rows, e.to(torch::kFloat32));
 }
 
 torch::Tensor TokenEmbeddingImpl::output_weight(const torch::Tensor& x) {
-  if (!values_.defined() || !rows_on_) return weight;
+  if (!values().defined() || !rows_on_) return weight;
   auto W = weight_for(weight, x);
-  return W.index_copy(0, ids_, values_.to(W.dtype()));
+  return W.index_copy(0, ids_, values().to(W.dtype()));
 }
 
 void TokenEmbeddingImpl::set_token_rows(torch::Tensor ids, torch::Tensor values) {
   ids_ = std::move(ids);
-  values_ = std::move(values);
+  parameters_["trainable_tokens_delta"] = ids_.defined() ? std::move(values) : torch::Tensor();
   slot_ = torch::Tensor();
   if (!ids_.defined()) return;
   slot_ = torch::full({weight.size(0)}, -1, ids_.options());

@@ -9,27 +9,30 @@
 
 namespace lt {
 
-// A linear layer y = x W^T (+ b) that can carry a LoRA adapter (lora.hpp). W: (out, in).
+// A linear layer y = x W^T (+ b) that can carry a LoRA adapter (lora.hpp), as torchtune's LoRALinear:
+// the adapter's A, B (and DoRA's magnitude) are the layer's parameters lora_A, lora_B, lora_magnitude,
+// beside `weight` and `bias`, while it has one. W: (out, in); once frozen, the matmul takes it from its
+// FrozenWeight.
 class LinearImpl : public torch::nn::Module, public LoraAdaptable {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
   torch::Tensor forward(const torch::Tensor& x);  // x: (..., in) -> (..., out)
   void set_lora(torch::Tensor A, torch::Tensor B, double scale, torch::Tensor magnitude) override;
   void enable_lora(bool on) override { lora_on_ = on; }
-  bool has_lora() const { return lora_A_.defined(); }
-  // A, B and a DoRA magnitude (empty without an adapter): what the forward reads beyond the registered
-  // parameters (activation checkpointing hands them to autograd).
-  std::vector<torch::Tensor> lora_tensors() const {
-    if (!has_lora()) return {};
-    if (lora_magnitude_.defined()) return {lora_A_, lora_B_, lora_magnitude_};
-    return {lora_A_, lora_B_};
-  }
+  void freeze_weight(FrozenFormat format) override;
+  bool has_lora() const { return lora_A().defined(); }
+  // W as it enters the matmul with x: from its FrozenWeight once frozen, else the parameter itself.
+  torch::Tensor base_weight(const torch::Tensor& x) const;
   torch::Tensor weight, bias;  // bias undefined when built without one
 
  private:
-  torch::Tensor lora_A_, lora_B_, lora_magnitude_;
+  // The registered adapter parameters (undefined while the layer has none: named_parameters() skips them).
+  const torch::Tensor& lora_A() const { return parameters_["lora_A"]; }
+  const torch::Tensor& lora_B() const { return parameters_["lora_B"]; }
+  const torch::Tensor& lora_magnitude() const { return parameters_["lora_magnitude"]; }
   double lora_scale_ = 0.0;
   bool lora_on_ = true;
+  std::shared_ptr<FrozenWeight> frozen_;  // null while `weight` trains
 };
 TORCH_MODULE(Linear);
 
@@ -39,7 +42,7 @@ TORCH_MODULE(Linear);
 // replaced, for a head tied to the embedding.
 class TokenEmbeddingImpl : public torch::nn::EmbeddingImpl, public TokenRowsAdaptable {
  public:
-  TokenEmbeddingImpl(int64_t num_embeddings, int64_t dim) : torch::nn::EmbeddingImpl(num_embeddings, dim) {}
+  TokenEmbeddingImpl(int64_t num_embeddings, int64_t dim);
   torch::Tensor forward(const torch::Tensor& idx);  // idx: (...) int64 -> (..., dim)
   // The (V, dim) weight as a tied head multiplies x with it: weight_for(weight, x), rows replaced.
   torch::Tensor output_weight(const torch::Tensor& x);
@@ -47,8 +50,10 @@ class TokenEmbeddingImpl : public torch::nn::EmbeddingImpl, public TokenRowsAdap
   void enable_token_rows(bool on) override { rows_on_ = on; }
 
  private:
+  // The registered parameter trainable_tokens_delta: the rows' values (undefined while none are set).
+  const torch::Tensor& values() const { return parameters_["trainable_tokens_delta"]; }
   bool rows_on_ = true;
-  torch::Tensor ids_, values_;
+  torch::Tensor ids_;
   torch::Tensor slot_;  // (V) int64: the row of values_ for each token id, -1 for the frozen ones
 };
 TORCH_MODULE(TokenEmbedding);

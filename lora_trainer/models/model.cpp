@@ -172,4 +172,11 @@ NamedTensors named_params(torch::nn::Module& m) {
   return out;
 }
 
+NamedTensors base_params(torch::nn::Module& m) {
+  NamedTensors out;
+  for (auto& p : m.named_parameters())
+    if (!is_adapter_param(p.key())) out.emplace_back(p.key(), p.value());
+  return out;
+}
+
 }  // namespace lt

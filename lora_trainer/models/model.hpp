@@ -99,7 +99,10 @@ CausalLM make_model(const ModelOptions& o);
 // The number of targets >= 0 (positions that count in the loss). Count on the host copy of a batch.
 int64_t count_targets(const torch::Tensor& targets);
 
-// named_parameters() as an ordered vector: the single source of parameter identity.
+// named_parameters() as an ordered vector: the single source of parameter identity. In the LoRA phase
+// it includes the adapters (lora.hpp: "<layer>.lora_A", ...), which are parameters of their layers.
 NamedTensors named_params(torch::nn::Module& m);
+// The model's own parameters: named_params without the adapters' (is_adapter_param).
+NamedTensors base_params(torch::nn::Module& m);
 
 }  // namespace lt

@@ -239,6 +239,18 @@ NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora,
   return out;
 }
 
+bool is_lora_param(const std::string& name) {
+  return ends_with(name, ".lora_A") || ends_with(name, ".lora_B") || ends_with(name, ".lora_magnitude");
+}
+
+bool is_adapter_param(const std::string& name) {
+  return is_lora_param(name) || ends_with(name, ".trainable_tokens_delta");
+}
+
+double lora_plus_lr_scale(const std::string& name, double lr_ratio) {
+  return ends_with(name, ".lora_B") || ends_with(name, ".lora_magnitude") ? lr_ratio : 1.0;
+}
+
 int64_t count_lora_params(const LoraParams& lora) {
   int64_t n = 0;
   for (size_t i = 0; i < lora.names.size(); ++i)
@@ -294,6 +306,45 @@ void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, 
   for (size_t i = 0; i < lora.names.size(); ++i)
     TORCH_CHECK(attached[i], "attach_lora: no adaptable layer owns ", lora.names[i],
                 " (only layers implementing LoraAdaptable can take adapters)");
+}
+
+LoraParams lora_params_of(torch::nn::Module& root) {
+  LoraParams out;
+  for (const auto& item : root.named_modules()) {
+    if (!dynamic_cast<LoraAdaptable*>(item.value().get())) continue;
+    const auto own = item.value()->named_parameters(/*recurse=*/false);
+    const torch::Tensor* A = own.find("lora_A");
+    if (!A) continue;
+    const torch::Tensor* B = own.find("lora_B");
+    const torch::Tensor* magnitude = own.find("lora_magnitude");
+    TORCH_CHECK(B, "lora_params_of: ", item.key(), " has lora_A without lora_B");
+    out.names.push_back(item.key().empty() ? "weight" : item.key() + ".weight");
+    out.A.push_back(*A);
+    out.B.push_back(*B);
+    if (magnitude) out.magnitude.push_back(*magnitude);
+  }
+  TORCH_CHECK(out.magnitude.empty() || out.magnitude.size() == out.names.size(),
+              "lora_params_of: DoRA magnitudes on some adapted layers only");
+  return out;
+}
+
+void freeze_base(torch::nn::Module& root, const std::vector<std::string>& keep, FrozenFormat format) {
+  auto kept = [&](const std::string& name) { return std::find(keep.begin(), keep.end(), name) != keep.end(); };
+  std::vector<std::string> through_layer;  // the weights a layer's FrozenWeight stores
+  for_each_adaptable(root, [&](const std::string& module_name, LoraAdaptable& layer) {
+    const std::string weight = module_name.empty() ? "weight" : module_name + ".weight";
+    if (kept(weight)) return;
+    layer.freeze_weight(format);
+    through_layer.push_back(weight);
+  });
+  for (auto& item : root.named_parameters()) {
+    const std::string& name = item.key();
+    if (kept(name) || is_adapter_param(name)) continue;
+    torch::Tensor& p = item.value();
+    if (std::find(through_layer.begin(), through_layer.end(), name) == through_layer.end())
+      p.set_data(p.detach().to(torch::kBFloat16));  // as Module::to casts a parameter
+    p.requires_grad_(false);
+  }
 }
 
 void detach_lora(torch::nn::Module& root) {
@@ -405,12 +456,6 @@ static void enable_adapters(torch::nn::Module& root, bool on) {
 AdaptersOff::AdaptersOff(torch::nn::Module& root) : root_(root) { enable_adapters(root_, false); }
 
 AdaptersOff::~AdaptersOff() { enable_adapters(root_, true); }
-
-torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x) {
-  if (!W.defined() || W.scalar_type() == x.scalar_type()) return W;
-  const bool autocast = compat::autocast_enabled(x.device().type());
-  return autocast ? W : W.to(x.scalar_type());
-}
 
 torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b,
                           const torch::Tensor& A, const torch::Tensor& B, double scale, const torch::Tensor& magnitude) {

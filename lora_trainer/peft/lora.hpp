@@ -11,6 +11,12 @@
 // the row norms of the frozen base, so a fresh DoRA adapter changes nothing. The layer computes
 // (m / ||W_eff||) (x W^T + s (x A) B) + b: the norm needs W_eff's rows, the matmul does not.
 //
+// The adapters are parameters of the layer they adapt, as torchtune's LoRALinear holds them: a layer
+// with an adapter registers `lora_A`, `lora_B` (and DoRA's `lora_magnitude`) beside its `weight`, so
+// `named_parameters()` lists "h.0.attn.c_attn.lora_A" and every consumer (the optimizer, LoRA+'s rates,
+// parameter groups, checkpoints as params/<name>) finds them by name. The frozen base weight is kept and
+// produced for the matmul by its FrozenWeight (frozen_weight.hpp): bf16 today.
+//
 // This file depends on LibTorch alone (and util's UserError): `param_filter` and `inject_lora_params`
 // work on any `named_parameters()` list; a layer takes an adapter by implementing `LoraAdaptable`. A
 // setting that does not fit the model is a LoraSettingError naming the setting; the trainer names its
@@ -25,6 +31,7 @@
 #include <torch/torch.h>
 
 #include "lora_trainer/core/named_tensors.hpp"
+#include "lora_trainer/peft/frozen_weight.hpp"
 
 namespace lt {
 
@@ -44,8 +51,11 @@ class LoraAdaptable {
  public:
   virtual ~LoraAdaptable() = default;
   // A: (in, r), B: (r, out), scale = alpha / r; magnitude: (out) for DoRA, undefined for plain LoRA.
-  // Undefined A and B remove the adapter.
+  // The tensors become the layer's parameters lora_A, lora_B, lora_magnitude (the same tensors, not
+  // copies). Undefined A and B remove the adapter.
   virtual void set_lora(torch::Tensor A, torch::Tensor B, double scale, torch::Tensor magnitude) = 0;
+  // Freezes `weight` in `format`: from now on the layer's matmul takes it from its FrozenWeight.
+  virtual void freeze_weight(FrozenFormat format) = 0;
   // Off: the layer computes with its base weight alone (no DoRA rescale either), its adapter kept
   // attached (AdaptersOff).
   virtual void enable_lora(bool on) = 0;
@@ -56,7 +66,8 @@ class TokenRowsAdaptable {
  public:
   virtual ~TokenRowsAdaptable() = default;
   // ids: (n) int64 token ids, values: (n, d) f32, the rows that replace the weight's rows `ids` in the
-  // lookup and in a head tied to it. Undefined tensors remove them.
+  // lookup and in a head tied to it; `values` becomes the layer's parameter trainable_tokens_delta.
+  // Undefined tensors remove them.
   virtual void set_token_rows(torch::Tensor ids, torch::Tensor values) = 0;
   // Off: the lookup (and a tied head) use the frozen weight's rows, as if none were set (AdaptersOff).
   virtual void enable_token_rows(bool on) = 0;
@@ -166,6 +177,25 @@ torch::Tensor merge_lora_params(const torch::Tensor& base, const torch::Tensor& 
 NamedTensors merge_lora_params(const NamedTensors& base, const LoraParams& lora, double alpha, int64_t rank,
                                bool rslora = false);
 
+// Whether a parameter name is an adapter's: "<layer>.lora_A", ".lora_B" or ".lora_magnitude"
+// (is_lora_param), or trainable token rows, "<embedding>.trainable_tokens_delta" (is_adapter_param
+// covers both). The base parameters are every other one.
+bool is_lora_param(const std::string& name);
+bool is_adapter_param(const std::string& name);
+
+// LoRA+ (Hayou et al., 2024) by name: B and DoRA's magnitude learn at `lr_ratio` times A's rate, as
+// PEFT's LoRA+ optimizer groups them; A (and anything else) at 1.
+double lora_plus_lr_scale(const std::string& name, double lr_ratio);
+
+// The adapters attached to the layers of `root`, found by name in its module tree, in module order:
+// the same tensors the layers hold (names: the adapted weights).
+LoraParams lora_params_of(torch::nn::Module& root);
+
+// Freezes the base of `root` for the LoRA phase: every parameter except the adapters and those named in
+// `keep` (modules_to_save) stops taking gradients and is stored in `format`: each adaptable layer's
+// weight through its FrozenWeight, every other parameter (norms, embeddings) cast to bf16 in place.
+void freeze_base(torch::nn::Module& root, const std::vector<std::string>& keep, FrozenFormat format);
+
 // Number of trainable adapter values.
 int64_t count_lora_params(const LoraParams& lora);
 
@@ -194,10 +224,6 @@ class AdaptersOff {
  private:
   torch::nn::Module& root_;
 };
-
-// W as it should enter a matmul with x: unchanged under autocast (which casts both), else cast to x's
-// dtype, so a bf16-frozen weight works in an f32 forward too.
-torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x);
 
 // x: (..., in), W: (out, in), b: (out) or undefined, A: (in, r), B: (r, out) or undefined,
 // magnitude: (out) for DoRA or undefined.

@@ -144,7 +144,7 @@ LoRATrainer::LoRATrainer(JobSpec spec, Config cfg, std::string out_dir, const St
 }
 
 LoRATrainer::Selection LoRATrainer::select_lora_params() const {
-  const NamedTensors params = named_params(*model_);
+  const NamedTensors params = base_params(*model_);
   Selection sel;
   with_lora_keys([&] {
     sel.targets = param_filter(params, expand_target_modules(*model_, lora_cfg_.target_modules));
@@ -183,39 +183,40 @@ double LoRATrainer::current_lr() const {
 }
 
 // The trainable token rows as checkpoints and events record them: {"wte.weight": [ids]}, {} for none.
-static json tokens_json(const TrainableTokens& t) {
-  return t.defined() ? json{{t.name, t.ids}} : json::object();
+static std::map<std::string, std::vector<int64_t>> token_rows_of(const TrainableTokens& t) {
+  if (!t.defined()) return {};
+  return {{t.name, t.ids}};
 }
 
-NamedTensors LoRATrainer::state_tensors() {
-  NamedTensors out = BaseTrainer::state_tensors();
-  if (in_lora_)
-    for (auto& [n, t] : lora_.named()) out.emplace_back(kLoraPrefix + n, t);
-  if (token_rows_.defined()) out.emplace_back(kLoraPrefix + TrainableTokens::values_name(token_rows_.name), token_rows_.values);
+static json tokens_json(const TrainableTokens& t) {
+  json out = json::object();
+  for (const auto& [name, ids] : token_rows_of(t)) out[name] = ids;
   return out;
 }
 
 json LoRATrainer::extra_metadata() const {
-  return {{"lora",
-           {{"rank", lora_cfg_.rank},
-            {"alpha", lora_cfg_.alpha},
-            {"boundary_step", boundary_step_},
-            {"in_lora_phase", in_lora_},
-            {"targets", lora_.names},
-            {"init", to_string(lora_cfg_.init)},
-            {"rslora", lora_cfg_.rslora},
-            {"dora", lora_cfg_.dora},
-            {"lr_ratio", lora_cfg_.lr_ratio},
-            {"modules_to_save", saved_},
-            {"modules_to_save_lr_ratio", lora_cfg_.modules_to_save_lr_ratio},
-            {"trainable_tokens", tokens_json(token_rows_)},
-            {"adapters_from", adapters_from_},
-            {"base", base_}}}};
+  LoraMetadata m;
+  m.rank = lora_cfg_.rank;
+  m.alpha = lora_cfg_.alpha;
+  m.boundary_step = boundary_step_;
+  m.in_lora_phase = in_lora_;
+  m.targets = lora_.names;
+  m.init = lora_cfg_.init;
+  m.rslora = lora_cfg_.rslora;
+  m.dora = lora_cfg_.dora;
+  m.lr_ratio = lora_cfg_.lr_ratio;
+  m.modules_to_save = saved_;
+  m.modules_to_save_lr_ratio = lora_cfg_.modules_to_save_lr_ratio;
+  m.trainable_tokens = token_rows_of(token_rows_);
+  m.adapters_from = adapters_from_;
+  m.base = base_;
+  return {{"lora", m.to_json()}};
 }
 
-void LoRATrainer::restore_extra(const json& meta) {
-  if (meta.contains("lora") && meta["lora"].is_object() && meta["lora"].contains("base")) base_ = meta["lora"]["base"];
-  if (meta.contains("lora") && meta["lora"].is_object()) adapters_from_ = meta["lora"].value("adapters_from", std::string());
+void LoRATrainer::restore_extra(const CheckpointMeta& ck) {
+  if (!ck.lora) return;
+  base_ = ck.lora->base;
+  adapters_from_ = ck.lora->adapters_from;
 }
 
 void LoRATrainer::transition_to_lora() {
@@ -265,56 +266,48 @@ void LoRATrainer::load_initial_adapters() {
 
 void LoRATrainer::freeze_base_and_inject() {
   TORCH_CHECK(!in_lora_, "transition_to_lora: already in the LoRA phase");
-  // Freeze the base: bf16, no gradients, and (below) no optimizer state; except the modules_to_save,
-  // which keep their f32 values (taken before the cast) and train.
-  NamedTensors params = named_params(*model_);
-  const std::vector<bool>& mask = selection_.targets;
-  const std::vector<bool>& keep = selection_.saved;
+  const NamedTensors params = base_params(*model_);
   const std::string& embedding = selection_.token_embedding;
-  std::vector<torch::Tensor> masters;
   token_rows_ = TrainableTokens();
+  saved_.clear();
   for (size_t i = 0; i < params.size(); ++i) {
-    if (keep[i]) masters.push_back(params[i].second.detach().to(torch::kFloat32));
-    if (params[i].first == embedding)  // the rows start from their f32 values, before the cast
+    if (selection_.saved[i]) saved_.push_back(params[i].first);
+    if (params[i].first == embedding)  // the rows start from their f32 values, before the freeze
       token_rows_ = make_trainable_tokens(embedding, params[i].second, lora_cfg_.token_ids);
   }
-  model_->to(torch::kBFloat16);
-  for (auto& p : model_->parameters()) p.requires_grad_(false);
-  NamedTensors saved;
-  saved_.clear();
-  for (size_t i = 0, k = 0; i < params.size(); ++i) {
-    if (!keep[i]) continue;
-    params[i].second.set_data(masters[k++]);
-    params[i].second.requires_grad_(true);
-    saved.push_back(params[i]);
-    saved_.push_back(params[i].first);
-  }
+  // The base: bf16, no gradients, and (below) no optimizer state; the modules_to_save stay f32 and train.
+  freeze_base(*model_, saved_, FrozenFormat::Bf16);
 
+  // The adapters become parameters of their layers; from here on they are found by name.
   auto gen = at::detail::createCPUGenerator(mix64(opts_.seed ^ 0x4C6F5241ULL));  // "LoRA"
-  lora_ = with_lora_keys(
-      [&] { return inject_lora_params(params, mask, lora_cfg_.rank, gen, lora_cfg_.init, lora_cfg_.dora); });
-  for (auto& a : lora_.A) a.requires_grad_(true);
-  for (auto& b : lora_.B) b.requires_grad_(true);
-  for (auto& m : lora_.magnitude) m.requires_grad_(true);
-  attach_lora(*model_, lora_, lora_cfg_.alpha, lora_cfg_.rank, lora_cfg_.rslora);
+  LoraParams fresh = with_lora_keys([&] {
+    return inject_lora_params(params, selection_.targets, lora_cfg_.rank, gen, lora_cfg_.init, lora_cfg_.dora);
+  });
+  for (auto& [name, t] : fresh.named()) t.requires_grad_(true);
+  attach_lora(*model_, fresh, lora_cfg_.alpha, lora_cfg_.rank, lora_cfg_.rslora);
   if (token_rows_.defined()) {
     token_rows_.values.requires_grad_(true);
     attach_token_rows(*model_, token_rows_);
   }
+  lora_ = lora_params_of(*model_);
   in_lora_ = true;  // before the optimizer: its sharding depends on the phase
-  // The adapters are identical on every rank (the same seed), as are the saved modules; the moments
-  // of both may be sharded. The saved modules follow the adapters, at their own lr.
-  // A, B (and DoRA's magnitude) of each target in turn; B and the magnitude at LoRA+'s lr_ratio, as
-  // PEFT's LoRA+ optimizer groups them. The magnitude is 1-D: no weight decay (AdamW's rule for them).
-  NamedTensors trained = lora_.named();
+  // What trains, by name: the adapters (A, B and DoRA's magnitude of each layer in turn; B and the
+  // magnitude at LoRA+'s lr_ratio, the magnitude being 1-D without weight decay by AdamW's rule), then
+  // the modules_to_save at their own ratio, then the token rows at the adapters' lr, as PEFT trains
+  // them. Identical on every rank (the same seed); their moments may be sharded.
+  NamedTensors trained;
   std::vector<double> lr_scale;
-  const size_t per_target = lora_.dora() ? 3 : 2;
-  for (size_t i = 0; i < trained.size(); ++i) lr_scale.push_back(i % per_target == 0 ? 1.0 : lora_cfg_.lr_ratio);
-  for (const auto& p : saved) {
-    trained.push_back(p);
-    lr_scale.push_back(lora_cfg_.modules_to_save_lr_ratio);
-  }
-  if (token_rows_.defined()) {  // the token rows at the adapters' lr, as PEFT trains them
+  for (const auto& [name, p] : named_params(*model_))
+    if (is_lora_param(name)) {
+      trained.emplace_back(name, p);
+      lr_scale.push_back(lora_plus_lr_scale(name, lora_cfg_.lr_ratio));
+    }
+  for (const auto& [name, p] : named_params(*model_))
+    if (std::find(saved_.begin(), saved_.end(), name) != saved_.end()) {
+      trained.emplace_back(name, p);
+      lr_scale.push_back(lora_cfg_.modules_to_save_lr_ratio);
+    }
+  if (token_rows_.defined()) {
     trained.emplace_back(TrainableTokens::values_name(token_rows_.name), token_rows_.values);
     lr_scale.push_back(1.0);
   }
@@ -323,7 +316,7 @@ void LoRATrainer::freeze_base_and_inject() {
 
 void LoRATrainer::log_transition() {
   int64_t frozen = 0, saved_numel = 0;
-  for (const auto& [name, p] : named_params(*model_))
+  for (const auto& [name, p] : base_params(*model_))
     (std::find(saved_.begin(), saved_.end(), name) != saved_.end() ? saved_numel : frozen) += p.numel();
   const int64_t token_numel = token_rows_.defined() ? token_rows_.values.numel() : 0;
   const int64_t adapters = count_lora_params(lora_), trainable = adapters + saved_numel + token_numel;
@@ -380,34 +373,33 @@ void LoRATrainer::restore_state(const CheckpointMeta& ck) {
     if (step < boundary_step_)
       throw UserError(dir + " is a LoRA state at step " + std::to_string(step) + ", before this job's LoRA boundary (step " +
                       std::to_string(boundary_step_) + "): it belongs to a job with other training/pre_lora_tokens");
-    const json& meta = ck.raw;
+    if (!ck.lora)
+      throw UserError(dir + "/metadata.json: a LoRA state without its \"lora\" block (rank, alpha, targets): the "
+                      "checkpoint is damaged or hand-edited; " + use_another_checkpoint(ck.job_name));
+    const LoraMetadata& theirs = *ck.lora;
     // The adapters' shapes are checked against this job's rank by the load; a rank in the metadata that
     // differs from both would be silently replaced by the job's in the next checkpoint.
-    const int64_t their_rank = meta["lora"].value("rank", lora_cfg_.rank);
-    if (their_rank != lora_cfg_.rank)
-      throw UserError(dir + "/metadata.json gives lora.rank " + std::to_string(their_rank) + "; this job has "
+    if (theirs.rank != lora_cfg_.rank)
+      throw UserError(dir + "/metadata.json gives lora.rank " + std::to_string(theirs.rank) + "; this job has "
                       "optimization/lora/rank=" + std::to_string(lora_cfg_.rank) + ". Set it as the job that saved the "
-                      "checkpoint had it; if its adapters are not of rank " + std::to_string(their_rank) + ", its metadata "
+                      "checkpoint had it; if its adapters are not of rank " + std::to_string(theirs.rank) + ", its metadata "
                       "is damaged: " + use_another_checkpoint(ck.job_name));
-    const bool their_dora = meta.contains("lora") && meta["lora"].is_object() && meta["lora"].value("dora", false);
-    if (their_dora != lora_cfg_.dora)
-      throw UserError(dir + (their_dora ? " trained DoRA adapters (a magnitude per output feature)" : " trained plain LoRA "
+    if (theirs.dora != lora_cfg_.dora)
+      throw UserError(dir + (theirs.dora ? " trained DoRA adapters (a magnitude per output feature)" : " trained plain LoRA "
                       "adapters, without DoRA's magnitudes") + "; this job has optimization/lora/dora=" +
                       (lora_cfg_.dora ? "true" : "false") + ". Set it as the job that saved the checkpoint had it");
     if (!in_lora_) freeze_base_and_inject();  // the LoRA template; the load overwrites it
-    const json theirs = meta.contains("lora") && meta["lora"].is_object() ? meta["lora"].value("modules_to_save", json::array())
-                                                                          : json::array();
-    if (theirs != json(saved_))
-      throw UserError(dir + " trained the modules_to_save " + theirs.dump() + " beside its adapters; this job's " +
-                      "optimization/lora/modules_to_save selects " + json(saved_).dump() +
+    if (theirs.modules_to_save != saved_)
+      throw UserError(dir + " trained the modules_to_save " + json(theirs.modules_to_save).dump() + " beside its adapters; "
+                      "this job's optimization/lora/modules_to_save selects " + json(saved_).dump() +
                       ". Set it as the job that saved the checkpoint had it");
-    const json their_tokens = meta.contains("lora") && meta["lora"].is_object()
-                                  ? meta["lora"].value("trainable_tokens", json::object())
-                                  : json::object();
-    if (their_tokens != tokens_json(token_rows_))
+    if (theirs.trainable_tokens != token_rows_of(token_rows_)) {
+      json their_tokens = json::object();
+      for (const auto& [name, ids] : theirs.trainable_tokens) their_tokens[name] = ids;
       throw UserError(dir + " trained the token rows " + their_tokens.dump() + " beside its adapters; this job's " +
                       "optimization/lora/trainable_token_indices selects " + tokens_json(token_rows_).dump() +
                       ". Set it as the job that saved the checkpoint had it");
+    }
   } else {
     if (step > boundary_step_)
       throw UserError(dir + " is a plain state at step " + std::to_string(step) + ", past this job's LoRA boundary (step " +

@@ -64,11 +64,11 @@ class LoRATrainer : public BaseTrainer {
   // boundary marked) in the run directory; "" when no training was logged in it. run() prints it.
   std::string report();
 
-  NamedTensors state_tensors() override;
   StateKind state_kind() const override { return in_lora_ ? StateKind::Lora : StateKind::Plain; }
 
   bool in_lora_phase() const { return in_lora_; }
   int64_t boundary_step() const { return boundary_step_; }
+  // The adapters, as lora_params_of finds them in the model's layers (empty before the LoRA phase).
   const LoraParams& lora_params() const { return lora_; }
   // The base parameters that train in full in the LoRA phase (f32), by name; empty before it.
   const std::vector<std::string>& saved_modules() const { return saved_; }
@@ -108,7 +108,7 @@ class LoRATrainer : public BaseTrainer {
   // distributed/shard_optimizer "lora" or "all" shard the adapters' moments; "all" phase 1's too.
   bool shard_optimizer_state() const override;
   nlohmann::json extra_metadata() const override;
-  void restore_extra(const nlohmann::json& meta) override;
+  void restore_extra(const CheckpointMeta& ck) override;
 
  private:
   // transition_to_lora's change of state alone: freezes the base as bf16 (no gradients, no optimizer
@@ -119,7 +119,7 @@ class LoRATrainer : public BaseTrainer {
   void freeze_base_and_inject();
   // What the LoRA settings select in this model, resolved once by the constructor (so a setting that
   // does not fit fails before phase 1, not at the boundary) and used by run() and the transition. The
-  // masks are over named_params(*model_), whose names and order no restore changes.
+  // masks are over base_params(*model_), whose names and order no restore changes.
   struct Selection {
     std::vector<bool> targets;   // param_filter: the weights that get adapters
     std::vector<bool> saved;     // modules_to_save: the base parameters that train in full

@@ -69,7 +69,7 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const St
   // A rule must match some parameter, or some adapter a LoRA phase could put on a matrix.
   for (const auto& rule : opts_.optimizer.param_rules) {
     std::vector<std::string> names;
-    for (const auto& [n, p] : named_params(*model_)) {
+    for (const auto& [n, p] : base_params(*model_)) {
       names.push_back(n);
       if (p.dim() == 2)
         names.insert(names.end(), {LoraParams::a_name(n), LoraParams::b_name(n), LoraParams::magnitude_name(n)});
@@ -384,7 +384,7 @@ void BaseTrainer::run() {
     return;
   }
   int64_t n_params = 0;
-  for (auto& [n, t] : named_params(*model_)) n_params += t.numel();
+  for (auto& [n, t] : base_params(*model_)) n_params += t.numel();
   std::printf("job %s (%s): %.2fM parameters, %s%s, step %lld of %lld (%lld tokens per step)\n", spec_.name.c_str(),
               spec_.kind.c_str(), n_params / 1e6, rt_.describe().c_str(),
               dist_.active() ? (" per rank, " + std::to_string(dist_.world_size()) + " ranks (" +

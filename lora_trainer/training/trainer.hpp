@@ -153,7 +153,7 @@ class BaseTrainer : public RestorableJob {
 
   // Every tensor a checkpoint of this state holds, by name (with a sharded optimizer, the moments held
   // by other ranks are zeros here; save() gathers them). No collectives: restoring reads into these.
-  virtual NamedTensors state_tensors();
+  NamedTensors state_tensors();
   virtual StateKind state_kind() const { return StateKind::Plain; }
 
   // Set by SIGINT/SIGTERM; the loop saves and exits after the step in flight (with several ranks, after
@@ -192,7 +192,8 @@ class BaseTrainer : public RestorableJob {
   void check_measurable(const std::vector<Sampling>& datasets) const;
   // check_measurable, then each part's check of the datasets the job trains on.
   void check_training_datasets(const std::vector<Sampling>& datasets) const;
-  virtual void restore_extra(const nlohmann::json& meta) {}
+  // After a full state's restore: what the trainer keeps in its own metadata (extra_metadata).
+  virtual void restore_extra(const CheckpointMeta& ck) {}
   // The learning rate for the step about to be taken.
   virtual double current_lr() const { return schedule_.at(step_); }
   // (Re)builds the optimizer over `params` (which must require gradients) with the configured betas

@@ -17,6 +17,7 @@ namespace lt {
 
 NamedTensors BaseTrainer::state_tensors() {
   NamedTensors out;
+  // Every parameter of the model, the adapters' included (the LoRA phase's "<layer>.lora_A", ...).
   for (auto& [name, t] : named_params(*model_)) out.emplace_back(kParamsPrefix + name, t);
   for (auto& kv : optimizer_->state()) out.push_back(kv);
   if (ema_)
@@ -149,7 +150,7 @@ void BaseTrainer::restore_state(const CheckpointMeta& ck) {
   best_score_ = best.is_number() ? std::optional<double>(best.get<double>()) : std::nullopt;
   best_stage_ = meta.value("best_stage", 0);
   base_model_ = meta.value("base_model", json());
-  restore_extra(meta);
+  restore_extra(ck);
   const std::string& from_job = ck.job_name;
   if (from_job != spec_.name)  // another job's state: say what was loaded and that its counters go on
     std::fprintf(stderr,
@@ -171,7 +172,7 @@ void BaseTrainer::load_weights_from(const CheckpointMeta& ck) {
                     "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
   check_same_architecture(ck);
   NamedTensors into;
-  for (auto& [name, t] : named_params(*model_)) into.emplace_back(kParamsPrefix + name, t);
+  for (auto& [name, t] : base_params(*model_)) into.emplace_back(kParamsPrefix + name, t);
   load_checkpoint_into(ck, into, {kParamsPrefix});
   base_model_ = meta.value("base_model", json());
   std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", dir.c_str(),

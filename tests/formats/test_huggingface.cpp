@@ -215,7 +215,7 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
   for (auto& [n, t] : read_checkpoint_tensors(d / "imported")) imported[n] = t.to(torch::kFloat32);
   NamedTensors params;
   for (auto& [n, t] : read_checkpoint_tensors(ck)) {
-    if (n.rfind("params/", 0) != 0) continue;
+    if (n.rfind("params/", 0) != 0 || is_adapter_param(n.substr(7))) continue;  // the base: not the adapters
     const bool saved = n == "params/wte.weight" || n.rfind("params/ln_f.", 0) == 0;
     params.emplace_back(n.substr(7), saved ? imported.at(n) : t.to(torch::kFloat32));
   }

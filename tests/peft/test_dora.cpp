@@ -63,10 +63,10 @@ TEST_CASE("DoRA steps change only A, B and the magnitudes, m at B's lr without w
   auto t = make_lora(d, "steps", {kDora, "optimization/lora/lr_ratio=4", "optimization/lora/weight_decay=0.1"});
   for (int i = 0; i < 5; ++i) t->train_step();
   t->transition_to_lora();
-  auto base = test::snapshot(named_params(*t->model()));
+  auto base = test::snapshot(base_params(*t->model()));
   auto before = test::snapshot(t->lora_params().named());
   for (int i = 0; i < 3; ++i) t->train_step();
-  auto base_after = named_params(*t->model());
+  auto base_after = base_params(*t->model());
   for (size_t i = 0; i < base.size(); ++i) {
     INFO(base[i].first);
     CHECK(torch::equal(base[i].second, base_after[i].second));
@@ -84,13 +84,13 @@ TEST_CASE("DoRA steps change only A, B and the magnitudes, m at B's lr without w
     CHECK(t->optimizer().decays(i) == !magnitude);
   }
   CHECK(t->optimizer().state().size() == 2 * after.size() + 1);
-  // Saved under lora/, with lora.dora in the metadata.
+  // Saved with the parameters of its layer (params/), with lora.dora in the metadata.
   t->save("ntoks/1024");
   const std::string ck = t->job_dir() + "/ntoks/1024";
   CHECK(read_checkpoint_metadata(ck)["lora"]["dora"] == true);
   std::map<std::string, torch::Tensor> saved;
   for (auto& [n, v] : read_checkpoint_tensors(ck)) saved[n] = v;
-  CHECK(torch::equal(saved.at("lora/h.1.mlp.c_proj.lora_magnitude"), t->lora_params().magnitude.back().cpu()));
+  CHECK(torch::equal(saved.at("params/h.1.mlp.c_proj.lora_magnitude"), t->lora_params().magnitude.back().cpu()));
 }
 
 TEST_CASE("DoRA's layer computes m (W + s A B) / ||W + s A B|| x + b, and the merge gives the same model", "[lora][dora]") {

@@ -128,6 +128,62 @@ TEST_CASE("merged and unmerged forward agree (f32, |diff| < 1e-4)", "[lora]") {
   CHECK((logits_of(*adapted, idx) - m).abs().max().item<double>() > 1e-3);  // the adapters did matter
 }
 
+TEST_CASE("adapters are parameters of the layer they adapt: listed by name, found by name, removed with detach", "[lora]") {
+  GPT m = tiny_gpt();
+  const auto base = named_params(*m);
+  auto lora = inject_lora_params(base, param_filter(base, {"c_attn"}), 4, at::detail::createCPUGenerator(1), LoraInit::Gaussian,
+                                 /*dora=*/true);
+  attach_lora(*m, lora, 8.0, 4);
+  const auto all = m->named_parameters();
+  // The layer's own tensors (not copies), in its order: weight, bias, lora_A, lora_B, lora_magnitude.
+  REQUIRE(all.find("h.1.attn.c_attn.lora_A"));
+  CHECK(all.find("h.1.attn.c_attn.lora_A")->is_same(lora.A[1]));
+  CHECK(all.find("h.1.attn.c_attn.lora_B")->is_same(lora.B[1]));
+  CHECK(all.find("h.1.attn.c_attn.lora_magnitude")->is_same(lora.magnitude[1]));
+  CHECK(all.size() == base.size() + 3 * 2);
+  CHECK(base_params(*m).size() == base.size());
+  std::vector<std::string> keys = all.keys();
+  auto at = [&](const std::string& k) { return std::find(keys.begin(), keys.end(), k) - keys.begin(); };
+  CHECK(at("h.0.attn.c_attn.bias") + 1 == at("h.0.attn.c_attn.lora_A"));
+  CHECK(at("h.0.attn.c_attn.lora_A") + 1 == at("h.0.attn.c_attn.lora_B"));
+  const LoraParams found = lora_params_of(*m);
+  CHECK(found.names == lora.names);
+  REQUIRE(found.dora());
+  for (size_t i = 0; i < found.names.size(); ++i) CHECK((found.A[i].is_same(lora.A[i]) && found.B[i].is_same(lora.B[i])));
+  // LoRA+ by name: B and the magnitude at the ratio, A at 1.
+  CHECK(lora_plus_lr_scale("h.0.attn.c_attn.lora_A", 16) == 1);
+  CHECK(lora_plus_lr_scale("h.0.attn.c_attn.lora_B", 16) == 16);
+  CHECK(lora_plus_lr_scale("h.0.attn.c_attn.lora_magnitude", 16) == 16);
+  CHECK_FALSE(is_adapter_param("h.0.attn.c_attn.weight"));
+  CHECK(is_adapter_param("wte.trainable_tokens_delta"));
+  CHECK_FALSE(is_lora_param("wte.trainable_tokens_delta"));
+  detach_lora(*m);
+  CHECK(m->named_parameters().size() == base.size());
+  CHECK(lora_params_of(*m).names.empty());
+}
+
+TEST_CASE("freeze_base: the base stops learning and is stored bf16 (the layers' weights through their FrozenWeight), "
+          "the kept modules and the adapters train in f32", "[lora]") {
+  GPT m = tiny_gpt();
+  auto base = named_params(*m);
+  auto lora = inject_lora_params(base, param_filter(base, {"c_fc"}), 4, at::detail::createCPUGenerator(1));
+  freeze_base(*m, {"ln_f.weight"}, FrozenFormat::Bf16);
+  for (auto& t : lora.A) t.requires_grad_(true);
+  attach_lora(*m, lora, 8.0, 4);
+  for (const auto& [name, p] : named_params(*m)) {
+    INFO(name);
+    const bool trains = name == "ln_f.weight" || is_adapter_param(name);
+    CHECK(p.requires_grad() == (name == "ln_f.weight" || name.find("lora_A") != std::string::npos));
+    CHECK(p.scalar_type() == (trains ? torch::kFloat32 : torch::kBFloat16));
+  }
+  // The layer's matmul takes W from its FrozenWeight: the bf16 parameter, cast to the input's f32.
+  auto& fc = *m->named_modules()["h.0.mlp.c_fc"]->as<LinearImpl>();
+  auto x = torch::randn({3, 32});
+  auto W = fc.base_weight(x);
+  CHECK(W.scalar_type() == torch::kFloat32);
+  CHECK(torch::equal(W, fc.weight.to(torch::kFloat32)));
+}
+
 TEST_CASE("with B = 0 the transition keeps the output, up to the bf16 cast of the base", "[lora]") {
   Data d;
   auto t = make_lora(d, "b0", {"runtime/precision=f32"});
@@ -179,10 +235,10 @@ TEST_CASE("after one LoRA step only the adapters changed and the optimizer holds
   auto t = make_lora(d, "only");
   for (int i = 0; i < 5; ++i) t->train_step();
   t->transition_to_lora();
-  auto base = snapshot(named_params(*t->model()));
+  auto base = snapshot(base_params(*t->model()));
   auto A = snapshot(t->lora_params().named());
   t->train_step();
-  auto base_after = named_params(*t->model());
+  auto base_after = base_params(*t->model());
   for (size_t i = 0; i < base.size(); ++i) {
     INFO(base[i].first);
     CHECK(base_after[i].second.scalar_type() == torch::kBFloat16);
@@ -208,10 +264,10 @@ TEST_CASE("modules_to_save train in f32 at their own lr beside the adapters, and
   auto f32_before = snapshot(named_params(*t->model()));
   t->transition_to_lora();
   CHECK(t->saved_modules() == std::vector<std::string>{"wte.weight", "ln_f.weight", "ln_f.bias"});
-  auto base = snapshot(named_params(*t->model()));
+  auto base = snapshot(base_params(*t->model()));
   t->train_step();
   t->train_step();
-  auto after = named_params(*t->model());
+  auto after = base_params(*t->model());
   for (size_t i = 0; i < base.size(); ++i) {
     const auto& name = base[i].first;
     INFO(name);
@@ -353,7 +409,7 @@ TEST_CASE("skip phase one: a plain checkpoint of another job becomes the frozen 
   CHECK(ft->step() == 5);
   CHECK(ft->in_lora_phase());
   std::map<std::string, torch::Tensor> stored(base.begin(), base.end());
-  for (auto& [n, t] : named_params(*ft->model())) {
+  for (auto& [n, t] : base_params(*ft->model())) {
     INFO(n);
     CHECK(torch::equal(t.cpu(), stored.at("params/" + n).to(torch::kBFloat16)));
   }
@@ -737,13 +793,13 @@ TEST_CASE("trainable token rows: after LoRA steps only the adapters and the chos
   CHECK(rows.values.scalar_type() == torch::kFloat32);
   CHECK(torch::equal(rows.values, f32_rows));  // the f32 rows, taken before the base's cast to bf16
   CHECK(t->saved_modules().empty());
-  auto base = snapshot(named_params(*t->model()));
+  auto base = snapshot(base_params(*t->model()));
   auto A = snapshot(t->lora_params().named());
   t->train_step();
   t->train_step();
   // Every base tensor, the whole embedding included, is bit-identical: the rows are replaced in the
   // forward, never written into the frozen weight.
-  auto after = named_params(*t->model());
+  auto after = base_params(*t->model());
   for (size_t i = 0; i < base.size(); ++i) {
     INFO(base[i].first);
     CHECK(after[i].second.scalar_type() == torch::kBFloat16);
@@ -761,7 +817,7 @@ TEST_CASE("trainable token rows: after LoRA steps only the adapters and the chos
   CHECK(meta["lora"]["trainable_tokens"] == nlohmann::json{{"wte.weight", kTokenIds}});
   std::map<std::string, torch::Tensor> stored;
   for (auto& [n, x] : read_checkpoint_tensors(t->job_dir() + "/ntoks/896")) stored[n] = x;
-  CHECK(torch::equal(stored.at("lora/wte.trainable_tokens_delta"), rows.values));
+  CHECK(torch::equal(stored.at("params/wte.trainable_tokens_delta"), rows.values));
   CHECK(stored.count("optim/exp_avg/wte.trainable_tokens_delta") == 1);
   CHECK(stored.at("params/wte.weight").scalar_type() == torch::kBFloat16);
   // The transition line's totals: the adapters plus 3 rows of 32.
@@ -814,7 +870,7 @@ TEST_CASE("export merges the trainable token rows into the embedding (and so the
   for (auto& [n, x] : read_checkpoint_tensors(d.dir / "exported")) out[n] = x;
   for (auto& [n, x] : read_checkpoint_tensors(ck)) in[n] = x;
   const auto& W = out.at("params/wte.weight");
-  const auto& rows = in.at("lora/wte.trainable_tokens_delta");
+  const auto& rows = in.at("params/wte.trainable_tokens_delta");
   for (int64_t r = 0; r < 257; ++r) {
     auto k = std::find(kTokenIds.begin(), kTokenIds.end(), r);
     if (k == kTokenIds.end()) REQUIRE(torch::equal(W[r], in.at("params/wte.weight")[r].to(torch::kFloat32)));

@@ -160,13 +160,13 @@ TEST_CASE("benchmark LoRA: pre-LoRA stages, the switch, LoRA stages, a bit-ident
   while (!straight->done()) {
     losses.push_back(straight->train_step().loss);
     if (straight->step() == 7) {  // the first LoRA step has been taken: the base is frozen
-      for (auto& [n, t] : named_params(*straight->model())) base_at_switch.emplace_back(n, t.clone());
+      for (auto& [n, t] : base_params(*straight->model())) base_at_switch.emplace_back(n, t.clone());
     }
   }
   REQUIRE(straight->total_steps() == 12);
   for (size_t i = 0; i < base_at_switch.size(); ++i) {
     INFO(base_at_switch[i].first);
-    CHECK(torch::equal(base_at_switch[i].second, named_params(*straight->model())[i].second));
+    CHECK(torch::equal(base_at_switch[i].second, base_params(*straight->model())[i].second));
   }
   // A run through the launcher's path keeps the matrix: one row per stage end.
   auto full = make("bl_run");

@@ -161,7 +161,7 @@ TEST_CASE("distributed: trainable token rows train on 2 ranks with their moments
   CHECK_THAT(runs.plain_out, Contains("+ 96 in 3 trainable token rows of wte.weight (f32)"));
   for (const auto& [ckpt, a] : runs.digests) {
     INFO(ckpt);
-    CHECK(a.count("lora/wte.trainable_tokens_delta") == 1);
+    CHECK(a.count("params/wte.trainable_tokens_delta") == 1);
     CHECK(a.count("optim/exp_avg/wte.trainable_tokens_delta") == 1);
   }
   auto meta = read_checkpoint_metadata(job_dir(dir, "sharded", "job") + "/final/4096");
@@ -177,7 +177,7 @@ TEST_CASE("distributed: DoRA magnitudes train on 2 ranks with their moments shar
     INFO(ckpt);
     size_t magnitudes = 0, moments = 0;
     for (const auto& [name, digest] : a) {
-      if (name.rfind("lora/", 0) == 0 && ends_with(name, ".lora_magnitude")) ++magnitudes;
+      if (name.rfind("params/", 0) == 0 && ends_with(name, ".lora_magnitude")) ++magnitudes;
       if (name.rfind("optim/exp_avg/", 0) == 0 && ends_with(name, ".lora_magnitude")) ++moments;
     }
     CHECK(magnitudes > 0);
@@ -341,7 +341,7 @@ TEST_CASE("distributed: a llama-family job trains both phases on 2 ranks, sharde
     CHECK(a == test::state_digests(job_dir(dir, "sharded", "job") + "/" + ckpt));
   }
   auto final_digests = test::state_digests(job_dir(dir, "two", "job") + "/final/4096");
-  CHECK(final_digests.count("lora/model.layers.1.mlp.down_proj.lora_B") == 1);
+  CHECK(final_digests.count("params/model.layers.1.mlp.down_proj.lora_B") == 1);
   CHECK(final_digests.count("params/lm_head.weight") == 1);
 }
 

@@ -1,0 +1,63 @@
+#include "lora_trainer/formats/lora_metadata.hpp"
+
+#include "lora_trainer/core/util.hpp"
+
+namespace lt {
+
+using json = nlohmann::json;
+
+json LoraMetadata::to_json() const {
+  json tokens = json::object();
+  for (const auto& [name, ids] : trainable_tokens) tokens[name] = ids;
+  json j = {{"rank", rank},
+            {"alpha", alpha},
+            {"targets", targets},
+            {"init", to_string(init)},
+            {"rslora", rslora},
+            {"dora", dora},
+            {"lr_ratio", lr_ratio},
+            {"modules_to_save", modules_to_save},
+            {"modules_to_save_lr_ratio", modules_to_save_lr_ratio},
+            {"trainable_tokens", tokens},
+            {"adapters_from", adapters_from},
+            {"base", base}};
+  if (boundary_step) j["boundary_step"] = *boundary_step;
+  if (in_lora_phase) j["in_lora_phase"] = *in_lora_phase;
+  return j;
+}
+
+LoraMetadata LoraMetadata::from_json(const json& l, const std::string& file) {
+  const std::string tail = ". The checkpoint is damaged or hand-edited; " + use_another_checkpoint();
+  if (!l.is_object()) throw UserError(file + ": \"lora\" must be an object, not " + l.dump() + tail);
+  LoraMetadata m;
+  // json_context names the file and the field of a type error.
+  json_context(file, [&] {
+    m.rank = l.at("rank").get<int64_t>();
+    m.alpha = l.at("alpha").get<double>();
+    if (l.contains("boundary_step")) m.boundary_step = l["boundary_step"].get<int64_t>();
+    if (l.contains("in_lora_phase")) m.in_lora_phase = l["in_lora_phase"].get<bool>();
+    m.targets = l.value("targets", std::vector<std::string>());
+    if (l.contains("init")) {
+      try {
+        m.init = parse_lora_init(l["init"].get<std::string>());
+      } catch (const LoraSettingError& e) {
+        throw UserError(file + ": lora.init: " + e.what() + tail);
+      }
+    }
+    m.rslora = l.value("rslora", false);
+    m.dora = l.value("dora", false);
+    m.lr_ratio = l.value("lr_ratio", 1.0);
+    m.modules_to_save = l.value("modules_to_save", std::vector<std::string>());
+    m.modules_to_save_lr_ratio = l.value("modules_to_save_lr_ratio", 1.0);
+    const json tokens = l.value("trainable_tokens", json::object());
+    for (const auto& [name, ids] : tokens.items()) m.trainable_tokens[name] = ids.get<std::vector<int64_t>>();
+    m.adapters_from = l.value("adapters_from", std::string());
+    m.base = l.value("base", json());
+  });
+  if (m.trainable_tokens.size() > 1)
+    throw UserError(file + ": lora.trainable_tokens names " + std::to_string(m.trainable_tokens.size()) +
+                    " embeddings; a model has one token embedding" + tail);
+  return m;
+}
+
+}  // namespace lt
