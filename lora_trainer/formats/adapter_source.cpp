@@ -34,7 +34,7 @@ void add(AdapterSource& s, const std::string& w, torch::Tensor A, torch::Tensor 
   if (A.dim() != 2 || B.dim() != 2 || A.size(1) != s.rank || B.size(0) != s.rank)
     throw UserError(std::string(kKey) + ": " + where + ": the adapter of " + w + " has shapes A " + shape_text(A.sizes().vec()) +
                     ", B " + shape_text(B.sizes().vec()) + ", not those of rank " + std::to_string(s.rank) +
-                    (s.format == "peft" ? " (r in adapter_config.json)" : " (lora.rank in its metadata.json)") +
+                    (s.format == AdapterSource::Format::Peft ? " (r in adapter_config.json)" : " (lora.rank in its metadata.json)") +
                     ": the source contradicts itself. Give an adapter written whole by one run");
   s.adapters.names.push_back(w);
   s.adapters.A.push_back(A.to(torch::kFloat32).contiguous());
@@ -60,7 +60,7 @@ AdapterSource from_checkpoint(const std::string& path, const std::vector<std::st
                     " checkpoint; adapters come from a LoRA-phase checkpoint (kind lora) or a PEFT adapter directory");
   const LoraMetadata& l = *ck.lora;
   AdapterSource s;
-  s.format = "checkpoint";
+  s.format = AdapterSource::Format::Checkpoint;
   s.rank = l.rank;
   s.alpha = l.alpha;
   s.rslora = l.rslora;
@@ -189,7 +189,7 @@ AdapterSource from_peft(const std::string& path, ModelFamily family, const std::
   const json c = read_json_file(config_path);
   if (!c.is_object()) throw UserError(std::string(kKey) + ": " + config_path + " is not a JSON object");
   AdapterSource s;
-  s.format = "peft";
+  s.format = AdapterSource::Format::Peft;
   json_context(config_path, [&] {
     if (c.value("peft_type", std::string()) != "LORA")
       throw UserError(std::string(kKey) + ": " + config_path + ": peft_type " + c.value("peft_type", json("?")).dump() +

@@ -24,7 +24,7 @@ namespace lt {
 
 struct AdapterSource {
   std::string path;
-  std::string format;  // "checkpoint" or "peft"
+  enum class Format { Checkpoint, Peft } format = Format::Checkpoint;  // one of our LoRA checkpoints, or PEFT's files
   int64_t rank = 0;
   double alpha = 0;
   bool rslora = false;

@@ -9,10 +9,10 @@
 #include "lora_trainer/formats/adapter_source.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/core/config.hpp"
+#include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/formats/export.hpp"
 #include "lora_trainer/formats/hf_families.hpp"
-#include "lora_trainer/training/lora_trainer.hpp"
 #include "lora_trainer/models/model.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
 #include "lora_trainer/core/util.hpp"
@@ -23,6 +23,15 @@ using json = nlohmann::json;
 namespace lt {
 
 namespace {
+
+// The keys ModelOptions::from_config reads (architecture/*, runtime/attention and runtime/loss,
+// training/activation_checkpointing) at their defaults: a model's options without any job's schema.
+Config model_config() {
+  ConfigSchema s;
+  add_runtime_options(s);
+  add_model_options(s);
+  return Config(s);
+}
 
 void write_marker(const fs::path& dir, const std::string& checkpoint, const std::string& format) {
   json m = {{"exported_from", fs::absolute(checkpoint).string()}, {"format", format}, {"by", "lora_trainer export"}};
@@ -53,11 +62,15 @@ std::vector<std::string> import_checked(const std::string& hf_dir, const std::st
   if (!hf_config.is_object()) throw UserError(config_path + ": not a JSON object");
   const ModelFamily family = hf_family(hf_config, config_path);
   const std::vector<std::string> arch = hf_architecture(hf_config, config_path);
-  Config cfg(LoRATrainer::schema());
+  Config cfg = model_config();
   for (const auto& a : arch) cfg.apply_override(a);
-  cfg.set("training/pre_lora_tokens", json::array(), "import-hf");
-  cfg.set("training/pre_lora_dataset", json::array(), "import-hf");
   const ModelOptions o = ModelOptions::from_config(cfg);
+  // The config a job restored from it starts from: a lora/train job without phase one on this model
+  // (the keys it does not name take that kind's defaults when it is loaded).
+  json job_config = cfg.to_json();
+  job_config["job"] = {{"kind", "lora/train"}};
+  job_config["training"]["pre_lora_tokens"] = json::array();
+  job_config["training"]["pre_lora_dataset"] = json::array();
   // The model's own parameter list is the template the file must fill.
   NamedTensors expected;
   {
@@ -83,7 +96,7 @@ std::vector<std::string> import_checked(const std::string& hf_dir, const std::st
                  {"name_or_path", name_or_path},
                  {"hf_config", hf_config}}},
                {"job", {{"name", "import-hf"}, {"project", "general"}, {"group", "default"}, {"kind", "lora/train"}}},
-               {"config", cfg.to_json()}};
+               {"config", job_config}};
   save_checkpoint(out, stored, meta, ours);
   // "gpt2: ..." or "qwen2, llama family: ..."
   const std::string type = hf_config.value("model_type", std::string());
@@ -105,7 +118,7 @@ ModelOptions options_of(const json& meta, const std::string& checkpoint) {
   const json& c = meta.value("config", json::object());
   if (!c.contains("architecture") || !c["architecture"].is_object())
     throw UserError(checkpoint + ": its metadata has no saved config with architecture/*");
-  Config cfg(LoRATrainer::schema());
+  Config cfg = model_config();
   cfg.merge_json({{"architecture", c["architecture"]}}, checkpoint + "/metadata.json");
   return ModelOptions::from_config(cfg);
 }

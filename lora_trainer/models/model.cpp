@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "lora_trainer/core/config.hpp"
+#include "lora_trainer/core/options.hpp"
 #include "lora_trainer/models/gpt2.hpp"
 #include "lora_trainer/models/llama.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
@@ -20,74 +21,88 @@ ModelFamily parse_model_family(const std::string& s) {
 
 const char* to_string(ModelFamily f) { return f == ModelFamily::Gpt2 ? "gpt2" : "llama"; }
 
-void add_model_options(ConfigSchema& s) {
-  s.add("architecture/block_size", OptType::Int, 256, "context length T in tokens", check_positive());
-  s.add("architecture/n_layers", OptType::Int, 6, "transformer blocks", check_positive());
-  s.add("architecture/n_heads", OptType::Int, 6, "attention heads (must divide d_model)", check_positive());
-  s.add("architecture/d_model", OptType::Int, 384, "residual width C", check_positive());
-  s.add("architecture/vocab_size", OptType::Int, 50257, "vocabulary size V (>= the tokenizer's)", check_positive());
-  s.add("architecture/dropout", OptType::Float, 0.0, "dropout probability", check_range(0, 0.9));
-  s.add("architecture/activation", OptType::String, "gelu",
-        "the MLP's activation: gelu (exact, erf), gelu_tanh (the tanh approximation of GPT-2 and HF's gelu_new) "
-        "or silu (llama only: the gate of SwiGLU, what Llama, Qwen2 and Mistral use)",
-        check_one_of({"gelu", "gelu_tanh", "silu"}));
-  s.add("architecture/family", OptType::String, "gpt2",
-        "model family: gpt2 (learned positions, LayerNorm, GELU MLP, tied head; GPT-2's parameter names) or llama "
-        "(Llama/Qwen2/Mistral: rotary positions, RMSNorm, gated MLP, grouped-query attention; HF's parameter names)",
-        check_one_of({"gpt2", "llama"}));
-  s.add("architecture/d_ff", OptType::Int, -1, "the MLP's hidden width; -1 = 4 x d_model", check_positive_or_minus_one());
-  s.add("architecture/n_kv_heads", OptType::Int, -1,
-        "llama: key/value heads of grouped-query attention (must divide n_heads); -1 = n_heads",
-        check_positive_or_minus_one());
-  s.add("architecture/norm_eps", OptType::Float, 1e-5, "epsilon of the layer norms (gpt2) or RMS norms (llama)",
-        check_positive());
-  s.add("architecture/rope_theta", OptType::Float, 10000.0, "llama: base of the rotary position angles",
-        check_positive());
-  s.add("architecture/rope_scaling", OptType::String, "none",
-        "llama: rescaling of the rotary frequencies: none, linear (divided by rope_factor) or llama3 (Llama 3.1 and "
-        "3.2's, by wavelength: rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_context)",
-        check_one_of({"none", "linear", "llama3"}));
-  s.add("architecture/rope_factor", OptType::Float, 8.0, "llama, rope_scaling linear or llama3: the factor", check_positive());
-  s.add("architecture/rope_low_freq_factor", OptType::Float, 1.0, "llama, rope_scaling llama3: low_freq_factor",
-        check_positive());
-  s.add("architecture/rope_high_freq_factor", OptType::Float, 4.0, "llama, rope_scaling llama3: high_freq_factor",
-        check_positive());
-  s.add("architecture/rope_original_context", OptType::Int, 8192,
-        "llama, rope_scaling llama3: original_max_position_embeddings, the context of pretraining", check_positive());
-  s.add("architecture/tie_embeddings", OptType::Bool, true,
-        "the output head is the token embedding; false: a separate lm_head (llama only)");
-  s.add("architecture/qkv_bias", OptType::Bool, false, "llama: biases on q_proj, k_proj and v_proj (Qwen2 has them)");
-  s.add("training/activation_checkpointing", OptType::Bool, false,
-        "recompute each transformer block's activations in the backward instead of keeping them: less memory for "
-        "one more forward of the blocks a step; the same results (bit-identical), both phases");
+// architecture/* and training/activation_checkpointing, each bound to the ModelOptions field it sets.
+// runtime/attention and runtime/loss are the runtime's keys (add_runtime_options), read by from_config.
+static const OptionGroup<ModelOptions>& model_options() {
+  using O = ModelOptions;
+  static const auto g =
+      OptionGroup<O>()
+          .add("architecture/block_size", OptType::Int, 256, "context length T in tokens",
+               &O::block_size, check_positive())
+          .add("architecture/n_layers", OptType::Int, 6, "transformer blocks",
+               &O::n_layer, check_positive())
+          .add("architecture/n_heads", OptType::Int, 6, "attention heads (must divide d_model)",
+               &O::n_head, check_positive())
+          .add("architecture/d_model", OptType::Int, 384, "residual width C",
+               &O::d_model, check_positive())
+          .add("architecture/vocab_size", OptType::Int, 50257, "vocabulary size V (>= the tokenizer's)",
+               &O::vocab_size, check_positive())
+          .add("architecture/dropout", OptType::Float, 0.0, "dropout probability",
+               &O::dropout, check_range(0, 0.9))
+          .add("architecture/activation", OptType::String, "gelu",
+               "the MLP's activation: gelu (exact, erf), gelu_tanh (the tanh approximation of GPT-2 and HF's gelu_new) "
+               "or silu (llama only: the gate of SwiGLU, what Llama, Qwen2 and Mistral use)",
+               [](O& o, const json& v) {
+                 const std::string act = v.get<std::string>();
+                 o.activation = act == "silu"        ? O::Activation::Silu
+                                : act == "gelu_tanh" ? O::Activation::GeluTanh
+                                                     : O::Activation::Gelu;
+               },
+               check_one_of({"gelu", "gelu_tanh", "silu"}))
+          .add("architecture/family", OptType::String, "gpt2",
+               "model family: gpt2 (learned positions, LayerNorm, GELU MLP, tied head; GPT-2's parameter names) or llama "
+               "(Llama/Qwen2/Mistral: rotary positions, RMSNorm, gated MLP, grouped-query attention; HF's parameter names)",
+               [](O& o, const json& v) { o.family = parse_model_family(v.get<std::string>()); },
+               check_one_of({"gpt2", "llama"}))
+          .add("architecture/d_ff", OptType::Int, -1, "the MLP's hidden width; -1 = 4 x d_model",
+               &O::d_ff, check_positive_or_minus_one())
+          .add("architecture/n_kv_heads", OptType::Int, -1,
+               "llama: key/value heads of grouped-query attention (must divide n_heads); -1 = n_heads",
+               &O::n_kv_head,
+               check_positive_or_minus_one())
+          .add("architecture/norm_eps", OptType::Float, 1e-5, "epsilon of the layer norms (gpt2) or RMS norms (llama)",
+               &O::norm_eps,
+               check_positive())
+          .add("architecture/rope_theta", OptType::Float, 10000.0, "llama: base of the rotary position angles",
+               &O::rope_theta,
+               check_positive())
+          .add("architecture/rope_scaling", OptType::String, "none",
+               "llama: rescaling of the rotary frequencies: none, linear (divided by rope_factor) or llama3 (Llama 3.1 and "
+               "3.2's, by wavelength: rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_context)",
+               [](O& o, const json& v) {
+                 const std::string scaling = v.get<std::string>();
+                 o.rope_scaling.kind = scaling == "llama3"   ? RopeScaling::Kind::Llama3
+                                       : scaling == "linear" ? RopeScaling::Kind::Linear
+                                                             : RopeScaling::Kind::None;
+               },
+               check_one_of({"none", "linear", "llama3"}))
+          .add("architecture/rope_factor", OptType::Float, 8.0, "llama, rope_scaling linear or llama3: the factor",
+               [](O& o, const json& v) { o.rope_scaling.factor = v.get<double>(); }, check_positive())
+          .add("architecture/rope_low_freq_factor", OptType::Float, 1.0, "llama, rope_scaling llama3: low_freq_factor",
+               [](O& o, const json& v) { o.rope_scaling.low_freq_factor = v.get<double>(); },
+               check_positive())
+          .add("architecture/rope_high_freq_factor", OptType::Float, 4.0, "llama, rope_scaling llama3: high_freq_factor",
+               [](O& o, const json& v) { o.rope_scaling.high_freq_factor = v.get<double>(); },
+               check_positive())
+          .add("architecture/rope_original_context", OptType::Int, 8192,
+               "llama, rope_scaling llama3: original_max_position_embeddings, the context of pretraining",
+               [](O& o, const json& v) { o.rope_scaling.original_context = v.get<int64_t>(); }, check_positive())
+          .add("architecture/tie_embeddings", OptType::Bool, true,
+               "the output head is the token embedding; false: a separate lm_head (llama only)",
+               &O::tie_embeddings)
+          .add("architecture/qkv_bias", OptType::Bool, false, "llama: biases on q_proj, k_proj and v_proj (Qwen2 has them)",
+               &O::qkv_bias)
+          .add("training/activation_checkpointing", OptType::Bool, false,
+               "recompute each transformer block's activations in the backward instead of keeping them: less memory for "
+               "one more forward of the blocks a step; the same results (bit-identical), both phases",
+               &O::activation_checkpointing);
+  return g;
 }
 
+void add_model_options(ConfigSchema& s) { model_options().declare(s); }
+
 ModelOptions ModelOptions::from_config(const Config& cfg) {
-  ModelOptions o;
-  o.family = parse_model_family(cfg.get_string("architecture/family"));
-  o.vocab_size = cfg.get_int("architecture/vocab_size");
-  o.block_size = cfg.get_int("architecture/block_size");
-  o.n_layer = cfg.get_int("architecture/n_layers");
-  o.n_head = cfg.get_int("architecture/n_heads");
-  o.d_model = cfg.get_int("architecture/d_model");
-  o.n_kv_head = cfg.get_int("architecture/n_kv_heads");
-  o.d_ff = cfg.get_int("architecture/d_ff");
-  o.dropout = cfg.get_double("architecture/dropout");
-  const std::string act = cfg.get_string("architecture/activation");
-  o.activation = act == "silu" ? Activation::Silu : act == "gelu_tanh" ? Activation::GeluTanh : Activation::Gelu;
-  o.norm_eps = cfg.get_double("architecture/norm_eps");
-  o.rope_theta = cfg.get_double("architecture/rope_theta");
-  const std::string scaling = cfg.get_string("architecture/rope_scaling");
-  o.rope_scaling.kind = scaling == "llama3"   ? RopeScaling::Kind::Llama3
-                        : scaling == "linear" ? RopeScaling::Kind::Linear
-                                              : RopeScaling::Kind::None;
-  o.rope_scaling.factor = cfg.get_double("architecture/rope_factor");
-  o.rope_scaling.low_freq_factor = cfg.get_double("architecture/rope_low_freq_factor");
-  o.rope_scaling.high_freq_factor = cfg.get_double("architecture/rope_high_freq_factor");
-  o.rope_scaling.original_context = cfg.get_int("architecture/rope_original_context");
-  o.tie_embeddings = cfg.get_bool("architecture/tie_embeddings");
-  o.qkv_bias = cfg.get_bool("architecture/qkv_bias");
-  o.activation_checkpointing = cfg.get_bool("training/activation_checkpointing");
+  ModelOptions o = model_options().read(cfg);
   const std::string attention = cfg.get_string("runtime/attention");
   if (attention == "fused" && !fused_attention_available())
     throw UserError(std::string("runtime/attention=fused needs LibTorch 2.0 or newer (this build has ") +

@@ -67,8 +67,9 @@ struct ModelOptions {
   static ModelOptions from_config(const Config& cfg);
 };
 
-// The architecture/* options and training/activation_checkpointing (next to from_config, which reads
-// them; runtime/attention is the runtime's).
+// The architecture/* options and training/activation_checkpointing, each bound to the ModelOptions
+// field it sets (model.cpp's OptionGroup); runtime/attention and runtime/loss are the runtime's keys,
+// which from_config reads too.
 void add_model_options(ConfigSchema& s);
 
 // What the trainers call. Implementations are torch modules whose named_parameters() are the

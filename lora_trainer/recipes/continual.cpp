@@ -1,10 +1,12 @@
 #include "lora_trainer/recipes/continual.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
 
+#include "lora_trainer/core/options.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/training/report.hpp"
 #include "lora_trainer/core/util.hpp"
@@ -13,29 +15,40 @@ namespace fs = std::filesystem;
 
 namespace lt {
 
-void add_continual_options(ConfigSchema& s) {
-  s.add("training/fade/overlap", OptType::Int, 0,
-        "tokens before each stage boundary over which batches fade from the old stage's data to the new; 0 = none",
-        check_nonnegative());
-  s.add("training/fade/curve", OptType::String, "linear", "fade curve: linear, cosine or sigmoid",
-        check_one_of({"linear", "cosine", "sigmoid"}));
-  s.add("training/reset_optimizer", OptType::Bool, false, "reset the optimizer's moments at every stage boundary");
-  s.add("eval/boundary_rows", OptType::Int, 32, "held-out rows per dataset for the forgetting matrix", check_positive());
+static const OptionGroup<ContinualOptions>& continual_options() {
+  using O = ContinualOptions;
+  static const auto g =
+      OptionGroup<O>()
+          .add("training/fade/overlap", OptType::Int, 0,
+               "tokens before each stage boundary over which batches fade from the old stage's data to the new; 0 = none",
+               &O::fade_overlap, check_nonnegative())
+          .add("training/fade/curve", OptType::String, "linear", "fade curve: linear, cosine or sigmoid",
+               [](O& o, const json& v) { o.fade_curve = parse_fade_curve(v.get<std::string>()); },
+               check_one_of(fade_curve_names()))
+          .add("training/reset_optimizer", OptType::Bool, false, "reset the optimizer's moments at every stage boundary",
+               &O::reset_optimizer)
+          .add("eval/boundary_rows", OptType::Int, 32, "held-out rows per dataset for the forgetting matrix",
+               &O::boundary_rows, check_positive());
+  return g;
 }
 
-ContinualOptions ContinualOptions::from_config(const Config& cfg) {
-  ContinualOptions o;
-  o.fade_overlap = cfg.get_int("training/fade/overlap");
-  o.fade_curve = cfg.get_string("training/fade/curve");
-  o.reset_optimizer = cfg.get_bool("training/reset_optimizer");
-  o.boundary_rows = cfg.get_int("eval/boundary_rows");
-  return o;
+void add_continual_options(ConfigSchema& s) { continual_options().declare(s); }
+
+ContinualOptions ContinualOptions::from_config(const Config& cfg) { return continual_options().read(cfg); }
+
+const std::vector<std::string>& fade_curve_names() {
+  static const std::vector<std::string> names = {"linear", "cosine", "sigmoid"};  // in FadeCurve's order
+  return names;
 }
 
-double fade_curve(double p, const std::string& curve) {
+FadeCurve parse_fade_curve(const std::string& name) {
+  return enum_named<FadeCurve>(fade_curve_names(), name, "training/fade/curve");
+}
+
+double fade_curve(double p, FadeCurve curve) {
   p = std::min(1.0, std::max(0.0, p));
-  if (curve == "cosine") return 0.5 * (1.0 - std::cos(M_PI * p));
-  if (curve == "sigmoid") {
+  if (curve == FadeCurve::Cosine) return 0.5 * (1.0 - std::cos(M_PI * p));
+  if (curve == FadeCurve::Sigmoid) {
     // A logistic of slope 12 centred at 1/2, rescaled so that 0 -> 0 and 1 -> 1.
     auto f = [](double x) { return 1.0 / (1.0 + std::exp(-12.0 * (x - 0.5))); };
     return (f(p) - f(0.0)) / (f(1.0) - f(0.0));
@@ -43,7 +56,7 @@ double fade_curve(double p, const std::string& curve) {
   return p;
 }
 
-FadeAt fade_at(const std::vector<Stage>& stages, int64_t step, int64_t overlap_steps, const std::string& curve,
+FadeAt fade_at(const std::vector<Stage>& stages, int64_t step, int64_t overlap_steps, FadeCurve curve,
                int no_fade_after_stage) {
   FadeAt f;
   for (size_t i = 0; i < stages.size(); ++i) {

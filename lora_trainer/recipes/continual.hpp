@@ -33,19 +33,24 @@ namespace lt {
 
 void add_continual_options(ConfigSchema& s);
 
-// The keys add_continual_options declares (their defaults and docs are there), read once by
-// make_continual and make_continual_lora: training/fade/overlap, training/fade/curve,
-// training/reset_optimizer and eval/boundary_rows. from_config sets every field.
+// training/fade/curve: how the share of the next stage's rows grows across a fade window.
+enum class FadeCurve { Linear, Cosine, Sigmoid };
+FadeCurve parse_fade_curve(const std::string& name);  // "linear" | "cosine" | "sigmoid"
+const std::vector<std::string>& fade_curve_names();
+
+// The keys add_continual_options declares, each bound to its field (continual.cpp's OptionGroup, with
+// its default and doc), read once by make_continual and make_continual_lora: training/fade/overlap,
+// training/fade/curve, training/reset_optimizer and eval/boundary_rows.
 struct ContinualOptions {
   int64_t fade_overlap{};   // training/fade/overlap, in tokens (whole steps of it fade); 0 = no fade
-  std::string fade_curve;   // training/fade/curve: linear, cosine or sigmoid (fade_curve)
+  FadeCurve fade_curve{};   // training/fade/curve
   bool reset_optimizer{};   // training/reset_optimizer: fresh moments at every stage boundary
   int64_t boundary_rows{};  // eval/boundary_rows: held-out rows per dataset in each row of the forgetting matrix
   static ContinualOptions from_config(const Config& cfg);
 };
 
 // w in [0, 1] for p in [0, 1]: the share of the next stage's rows.
-double fade_curve(double p, const std::string& curve);
+double fade_curve(double p, FadeCurve curve);
 
 // The fade weight of the step about to be taken, and the two stages it mixes; w = 0 outside a window.
 // A window covers the last `overlap_steps` steps before the end of `stages[i]` (i + 1 < count):
@@ -54,7 +59,7 @@ struct FadeAt {
   int from = 0, to = 0;
   double weight = 0.0;
 };
-FadeAt fade_at(const std::vector<Stage>& stages, int64_t step, int64_t overlap_steps, const std::string& curve,
+FadeAt fade_at(const std::vector<Stage>& stages, int64_t step, int64_t overlap_steps, FadeCurve curve,
                int no_fade_after_stage = -1);
 
 class ContinualPart : public TrainerPart {

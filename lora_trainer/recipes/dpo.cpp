@@ -2,32 +2,44 @@
 
 #include <algorithm>
 
+#include "lora_trainer/core/options.hpp"
 #include "lora_trainer/kernels/cross_entropy.hpp"
 
 namespace lt {
 
-void add_dpo_loss_options(ConfigSchema& s) {
-  s.add("optimization/dpo/beta", OptType::Float, 0.1,
-        "DPO's beta: the implicit reward is beta (log pi - log ref); larger keeps the model closer to the reference",
-        check_positive());
-  s.add("optimization/dpo/label_smoothing", OptType::Float, 0.0,
-        "conservative DPO: the assumed share of pairs whose labels are flipped (0 = plain DPO; at most 0.5)",
-        check_range(0.0, 0.5));
+// The loss's keys (dpo/train, and lora/train for a DPO LoRA phase), and dpo/train's choice of form.
+static const OptionGroup<DpoOptions>& dpo_loss_options() {
+  static const auto g =
+      OptionGroup<DpoOptions>()
+          .add("optimization/dpo/beta", OptType::Float, 0.1,
+               "DPO's beta: the implicit reward is beta (log pi - log ref); larger keeps the model closer to the reference",
+               &DpoOptions::beta, check_positive())
+          .add("optimization/dpo/label_smoothing", OptType::Float, 0.0,
+               "conservative DPO: the assumed share of pairs whose labels are flipped (0 = plain DPO; at most 0.5)",
+               &DpoOptions::label_smoothing, check_range(0.0, 0.5));
+  return g;
 }
+
+static const OptionGroup<DpoOptions>& dpo_form_option() {
+  static const auto g = OptionGroup<DpoOptions>().add(
+      "optimization/dpo/lora", OptType::Bool, true,
+      "true: train LoRA adapters (optimization/lora/*) on the frozen bf16 base, the reference being the base with the "
+      "adapters off; false: train every parameter (optimization/lr, training/schedule) against a frozen bf16 copy "
+      "of the starting weights",
+      &DpoOptions::lora);
+  return g;
+}
+
+void add_dpo_loss_options(ConfigSchema& s) { dpo_loss_options().declare(s); }
 
 void add_dpo_options(ConfigSchema& s) {
   add_dpo_loss_options(s);
-  s.add("optimization/dpo/lora", OptType::Bool, true,
-        "true: train LoRA adapters (optimization/lora/*) on the frozen bf16 base, the reference being the base with the "
-        "adapters off; false: train every parameter (optimization/lr, training/schedule) against a frozen bf16 copy "
-        "of the starting weights");
+  dpo_form_option().declare(s);
 }
 
 DpoOptions DpoOptions::from_config(const Config& cfg) {
-  DpoOptions o;
-  o.beta = cfg.get_double("optimization/dpo/beta");
-  o.label_smoothing = cfg.get_double("optimization/dpo/label_smoothing");
-  o.lora = !cfg.schema().find("optimization/dpo/lora") || cfg.get_bool("optimization/dpo/lora");
+  DpoOptions o = dpo_loss_options().read(cfg);
+  o.lora = dpo_form_option().read(cfg).lora;  // true where the kind has no such key (lora/train)
   return o;
 }
 

@@ -22,11 +22,11 @@
 
 namespace lt {
 
-// optimization/dpo/*, declared (with defaults and docs) by add_dpo_options and read once.
+// optimization/dpo/*, each key declared once bound to its field (dpo.cpp: add_dpo_options), read once.
 struct DpoOptions {
   double beta{};             // optimization/dpo/beta: the strength of the pull towards the reference (KL weight)
   double label_smoothing{};  // optimization/dpo/label_smoothing: the assumed share of mislabelled pairs
-  bool lora{};               // optimization/dpo/lora: adapters on the frozen base (reference: adapters off),
+  bool lora = true;          // optimization/dpo/lora: adapters on the frozen base (reference: adapters off),
                              // or every parameter (reference: a frozen bf16 copy); true where the schema has
                              // no such key (lora/train, whose DPO phase is its LoRA phase)
   static DpoOptions from_config(const Config& cfg);

@@ -201,11 +201,7 @@ ConfigSchema dpo_train_schema() {
   s.add("training/dataset", OptType::Samplings,
         json::array({{{"name", "preferences"}, {"rate", 1}, {"style", "contrastive"}}}),
         "mixture of contrastive datasets (preference pairs: `tokenize --format pairs`) to train on");
-  // The adapters' keys, as lora/train declares them (LoraOptions reads them in the LoRA form).
-  const ConfigSchema lora = LoRATrainer::schema();
-  for (const OptionSpec& o : lora.options())
-    if (o.path.rfind("optimization/lora/", 0) == 0 || o.path == "training/allow_random_base")
-      s.add(o.path, o.type, o.default_value, o.doc, o.check);
+  add_lora_options(s);  // the adapters' keys, as lora/train has them (LoraOptions reads them in the LoRA form)
   add_dpo_options(s);
   return s;
 }

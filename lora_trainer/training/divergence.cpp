@@ -1,9 +1,11 @@
 #include "lora_trainer/training/divergence.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
 
+#include "lora_trainer/core/options.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/core/util.hpp"
 
@@ -22,8 +24,17 @@ static const char* const kDivergenceAdvice =
     "Lower optimization/lr (or optimization/lora/lr in the LoRA phase), raise training/warmup_pct, or check the data, "
     "then run the same command again (it continues from the job's `latest` checkpoint, when there is one)";
 
-DivergenceGuard::DivergenceGuard(bool skip, std::string job, std::string job_dir)
-    : skip_(skip), job_(std::move(job)), job_dir_(std::move(job_dir)) {}
+const std::vector<std::string>& on_nonfinite_names() {
+  static const std::vector<std::string> names = {"stop", "skip"};  // in OnNonfinite's order
+  return names;
+}
+
+OnNonfinite parse_on_nonfinite(const std::string& name) {
+  return enum_named<OnNonfinite>(on_nonfinite_names(), name, "training/on_nonfinite");
+}
+
+DivergenceGuard::DivergenceGuard(OnNonfinite policy, std::string job, std::string job_dir)
+    : skip_(policy == OnNonfinite::Skip), job_(std::move(job)), job_dir_(std::move(job_dir)) {}
 
 void DivergenceGuard::on_nonfinite(int64_t step, double loss, double grad_norm, double lr, const MetricsLog& log) {
   const std::string what = "step " + std::to_string(step) + " of job " + job_ + ": loss " + num(loss) +

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "lora_trainer/training/metrics_log.hpp"
 #include "lora_trainer/core/named_tensors.hpp"
@@ -25,11 +26,16 @@ class TrainingDiverged : public std::runtime_error {
 constexpr int kExitDiverged = 4;
 constexpr int kMaxSkippedInARow = 10;
 
+// training/on_nonfinite: what a step with a non-finite loss or gradient norm does.
+enum class OnNonfinite { Stop, Skip };
+OnNonfinite parse_on_nonfinite(const std::string& name);  // "stop" | "skip"
+const std::vector<std::string>& on_nonfinite_names();
+
 // The training/on_nonfinite policy of one job, and the count of steps it skipped in a row.
 class DivergenceGuard {
  public:
-  // `skip`: training/on_nonfinite is "skip" (else "stop"). `job` and `job_dir` name the job in messages.
-  DivergenceGuard(bool skip, std::string job, std::string job_dir);
+  // `job` and `job_dir` name the job in messages.
+  DivergenceGuard(OnNonfinite policy, std::string job, std::string job_dir);
   // Step `step` (1-based) had a non-finite loss or gradient norm: throws TrainingDiverged, or (skip)
   // prints a warning and logs the "nonfinite" event to `log`.
   void on_nonfinite(int64_t step, double loss, double grad_norm, double lr, const MetricsLog& log);

@@ -26,10 +26,10 @@
 
 namespace lt {
 
-// The LoRA trainer's own options, read once by from_config (in LoRATrainer's constructor) and
-// declared, with their defaults and docs, by LoRATrainer::schema(): optimization/lora/* (the
-// adapters, their recipe and the phase-2 optimizer) and training/allow_random_base. The schema holds
-// the defaults: from_config sets every field.
+// The LoRA trainer's own options: optimization/lora/* (the adapters, their recipe and the phase-2
+// optimizer) and training/allow_random_base, each key declared once bound to the field it sets
+// (lora_trainer.cpp's OptionGroup, with its default and doc): add_lora_options adds them to a schema
+// (LoRATrainer::schema, dpo/train's), from_config reads them once (in LoRATrainer's constructor).
 struct LoraOptions {
   int64_t rank{};                         // optimization/lora/rank
   double alpha{};                         // optimization/lora/alpha
@@ -53,6 +53,8 @@ struct LoraOptions {
   bool allow_random_base{};  // training/allow_random_base: with no phase 1, the adapters may train on random weights
   static LoraOptions from_config(const Config& cfg);
 };
+
+void add_lora_options(ConfigSchema& s);
 
 class LoRATrainer : public BaseTrainer {
  public:

@@ -30,7 +30,7 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const St
       opts_(TrainingOptions::from_config(cfg_)),
       dist_(distributed()),
       metrics_(run_dir(), dist_.is_main()),
-      divergence_(opts_.skip_nonfinite, spec_.name, job_dir()) {
+      divergence_(opts_.on_nonfinite, spec_.name, job_dir()) {
   rt_ = Runtime::from_config(cfg_);
   batch_size_ = opts_.batch_size;
   const int64_t ranks = dist_.world_size();

@@ -1,5 +1,6 @@
-// The trainers' typed options: what add_trainer_options declares (names, defaults, docs: the schema
-// is their single source) and TrainingOptions::from_config reads once, for BaseTrainer's constructor.
+// The trainers' typed options. Each key is declared once, bound to the field it sets
+// (training_options.cpp's OptionGroup, core/options.hpp): add_trainer_options adds the keys to a
+// schema, TrainingOptions::from_config reads them once, for BaseTrainer's constructor.
 // The model's options are ModelOptions (model.hpp), the runtime's Runtime (runtime.hpp), the LoRA
 // phase's LoraOptions (lora_trainer.hpp), the continual kinds' ContinualOptions (continual.hpp).
 #pragma once
@@ -9,6 +10,7 @@
 
 #include "lora_trainer/core/config.hpp"
 #include "lora_trainer/core/distributed.hpp"
+#include "lora_trainer/training/divergence.hpp"
 #include "lora_trainer/training/optim.hpp"
 
 namespace lt {
@@ -34,9 +36,9 @@ struct OptimizerOptions {
 };
 
 // Every trainer's options besides the architecture (ModelOptions), the runtime (Runtime) and the
-// stage plan: the keys add_trainer_options declares (and distributed/shard_optimizer, which it adds
-// with add_distributed_options), read once by BaseTrainer's constructor. The schema holds their
-// names, defaults and docs: from_config sets every field.
+// stage plan: the keys add_trainer_options declares, each bound to its field (and
+// distributed/shard_optimizer, which add_distributed_options declares), read once by BaseTrainer's
+// constructor.
 struct TrainingOptions {
   uint64_t seed{};                  // training/seed
   int64_t batch_size{};             // training/batch_size: the global batch in rows
@@ -44,7 +46,7 @@ struct TrainingOptions {
   std::string data_dir;             // data/dir
   OptimizerOptions optimizer;       // optimization/* and training/{schedule, warmup_pct, decay_pct}
   ShardMode shard_optimizer{};      // distributed/shard_optimizer
-  bool skip_nonfinite{};            // training/on_nonfinite: skip (true) or stop
+  OnNonfinite on_nonfinite{};       // training/on_nonfinite
   bool validation{};                // training/validation
   int64_t validation_steps{};       // training/validation_steps: rows per dataset
   std::vector<std::string> evaluations;  // eval/evaluations

@@ -2,6 +2,7 @@
 #include "catch.hpp"
 
 #include "lora_trainer/core/config.hpp"
+#include "lora_trainer/core/options.hpp"
 #include "lora_trainer/cli/registry.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "fixtures.hpp"
@@ -97,4 +98,42 @@ TEST_CASE("every config shipped in configs/ builds its job", "[config]") {
     return true;
   });
   CHECK(n >= 3);
+}
+
+namespace {
+struct ToyOptions {
+  int64_t steps = -7;
+  double lr = 0;
+  std::string mode = "unset";
+  bool kept = true;  // its key is not in the schema below: stays as initialised
+};
+}  // namespace
+
+TEST_CASE("OptionGroup: each key declared once with its default, read into the field it is bound to", "[config]") {
+  const auto group = OptionGroup<ToyOptions>()
+                         .add("toy/steps", OptType::Int, 3, "steps", &ToyOptions::steps, check_positive())
+                         .add("toy/lr", OptType::Float, 0.5, "lr", &ToyOptions::lr)
+                         .add("toy/mode", OptType::String, "fast", "mode",
+                              [](ToyOptions& o, const json& v) { o.mode = "mode:" + v.get<std::string>(); },
+                              check_one_of({"fast", "slow"}))
+                         .add("toy/kept", OptType::Bool, false, "kept", &ToyOptions::kept);
+  ConfigSchema s;
+  group.declare(s);
+  s.remove("toy/kept");  // a kind without this key
+  REQUIRE(s.find("toy/steps"));
+  CHECK(s.find("toy/steps")->default_value == 3);
+  CHECK(s.find("toy/mode")->doc == "mode");
+  Config cfg(s);
+  ToyOptions at_defaults = group.read(cfg);
+  CHECK(at_defaults.steps == 3);
+  CHECK(at_defaults.lr == 0.5);
+  CHECK(at_defaults.mode == "mode:fast");
+  CHECK(at_defaults.kept);
+  cfg.apply_override("toy/steps=12");
+  cfg.apply_override("toy/mode=slow");
+  const ToyOptions set = group.read(cfg);
+  CHECK(set.steps == 12);
+  CHECK(set.mode == "mode:slow");
+  // The declared check still guards the key.
+  CHECK_THROWS_WITH(cfg.apply_override("toy/steps=0"), Contains("toy/steps"));
 }

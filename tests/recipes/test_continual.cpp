@@ -40,15 +40,16 @@ std::unique_ptr<BaseTrainer> make_bench(const Data& d, const std::string& name, 
 }  // namespace
 
 TEST_CASE("fade curves run from 0 to 1", "[benchmark]") {
-  for (std::string c : {"linear", "cosine", "sigmoid"}) {
-    INFO(c);
+  for (const std::string& name : fade_curve_names()) {
+    INFO(name);
+    const FadeCurve c = parse_fade_curve(name);
     CHECK(fade_curve(0.0, c) == Approx(0.0).margin(1e-12));
     CHECK(fade_curve(1.0, c) == Approx(1.0));
     CHECK(fade_curve(0.5, c) == Approx(0.5));
     CHECK(fade_curve(0.25, c) < fade_curve(0.75, c));
   }
-  CHECK(fade_curve(0.25, "linear") == Approx(0.25));
-  CHECK(fade_curve(0.25, "cosine") == Approx(0.5 * (1 - std::cos(M_PI / 4))));
+  CHECK(fade_curve(0.25, FadeCurve::Linear) == Approx(0.25));
+  CHECK(fade_curve(0.25, FadeCurve::Cosine) == Approx(0.5 * (1 - std::cos(M_PI / 4))));
 }
 
 TEST_CASE("stage switches and fade weights fall on the exact steps", "[benchmark]") {
@@ -58,21 +59,21 @@ TEST_CASE("stage switches and fade weights fall on the exact steps", "[benchmark
     stages[i].end_step = 10 * (i + 1);
   }
   // No fade: the stage of each step.
-  CHECK(fade_at(stages, 9, 0, "linear").from == 0);
-  CHECK(fade_at(stages, 10, 0, "linear").from == 1);
-  CHECK(fade_at(stages, 29, 0, "linear").from == 2);
+  CHECK(fade_at(stages, 9, 0, FadeCurve::Linear).from == 0);
+  CHECK(fade_at(stages, 10, 0, FadeCurve::Linear).from == 1);
+  CHECK(fade_at(stages, 29, 0, FadeCurve::Linear).from == 2);
   // A 4-step window before each boundary: steps 6..9 fade 0 -> 1 at k / 5.
-  CHECK(fade_at(stages, 5, 4, "linear").weight == 0.0);
+  CHECK(fade_at(stages, 5, 4, FadeCurve::Linear).weight == 0.0);
   for (int k = 1; k <= 4; ++k) {
-    FadeAt f = fade_at(stages, 5 + k, 4, "linear");
+    FadeAt f = fade_at(stages, 5 + k, 4, FadeCurve::Linear);
     CHECK(f.from == 0);
     CHECK(f.to == 1);
     CHECK(f.weight == Approx(k / 5.0));
   }
-  CHECK(fade_at(stages, 10, 4, "linear").weight == 0.0);  // fully stage 1 at its first step
-  CHECK(fade_at(stages, 19, 4, "linear").to == 2);
-  CHECK(fade_at(stages, 29, 4, "linear").weight == 0.0);  // no fade after the last stage
-  CHECK(fade_at(stages, 9, 4, "linear", 0).weight == 0.0);  // nor across a stage marked as a phase end
+  CHECK(fade_at(stages, 10, 4, FadeCurve::Linear).weight == 0.0);  // fully stage 1 at its first step
+  CHECK(fade_at(stages, 19, 4, FadeCurve::Linear).to == 2);
+  CHECK(fade_at(stages, 29, 4, FadeCurve::Linear).weight == 0.0);  // no fade after the last stage
+  CHECK(fade_at(stages, 9, 4, FadeCurve::Linear, 0).weight == 0.0);  // nor across a stage marked as a phase end
   // Rows split by largest remainder and sum to the batch.
   for (int b : {1, 3, 16, 33}) {
     auto rows = largest_remainder({1 - 0.4, 0.4}, b);
