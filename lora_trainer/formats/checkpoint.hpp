@@ -1,7 +1,7 @@
 // The on-disk checkpoint format: files and metadata, nothing about trainers.
 //
 // A checkpoint is a directory holding
-//   state.h5       one HDF5 dataset per tensor, at its name ("params/h.0.attn.c_attn.weight",
+//   state.h5       (state_h5.hpp) one HDF5 dataset per tensor, at its name ("params/h.0.attn.c_attn.weight",
 //                  "optim/exp_avg/...", "rng/cpu"); each has a string attribute "dtype" (float32,
 //                  bfloat16, int64, ...) and a string attribute "crc32" (8 hex digits: zlib's CRC-32
 //                  of the tensor's bytes, checked at every load). bfloat16 and float16 are stored as
@@ -22,6 +22,7 @@
 
 #include "lora_trainer/core/named_tensors.hpp"
 #include "lora_trainer/formats/lora_metadata.hpp"
+#include "lora_trainer/formats/state_h5.hpp"
 
 namespace lt {
 
@@ -114,7 +115,5 @@ std::vector<std::string> list_checkpoints(const std::string& job_dir);
 // that a kill between two renames left only as `.NAME.old-*` (only a job's one writer may call it:
 // another's save in progress looks the same). Returns how many.
 int remove_interrupted_saves(const std::string& job_dir);
-
-std::string dtype_name(torch::ScalarType t);
 
 }  // namespace lt

@@ -64,6 +64,7 @@ class LoRATrainer : public BaseTrainer {
   // The report of a finished job: per-phase speed, parameter counts, validation perplexity per dataset
   // before and after the LoRA phase, written to report.md beside loss.svg (the loss curves with the
   // boundary marked) in the run directory; "" when no training was logged in it. run() prints it.
+  // (lora_trainer_report.cpp)
   std::string report();
 
   StateKind state_kind() const override { return in_lora_ ? StateKind::Lora : StateKind::Plain; }

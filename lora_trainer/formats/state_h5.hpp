@@ -1,0 +1,37 @@
+// state.h5, the tensors of a checkpoint, as HDF5 (state_h5.cpp says how). The checkpoint format around
+// it (metadata.json, atomic saves, which tensors a state holds) is checkpoint.hpp's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lora_trainer/core/named_tensors.hpp"
+
+namespace lt {
+
+// Where each tensor's bytes lie in the file: (offset, length), sorted by offset.
+using DataRanges = std::vector<std::pair<uint64_t, uint64_t>>;
+
+// Writes `tensors` (any device; copied to the CPU) to `path`. A full file system is a UserError saying
+// so, with the space free and the space needed.
+DataRanges write_state_h5(const std::string& path, const NamedTensors& tensors);
+
+// Every tensor of the file, sorted by name, each checked against its recorded CRC-32 (a mismatch, an
+// unknown dtype or a shape the file does not hold is a UserError naming the tensor). `verified` counts
+// the tensors that had a CRC-32 (files written before checksums have none); `crcs` (when given)
+// receives each tensor's, in the same order.
+NamedTensors read_state_h5(const std::string& path, int* verified = nullptr, std::vector<std::string>* crcs = nullptr);
+
+// The CRC-32 of the file's bytes outside `ranges` (HDF5's own structures), as 8 hex digits, and the
+// file's size. A UserError naming the file when it cannot be read.
+std::pair<std::string, uint64_t> structure_crc32(const std::string& path, const DataRanges& ranges);
+
+// The name a dtype is recorded under ("float32", "bfloat16", ...).
+std::string dtype_name(torch::ScalarType t);
+
+// fsync of a written file (errors ignored: the rename that publishes it is what must be durable).
+void fsync_file(const std::string& path);
+
+}  // namespace lt
