@@ -107,17 +107,17 @@ inline JobSpec job_spec(const std::string& name) {
 }
 
 // The trainer of registered job `kind`, as the launcher builds it (the registry picks the class).
-template <class Trainer = BaseTrainer>
-std::unique_ptr<Trainer> build_job(const std::string& kind, const std::string& name, Config cfg, const std::string& out) {
+template <class T = Trainer>
+std::unique_ptr<T> build_job(const std::string& kind, const std::string& name, Config cfg, const std::string& out) {
   auto job = job_registry().find(kind).make(job_spec(name), std::move(cfg), out);
-  auto* t = dynamic_cast<Trainer*>(job.get());
+  auto* t = dynamic_cast<T*>(job.get());
   REQUIRE(t);
   job.release();
-  return std::unique_ptr<Trainer>(t);
+  return std::unique_ptr<T>(t);
 }
 
 // Both trainers hold bit-identical state: every tensor a checkpoint would store, by name and order.
-inline void require_same_state(BaseTrainer& a, BaseTrainer& b) {
+inline void require_same_state(Trainer& a, Trainer& b) {
   auto sa = a.state_tensors(), sb = b.state_tensors();
   REQUIRE(sa.size() == sb.size());
   for (size_t i = 0; i < sa.size(); ++i) {

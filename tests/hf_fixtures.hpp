@@ -11,7 +11,7 @@
 
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/formats/huggingface.hpp"
-#include "lora_trainer/training/lora_trainer.hpp"
+#include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/cli/registry.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
 #include "lora_trainer/training/trainer.hpp"
@@ -38,7 +38,7 @@ inline torch::Tensor golden_logits(const std::string& dir) {  // (2, 16, V)
 // runtime's device), and its f32 logits without autocast, on the CPU.
 struct Loaded {
   std::unique_ptr<RestorableJob> job;
-  BaseTrainer* trainer;
+  Trainer* trainer;
   torch::Tensor logits(const torch::Tensor& ids) {
     torch::NoGradGuard ng;
     auto m = trainer->model();
@@ -50,7 +50,7 @@ inline Loaded load(const std::string& checkpoint, std::vector<std::string> overr
   Loaded l;
   overrides.push_back("runtime/threads=2");
   l.job = from_checkpoint_path(checkpoint, "", "/nonexistent-lt-test-out", overrides);
-  l.trainer = dynamic_cast<BaseTrainer*>(l.job.get());
+  l.trainer = dynamic_cast<Trainer*>(l.job.get());
   REQUIRE(l.trainer);
   return l;
 }
@@ -59,7 +59,7 @@ inline Loaded load(const std::string& checkpoint, std::vector<std::string> overr
 // settings otherwise (fixtures.hpp), 1280 tokens of the dataset "gen" in `data`, rank 4, alpha 8,
 // lr 0.01, f32; then `extra`.
 inline Config imported_lora_config(const std::string& imported, const std::string& data, const std::vector<std::string>& extra) {
-  Config c(LoRATrainer::schema());
+  Config c(Trainer::lora_schema());
   c.merge_json(read_checkpoint_metadata(imported)["config"], "import");
   for (const auto& o : tiny_overrides(data))
     if (o.rfind("architecture/", 0) != 0) c.apply_override(o);
@@ -76,7 +76,7 @@ inline Config imported_lora_config(const std::string& imported, const std::strin
 inline std::string run_imported_lora(Config c, const std::string& imported, const std::string& out) {
   JobSpec s;
   s.name = "adapt";
-  LoRATrainer t(s, std::move(c), out);
+  Trainer t(s, c, out, TrainingPlan::from_lora_config(c));
   t.restore_from_path(imported);
   t.run();
   return out + "/checkpoints/general/default/adapt/final/1280";
@@ -115,7 +115,7 @@ inline void keep_for_hf_check(const std::string& name, const std::string& from, 
   for (int64_t r = 0; r < ids.size(0); ++r)
     rows.push_back(std::vector<int64_t>(ids[r].data_ptr<int64_t>(), ids[r].data_ptr<int64_t>() + ids.size(1)));
   write_file_atomic(k + "/ids.json", nlohmann::json{{"ids", rows}}.dump() + "\n");
-  auto& trained = dynamic_cast<LoRATrainer&>(*lora.trainer);
+  auto& trained = dynamic_cast<Trainer&>(*lora.trainer);
   const nlohmann::json lm = read_checkpoint_metadata(checkpoint)["lora"];
   Loaded f32 = load(imported, {"optimization/lora/rank=" + std::to_string(lm["rank"].get<int64_t>())});
   attach_lora(*f32.trainer->model(), trained.lora_params(), lm["alpha"].get<double>(), lm["rank"].get<int64_t>(),

@@ -8,7 +8,8 @@
 #include <vector>
 
 #include "lora_trainer/models/gpt2.hpp"
-#include "lora_trainer/training/lora_trainer.hpp"
+#include "lora_trainer/recipes/dpo_part.hpp"
+#include "lora_trainer/training/trainer.hpp"
 #include "catch.hpp"
 #include "fixtures.hpp"
 
@@ -27,10 +28,10 @@ inline GPT tiny_gpt() {
 }
 
 // 5 full steps on "gen", then 5 LoRA steps on "gen2" (128 tokens a step).
-inline std::unique_ptr<LoRATrainer> make_lora(const TwoDatasets& d, const std::string& name,
+inline std::unique_ptr<Trainer> make_lora(const TwoDatasets& d, const std::string& name,
                                               std::vector<std::string> extra = {}) {
-  return std::make_unique<LoRATrainer>(job_spec(name),
-                                       tiny_config(LoRATrainer::schema(), d.dir / "data", two_phase_overrides(), extra),
+  return make_lora_train(job_spec(name),
+                                       tiny_config(Trainer::lora_schema(), d.dir / "data", two_phase_overrides(), extra),
                                        d.dir / "out");
 }
 
@@ -49,7 +50,7 @@ inline torch::Tensor logits_of(CausalLMImpl& m, const torch::Tensor& idx) {
 
 // A LoRA job with `opts` saved mid phase 2 (step 7 of 10) resumes bit-identically, losses and state;
 // then its final checkpoint restores the finished state. Returns the straight and the resumed jobs.
-inline std::pair<std::unique_ptr<LoRATrainer>, std::unique_ptr<LoRATrainer>> check_resume_mid_phase2_and_final(
+inline std::pair<std::unique_ptr<Trainer>, std::unique_ptr<Trainer>> check_resume_mid_phase2_and_final(
     TwoDatasets& d, const std::vector<std::string>& opts) {
   auto straight = make_lora(d, "straight", opts);
   std::vector<double> losses;

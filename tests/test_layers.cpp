@@ -29,7 +29,7 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
 };
 
 // Includes that go up today, each with the change that removes it (none left: import-hf's read of
-// the architecture through LoRATrainer::schema() went with issue 29's step 5).
+// the architecture through Trainer::lora_schema() went with issue 29's step 5).
 const std::set<std::pair<std::string, std::string>> kKnownExceptions = {};
 
 }  // namespace

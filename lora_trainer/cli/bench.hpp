@@ -1,6 +1,6 @@
 // The speed benchmark (`lora_trainer bench`), not to be confused with continual.* (the continual-
 // learning trainers): for one model size it times phase-1 (full) and phase-2 (LoRA) training steps of
-// the real LoRATrainer on synthetic tokens and reports, per phase, tokens/s, step time (median and
+// the real trainer of a lora/train job on synthetic tokens and reports, per phase, tokens/s, step time (median and
 // spread), peak memory (the process's RSS, the CPU allocator's peak above the state held before the timed
 // steps, the GPU allocator's peak), bytes of persistent state and model FLOPs utilisation against a bf16
 // (or f32) matmul peak measured in the same run. Results print as a table and are written as JSON.

@@ -3,7 +3,6 @@
 #include "lora_trainer/recipes/continual.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/recipes/dpo_part.hpp"
-#include "lora_trainer/training/lora_trainer.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/core/util.hpp"
 
@@ -12,9 +11,9 @@ namespace lt {
 const JobRegistry& job_registry() {
   static const JobRegistry registry = [] {
     JobRegistry r;
-    r.add({"train", "full-parameter GPT training on a dataset mixture (the base trainer)", &BaseTrainer::schema,
+    r.add({"train", "full-parameter GPT training on a dataset mixture (the base trainer)", &Trainer::schema,
            [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
-             return std::make_unique<BaseTrainer>(std::move(spec), std::move(cfg), std::move(out));
+             return std::make_unique<Trainer>(std::move(spec), std::move(cfg), std::move(out));
            }});
     r.add({"lora/train",
            "two phases: full-parameter training, then LoRA adapters on a frozen bf16 base (with DPO when the post-LoRA "

@@ -46,7 +46,7 @@ class ConfigSchema {
  public:
   ConfigSchema& add(std::string path, OptType type, json default_value, std::string doc,
                     OptCheck check = {});
-  // Drops an option a subclass does not use (e.g. the LoRA trainer's phases replace training/tokens).
+  // Drops an option a subclass does not use (e.g. lora/train's phases replace training/tokens).
   ConfigSchema& remove(const std::string& path);
   const OptionSpec* find(const std::string& path) const;
   const std::vector<OptionSpec>& options() const { return options_; }

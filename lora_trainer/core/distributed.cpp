@@ -12,22 +12,32 @@
 #endif
 
 #include "lora_trainer/core/config.hpp"
+#include "lora_trainer/core/options.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace lt {
 
-void add_distributed_options(ConfigSchema& s) {
-  s.add("distributed/timeout_s", OptType::Float, 300.0,
-        "with several ranks: how long to wait for every rank at the rendezvous and in any one collective before "
-        "exiting with an error (a rank that died or hangs)",
-        check_positive());
-  s.add("distributed/shard_optimizer", OptType::String, "lora",
-        "with several ranks, which AdamW moments are split across ranks (ZeRO-1: each rank keeps and updates "
-        "the moments of its share of the parameters): none, lora (the adapters' in the LoRA phase) or all "
-        "(phase 1 too)",
-        check_one_of(shard_mode_names()));
+static const OptionGroup<DistributedOptions>& distributed_options() {
+  using O = DistributedOptions;
+  static const auto g =
+      OptionGroup<O>()
+          .add("distributed/timeout_s", OptType::Float, 300.0,
+               "with several ranks: how long to wait for every rank at the rendezvous and in any one collective before "
+               "exiting with an error (a rank that died or hangs)",
+               &O::timeout_s, check_positive())
+          .add("distributed/shard_optimizer", OptType::String, "lora",
+               "with several ranks, which AdamW moments are split across ranks (ZeRO-1: each rank keeps and updates "
+               "the moments of its share of the parameters): none, lora (the adapters' in the LoRA phase) or all "
+               "(phase 1 too)",
+               [](O& o, const json& v) { o.shard_optimizer = parse_shard_mode(v.get<std::string>()); },
+               check_one_of(shard_mode_names()));
+  return g;
 }
+
+void add_distributed_options(ConfigSchema& s) { distributed_options().declare(s); }
+
+DistributedOptions DistributedOptions::from_config(const Config& cfg) { return distributed_options().read(cfg); }
 
 static const std::pair<ShardMode, const char*> kShardModes[] = {
     {ShardMode::None, "none"}, {ShardMode::Lora, "lora"}, {ShardMode::All, "all"}};

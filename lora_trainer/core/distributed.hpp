@@ -21,14 +21,12 @@
 namespace lt {
 
 class ConfigSchema;
+class Config;
 
 class DistributedError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
-
-// distributed/timeout_s and distributed/shard_optimizer.
-void add_distributed_options(ConfigSchema& s);
 
 // distributed/shard_optimizer: which AdamW moments ZeRO-1 splits across the ranks; its name in configs
 // is "none", "lora" (the adapters') or "all" (phase 1's too).
@@ -36,6 +34,15 @@ enum class ShardMode { None, Lora, All };
 ShardMode parse_shard_mode(const std::string& name);  // std::invalid_argument naming the known ones
 std::string shard_mode_name(ShardMode mode);
 std::vector<std::string> shard_mode_names();  // every name, for a config check
+
+// distributed/*, each declared once bound to its field (distributed.cpp's OptionGroup):
+// add_distributed_options adds them to a schema, from_config reads them.
+struct DistributedOptions {
+  double timeout_s = 300.0;                   // distributed/timeout_s
+  ShardMode shard_optimizer = ShardMode::Lora;  // distributed/shard_optimizer
+  static DistributedOptions from_config(const Config& cfg);
+};
+void add_distributed_options(ConfigSchema& s);
 
 class Distributed {
  public:

@@ -59,9 +59,13 @@ class OptionGroup {
   // The options `cfg` gives; a key not in cfg's schema keeps the field's initialiser.
   Opts read(const Config& cfg) const {
     Opts out;
+    read_into(cfg, out);
+    return out;
+  }
+  // The fields of `out` that `cfg` gives set from it; the others (and keys not in cfg's schema) unchanged.
+  void read_into(const Config& cfg, Opts& out) const {
     for (size_t i = 0; i < specs_.size(); ++i)
       if (cfg.schema().find(specs_[i].path)) setters_[i](out, cfg.get(specs_[i].path));
-    return out;
   }
   const std::vector<OptionSpec>& specs() const { return specs_; }
 

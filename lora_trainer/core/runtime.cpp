@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "lora_trainer/core/config.hpp"
+#include "lora_trainer/core/options.hpp"
 #include "lora_trainer/kernels/cross_entropy.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
 #include "lora_trainer/core/util.hpp"
@@ -17,26 +18,43 @@
 
 namespace lt {
 
-void add_runtime_options(ConfigSchema& s) {
-  s.add("runtime/device", OptType::String, "auto", "cpu, cuda, or auto (cuda when available)",
-        check_one_of({"auto", "cpu", "cuda"}));
-  s.add("runtime/precision", OptType::String, "auto",
-        "bf16 (f32 weights, bf16 autocast), f32, or auto (bf16 where the device has fast bf16)",
-        check_one_of({"auto", "bf16", "f32"}));
-  s.add("runtime/attention", OptType::String, "auto",
-        "fused (scaled_dot_product_attention: flash/efficient kernels on CUDA; LibTorch 2.0+), manual "
-        "(masked softmax in f32), or auto (fused on CUDA where LibTorch has it, manual on the CPU, where the fused "
-        "kernel measured slower)",
-        check_one_of({"auto", "fused", "manual"}));
-  s.add("runtime/loss", OptType::String, "auto",
-        "the loss's kernels for bf16 logits: fused (this project's: reads the bf16 logits once, writes the bf16 "
-        "gradient, no f32 copy; on the CPU, and on CUDA in a build with the CUDA kernels), libtorch (log_softmax + "
-        "nll_loss over an f32 copy of the logits), or auto (fused on the CPU, libtorch on CUDA). f32 logits always "
-        "take libtorch's",
-        check_one_of({"auto", "fused", "libtorch"}));
-  s.add("runtime/threads", OptType::Int, 0, "CPU threads for torch; 0 = every core (shared among the ranks of this machine)",
-        check_range(0, 4096));
+// An enum key: its names in the enum's order, its check, and the setter of its field.
+template <class E>
+static auto enum_option(const std::string& key, std::vector<std::string> names, E RuntimeOptions::*field) {
+  return [key, names, field](RuntimeOptions& o, const json& v) { o.*field = enum_named<E>(names, v.get<std::string>(), key); };
 }
+
+static const OptionGroup<RuntimeOptions>& runtime_options() {
+  using O = RuntimeOptions;
+  static const std::vector<std::string> devices = {"auto", "cpu", "cuda"}, precisions = {"auto", "bf16", "f32"},
+                                        attentions = {"auto", "fused", "manual"}, losses = {"auto", "fused", "libtorch"};
+  static const auto g =
+      OptionGroup<O>()
+          .add("runtime/device", OptType::String, "auto", "cpu, cuda, or auto (cuda when available)",
+               enum_option("runtime/device", devices, &O::device), check_one_of(devices))
+          .add("runtime/precision", OptType::String, "auto",
+               "bf16 (f32 weights, bf16 autocast), f32, or auto (bf16 where the device has fast bf16)",
+               enum_option("runtime/precision", precisions, &O::precision), check_one_of(precisions))
+          .add("runtime/attention", OptType::String, "auto",
+               "fused (scaled_dot_product_attention: flash/efficient kernels on CUDA; LibTorch 2.0+), manual "
+               "(masked softmax in f32), or auto (fused on CUDA where LibTorch has it, manual on the CPU, where the fused "
+               "kernel measured slower)",
+               enum_option("runtime/attention", attentions, &O::attention), check_one_of(attentions))
+          .add("runtime/loss", OptType::String, "auto",
+               "the loss's kernels for bf16 logits: fused (this project's: reads the bf16 logits once, writes the bf16 "
+               "gradient, no f32 copy; on the CPU, and on CUDA in a build with the CUDA kernels), libtorch (log_softmax + "
+               "nll_loss over an f32 copy of the logits), or auto (fused on the CPU, libtorch on CUDA). f32 logits always "
+               "take libtorch's",
+               enum_option("runtime/loss", losses, &O::loss), check_one_of(losses))
+          .add("runtime/threads", OptType::Int, 0,
+               "CPU threads for torch; 0 = every core (shared among the ranks of this machine)", &O::threads,
+               check_range(0, 4096));
+  return g;
+}
+
+void add_runtime_options(ConfigSchema& s) { runtime_options().declare(s); }
+
+RuntimeOptions RuntimeOptions::from_config(const Config& cfg) { return runtime_options().read(cfg); }
 
 bool cpu_has_fast_bf16() {
   std::ifstream in("/proc/cpuinfo");
@@ -70,24 +88,24 @@ static void keep_freed_memory() {
 Runtime Runtime::from_config(const Config& cfg) {
   keep_freed_memory();
   Runtime rt;
-  std::string dev = cfg.get_string("runtime/device");
+  const RuntimeOptions o = RuntimeOptions::from_config(cfg);
+  using Device = RuntimeOptions::Device;
   bool cuda = torch::cuda::is_available();
-  if (dev == "cuda" && !cuda)
+  if (o.device == Device::Cuda && !cuda)
     throw UserError("runtime/device=cuda, but no CUDA device is available to this build; use runtime/device=cpu");
   // A rank started by `run --nproc` or torchrun uses the GPU of its LOCAL_RANK.
   const int local_rank = env_int("LOCAL_RANK", 0);
   const int local_ranks = std::max(1, env_int("LOCAL_WORLD_SIZE", 1));
-  rt.device = (dev == "cuda" || (dev == "auto" && cuda))
+  rt.device = (o.device == Device::Cuda || (o.device == Device::Auto && cuda))
                   ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % std::max<int64_t>(1, torch::cuda::device_count())))
                   : torch::Device(torch::kCPU);
-  if (rt.device.is_cuda() && cfg.get_string("runtime/loss") == "fused" && !cuda_loss_kernels_built())
+  if (rt.device.is_cuda() && o.loss == RuntimeOptions::Loss::Fused && !cuda_loss_kernels_built())
     throw UserError("runtime/loss=fused on CUDA needs the CUDA kernels, which this build does not have (CMake found no "
                     "CUDA compiler, nvcc, when it was configured); use runtime/loss=auto or libtorch, or rebuild with "
                     "nvcc on PATH (docs/performance.md)");
-  std::string prec = cfg.get_string("runtime/precision");
-  if (prec == "auto") rt.bf16_autocast = rt.device.is_cuda() || cpu_has_fast_bf16();
-  else rt.bf16_autocast = prec == "bf16";
-  int64_t threads = cfg.get_int("runtime/threads");
+  if (o.precision == RuntimeOptions::Precision::Auto) rt.bf16_autocast = rt.device.is_cuda() || cpu_has_fast_bf16();
+  else rt.bf16_autocast = o.precision == RuntimeOptions::Precision::Bf16;
+  const int64_t threads = o.threads;
   // 0: the cores are shared among the ranks on this machine.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   rt.threads = threads > 0 ? static_cast<int>(threads) : std::max(1, cores / local_ranks);

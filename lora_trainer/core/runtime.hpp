@@ -11,11 +11,24 @@ namespace lt {
 class Config;
 class ConfigSchema;
 
+// The runtime's keys (runtime/*), each declared once bound to its field (runtime.cpp's OptionGroup):
+// add_runtime_options adds them to a schema, from_config reads them. The model reads its two
+// (attention, loss) through ModelOptions.
+struct RuntimeOptions {
+  enum class Device { Auto, Cpu, Cuda } device = Device::Auto;           // runtime/device
+  enum class Precision { Auto, Bf16, F32 } precision = Precision::Auto;  // runtime/precision
+  enum class Attention { Auto, Fused, Manual } attention = Attention::Auto;  // runtime/attention
+  enum class Loss { Auto, Fused, LibTorch } loss = Loss::Auto;           // runtime/loss
+  int64_t threads = 0;  // runtime/threads: 0 = every core (shared among this machine's ranks)
+  static RuntimeOptions from_config(const Config& cfg);
+};
+
 struct Runtime {
   torch::Device device = torch::kCPU;
   bool bf16_autocast = false;
   int threads = 1;
-  // runtime/device: auto|cpu|cuda; runtime/precision: auto|bf16|f32; runtime/threads: 0 = all cores.
+  // The device, precision and threads runtime/* chooses (RuntimeOptions), and the process's
+  // allocator and BLAS threads set for training.
   static Runtime from_config(const Config& cfg);
   std::string describe() const;
   // A host tensor (a batch) on this device. To CUDA through pinned memory without waiting: a plain

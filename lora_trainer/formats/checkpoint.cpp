@@ -21,12 +21,6 @@ namespace lt {
 
 namespace {
 
-std::string shape_str(at::IntArrayRef s) {
-  std::string out = "(";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + ")";
-}
-
 // Every field the trainers read, with its type: a damaged or hand-edited metadata.json is an error
 // naming the field, not a JSON exception deep inside a restore.
 void check_metadata_fields(const std::string& dir, const nlohmann::json& meta) {
@@ -374,8 +368,8 @@ void load_checkpoint_into(const CheckpointMeta& ck, const NamedTensors& into,
     }
     const auto& src = it->second;
     if (src.sizes() != target.sizes())
-      problems.push_back(name + ": shape " + shape_str(src.sizes()) + " in the checkpoint, " +
-                         shape_str(target.sizes()) + " expected");
+      problems.push_back(name + ": shape " + shape_text(src.sizes().vec()) + " in the checkpoint, " +
+                         shape_text(target.sizes().vec()) + " expected");
     else if (src.scalar_type() != target.scalar_type())
       problems.push_back(name + ": dtype " + dtype_name(src.scalar_type()) + " in the checkpoint, " +
                          dtype_name(target.scalar_type()) + " expected");

@@ -74,8 +74,9 @@ std::vector<std::string> check_export_target(const std::string& source, const st
                   "names this command writes are then replaced, every other file is kept). Nothing was written");
 }
 
-NamedTensors export_tensors(const std::string& checkpoint, bool use_ema) {
-  NamedTensors all = read_checkpoint_tensors(checkpoint);
+NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema) {
+  const std::string& checkpoint = ck.dir;
+  NamedTensors all = read_checkpoint_tensors(ck);
   if (!use_ema) return all;
   std::map<std::string, torch::Tensor> ema;
   for (auto& [n, t] : all)
@@ -96,7 +97,7 @@ MergedWeights merged_weights(const std::string& checkpoint, bool use_ema) {
   MergedWeights m;
   const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
   m.meta = ck.raw;
-  ParamTensors stored = param_tensors(export_tensors(checkpoint, use_ema));
+  ParamTensors stored = param_tensors(export_tensors(ck, use_ema));
   const std::map<std::string, torch::Tensor>& lora = stored.adapters;
   for (auto& [n, t] : stored.base) m.params.emplace_back(n, t.to(torch::kFloat32));
   if (m.params.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");

@@ -30,7 +30,8 @@ MergedWeights merged_weights(const std::string& checkpoint, bool use_ema = false
 // A checkpoint's tensors for an export: as saved, or with `use_ema` (export --ema) each trained
 // tensor (params/<n>, the adapters' included) replaced by its moving average (ema/<n>, optimization/ema/decay); a
 // checkpoint without one is then a UserError.
-NamedTensors export_tensors(const std::string& checkpoint, bool use_ema);
+struct CheckpointMeta;  // checkpoint.hpp
+NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema);
 
 // Writes a weights-only plain checkpoint of `checkpoint` with any adapters merged in; it initialises
 // another job (`run ... --restore OUT`), e.g. as the pretrained base of a LoRA job.

@@ -173,49 +173,34 @@ void export_peft(const std::string& checkpoint, const std::string& out, bool use
 
 namespace {
 
-void write_peft(const std::string& checkpoint, const std::string& out, bool use_ema, const std::vector<std::string>& ours) {
-  const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
-  const json& meta = ck.raw;
-  if (ck.kind != StateKind::Lora || !ck.lora)
-    throw UserError("export --format peft: " + checkpoint + " is a " + meta.value("kind", std::string("?")) +
-                    " checkpoint without adapters; a PEFT adapter comes from a LoRA-phase checkpoint. For full weights "
-                    "use --format hf. Nothing was written");
-  const LoraMetadata& l = *ck.lora;
-  const double alpha = l.alpha;
-  const int64_t r = l.rank;
-  ParamTensors stored = param_tensors(export_tensors(checkpoint, use_ema));
-  const std::map<std::string, torch::Tensor>& lora = stored.adapters;
-  const std::map<std::string, torch::Tensor> base(stored.base.begin(), stored.base.end());
-  const ModelOptions options = options_of(meta, checkpoint);
-  const ModelFamily family = options.family;
-  // Every weight of this model that can take an adapter, as a PEFT module path without base_model.model.
-  std::vector<std::string> all, adaptable;
-  {
-    CausalLM model = make_model(options);
-    adaptable = adaptable_weights(*model);
-  }
+// A checkpoint's stored parameters, by name: the base's and the adapters'.
+struct StoredParams {
+  std::map<std::string, torch::Tensor> base, adapters;
+};
+
+// Each target's A and B (and DoRA magnitude) as PEFT stores them, appended to `tensors`; returns the
+// adapted modules' HF paths without base_model.model.
+std::set<std::string> add_adapters(const std::string& checkpoint, const LoraMetadata& l, ModelFamily family,
+                                   const std::vector<std::string>& adaptable, const StoredParams& stored,
+                                   NamedTensors& tensors) {
   const std::string root = "base_model.model.";
-  for (const auto& w : adaptable) all.push_back(peft_module_path(family, w).substr(root.size()));
-  const std::vector<std::string>& targets = l.targets;
-  if (targets.empty()) throw UserError(checkpoint + ": its lora metadata lists no adapted weights. Nothing was written");
-  NamedTensors tensors;
-  const bool dora = l.dora;
-  std::set<std::string> adapted;  // HF module paths, without base_model.model.
-  for (const auto& w : targets) {
+  const auto& lora = stored.adapters;
+  std::set<std::string> adapted;
+  for (const auto& w : l.targets) {
     if (std::find(adaptable.begin(), adaptable.end(), w) == adaptable.end())
       throw UserError(checkpoint + ": adapted weight " + w + " is not a linear layer of this " + to_string(family) +
                       " model. Nothing was written");
     auto a = lora.find(LoraParams::a_name(w)), b = lora.find(LoraParams::b_name(w));
     if (a == lora.end() || b == lora.end())
       throw UserError(checkpoint + ": the adapter of " + w + " is missing (params/" + LoraParams::a_name(w) + "). Nothing was written");
-    auto W = base.find(w);
-    if (W == base.end())
+    auto W = stored.base.find(w);
+    if (W == stored.base.end())
       throw UserError(checkpoint + ": adapted weight " + w + " is not among its parameters (params/" + w + "). Nothing was written");
-    check_adapter_shapes(w, W->second, a->second, b->second, r);
+    check_adapter_shapes(w, W->second, a->second, b->second, l.rank);
     const std::string mod = peft_module_path(family, w);
     tensors.emplace_back(mod + ".lora_A.weight", a->second.to(torch::kFloat32).t().contiguous());  // (r, in)
     tensors.emplace_back(mod + ".lora_B.weight", b->second.to(torch::kFloat32).t().contiguous());  // (out, r)
-    if (dora) {  // (out): one per output feature, for a Conv1D layer too (PEFT's norm is of the (out, in) weight's rows)
+    if (l.dora) {  // (out): one per output feature, for a Conv1D layer too (PEFT's norm is of the (out, in) weight's rows)
       auto mg = lora.find(LoraParams::magnitude_name(w));
       if (mg == lora.end())
         throw UserError(checkpoint + ": a DoRA checkpoint without the magnitude of " + w + " (params/" +
@@ -224,9 +209,12 @@ void write_peft(const std::string& checkpoint, const std::string& out, bool use_
     }
     adapted.insert(mod.substr(root.size()));
   }
-  // target_modules: the shortest name suffixes that PEFT (which matches a module when its name equals
-  // a target or ends in "." + target) would resolve to exactly the adapted modules of this model.
-  std::vector<std::string> target_modules(adapted.begin(), adapted.end());
+  return adapted;
+}
+
+// target_modules: the shortest name suffixes that PEFT (which matches a module when its name equals
+// a target or ends in "." + target) would resolve to exactly the adapted modules among `all`.
+std::vector<std::string> peft_target_modules(const std::set<std::string>& adapted, const std::vector<std::string>& all) {
   for (int parts = 1; parts <= 3; ++parts) {
     std::set<std::string> suffixes;
     for (const auto& m : adapted) {
@@ -238,83 +226,126 @@ void write_peft(const std::string& checkpoint, const std::string& out, bool use_
     for (const auto& m : all)
       for (const auto& s : suffixes)
         if (m == s || ends_with(m, "." + s)) matched.insert(m);
-    if (matched == adapted) {
-      target_modules.assign(suffixes.begin(), suffixes.end());
-      break;
-    }
+    if (matched == adapted) return {suffixes.begin(), suffixes.end()};
   }
-  // modules_to_save: PEFT saves the whole module (every parameter, e.g. a norm's gain and bias) under
-  // its own name, base_model.model.<module>.<param>, and lists the module. A tied token embedding is
-  // also the output head; PEFT would give each of the two tied modules its own copy, so both are
-  // listed and both get the trained tensor; ensure_weight_tying (peft >= 0.18; older versions ignore the key)
-  // then makes PEFT tie the two copies again, so a merged model stays tied as ours is.
-  const std::vector<std::string>& saved = l.modules_to_save;
+  return {adapted.begin(), adapted.end()};
+}
+
+// modules_to_save: PEFT saves the whole module (every parameter, e.g. a norm's gain and bias) under
+// its own name, base_model.model.<module>.<param>, and lists the module. A tied token embedding is
+// also the output head; PEFT would give each of the two tied modules its own copy, so both are
+// listed and both get the trained tensor; ensure_weight_tying (peft >= 0.18; older versions ignore the key)
+// then makes PEFT tie the two copies again, so a merged model stays tied as ours is.
+struct PeftModulesToSave {
+  std::vector<std::string> modules;  // PEFT's list, without base_model.model.
+  bool tied_embedding = false;       // the tied embedding is among them (ensure_weight_tying)
+};
+
+PeftModulesToSave add_modules_to_save(const LoraMetadata& l, const ModelOptions& options, const StoredParams& stored,
+                                      NamedTensors& tensors) {
+  const std::string root = "base_model.model.";
+  const ModelFamily family = options.family;
   std::set<std::string> saved_modules;  // ours: "wte", "h.0.ln_1"
   const std::string tied_embedding =
       !options.tie_embeddings ? "" : family == ModelFamily::Gpt2 ? "wte.weight" : "model.embed_tokens.weight";
-  for (const auto& p : saved) saved_modules.insert(p.substr(0, p.rfind('.')));
-  std::vector<std::string> peft_modules_to_save;
-  bool saves_tied_embedding = false;
+  for (const auto& p : l.modules_to_save) saved_modules.insert(p.substr(0, p.rfind('.')));
+  PeftModulesToSave out;
   for (const auto& m : saved_modules) {
-    for (const auto& [n, t] : base) {
+    for (const auto& [n, t] : stored.base) {
       if (n.rfind(m + ".", 0) != 0 || n.find('.', m.size() + 1) != std::string::npos) continue;
       for (auto& [hf, v] : to_hf(family, {{n, t}})) tensors.emplace_back(root + hf, v);
       if (n == tied_embedding) tensors.emplace_back(root + "lm_head.weight", tensors.back().second);
     }
-    peft_modules_to_save.push_back(peft_module_path(family, m + ".weight").substr(root.size()));
+    out.modules.push_back(peft_module_path(family, m + ".weight").substr(root.size()));
     if (m + ".weight" == tied_embedding) {
-      peft_modules_to_save.push_back("lm_head");
-      saves_tied_embedding = true;
+      out.modules.push_back("lm_head");
+      out.tied_embedding = true;
     }
   }
-  // trainable_token_indices: PEFT saves the rows' values of the embedding under
-  // <module>.token_adapter.trainable_tokens_delta and lists the ids (the list form: the input
-  // embedding; PEFT ties a tied head to it, saving nothing for it).
-  json token_indices = nullptr;
-  for (const auto& [name, ids] : l.trainable_tokens) {
-    auto v = lora.find(TrainableTokens::values_name(name));
-    if (v == lora.end())
-      throw UserError(checkpoint + ": the trainable token rows of " + name + " are missing (params/" +
-                      TrainableTokens::values_name(name) + "). Nothing was written");
-    tensors.emplace_back(peft_module_path(family, name) + ".token_adapter.trainable_tokens_delta",
-                         v->second.to(torch::kFloat32).contiguous());
-    token_indices = ids;
+  return out;
+}
+
+// trainable_token_indices: PEFT saves the rows' values of the embedding under
+// <module>.token_adapter.trainable_tokens_delta and lists the ids (the list form: the input
+// embedding; PEFT ties a tied head to it, saving nothing for it). null when none train.
+json add_token_rows(const std::string& checkpoint, const LoraMetadata& l, ModelFamily family, const StoredParams& stored,
+                    NamedTensors& tensors) {
+  if (l.trainable_tokens.empty()) return nullptr;
+  const auto& [name, ids] = *l.trainable_tokens.begin();  // one embedding at most (LoraMetadata::from_json checks)
+  auto v = stored.adapters.find(TrainableTokens::values_name(name));
+  if (v == stored.adapters.end())
+    throw UserError(checkpoint + ": the trainable token rows of " + name + " are missing (params/" +
+                    TrainableTokens::values_name(name) + "). Nothing was written");
+  tensors.emplace_back(peft_module_path(family, name) + ".token_adapter.trainable_tokens_delta",
+                       v->second.to(torch::kFloat32).contiguous());
+  return json(ids);
+}
+
+json peft_config(const LoraMetadata& l, ModelFamily family, const std::vector<std::string>& target_modules,
+                 const PeftModulesToSave& saved, const json& token_indices, const json& base_model) {
+  return {{"peft_type", "LORA"},
+          {"task_type", "CAUSAL_LM"},
+          {"r", l.rank},
+          {"lora_alpha", l.alpha},
+          {"lora_dropout", 0.0},
+          {"target_modules", target_modules},
+          {"fan_in_fan_out", hf_fan_in_fan_out(family)},
+          {"bias", "none"},
+          {"use_rslora", l.rslora},
+          {"use_dora", l.dora},
+          {"modules_to_save", saved.modules.empty() ? json(nullptr) : json(saved.modules)},
+          {"ensure_weight_tying", saved.tied_embedding},
+          {"trainable_token_indices", token_indices},
+          // PEFT's value for the init the adapters were drawn with (only used when PEFT creates new ones)
+          {"init_lora_weights", l.init == LoraInit::Gaussian ? json("gaussian") : json(true)},
+          {"layers_to_transform", nullptr},
+          {"layers_pattern", nullptr},
+          {"rank_pattern", json::object()},
+          {"alpha_pattern", json::object()},
+          {"inference_mode", true},
+          {"revision", nullptr},
+          {"base_model_name_or_path",
+           base_model.is_object() && base_model.contains("name_or_path") ? base_model["name_or_path"] : json(nullptr)}};
+}
+
+void write_peft(const std::string& checkpoint, const std::string& out, bool use_ema, const std::vector<std::string>& ours) {
+  const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
+  const json& meta = ck.raw;
+  if (ck.kind != StateKind::Lora || !ck.lora)
+    throw UserError("export --format peft: " + checkpoint + " is a " + meta.value("kind", std::string("?")) +
+                    " checkpoint without adapters; a PEFT adapter comes from a LoRA-phase checkpoint. For full weights "
+                    "use --format hf. Nothing was written");
+  const LoraMetadata& l = *ck.lora;
+  ParamTensors params = param_tensors(export_tensors(ck, use_ema));
+  const StoredParams stored{{params.base.begin(), params.base.end()}, std::move(params.adapters)};
+  const ModelOptions options = options_of(meta, checkpoint);
+  const ModelFamily family = options.family;
+  // Every weight of this model that can take an adapter, as a PEFT module path without base_model.model.
+  std::vector<std::string> all, adaptable;
+  {
+    CausalLM model = make_model(options);
+    adaptable = adaptable_weights(*model);
   }
-  const json base_model = meta.value("base_model", json());
-  json config = {{"peft_type", "LORA"},
-                 {"task_type", "CAUSAL_LM"},
-                 {"r", r},
-                 {"lora_alpha", alpha},
-                 {"lora_dropout", 0.0},
-                 {"target_modules", target_modules},
-                 {"fan_in_fan_out", hf_fan_in_fan_out(family)},
-                 {"bias", "none"},
-                 {"use_rslora", l.rslora},
-                 {"use_dora", dora},
-                 {"modules_to_save", peft_modules_to_save.empty() ? json(nullptr) : json(peft_modules_to_save)},
-                 {"ensure_weight_tying", saves_tied_embedding},
-                 {"trainable_token_indices", token_indices},
-                 // PEFT's value for the init the adapters were drawn with (only used when PEFT creates new ones)
-                 {"init_lora_weights", l.init == LoraInit::Gaussian ? json("gaussian") : json(true)},
-                 {"layers_to_transform", nullptr},
-                 {"layers_pattern", nullptr},
-                 {"rank_pattern", json::object()},
-                 {"alpha_pattern", json::object()},
-                 {"inference_mode", true},
-                 {"revision", nullptr},
-                 {"base_model_name_or_path",
-                  base_model.is_object() && base_model.contains("name_or_path") ? base_model["name_or_path"] : json(nullptr)}};
+  const std::string root = "base_model.model.";
+  for (const auto& w : adaptable) all.push_back(peft_module_path(family, w).substr(root.size()));
+  if (l.targets.empty()) throw UserError(checkpoint + ": its lora metadata lists no adapted weights. Nothing was written");
+  NamedTensors tensors;
+  const std::set<std::string> adapted = add_adapters(checkpoint, l, family, adaptable, stored, tensors);
+  const PeftModulesToSave saved = add_modules_to_save(l, options, stored, tensors);
+  const json token_indices = add_token_rows(checkpoint, l, family, stored, tensors);
+  const json config = peft_config(l, family, peft_target_modules(adapted, all), saved, token_indices,
+                                  meta.value("base_model", json()));
   publish_dir(out, [&](const fs::path& dir) {
     write_safetensors((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
     write_file_atomic((dir / "adapter_config.json").string(), config.dump(2) + "\n");
     write_marker(dir, checkpoint, "peft");
   }, "", ours);
-  const bool rslora = l.rslora;
   std::printf("exported %s -> %s (PEFT LoRA adapter: %zu adapted modules, r %lld, lora_alpha %g, scaling %s = %g, "
-              "fan_in_fan_out %s%s%s%s%s%s; base %s)\n", checkpoint.c_str(), out.c_str(), adapted.size(), (long long)r, alpha,
-              rslora ? "alpha/sqrt(r)" : "alpha/r", lora_scale(alpha, r, rslora), hf_fan_in_fan_out(family) ? "true" : "false",
-              dora ? "; use_dora, a lora_magnitude_vector per module" : "", peft_modules_to_save.empty() ? "" : "; modules_to_save ",
-              join(peft_modules_to_save).c_str(), token_indices.is_null() ? "" : "; trainable_token_indices ",
+              "fan_in_fan_out %s%s%s%s%s%s; base %s)\n", checkpoint.c_str(), out.c_str(), adapted.size(), (long long)l.rank,
+              l.alpha, l.rslora ? "alpha/sqrt(r)" : "alpha/r", lora_scale(l.alpha, l.rank, l.rslora),
+              hf_fan_in_fan_out(family) ? "true" : "false", l.dora ? "; use_dora, a lora_magnitude_vector per module" : "",
+              saved.modules.empty() ? "" : "; modules_to_save ", join(saved.modules).c_str(),
+              token_indices.is_null() ? "" : "; trainable_token_indices ",
               token_indices.is_null() ? "" : token_indices.dump().c_str(),
               config["base_model_name_or_path"].is_string() ? config["base_model_name_or_path"].get<std::string>().c_str()
                                                             : "unknown: set base_model_name_or_path in adapter_config.json");

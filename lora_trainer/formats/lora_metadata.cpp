@@ -7,8 +7,6 @@ namespace lt {
 using json = nlohmann::json;
 
 json LoraMetadata::to_json() const {
-  json tokens = json::object();
-  for (const auto& [name, ids] : trainable_tokens) tokens[name] = ids;
   json j = {{"rank", rank},
             {"alpha", alpha},
             {"targets", targets},
@@ -18,7 +16,7 @@ json LoraMetadata::to_json() const {
             {"lr_ratio", lr_ratio},
             {"modules_to_save", modules_to_save},
             {"modules_to_save_lr_ratio", modules_to_save_lr_ratio},
-            {"trainable_tokens", tokens},
+            {"trainable_tokens", json(trainable_tokens)},  // {} for none
             {"adapters_from", adapters_from},
             {"base", base}};
   if (boundary_step) j["boundary_step"] = *boundary_step;

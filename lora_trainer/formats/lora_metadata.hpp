@@ -1,5 +1,5 @@
 // The `lora` block of a LoRA job's checkpoint metadata (checkpoints/README.md) as one typed value:
-// the LoRA trainer writes it (to_json), and every reader takes it from CheckpointMeta::lora, parsed
+// the trainer of a LoRA job writes it (to_json), and every reader takes it from CheckpointMeta::lora, parsed
 // and type-checked once by CheckpointMeta::read: restore, the merged and PEFT exports, init_from and
 // the consistency checks. A field an older checkpoint lacks has the value it had before it existed.
 #pragma once

@@ -20,7 +20,6 @@ class LinearImpl : public torch::nn::Module, public LoraAdaptable {
   void set_lora(torch::Tensor A, torch::Tensor B, double scale, torch::Tensor magnitude) override;
   void enable_lora(bool on) override { lora_on_ = on; }
   void freeze_weight(FrozenFormat format) override;
-  bool has_lora() const { return lora_A().defined(); }
   // W as it enters the matmul with x: from its FrozenWeight once frozen, else the parameter itself.
   torch::Tensor base_weight(const torch::Tensor& x) const;
   torch::Tensor weight, bias;  // bias undefined when built without one

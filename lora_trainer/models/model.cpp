@@ -22,7 +22,7 @@ ModelFamily parse_model_family(const std::string& s) {
 const char* to_string(ModelFamily f) { return f == ModelFamily::Gpt2 ? "gpt2" : "llama"; }
 
 // architecture/* and training/activation_checkpointing, each bound to the ModelOptions field it sets.
-// runtime/attention and runtime/loss are the runtime's keys (add_runtime_options), read by from_config.
+// runtime/attention and runtime/loss are the runtime's keys (RuntimeOptions), taken by from_config.
 static const OptionGroup<ModelOptions>& model_options() {
   using O = ModelOptions;
   static const auto g =
@@ -103,13 +103,12 @@ void add_model_options(ConfigSchema& s) { model_options().declare(s); }
 
 ModelOptions ModelOptions::from_config(const Config& cfg) {
   ModelOptions o = model_options().read(cfg);
-  const std::string attention = cfg.get_string("runtime/attention");
-  if (attention == "fused" && !fused_attention_available())
+  const RuntimeOptions runtime = RuntimeOptions::from_config(cfg);
+  o.attention = runtime.attention;
+  o.loss = runtime.loss;
+  if (o.attention == Attention::Fused && !fused_attention_available())
     throw UserError(std::string("runtime/attention=fused needs LibTorch 2.0 or newer (this build has ") +
                     compat::torch_version() + "); use runtime/attention=auto or manual");
-  o.attention = attention == "fused" ? Attention::Fused : attention == "manual" ? Attention::Manual : Attention::Auto;
-  const std::string loss = cfg.get_string("runtime/loss");
-  o.loss = loss == "fused" ? Loss::Fused : loss == "libtorch" ? Loss::LibTorch : Loss::Auto;
   o.validate();
   return o;
 }

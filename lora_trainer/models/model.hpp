@@ -16,6 +16,7 @@
 
 #include "lora_trainer/models/layers.hpp"
 #include "lora_trainer/core/named_tensors.hpp"
+#include "lora_trainer/core/runtime.hpp"
 
 namespace lt {
 
@@ -47,11 +48,13 @@ struct ModelOptions {
   bool qkv_bias = false;        // llama: biases on q_proj, k_proj, v_proj (Qwen2)
   // runtime/attention. auto: fused on CUDA (where LibTorch has it), masked softmax on the CPU, where
   // LibTorch 2.6's fused kernel measured 1.6-1.8x slower for the whole step (docs/performance.md).
-  enum class Attention { Auto, Fused, Manual } attention = Attention::Auto;
+  using Attention = RuntimeOptions::Attention;
+  Attention attention = Attention::Auto;
   // runtime/loss: which kernels compute the loss of bf16 logits (cross_entropy.hpp). auto: this
   // project's fused kernel on the CPU, LibTorch's log_softmax + nll_loss on CUDA (the fused CUDA
   // kernel is chosen explicitly until it has been timed on a GPU: docs/performance.md).
-  enum class Loss { Auto, Fused, LibTorch } loss = Loss::Auto;
+  using Loss = RuntimeOptions::Loss;
+  Loss loss = Loss::Auto;
   // training/activation_checkpointing: the blocks recompute their activations in the backward
   // (activation_checkpointing.hpp). A way of computing the forward, like `attention`: it changes the
   // memory a training step holds and its time, not its result.

@@ -4,13 +4,6 @@
 
 namespace lt {
 
-const char* to_string(FrozenFormat format) {
-  switch (format) {
-    case FrozenFormat::Bf16: return "bf16";
-  }
-  return "?";
-}
-
 torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x) {
   if (!W.defined() || W.scalar_type() == x.scalar_type()) return W;
   const bool autocast = compat::autocast_enabled(x.device().type());
@@ -23,9 +16,7 @@ namespace {
 class Bf16Weight : public FrozenWeight {
  public:
   explicit Bf16Weight(torch::Tensor weight) : weight_(std::move(weight)) {}
-  FrozenFormat format() const override { return FrozenFormat::Bf16; }
   torch::Tensor for_matmul(const torch::Tensor& x) const override { return weight_for(weight_, x); }
-  int64_t stored_bytes() const override { return weight_.numel() * static_cast<int64_t>(weight_.element_size()); }
 
  private:
   torch::Tensor weight_;

@@ -16,16 +16,12 @@ namespace lt {
 
 // The storages a frozen base can take (optimization/lora's base storage; bf16 only so far).
 enum class FrozenFormat { Bf16 };
-const char* to_string(FrozenFormat format);
 
 class FrozenWeight {
  public:
   virtual ~FrozenWeight() = default;
-  virtual FrozenFormat format() const = 0;
   // W (out, in) as it enters a matmul with x: in x's dtype, or as stored when autocast casts both.
   virtual torch::Tensor for_matmul(const torch::Tensor& x) const = 0;
-  // Bytes the stored weight takes.
-  virtual int64_t stored_bytes() const = 0;
 };
 
 // Freezes `weight` (a layer's registered parameter) in `format`: no gradient, and for bf16 the tensor

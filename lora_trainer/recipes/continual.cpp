@@ -82,7 +82,7 @@ static StagePlan benchmark_plan(const Config& cfg) {
 }
 
 ConfigSchema continual_schema() {
-  ConfigSchema s = BaseTrainer::schema();
+  ConfigSchema s = Trainer::schema();
   s.add("job/kind", OptType::String, "continual/train/benchmark", "the registered job class that runs this config");
   s.add("training/tokens", OptType::IntList, json::array({262144, 262144, 262144}),
         "token budget of each stage (A, B, C, ...)", check_positive_list());
@@ -95,27 +95,27 @@ ConfigSchema continual_schema() {
 }
 
 ConfigSchema continual_lora_schema() {
-  ConfigSchema s = LoRATrainer::schema();
+  ConfigSchema s = Trainer::lora_schema();
   s.add("job/kind", OptType::String, "continual/train/benchmark_lora", "the registered job class that runs this config");
   add_continual_options(s);
   return s;
 }
 
-std::unique_ptr<BaseTrainer> make_continual(JobSpec spec, Config cfg, std::string out_dir) {
-  const StagePlan plan = benchmark_plan(cfg);
-  auto t = std::make_unique<BaseTrainer>(std::move(spec), cfg, std::move(out_dir), plan);
+std::unique_ptr<Trainer> make_continual(JobSpec spec, Config cfg, std::string out_dir) {
+  const TrainingPlan plan = TrainingPlan::full(benchmark_plan(cfg));
+  auto t = std::make_unique<Trainer>(std::move(spec), cfg, std::move(out_dir), plan);
   t->add_part(std::make_unique<ContinualPart>(*t, ContinualOptions::from_config(cfg), -1));
   return t;
 }
 
-std::unique_ptr<LoRATrainer> make_continual_lora(JobSpec spec, Config cfg, std::string out_dir) {
-  auto t = std::make_unique<LoRATrainer>(std::move(spec), cfg, std::move(out_dir));
+std::unique_ptr<Trainer> make_continual_lora(JobSpec spec, Config cfg, std::string out_dir) {
+  auto t = std::make_unique<Trainer>(std::move(spec), cfg, std::move(out_dir), TrainingPlan::from_lora_config(cfg));
   const int64_t boundary = t->boundary_step();
   t->add_part(std::make_unique<ContinualPart>(*t, ContinualOptions::from_config(cfg), boundary > 0 ? t->stage_of(boundary - 1) : -1));
   return t;
 }
 
-ContinualPart::ContinualPart(BaseTrainer& trainer, ContinualOptions options, int lora_switch_stage)
+ContinualPart::ContinualPart(Trainer& trainer, ContinualOptions options, int lora_switch_stage)
     : trainer_(trainer),
       continual_(std::move(options)),
       lora_switch_stage_(lora_switch_stage),
@@ -126,7 +126,7 @@ void ContinualPart::plan(std::vector<Phase>& phases) {
 }
 
 Batch ContinualPart::Fades::next_share(int64_t first, int64_t count) {
-  BaseTrainer& t = part_.trainer_;
+  Trainer& t = part_.trainer_;
   const int64_t batch = t.batch_size();
   FadeAt f = fade_at(t.stages(), t.step(), part_.overlap_steps_, part_.continual_.fade_curve, part_.lora_switch_stage_);
   if (f.weight <= 0.0) return t.sampler(f.from).next_share(batch, first, count);
@@ -146,7 +146,7 @@ Batch ContinualPart::Fades::next_share(int64_t first, int64_t count) {
 }
 
 void ContinualPart::on_stage_end(int stage) {
-  BaseTrainer& t = trainer_;
+  Trainer& t = trainer_;
   auto evals = t.evaluate(t.plan_datasets(), continual_.boundary_rows);
   json losses = json::object();
   for (const auto& e : evals) losses[e.name] = e.loss;
@@ -208,7 +208,7 @@ std::string ContinualPart::forgetting_table() const {
 
 void ContinualPart::after_run() {
   if (matrix_.empty()) return;
-  const BaseTrainer& t = trainer_;
+  const Trainer& t = trainer_;
   std::vector<PlotMarker> markers;
   for (const auto& row : matrix_) {
     int stage = row["after_stage"].get<int>();
@@ -218,7 +218,7 @@ void ContinualPart::after_run() {
   }
   const std::string& name = t.spec().name;
   const fs::path dir = t.run_dir();
-  // Over the LoRA trainer's loss.svg (the phase boundary only): every stage boundary marked.
+  // Over the trainer's loss.svg (the phase boundary only): every stage boundary marked.
   write_loss_plot(read_metrics(t.run_dir()), markers, "job " + name + ": loss", (dir / "loss.svg").string());
   write_matrix_plot(matrix_, "job " + name + ": held-out loss after each stage", (dir / "forgetting.svg").string());
   std::string table = forgetting_table();

@@ -5,7 +5,7 @@
 //   continual/train/benchmark       stages from training/tokens + training/dataset (lists), on the
 //                                   base trainer (make_continual).
 //   continual/train/benchmark_lora  the pre-LoRA stages, then transition_to_lora, then the post-LoRA
-//                                   stages (the LoRA trainer's lists and phases; make_continual_lora).
+//                                   stages (lora/train's lists and phases; make_continual_lora).
 //
 // The part adds:
 //   - an optional fade: over the last training/fade/overlap tokens before a boundary, each batch's
@@ -25,7 +25,6 @@
 #include <utility>
 #include <vector>
 
-#include "lora_trainer/training/lora_trainer.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/training/trainer_part.hpp"
 
@@ -66,7 +65,7 @@ class ContinualPart : public TrainerPart {
  public:
   // The part of `trainer`, which must outlive it. `lora_switch_stage`: the stage whose end is the LoRA
   // switch (no fade crosses it; its checkpoint is `lora_boundary_*`), -1 for none.
-  ContinualPart(BaseTrainer& trainer, ContinualOptions options, int lora_switch_stage);
+  ContinualPart(Trainer& trainer, ContinualOptions options, int lora_switch_stage);
 
   void plan(std::vector<Phase>& phases) override;  // every phase's rows come through the fades
   void on_stage_end(int stage) override;
@@ -91,7 +90,7 @@ class ContinualPart : public TrainerPart {
     ContinualPart& part_;
   };
 
-  BaseTrainer& trainer_;
+  Trainer& trainer_;
   ContinualOptions continual_;
   int lora_switch_stage_;
   int64_t overlap_steps_ = 0;  // continual_.fade_overlap in whole steps
@@ -99,11 +98,11 @@ class ContinualPart : public TrainerPart {
   Fades fades_{*this};
 };
 
-// continual/train/benchmark: its schema, and a BaseTrainer over its stages with a ContinualPart.
+// continual/train/benchmark: its schema, and a Trainer over its stages with a ContinualPart.
 ConfigSchema continual_schema();
-std::unique_ptr<BaseTrainer> make_continual(JobSpec spec, Config cfg, std::string out_dir);
-// continual/train/benchmark_lora: its schema, and a LoRATrainer with a ContinualPart.
+std::unique_ptr<Trainer> make_continual(JobSpec spec, Config cfg, std::string out_dir);
+// continual/train/benchmark_lora: its schema, and a trainer of lora/train's plan with a ContinualPart.
 ConfigSchema continual_lora_schema();
-std::unique_ptr<LoRATrainer> make_continual_lora(JobSpec spec, Config cfg, std::string out_dir);
+std::unique_ptr<Trainer> make_continual_lora(JobSpec spec, Config cfg, std::string out_dir);
 
 }  // namespace lt

@@ -12,12 +12,8 @@ namespace {
 
 const std::string kRefPrefix = "ref/";  // full-parameter DPO: the frozen reference's weights
 
-StagePlan dpo_stage_plan(const Config& cfg) {
-  return {{cfg.get_int("training/tokens")}, {parse_samplings(cfg.get("training/dataset"))}};
-}
-
 // The reference is the model with its adapters off: modules trained beside them would leak into it.
-void check_no_modules_to_save(const LoRATrainer& t, const char* job) {
+void check_no_modules_to_save(const Trainer& t, const char* job) {
   if (!t.lora_config().modules_to_save.empty())
     throw UserError(std::string("optimization/lora/modules_to_save must be [] in ") + job +
                     ": the reference model is the base with the adapters switched off, and trained base modules "
@@ -26,7 +22,7 @@ void check_no_modules_to_save(const LoRATrainer& t, const char* job) {
 
 }  // namespace
 
-DpoPart::DpoPart(BaseTrainer& trainer, DpoOptions options, bool after_next_token_phase)
+DpoPart::DpoPart(Trainer& trainer, DpoOptions options, bool after_next_token_phase)
     : trainer_(trainer), dpo_(options), lora_train_(after_next_token_phase) {
   if (dpo_.lora) return;
   reference_ = make_model(trainer_.model()->options());
@@ -59,7 +55,7 @@ void DpoPart::check_training_datasets(const std::vector<Sampling>& datasets) con
 }
 
 void DpoPart::before_run() {
-  // lora/train: its phase 1 trains the base, or the LoRA trainer asks for one as for any lora/train job.
+  // lora/train: its phase 1 trains the base, or the trainer asks for one as for any lora/train job.
   if (!lora_train_ && trainer_.step() == 0 && !has_base_ && !trainer_.config().get_bool("training/allow_random_base"))
     throw UserError("job " + trainer_.spec().name + " (dpo/train) tunes a pretrained model on preferences: add `--restore "
                     "CHECKPOINT` (a plain checkpoint, an `export`, or an `import-hf` output). To train on randomly "
@@ -67,7 +63,7 @@ void DpoPart::before_run() {
 }
 
 bool DpoPart::restore(const CheckpointMeta& ck) {
-  if (dpo_.lora) return false;  // the LoRA trainer's: a LoRA state continues; a plain one or an export is the base
+  if (dpo_.lora) return false;  // the trainer's: a LoRA state continues; a plain one or an export is the base
   const json dpo = ck.raw.value("dpo", json());
   const bool own_form = !ck.weights_only && ck.kind == StateKind::Plain && dpo.is_object() && !dpo.value("lora", true);
   if (own_form) return false;  // the reference comes back from its ref/* tensors
@@ -206,17 +202,12 @@ ConfigSchema dpo_train_schema() {
   return s;
 }
 
-std::unique_ptr<BaseTrainer> make_dpo_train(JobSpec spec, Config cfg, std::string out_dir) {
+std::unique_ptr<Trainer> make_dpo_train(JobSpec spec, Config cfg, std::string out_dir) {
   const DpoOptions dpo = DpoOptions::from_config(cfg);
-  std::unique_ptr<BaseTrainer> t;
-  if (dpo.lora) {
-    auto lora = std::make_unique<LoRATrainer>(std::move(spec), cfg, std::move(out_dir), dpo_stage_plan(cfg),
-                                              /*pre_lora_stages=*/0);
-    check_no_modules_to_save(*lora, "dpo/train");
-    t = std::move(lora);
-  } else {
-    t = std::make_unique<BaseTrainer>(std::move(spec), cfg, std::move(out_dir), dpo_stage_plan(cfg));
-  }
+  TrainingPlan plan = TrainingPlan::from_train_config(cfg);
+  if (dpo.lora) plan.full_stages = 0;  // one phase: the adapters, from step 0
+  auto t = std::make_unique<Trainer>(std::move(spec), cfg, std::move(out_dir), plan);
+  if (dpo.lora) check_no_modules_to_save(*t, "dpo/train");
   t->add_part(std::make_unique<DpoPart>(*t, dpo, /*after_next_token_phase=*/false));
   return t;
 }
@@ -252,17 +243,16 @@ bool lora_phase_is_dpo(const StagePlan& plan, size_t pre_lora_stages) {
 }
 
 ConfigSchema lora_train_schema() {
-  ConfigSchema s = LoRATrainer::schema();
+  ConfigSchema s = Trainer::lora_schema();
   add_dpo_loss_options(s);
   return s;
 }
 
-std::unique_ptr<LoRATrainer> make_lora_train(JobSpec spec, Config cfg, std::string out_dir) {
-  const StagePlan plan = lora_stage_plan(cfg);
-  const size_t pre_lora_stages = cfg.get("training/pre_lora_tokens").size();
-  if (!lora_phase_is_dpo(plan, pre_lora_stages))
-    return std::make_unique<LoRATrainer>(std::move(spec), std::move(cfg), std::move(out_dir));
-  auto t = std::make_unique<LoRATrainer>(std::move(spec), cfg, std::move(out_dir), plan, pre_lora_stages);
+std::unique_ptr<Trainer> make_lora_train(JobSpec spec, Config cfg, std::string out_dir) {
+  const TrainingPlan plan = TrainingPlan::from_lora_config(cfg);
+  const bool dpo = lora_phase_is_dpo(plan.stages, plan.full_stages);
+  auto t = std::make_unique<Trainer>(std::move(spec), cfg, std::move(out_dir), plan);
+  if (!dpo) return t;
   check_no_modules_to_save(*t, "a lora/train job whose post-LoRA datasets are preference pairs (DPO)");
   t->add_part(std::make_unique<DpoPart>(*t, DpoOptions::from_config(cfg), /*after_next_token_phase=*/true));
   return t;

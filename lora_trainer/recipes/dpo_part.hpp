@@ -4,14 +4,14 @@
 // dpo/train, from a pretrained base (`run ... --restore CHECKPOINT`), in one of two forms chosen by
 // optimization/dpo/lora (make_dpo_train):
 //
-//   LoRA (true, the default)  a LoRATrainer with no pre-LoRA stage: at step 0 the base is frozen as bf16
+//   LoRA (true, the default)  a trainer whose one phase trains adapters: at step 0 the base is frozen as bf16
 //                             and adapters train (optimization/lora/*). The reference is the same model
 //                             with the adapters switched off (AdaptersOff): no second copy of the weights.
-//   full (false)              a BaseTrainer: every parameter trains (optimization/lr, training/schedule);
+//   full (false)              a Trainer: every parameter trains (optimization/lr, training/schedule);
 //                             the reference is a frozen bf16 copy of the starting weights, taken when the
 //                             base is loaded and saved in every checkpoint as ref/<name>.
 //
-// lora/train whose post-LoRA datasets are contrastive (make_lora_train): a LoRATrainer over both phases'
+// lora/train whose post-LoRA datasets are contrastive (make_lora_train): a trainer over both phases'
 // stages with DPO on its LoRA phase. Phase 1 is next-token training on the pre-LoRA datasets as in any
 // lora/train job; at the boundary transition_to_lora puts on the adapters (B = 0), and phase 2 trains
 // them with DPO's loss, the reference being the base with the adapters off, as in dpo/train's LoRA form.
@@ -30,7 +30,6 @@
 #include <vector>
 
 #include "lora_trainer/recipes/dpo.hpp"
-#include "lora_trainer/training/lora_trainer.hpp"
 #include "lora_trainer/training/step_loss.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/training/trainer_part.hpp"
@@ -40,10 +39,10 @@ namespace lt {
 class DpoPart : public TrainerPart {
  public:
   // The part of `trainer`, which must outlive it: the last phase of its plan trains with DPO's loss.
-  // `lora`: the reference is the trainer's model with its adapters off (a LoRATrainer), else a frozen
+  // `lora`: the reference is the trainer's model with its adapters off (a LoRA phase), else a frozen
   // bf16 copy of its weights, made now. `after_next_token_phase`: lora/train's form, whose phase 1 trains
   // on text (its datasets were checked by lora_phase_is_dpo), else dpo/train's.
-  DpoPart(BaseTrainer& trainer, DpoOptions options, bool after_next_token_phase);
+  DpoPart(Trainer& trainer, DpoOptions options, bool after_next_token_phase);
 
   void plan(std::vector<Phase>& phases) override;
   // dpo/train: refuses to start without a base (a --restore) unless training/allow_random_base.
@@ -87,7 +86,7 @@ class DpoPart : public TrainerPart {
     int64_t step_ = 0;
   };
 
-  BaseTrainer& trainer_;
+  Trainer& trainer_;
   DpoOptions dpo_;
   bool lora_train_;     // lora/train's form: a next-token phase 1 before the DPO phase
   CausalLM reference_;  // full-parameter only
@@ -96,19 +95,19 @@ class DpoPart : public TrainerPart {
   bool has_base_ = false;
 };
 
-// dpo/train's schema, and its job: a LoRATrainer with a DpoPart (optimization/dpo/lora=true) or a
-// BaseTrainer with one (false).
+// dpo/train's schema, and its job: a trainer of adapters with a DpoPart (optimization/dpo/lora=true) or a
+// Trainer with one (false).
 ConfigSchema dpo_train_schema();
-std::unique_ptr<BaseTrainer> make_dpo_train(JobSpec spec, Config cfg, std::string out_dir);
+std::unique_ptr<Trainer> make_dpo_train(JobSpec spec, Config cfg, std::string out_dir);
 
 // Whether lora/train's LoRA phase trains with DPO: true when every post-LoRA dataset of `plan` (the
 // stages after the first `pre_lora_stages`) is contrastive, false when none is. A UserError naming the
 // datasets and their styles for a mix, and for preference pairs among the pre-LoRA datasets (phase 1
 // is next-token training).
 bool lora_phase_is_dpo(const StagePlan& plan, size_t pre_lora_stages);
-// lora/train's schema: LoRATrainer's and optimization/dpo/{beta, label_smoothing} for a DPO phase 2.
+// lora/train's schema: Trainer::lora_schema and optimization/dpo/{beta, label_smoothing} for a DPO phase 2.
 ConfigSchema lora_train_schema();
-// The lora/train job: a LoRATrainer, with a DpoPart when lora_phase_is_dpo.
-std::unique_ptr<LoRATrainer> make_lora_train(JobSpec spec, Config cfg, std::string out_dir);
+// The lora/train job: a trainer of its two phases, with a DpoPart when lora_phase_is_dpo.
+std::unique_ptr<Trainer> make_lora_train(JobSpec spec, Config cfg, std::string out_dir);
 
 }  // namespace lt

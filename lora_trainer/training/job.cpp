@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "lora_trainer/core/options.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/core/util.hpp"
 
@@ -29,11 +30,16 @@ JobSpec JobSpec::from_json(const json& j) {
   return s;
 }
 
-void add_job_options(ConfigSchema& s, const std::string& kind) {
-  s.add("job/kind", OptType::String, kind, "the registered job class that runs this config (`lora_trainer jobs`)");
-  s.add("job/project", OptType::String, "general", "project: the first level of the checkpoint path");
-  s.add("job/group", OptType::String, "default", "group: the second level of the checkpoint path");
+// job/*, each bound to the JobSpec field it sets; job/kind's default is the kind of the schema's job.
+static OptionGroup<JobSpec> job_options(const std::string& kind) {
+  return OptionGroup<JobSpec>()
+      .add("job/kind", OptType::String, kind, "the registered job class that runs this config (`lora_trainer jobs`)",
+           &JobSpec::kind)
+      .add("job/project", OptType::String, "general", "project: the first level of the checkpoint path", &JobSpec::project)
+      .add("job/group", OptType::String, "default", "group: the second level of the checkpoint path", &JobSpec::group);
 }
+
+void add_job_options(ConfigSchema& s, const std::string& kind) { job_options(kind).declare(s); }
 
 static void check_name_part(const std::string& what, const std::string& v) {
   const std::string problem = name_problem(v);
@@ -42,9 +48,7 @@ static void check_name_part(const std::string& what, const std::string& v) {
 
 RestorableJob::RestorableJob(JobSpec spec, Config cfg, std::string out_dir)
     : spec_(std::move(spec)), cfg_(std::move(cfg)), out_dir_(std::move(out_dir)) {
-  spec_.project = cfg_.get_string("job/project");
-  spec_.group = cfg_.get_string("job/group");
-  spec_.kind = cfg_.get_string("job/kind");
+  job_options(spec_.kind).read_into(cfg_, spec_);  // the name is the command line's
   check_name_part("job name", spec_.name);
   check_name_part("job/project", spec_.project);
   check_name_part("job/group", spec_.group);

@@ -1,9 +1,9 @@
-// What a phase's steps minimise. BaseTrainer::forward_backward is the one micro-batch loop of every job
+// What a phase's steps minimise. Trainer::forward_backward is the one micro-batch loop of every job
 // (this rank's rows cut into micro-batches of training/per_device_batch_size, each moved to the device,
 // the step's loss summed in f64 on the device and read once); for each micro-batch it asks the phase's
 // StepLoss to run the forward and backward pass of that micro-batch's part of the step's mean loss.
 // The next-token loss (NextTokenLoss) is the trainers' own; DPO's (recipes/dpo_part) trains on
-// preference pairs. A Phase (trainer.hpp) names its loss.
+// preference pairs. A Phase (plan.hpp) names its loss.
 #pragma once
 
 #include <torch/torch.h>

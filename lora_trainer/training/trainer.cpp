@@ -9,23 +9,19 @@
 
 namespace lt {
 
-std::atomic<bool> BaseTrainer::stop_requested{false};
+std::atomic<bool> Trainer::stop_requested{false};
 
-ConfigSchema BaseTrainer::schema() {
+ConfigSchema Trainer::schema() {
   ConfigSchema s;
   add_job_options(s, "train");
   add_trainer_options(s);
   return s;
 }
 
-static StagePlan single_stage(const Config& cfg) {
-  return {{cfg.get_int("training/tokens")}, {parse_samplings(cfg.get("training/dataset"))}};
-}
+Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir)
+    : Trainer(spec, cfg, out_dir, TrainingPlan::from_train_config(cfg)) {}
 
-BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir)
-    : BaseTrainer(spec, cfg, out_dir, single_stage(cfg)) {}
-
-BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan)
+Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPlan& plan)
     : RestorableJob(std::move(spec), std::move(cfg), std::move(out_dir)),
       opts_(TrainingOptions::from_config(cfg_)),
       dist_(distributed()),
@@ -62,7 +58,7 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const St
   model_->init_weights(gen);
   model_->to(rt_.device);
   catalog_ = std::make_unique<DataCatalog>(opts_.data_dir, model_->options().vocab_size);
-  plan_stages(plan);
+  plan_stages(plan.stages);
   if (opts_.use_ema && opts_.optimizer.ema_decay <= 0)
     throw UserError("eval/use_ema is true but optimization/ema/decay is 0, so there is no average to use: set "
                     "optimization/ema/decay (e.g. 0.999), or eval/use_ema=false");
@@ -79,9 +75,18 @@ BaseTrainer::BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const St
                       "adapter's lora_A/lora_B/lora_magnitude); names look like " + names.front() + ", " + names[names.size() / 2]);
   }
   build_optimizer(named_params(*model_), opts_.optimizer.adamw.weight_decay);
+  full_stages_ = static_cast<int>(plan.full_stages);
+  boundary_step_ = full_stages_ > 0 ? stages_[static_cast<size_t>(full_stages_ - 1)].end_step : 0;
+  schedule_ = full_schedule(boundary_step_);  // phase 1's schedule ends at the boundary
+  if (plan.has_lora_phase()) {
+    lora_ = std::make_unique<LoraState>();
+    lora_->options = LoraOptions::from_config(cfg_);
+    lora_->selection = select_lora_params();  // now, not at the boundary hours later
+    lora_->schedule = lora_->options.schedule.make(total_steps_ - boundary_step_);
+  }
 }
 
-void BaseTrainer::build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale) {
+void Trainer::build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale) {
   AdamWOptions o = opts_.optimizer.adamw;  // the configured betas and epsilon
   o.weight_decay = weight_decay;
   const auto& rules = opts_.optimizer.param_rules;
@@ -103,7 +108,7 @@ void BaseTrainer::build_optimizer(NamedTensors params, double weight_decay, std:
     ema_ = std::make_unique<Ema>(optimizer_->params(), opts_.optimizer.ema_decay);
 }
 
-void BaseTrainer::log_param_groups(const std::vector<int>& rule_of) const {
+void Trainer::log_param_groups(const std::vector<int>& rule_of) const {
   const auto& rules = opts_.optimizer.param_rules;
   const auto& params = optimizer_->params();
   for (size_t r = 0; r < rules.size(); ++r) {
@@ -122,11 +127,12 @@ void BaseTrainer::log_param_groups(const std::vector<int>& rule_of) const {
   std::fflush(stdout);
 }
 
-bool BaseTrainer::shard_optimizer_state() const {
-  return opts_.shard_optimizer == ShardMode::All;
+bool Trainer::shard_optimizer_state() const {
+  const ShardMode mode = opts_.shard_optimizer;
+  return in_lora_phase() ? mode != ShardMode::None : mode == ShardMode::All;
 }
 
-void BaseTrainer::sync_sharded_params() {
+void Trainer::sync_sharded_params() {
   torch::NoGradGuard ng;
   std::vector<torch::Tensor> params;
   const auto& trained = trainable();
@@ -138,21 +144,20 @@ void BaseTrainer::sync_sharded_params() {
   dist_.all_reduce_sum(params, "sharing the parameters updated by each rank (step " + std::to_string(step_) + ")");
 }
 
-void BaseTrainer::plan_stages(const StagePlan& plan) {
+void Trainer::plan_stages(const StagePlan& plan) {
   stages_ = split_stages(plan, tokens_per_step());
   samplers_.clear();
   samplers_.resize(stages_.size());
   total_steps_ = stages_.empty() ? 0 : stages_.back().end_step;
-  schedule_ = full_schedule(total_steps_);
 }
 
-Schedule BaseTrainer::full_schedule(int64_t steps) const {
+Schedule Trainer::full_schedule(int64_t steps) const {
   return opts_.optimizer.schedule.make(steps);
 }
 
-int BaseTrainer::current_stage() const { return stage_of(step_); }
+int Trainer::current_stage() const { return stage_of(step_); }
 
-const Dataset& BaseTrainer::open_dataset(const Sampling& smp) {
+const Dataset& Trainer::open_dataset(const Sampling& smp) {
   const Dataset& ds = catalog_->get(smp);
   int64_t vocab = ds.meta().value("vocab_size", int64_t(0));
   if (vocab > model_->options().vocab_size)
@@ -162,7 +167,7 @@ const Dataset& BaseTrainer::open_dataset(const Sampling& smp) {
   return ds;
 }
 
-MixtureSampler& BaseTrainer::sampler(int stage) {
+MixtureSampler& Trainer::sampler(int stage) {
   auto& s = samplers_.at(static_cast<size_t>(stage));
   if (!s) {
     check_training_datasets(stages_[stage].samplings);
@@ -183,7 +188,7 @@ MixtureSampler& BaseTrainer::sampler(int stage) {
   return *s;
 }
 
-double BaseTrainer::forward_backward(const Batch& batch, StepLoss& loss) {
+double Trainer::forward_backward(const Batch& batch, StepLoss& loss) {
   loss.begin_step(batch, step_ + 1);
   optimizer_->zero_grad();
   torch::Tensor loss_total;  // f64 on the device: read once a step, not once a micro-batch
@@ -197,13 +202,13 @@ double BaseTrainer::forward_backward(const Batch& batch, StepLoss& loss) {
   return loss_total.item<double>();
 }
 
-void BaseTrainer::reset_optimizer() {
+void Trainer::reset_optimizer() {
   // The same parameters, weight decay and per-parameter lr (a LoRA stage's modules_to_save keep their ratio).
   auto params = optimizer_->params();
   build_optimizer(params, optimizer_->weight_decay(), optimizer_->lr_scale());
 }
 
-Phase BaseTrainer::phase_of_next_step() {
+Phase Trainer::phase_of_next_step() const {
   for (Phase& phase : phases())
     if (step_ < phase.end_step) {
       TORCH_CHECK(phase.loss, "the phase ending at step ", phase.end_step, " names no StepLoss (Phase::loss)");
@@ -212,7 +217,7 @@ Phase BaseTrainer::phase_of_next_step() {
   throw std::logic_error("no phase holds step " + std::to_string(step_ + 1) + " of " + std::to_string(total_steps_));
 }
 
-double BaseTrainer::sum_over_ranks(double loss) {
+double Trainer::sum_over_ranks(double loss) {
   stopping_ = stop_requested.load();
   if (!dist_.active()) return loss;
   // One sum over the ranks: the gradients (so clipping sees the global norm), the loss, and
@@ -230,10 +235,11 @@ double BaseTrainer::sum_over_ranks(double loss) {
   return host[0].item<double>();
 }
 
-StepResult BaseTrainer::train_step() {
+StepResult Trainer::train_step() {
   TORCH_CHECK(step_ < total_steps_, "train_step past the end of training");
   const Phase phase = phase_of_next_step();
-  if (phase.enter) phase.enter();  // run() has; a caller stepping by hand may not have
+  // Entering the phase, as run() does: a caller stepping by hand crosses the boundary here.
+  if (phase.trains == Trainable::Adapters && !in_lora_phase()) transition_to_lora();
   double t0 = now_seconds();
   model_->train();
   if (dist_.active())  // each rank its own dropout masks, the same after a restore
@@ -263,29 +269,32 @@ StepResult BaseTrainer::train_step() {
   return r;
 }
 
-int BaseTrainer::trained_stage() const {
+int Trainer::trained_stage() const {
   return step_ == 0 ? 0 : stage_of(step_ - 1);
 }
 
-int BaseTrainer::stage_of(int64_t step) const { return lt::stage_of(stages_, step); }
+int Trainer::stage_of(int64_t step) const { return lt::stage_of(stages_, step); }
 
-std::vector<Sampling> BaseTrainer::plan_datasets() const { return lt::plan_datasets(stages_); }
+std::vector<Sampling> Trainer::plan_datasets() const { return lt::plan_datasets(stages_); }
 
-void BaseTrainer::check_datasets() {
+void Trainer::check_datasets() {
   check_training_datasets(plan_datasets());
   for (const auto& s : plan_datasets()) open_dataset(s);
 }
 
-bool BaseTrainer::step_line_due() const {
-  return step_ % opts_.report_interval == 0 || step_ == total_steps_;
+bool Trainer::step_line_due() const {
+  if (step_ % opts_.report_interval == 0) return true;
+  for (const Phase& phase : own_phases())
+    if (step_ == phase.end_step) return true;
+  return false;
 }
 
-void BaseTrainer::check_training_datasets(const std::vector<Sampling>& datasets) const {
+void Trainer::check_training_datasets(const std::vector<Sampling>& datasets) const {
   check_measurable(datasets);
   for (const auto& part : parts_) part->check_training_datasets(datasets);
 }
 
-void BaseTrainer::check_measurable(const std::vector<Sampling>& datasets) const {
+void Trainer::check_measurable(const std::vector<Sampling>& datasets) const {
   for (const auto& s : datasets)
     if (s.style == DatasetStyle::CONTRASTIVE &&
         std::none_of(parts_.begin(), parts_.end(), [&](const auto& part) { return part->measures(s.style); }))
@@ -294,7 +303,7 @@ void BaseTrainer::check_measurable(const std::vector<Sampling>& datasets) const 
                       " job");
 }
 
-std::unique_ptr<Ema::Swap> BaseTrainer::ema_weights() {
+std::unique_ptr<Ema::Swap> Trainer::ema_weights() {
   if (!opts_.use_ema) return nullptr;
   if (!ema_)
     throw UserError("eval/use_ema is true but this job keeps no average: set optimization/ema/decay (for eval and "
@@ -302,7 +311,7 @@ std::unique_ptr<Ema::Swap> BaseTrainer::ema_weights() {
   return std::make_unique<Ema::Swap>(*ema_);
 }
 
-std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& datasets, int64_t rows) {
+std::vector<DatasetEval> Trainer::evaluate(const std::vector<Sampling>& datasets, int64_t rows) {
   check_measurable(datasets);
   auto ema = ema_weights();  // the average in place of the weights while evaluating, with eval/use_ema
   // The datasets a part measures go to the first part that does; the others' held-out cross-entropy here.
@@ -328,7 +337,7 @@ std::vector<DatasetEval> BaseTrainer::evaluate(const std::vector<Sampling>& data
   return out;
 }
 
-ValResult BaseTrainer::validate() {
+ValResult Trainer::validate() {
   const Stage& scored = stages_[static_cast<size_t>(trained_stage())];
   const auto& evals = opts_.evaluations;
   bool perplexity = std::find(evals.begin(), evals.end(), "perplexity") != evals.end();
@@ -336,7 +345,7 @@ ValResult BaseTrainer::validate() {
                           scored.samplings);
 }
 
-void BaseTrainer::validate_and_keep_best(bool stage_end) {
+void Trainer::validate_and_keep_best(bool stage_end) {
   ValResult v = validate();
   metrics_.log_validation(step_, tokens_, trained_stage(), v, stage_end);
   if (!std::isfinite(v.loss)) {
@@ -348,7 +357,7 @@ void BaseTrainer::validate_and_keep_best(bool stage_end) {
   }
 }
 
-bool BaseTrainer::save_or_stop() {
+bool Trainer::save_or_stop() {
   // One process stops on a signal seen any time; ranks on the one they agreed on in the step.
   const bool stop = dist_.active() ? stopping_ : stop_requested.load();
   if (step_ >= total_steps_ || (step_ % opts_.checkpoint_interval != 0 && !stop)) return false;
@@ -360,9 +369,9 @@ bool BaseTrainer::save_or_stop() {
   return stop;
 }
 
-extern "C" void lt_on_signal(int) { BaseTrainer::stop_requested.store(true); }
+extern "C" void lt_on_signal(int) { Trainer::stop_requested.store(true); }
 
-void BaseTrainer::run() {
+void Trainer::run() {
   for (const auto& part : parts_) part->before_run();
   check_can_start();
   if (dist_.active()) {
@@ -403,30 +412,62 @@ void BaseTrainer::run() {
   finish();
 }
 
-void BaseTrainer::finish() {
+void Trainer::finish() {
   if (!is_main()) return;
   report_finished();
   for (const auto& part : parts_) part->after_run();
 }
 
-bool BaseTrainer::train_phases() {
+bool Trainer::train_phases() {
   for (const Phase& phase : phases()) {
     if (step_ >= phase.end_step) continue;  // finished before this run (a resumed job)
-    if (phase.enter) phase.enter();
+    if (phase.trains == Trainable::Adapters && !in_lora_phase()) transition_to_lora();  // the boundary
     if (!train_until(phase.end_step)) return false;
   }
   return true;
 }
 
-std::vector<Phase> BaseTrainer::own_phases() { return {{total_steps_, nullptr, &next_token_loss_}}; }
+std::vector<Phase> Trainer::own_phases() const {
+  StepLoss* next_token = &next_token_loss_;
+  std::vector<Phase> out;
+  if (!lora_ || full_stages_ > 0)
+    out.push_back({Trainable::AllParameters, 0, full_stages_, 0, boundary_step_, schedule_, next_token, nullptr});
+  if (lora_)
+    out.push_back({Trainable::Adapters, full_stages_, static_cast<int>(stages_.size()), boundary_step_, total_steps_,
+                   lora_->schedule, next_token, nullptr});
+  return out;
+}
 
-std::vector<Phase> BaseTrainer::phases() {
+double Trainer::current_lr() const {
+  const Trainable now = in_lora_phase() ? Trainable::Adapters : Trainable::AllParameters;
+  for (const Phase& phase : own_phases())
+    if (phase.trains == now) return phase.schedule.at(step_ - phase.first_step);
+  throw std::logic_error("no phase of the plan trains what trains at step " + std::to_string(step_ + 1));
+}
+
+void Trainer::check_can_start() {
+  if (lora_) check_lora_can_start();
+}
+
+void Trainer::report_finished() {
+  if (!lora_) return;
+  std::string text = report();
+  if (text.empty()) {  // no training was logged under this name (e.g. `restore` of a finished job)
+    std::printf("no report: no training steps were logged in %s (the report of the run that trained this job is in "
+                "that run's directory)\n", run_dir().c_str());
+    return;
+  }
+  std::printf("%s", text.c_str());
+  std::fflush(stdout);
+}
+
+std::vector<Phase> Trainer::phases() const {
   std::vector<Phase> plan = own_phases();
   for (const auto& part : parts_) part->plan(plan);
   return plan;
 }
 
-bool BaseTrainer::train_until(int64_t end_step) {
+bool Trainer::train_until(int64_t end_step) {
   StepWindow window;  // the steps since the last step line
   while (step_ < end_step) {
     StepResult r = train_step();

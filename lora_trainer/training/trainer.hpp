@@ -1,12 +1,32 @@
-// BaseTrainer: the step / validate / checkpoint loop of a restorable training job.
+// Trainer: the step / validate / checkpoint loop of a restorable training job, over a plan of phases.
 //
 // One step consumes one global batch of `training/batch_size` rows of `architecture/block_size`
 // tokens, split into micro-batches of `training/per_device_batch_size` rows (gradient accumulation),
 // then clips the global gradient norm and takes an AdamW step:
 //   total_steps = training/tokens / (batch_size * block_size)
-// Training may be split into stages (a token budget and a dataset mixture each); the base trainer has
-// one (a continual benchmark, several), the LoRA trainer those of both its phases. Recipes are parts of a
-// trainer, not subclasses (trainer_part.hpp: DPO, continual learning).
+// Training may be split into stages (a token budget and a dataset mixture each), grouped into phases
+// (plan.hpp): the `train` job has one stage in one phase (a continual benchmark, several), lora/train
+// a full-parameter phase and a LoRA phase:
+//
+//   phase 1 (pre-LoRA)   full-parameter training over the stages of training/pre_lora_tokens and
+//                        training/pre_lora_dataset, with optimization/lr and training/schedule.
+//   boundary             the sum of the pre-LoRA budgets. run() calls transition_to_lora there: it
+//                        saves `pre_lora_checkpoint` (a plain state) and puts on the adapters.
+//   phase 2 (post-LoRA)  only the adapters train, over the stages of training/post_lora_tokens and
+//                        training/post_lora_dataset, with optimization/lora/* (its own lr, schedule,
+//                        weight decay; AdamW as in phase 1). The step counter runs on across phases.
+//                        Base modules named in optimization/lora/modules_to_save (e.g. the token
+//                        embedding) train in full beside the adapters: f32, their own moments, the
+//                        LoRA lr times optimization/lora/modules_to_save_lr_ratio.
+//                        Or, cheaper, only chosen rows of the token embedding train
+//                        (optimization/lora/trainable_token_indices, PEFT's): f32 values that
+//                        replace those rows, at the adapters' lr.
+//
+// Empty pre-LoRA lists start the job in phase 2: give it a pretrained base with
+// `run ... --restore <plain checkpoint>` (its weights become the frozen base; this job's counters
+// start at zero). Recipes are parts of a trainer, not subclasses (trainer_part.hpp: DPO, continual
+// learning). The LoRA phase's members are in trainer_lora.cpp, the report of a LoRA job in
+// trainer_report.cpp, the state as a checkpoint in trainer_state.cpp.
 //
 // With several ranks (distributed.hpp) each rank takes an equal, disjoint share of every global batch
 // (batch_size / ranks rows, in micro-batches of per_device_batch_size), the gradients are summed over
@@ -35,6 +55,9 @@
 #include "lora_trainer/training/metrics_log.hpp"
 #include "lora_trainer/models/model.hpp"
 #include "lora_trainer/training/optim.hpp"
+#include "lora_trainer/training/plan.hpp"
+#include "lora_trainer/training/lora_options.hpp"
+#include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/data/stage_plan.hpp"
 #include "lora_trainer/training/step_loss.hpp"
@@ -52,30 +75,21 @@ struct StepResult {
   bool skipped = false;  // non-finite loss or gradient norm: no update was made (training/on_nonfinite=skip)
 };
 
-// A phase of a job's plan: its steps, up to `end_step`, all train the same set of parameters with the
-// same loss, on rows from the same source. Entering it, before its first step, changes what trains: the
-// LoRA trainer's second phase is entered by transition_to_lora. Phases follow each other in the order of
-// their end steps.
-struct Phase {
-  int64_t end_step = 0;         // the step count after its last step
-  std::function<void()> enter;  // null: nothing changes (a job's first phase); else it does nothing when the
-                                // state is the phase's already (a restored checkpoint of the phase)
-  StepLoss* loss = nullptr;     // what its steps minimise: the trainer's next-token loss, or a part's (DPO's);
-                                // every phase names one (train_step refuses a phase without)
-  BatchSource* batches = nullptr;  // where its rows come from (continual learning's fades); null: the
-                                   // current stage's mixture
-};
-
-class BaseTrainer : public RestorableJob {
+class Trainer : public RestorableJob {
  public:
+  // The `train` job's schema, and lora/train's (the pre- and post-LoRA stage lists, optimization/lora/*).
   static ConfigSchema schema();
-  // One stage: training/tokens over training/dataset.
-  BaseTrainer(JobSpec spec, Config cfg, std::string out_dir);
+  static ConfigSchema lora_schema();
+  // The stages of `plan`; a LoRA phase when it has one (its options read and checked against the model
+  // now, not at the boundary hours later).
+  Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPlan& plan);
+  // The `train` job: one stage, training/tokens over training/dataset, every parameter.
+  Trainer(JobSpec spec, Config cfg, std::string out_dir);
 
   // Each part's before_run and check_can_start (a UserError when the job cannot start); the plan's phases
-  // in order, each entered (Phase::enter) before its first step and trained until its end step
-  // (train_until); then the `final` checkpoint and, on rank 0, report_finished and each part's
-  // after_run (also when the job was finished already). A resumed run skips the phases it finished.
+  // in order, each trained until its end step (train_until), the LoRA phase entered by
+  // transition_to_lora; then the `final` checkpoint and, on rank 0, the report (a LoRA job's) and each
+  // part's after_run (also when the job was finished already). A resumed run skips the phases it finished.
   void run() override;
   bool done() const override { return step_ >= total_steps_; }
   // A part may restore the checkpoint its own way (TrainerPart::restore); else restore_state does. Then
@@ -91,12 +105,12 @@ class BaseTrainer : public RestorableJob {
     return nullptr;
   }
 
-  // One optimizer step. It first enters the phase of the step (Phase::enter, e.g. transition_to_lora:
-  // nothing when run() or an earlier step has), so that a caller stepping by hand crosses the phases as
-  // run() does.
+  // One optimizer step. It first enters the phase of the step (transition_to_lora at the LoRA phase's
+  // first step, when run() or an earlier step has not), so that a caller stepping by hand crosses the
+  // phases as run() does.
   StepResult train_step();
   // The plan: the trainer's phases (own_phases) as its parts shape them (TrainerPart::plan).
-  std::vector<Phase> phases();
+  std::vector<Phase> phases() const;
   // Held-out loss of the model (base + adapters in the LoRA phase) on the first `rows` validation
   // samples of each dataset; a part measures the styles it knows (DPO's loss, margin and accuracy of a
   // contrastive one). A UserError for a style nothing measures.
@@ -133,6 +147,7 @@ class BaseTrainer : public RestorableJob {
   // Rank 0, or the only process: the one that writes files and prints.
   bool is_main() const { return dist_.is_main(); }
   AdamW& optimizer() { return *optimizer_; }
+  const TrainingOptions& options() const { return opts_; }
   const Runtime& runtime() const { return rt_; }
   Distributed& dist() { return dist_; }
   const std::vector<Stage>& stages() const { return stages_; }
@@ -154,48 +169,73 @@ class BaseTrainer : public RestorableJob {
   // Every tensor a checkpoint of this state holds, by name (with a sharded optimizer, the moments held
   // by other ranks are zeros here; save() gathers them). No collectives: restoring reads into these.
   NamedTensors state_tensors();
-  virtual StateKind state_kind() const { return StateKind::Plain; }
+  StateKind state_kind() const { return in_lora_phase() ? StateKind::Lora : StateKind::Plain; }
+
+  // The LoRA phase (trainer_lora.cpp). A plan without one has no boundary (boundary_step() is the last
+  // step), no adapters and no LoRA options.
+  bool has_lora_phase() const { return lora_ != nullptr; }
+  bool in_lora_phase() const { return lora_ && lora_->entered; }
+  // The step count at the transition: the end of the full-parameter phase.
+  int64_t boundary_step() const { return boundary_step_; }
+  // The boundary, the mission's entry: saves `pre_lora_checkpoint` when phase 1 ran and it is not there
+  // yet; freezes the base as bf16, gives param_filter's targets adapters (inject_lora_params) and trains
+  // only those (and any modules_to_save) from here on; reports count_lora_params and the
+  // frozen/trainable totals (printed and logged as the `transition` event). Entering the LoRA phase
+  // calls it (run(), or train_step at the first LoRA step); a test may call it at any step, but the
+  // steps before the boundary still take phase 1's loss (a DPO job's: next-token, on adapters then).
+  void transition_to_lora();
+  // The adapters, as lora_params_of finds them in the model's layers (empty before the LoRA phase).
+  const LoraParams& lora_params() const;
+  // The base parameters that train in full in the LoRA phase (f32), by name; empty before it.
+  const std::vector<std::string>& saved_modules() const;
+  // The token rows that train in the LoRA phase (trainable_token_indices); undefined when off.
+  const TrainableTokens& trainable_tokens() const;
+  // The LoRA phase's options (a logic error without a LoRA phase).
+  const LoraOptions& lora_config() const;
+  // The report of a finished LoRA job: per-phase speed, parameter counts, validation perplexity per
+  // dataset before and after the LoRA phase, written to report.md beside loss.svg (the loss curves with
+  // the boundary marked) in the run directory; "" when no training was logged in it. run() prints it.
+  // (trainer_report.cpp)
+  std::string report();
 
   // Set by SIGINT/SIGTERM; the loop saves and exits after the step in flight (with several ranks, after
   // the step in which any rank saw the signal).
   static std::atomic<bool> stop_requested;
 
-  // The stages of `plan` (a continual benchmark's, dpo/train's).
-  BaseTrainer(JobSpec spec, Config cfg, std::string out_dir, const StagePlan& plan);
 
- protected:
-  // Splits token budgets into consecutive stages of whole steps (split_stages) and sets the schedule.
+ private:
+  // Splits token budgets into consecutive stages of whole steps (split_stages).
   void plan_stages(const StagePlan& plan);
   // The full-parameter learning-rate schedule over `steps` steps (opts_.optimizer.schedule:
   // training/schedule, optimization/lr, optimization/min_lr_ratio, training/warmup_pct, training/decay_pct).
   Schedule full_schedule(int64_t steps) const;
-  // The trainer's phases: one here, every parameter to the end with the next-token loss.
-  virtual std::vector<Phase> own_phases();
+  // The trainer's phases, from its plan: every parameter to the boundary (none when the plan starts
+  // with adapters), then the adapters to the end (when it has a LoRA phase); the next-token loss.
+  std::vector<Phase> own_phases() const;
   // Restores the trainer's state: a full state restores everything (weights, optimizer, counters, data
   // position, RNG); a weights-only checkpoint (`export`) initialises the weights and leaves the counters
-  // at zero.
-  virtual void restore_state(const CheckpointMeta& ck);
-  // Before a run's first step, after the parts': a UserError when it cannot start (the LoRA trainer also
-  // records a random base it was allowed to start from). Nothing here.
-  virtual void check_can_start() {}
-  // After a run that finished the job (or found it finished), before the parts': the trainer's report.
-  virtual void report_finished() {}
+  // at zero. A LoRA job first checks the state against its phases (restore_lora_template).
+  void restore_state(const CheckpointMeta& ck);
+  // Before a run's first step, after the parts': a UserError when it cannot start (a LoRA job without
+  // phase 1 and without a base; an init_from source that does not fit).
+  void check_can_start();
+  // After a run that finished the job (or found it finished), before the parts': a LoRA job's report.
+  void report_finished();
   // Whether the optimizer being built keeps only this rank's share of the moments (ZeRO-1), from
-  // distributed/shard_optimizer ("all" here; the LoRA trainer adds "lora" for its adapters).
-  virtual bool shard_optimizer_state() const;
-  virtual nlohmann::json extra_metadata() const { return nlohmann::json::object(); }
+  // distributed/shard_optimizer: "all" in both phases, "lora" in the LoRA phase.
+  bool shard_optimizer_state() const;
   // Whether the step just taken ends a step line (and its `train` event): every logging/report_interval
-  // steps and at the last (the LoRA trainer adds its boundary, where the loss may change meaning).
-  virtual bool step_line_due() const;
+  // steps and at the end of each phase (a line never averages two phases' losses: DPO's, in a
+  // lora/train job on preference pairs, is not a cross-entropy; the report's per-phase speeds stay apart).
+  bool step_line_due() const;
   // A UserError when a dataset of `datasets` is contrastive (preference pairs) and no part measures it
   // (DPO does); text datasets the trainer measures itself.
   void check_measurable(const std::vector<Sampling>& datasets) const;
   // check_measurable, then each part's check of the datasets the job trains on.
   void check_training_datasets(const std::vector<Sampling>& datasets) const;
-  // After a full state's restore: what the trainer keeps in its own metadata (extra_metadata).
-  virtual void restore_extra(const CheckpointMeta& ck) {}
-  // The learning rate for the step about to be taken.
-  virtual double current_lr() const { return schedule_.at(step_); }
+  // The learning rate for the step about to be taken: the schedule of the phase that trains what
+  // trains now.
+  double current_lr() const;
   // (Re)builds the optimizer over `params` (which must require gradients) with the configured betas
   // and epsilon, the given weight decay and per-parameter lr multipliers (empty: 1 for all).
   void build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale = {});
@@ -210,7 +250,7 @@ class BaseTrainer : public RestorableJob {
   // rank's part of the step's mean loss.
   double forward_backward(const Batch& batch, StepLoss& loss);
   // The phase the step about to be taken belongs to.
-  Phase phase_of_next_step();
+  Phase phase_of_next_step() const;
   // Reads the stop flag; with several ranks, sums the gradients, `loss` and the flag over the ranks.
   // Returns the step's global loss.
   double sum_over_ranks(double loss);
@@ -228,12 +268,63 @@ class BaseTrainer : public RestorableJob {
   // On rank 0 of a finished job: report_finished, then each part's after_run.
   void finish();
 
+  // The LoRA phase (trainer_lora.cpp). What the LoRA settings select in this model, resolved once by
+  // the constructor (so a setting that does not fit fails before phase 1, not at the boundary); the
+  // masks are over base_params(*model_), whose names and order no restore changes.
+  struct LoraSelection {
+    std::vector<bool> targets;    // param_filter: the weights that get adapters
+    std::vector<bool> saved;      // modules_to_save: the base parameters that train in full
+    std::string token_embedding;  // the weight whose rows trainable_token_indices trains; "" when off
+    std::vector<std::string> target_names;  // the targets' names, in model order
+  };
+  // A LoRA phase's state: its options and selection, then what the transition made.
+  struct LoraState {
+    LoraOptions options;
+    LoraSelection selection;
+    Schedule schedule;  // over the LoRA phase's steps
+    bool entered = false;
+    LoraParams adapters;
+    std::vector<std::string> saved;  // parameter names selected by modules_to_save, in model order
+    TrainableTokens token_rows;      // trainable_token_indices' rows
+    std::string adapters_from;       // where the adapters started from (init_from), "" = drawn
+    // Without phase one: where the frozen base came from ({"path", "job", "step"}), or "random" when
+    // training/allow_random_base let it start from initialised weights; null before either.
+    nlohmann::json base;
+  };
+  LoraSelection select_lora_params() const;
+  // transition_to_lora's change of state alone: freezes the base as bf16 (no gradients, no optimizer
+  // state) except the modules_to_save, creates adapters for param_filter's targets with
+  // inject_lora_params (on the trainer's device, deterministic from the seed), attaches them, and
+  // rebuilds the optimizer over the adapters and the modules_to_save. A restore of a LoRA state calls it
+  // to build the template its tensors load into.
+  void freeze_base_and_inject();
+  // The LoRA phase's optimizer, over what trains in it, by name: the adapters, the modules_to_save, the
+  // token rows (each at its lr ratio).
+  void build_lora_optimizer();
+  void log_transition();
+  // optimization/lora/init_from: the source's A and B (and DoRA magnitudes) copied into the fresh
+  // adapters (at the transition only; a restore in the LoRA phase reads them from its checkpoint).
+  void load_initial_adapters();
+  // A LoRA job's side of a restore, before the trainer's: a plain state or export given to a job
+  // without phase 1 becomes the frozen base (true: loaded, nothing more to do); a LoRA state (past the
+  // boundary) is checked against this job's settings and gets its LoRA template (the transition); a
+  // plain state must be at or before the boundary.
+  bool restore_lora_template(const CheckpointMeta& ck);
+  // The checkpoint's `lora` block, and what the trainer takes back from it after a full restore.
+  nlohmann::json lora_metadata() const;
+  void restore_lora_metadata(const CheckpointMeta& ck);
+  // check_can_start's LoRA half.
+  void check_lora_can_start();
+  // The report's lines of the two phases (trainer_report.cpp): steps, tokens, tokens/s (per phase: the
+  // step lines' sum and count).
+  std::string phases_text(const double tps[2], const int n_tps[2]) const;
+
   const TrainingOptions opts_;  // declared first: the members after it are built from it
   Distributed& dist_;
   MetricsLog metrics_;  // the run directory's metrics.jsonl and config.json, and the lines printed with them
   Runtime rt_;
   CausalLM model_;
-  NextTokenLoss next_token_loss_{model_, rt_, dist_};
+  mutable NextTokenLoss next_token_loss_{model_, rt_, dist_};  // mutable: the phases of a const plan name it
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Ema> ema_;  // with optimization/ema/decay > 0: the average of optimizer_'s parameters
   std::vector<std::unique_ptr<TrainerPart>> parts_;  // the recipes' parts, in the order added
@@ -241,7 +332,10 @@ class BaseTrainer : public RestorableJob {
   std::vector<Stage> stages_;
   std::vector<std::unique_ptr<MixtureSampler>> samplers_;
   std::map<int, uint64_t> restored_cursors_;  // from a checkpoint, applied when the sampler is rebuilt
-  Schedule schedule_;
+  Schedule schedule_;  // the full-parameter phase's, over its steps
+  std::unique_ptr<LoraState> lora_;  // null when the plan has no LoRA phase
+  int full_stages_ = 0;              // the plan's first stages, those of the full-parameter phase
+  int64_t boundary_step_ = 0;        // the full-parameter phase's end step (total_steps_ without LoRA)
   int64_t batch_size_, micro_batch_, block_size_, total_steps_ = 0;
   int64_t rank_rows_ = 0;  // this rank's share of the global batch
   bool stopping_ = false;  // a signal was seen (by any rank) during the last step

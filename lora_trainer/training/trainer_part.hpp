@@ -1,5 +1,5 @@
 // TrainerPart: a recipe's part of a job (DPO, continual learning), composed into a trainer instead of
-// derived from it; and BatchSource, where a phase's rows come from. A trainer (BaseTrainer, LoRATrainer)
+// derived from it; and BatchSource, where a phase's rows come from. The trainer
 // owns its parts and calls each, in the order they were added, at the points below; every call has a
 // default that does nothing, so a part says only what it changes. A part keeps a reference to the
 // trainer it was made for and works through its public interface.
@@ -33,7 +33,7 @@
 namespace lt {
 
 struct CheckpointMeta;  // checkpoint.hpp
-struct Phase;           // trainer.hpp
+struct Phase;           // plan.hpp
 
 class TrainerPart {
  public:

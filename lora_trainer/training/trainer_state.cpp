@@ -1,4 +1,4 @@
-// BaseTrainer's state as a checkpoint: what a checkpoint of it holds (state_tensors,
+// Trainer's state as a checkpoint: what a checkpoint of it holds (state_tensors,
 // checkpoint_metadata), saving it, and restoring it (a full state, or weights only). The format itself
 // is checkpoint.hpp's; the loop that decides when to save is in trainer.cpp.
 #include <cstdint>
@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 
 namespace lt {
 
-NamedTensors BaseTrainer::state_tensors() {
+NamedTensors Trainer::state_tensors() {
   NamedTensors out;
   // Every parameter of the model, the adapters' included (the LoRA phase's "<layer>.lora_A", ...).
   for (auto& [name, t] : named_params(*model_)) out.emplace_back(kParamsPrefix + name, t);
@@ -27,7 +27,7 @@ NamedTensors BaseTrainer::state_tensors() {
   return out;
 }
 
-json BaseTrainer::checkpoint_metadata() const {
+json Trainer::checkpoint_metadata() const {
   json cursors = json::object();
   uint64_t drawn = 0;
   for (size_t i = 0; i < samplers_.size(); ++i) {
@@ -54,12 +54,12 @@ json BaseTrainer::checkpoint_metadata() const {
             {"config", cfg_.to_json()}};
   if (!base_model_.is_null()) m["base_model"] = base_model_;
   if (ema_) m["ema"] = {{"decay", ema_->decay()}, {"params", names_of(ema_->params())}};
-  m.update(extra_metadata());
+  if (lora_) m["lora"] = lora_metadata();
   for (const auto& part : parts_) part->add_metadata(m);
   return m;
 }
 
-void BaseTrainer::save(const std::string& suffix, bool update_latest) {
+void Trainer::save(const std::string& suffix, bool update_latest) {
   std::string dir = (fs::path(job_dir()) / suffix).string();
   NamedTensors tensors = state_tensors();
   if (optimizer_->sharded()) {  // the whole state: each rank contributes its share of the moments, zeros elsewhere
@@ -79,7 +79,7 @@ void BaseTrainer::save(const std::string& suffix, bool update_latest) {
 // The shapes say nothing about these: weights trained with one GELU, head count, norm epsilon or
 // rotary base would load silently into a model computing another (GPT-2's own weights need gelu_tanh).
 // A key the checkpoint's config lacks (an older checkpoint) had its default.
-void BaseTrainer::check_same_architecture(const CheckpointMeta& ck) const {
+void Trainer::check_same_architecture(const CheckpointMeta& ck) const {
   const json arch = ck.raw.value("config", json::object()).value("architecture", json::object());
   for (const char* key : {"family", "activation", "n_heads", "norm_eps", "rope_theta", "rope_scaling", "rope_factor",
                           "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context"}) {
@@ -93,7 +93,7 @@ void BaseTrainer::check_same_architecture(const CheckpointMeta& ck) const {
   }
 }
 
-void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
+void Trainer::restore_from_checkpoint(const CheckpointMeta& ck) {
   bool restored = false;
   for (const auto& part : parts_)
     if (!restored) restored = part->restore(ck);
@@ -101,7 +101,8 @@ void BaseTrainer::restore_from_checkpoint(const CheckpointMeta& ck) {
   for (const auto& part : parts_) part->restored(ck);
 }
 
-void BaseTrainer::restore_state(const CheckpointMeta& ck) {
+void Trainer::restore_state(const CheckpointMeta& ck) {
+  if (lora_ && restore_lora_template(ck)) return;  // a base for a job without phase 1
   const std::string& dir = ck.dir;
   const json& meta = ck.raw;
   if (ck.weights_only) {
@@ -150,7 +151,7 @@ void BaseTrainer::restore_state(const CheckpointMeta& ck) {
   best_score_ = best.is_number() ? std::optional<double>(best.get<double>()) : std::nullopt;
   best_stage_ = meta.value("best_stage", 0);
   base_model_ = meta.value("base_model", json());
-  restore_extra(ck);
+  if (lora_) restore_lora_metadata(ck);
   const std::string& from_job = ck.job_name;
   if (from_job != spec_.name)  // another job's state: say what was loaded and that its counters go on
     std::fprintf(stderr,
@@ -164,7 +165,7 @@ void BaseTrainer::restore_state(const CheckpointMeta& ck) {
   for (auto& [k, v] : meta["data"]["cursors"].items()) restored_cursors_[std::stoi(k)] = v.get<uint64_t>();
 }
 
-void BaseTrainer::load_weights_from(const CheckpointMeta& ck) {
+void Trainer::load_weights_from(const CheckpointMeta& ck) {
   const std::string& dir = ck.dir;
   const json& meta = ck.raw;
   if (ck.kind != StateKind::Plain)

@@ -97,7 +97,7 @@ void add_trainer_options(ConfigSchema& s) {
 
 TrainingOptions TrainingOptions::from_config(const Config& cfg) {
   TrainingOptions o = training_options().read(cfg);
-  o.shard_optimizer = parse_shard_mode(cfg.get_string("distributed/shard_optimizer"));
+  o.shard_optimizer = DistributedOptions::from_config(cfg).shard_optimizer;
   return o;
 }
 

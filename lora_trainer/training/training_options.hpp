@@ -1,8 +1,8 @@
 // The trainers' typed options. Each key is declared once, bound to the field it sets
 // (training_options.cpp's OptionGroup, core/options.hpp): add_trainer_options adds the keys to a
-// schema, TrainingOptions::from_config reads them once, for BaseTrainer's constructor.
+// schema, TrainingOptions::from_config reads them once, for Trainer's constructor.
 // The model's options are ModelOptions (model.hpp), the runtime's Runtime (runtime.hpp), the LoRA
-// phase's LoraOptions (lora_trainer.hpp), the continual kinds' ContinualOptions (continual.hpp).
+// phase's LoraOptions (lora_options.hpp), the continual kinds' ContinualOptions (continual.hpp).
 #pragma once
 
 #include <string>
@@ -37,7 +37,7 @@ struct OptimizerOptions {
 
 // Every trainer's options besides the architecture (ModelOptions), the runtime (Runtime) and the
 // stage plan: the keys add_trainer_options declares, each bound to its field (and
-// distributed/shard_optimizer, which add_distributed_options declares), read once by BaseTrainer's
+// distributed/shard_optimizer, which add_distributed_options declares), read once by Trainer's
 // constructor.
 struct TrainingOptions {
   uint64_t seed{};                  // training/seed

@@ -11,7 +11,7 @@ using namespace lt;
 using lt::test::Contains;
 
 TEST_CASE("defaults come from the schema", "[config]") {
-  Config c(BaseTrainer::schema());
+  Config c(Trainer::schema());
   CHECK(c.get_int("training/batch_size") == 16);
   CHECK(c.get_int("training/per_device_batch_size") == -1);
   CHECK(c.get_double("optimization/lr") == Approx(6e-4));
@@ -24,7 +24,7 @@ TEST_CASE("defaults come from the schema", "[config]") {
 TEST_CASE("file overrides defaults and key=value overrides the file", "[config]") {
   test::TempDir dir;
   write_file_atomic(dir / "c.json", R"({"training": {"batch_size": 8, "tokens": 1000}, "optimization": {"lr": 0.01}})");
-  Config c(BaseTrainer::schema());
+  Config c(Trainer::schema());
   c.merge_file(dir / "c.json");
   c.apply_override("training/batch_size=32");
   c.apply_override(R"(training/dataset=[{"name":"a","rate":0.25},{"name":"b","rate":0.75,"style":"pmd"}])");
@@ -38,13 +38,13 @@ TEST_CASE("file overrides defaults and key=value overrides the file", "[config]"
 }
 
 TEST_CASE("an integral float is accepted for an integer key", "[config]") {
-  Config c(BaseTrainer::schema());
+  Config c(Trainer::schema());
   c.apply_override("training/tokens=1e6");
   CHECK(c.get_int("training/tokens") == 1000000);
 }
 
 TEST_CASE("unknown keys are errors that suggest the closest key", "[config]") {
-  Config c(BaseTrainer::schema());
+  Config c(Trainer::schema());
   CHECK_THROWS_WITH(c.apply_override("training/batch_sise=4"),
                     Contains("unknown config key \"training/batch_sise\"") && Contains("did you mean \"training/batch_size\""));
   test::TempDir dir;
@@ -54,7 +54,7 @@ TEST_CASE("unknown keys are errors that suggest the closest key", "[config]") {
 }
 
 TEST_CASE("wrong types and out-of-range values name the key", "[config]") {
-  Config c(BaseTrainer::schema());
+  Config c(Trainer::schema());
   CHECK_THROWS_WITH(c.apply_override("training/batch_size=\"big\""), Contains("training/batch_size") && Contains("integer"));
   CHECK_THROWS_WITH(c.apply_override("training/batch_size=2.5"), Contains("training/batch_size"));
   CHECK_THROWS_WITH(c.apply_override("training/batch_size=0"), Contains("training/batch_size") && Contains("> 0"));
@@ -67,7 +67,7 @@ TEST_CASE("wrong types and out-of-range values name the key", "[config]") {
 }
 
 TEST_CASE("dataset mixtures are checked", "[config]") {
-  Config c(BaseTrainer::schema());
+  Config c(Trainer::schema());
   CHECK_THROWS_WITH(c.apply_override(R"(training/dataset=[{"name":"a","rate":0.5}])"),
                     Contains("training/dataset") && Contains("sum to 1"));
   CHECK_THROWS_WITH(c.apply_override(R"(training/dataset=[{"name":"a","rate":1,"style":"csv"}])"),
@@ -81,7 +81,7 @@ TEST_CASE("dataset mixtures are checked", "[config]") {
 TEST_CASE("a config file that is not JSON names the file", "[config]") {
   test::TempDir dir;
   write_file_atomic(dir / "bad.json", "{\"training\": {");
-  Config c(BaseTrainer::schema());
+  Config c(Trainer::schema());
   CHECK_THROWS_AS(c.merge_file(dir / "bad.json"), UserError);
   CHECK_THROWS_WITH(c.merge_file(dir / "bad.json"), Contains("bad.json") && Contains("not valid JSON"));
   CHECK_THROWS_WITH(c.merge_file(dir / "missing.json"), Contains("missing.json"));
@@ -136,4 +136,41 @@ TEST_CASE("OptionGroup: each key declared once with its default, read into the f
   CHECK(set.mode == "mode:slow");
   // The declared check still guards the key.
   CHECK_THROWS_WITH(cfg.apply_override("toy/steps=0"), Contains("toy/steps"));
+}
+
+TEST_CASE("runtime/* and job/* are read into their typed fields: each name to its own enum value", "[config]") {
+  Config cfg(Trainer::schema());
+  RuntimeOptions d = RuntimeOptions::from_config(cfg);
+  CHECK(d.device == RuntimeOptions::Device::Auto);
+  CHECK(d.precision == RuntimeOptions::Precision::Auto);
+  CHECK(d.attention == RuntimeOptions::Attention::Auto);
+  CHECK(d.loss == RuntimeOptions::Loss::Auto);
+  CHECK(d.threads == 0);
+  for (const char* o : {"runtime/device=cpu", "runtime/precision=f32", "runtime/attention=manual", "runtime/loss=libtorch",
+                        "runtime/threads=3", "job/project=p1", "job/group=g1"})
+    cfg.apply_override(o);
+  RuntimeOptions r = RuntimeOptions::from_config(cfg);
+  CHECK(r.device == RuntimeOptions::Device::Cpu);
+  CHECK(r.precision == RuntimeOptions::Precision::F32);
+  CHECK(r.attention == RuntimeOptions::Attention::Manual);
+  CHECK(r.loss == RuntimeOptions::Loss::LibTorch);
+  CHECK(r.threads == 3);
+  cfg.apply_override("runtime/precision=bf16");
+  cfg.apply_override("runtime/loss=fused");
+  CHECK(RuntimeOptions::from_config(cfg).precision == RuntimeOptions::Precision::Bf16);
+  CHECK(RuntimeOptions::from_config(cfg).loss == RuntimeOptions::Loss::Fused);
+  // The model takes the runtime's two keys it computes with.
+  const ModelOptions m = ModelOptions::from_config(cfg);
+  CHECK(m.attention == RuntimeOptions::Attention::Manual);
+  CHECK(m.loss == RuntimeOptions::Loss::Fused);
+  // A job reads job/* into its spec; the name stays the command line's.
+  JobSpec spec;
+  spec.name = "named";
+  test::TempDir dir;
+  for (const auto& o : test::tiny_overrides(dir / "data")) cfg.apply_override(o);
+  Trainer t(spec, cfg, dir / "out");
+  CHECK(t.spec().name == "named");
+  CHECK(t.spec().project == "p1");
+  CHECK(t.spec().group == "g1");
+  CHECK(t.spec().kind == "train");
 }

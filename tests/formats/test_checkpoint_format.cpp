@@ -20,7 +20,7 @@
 #include "fixtures.hpp"
 #include "launch.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
-#include "lora_trainer/training/lora_trainer.hpp"
+#include "lora_trainer/training/trainer.hpp"
 
 using namespace lt;
 using nlohmann::json;
@@ -95,9 +95,9 @@ TEST_CASE("a format-1 LoRA checkpoint (adapters stored as lora/*) restores into 
   REQUIRE(old_names == 2 * 3 * 4 + 1);  // A, B, magnitude of 4 linear layers x 2 blocks; the token rows
 
   test::TwoDatasets d;
-  Config cfg = test::tiny_config(LoRATrainer::schema(), d.dir / "data",
+  Config cfg = test::tiny_config(Trainer::lora_schema(), d.dir / "data",
                                  fixture_settings(d.dir / "data"));
-  auto t = test::build_job<LoRATrainer>("lora/train", "fx", cfg, d.dir / "out");
+  auto t = test::build_job<Trainer>("lora/train", "fx", cfg, d.dir / "out");
   t->restore_from_path(kFixture.string());
   REQUIRE(t->in_lora_phase());
   REQUIRE(t->step() == 6);

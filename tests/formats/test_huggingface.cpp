@@ -12,7 +12,7 @@
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/formats/hf_families.hpp"
 #include "lora_trainer/formats/huggingface.hpp"
-#include "lora_trainer/training/lora_trainer.hpp"
+#include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/cli/registry.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
 #include "fixtures.hpp"
@@ -273,7 +273,7 @@ TEST_CASE("trainable_token_indices on an imported GPT-2 (tied head): PEFT's file
   ids[0][3] = 101;
   ids[1][5] = 299;
   const torch::Tensor ours = lora.logits(ids);
-  const auto& trained = dynamic_cast<LoRATrainer&>(*lora.trainer).trainable_tokens();
+  const auto& trained = dynamic_cast<Trainer&>(*lora.trainer).trainable_tokens();
   REQUIRE(trained.ids == rows);
 
   // PEFT's layout: the ids in adapter_config.json (the list form: the input embedding, which PEFT ties

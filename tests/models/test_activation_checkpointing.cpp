@@ -4,7 +4,8 @@
 // phases, with dropout (the recompute replays the generator) and bf16 autocast; and memory is saved.
 #include "catch.hpp"
 
-#include "lora_trainer/training/lora_trainer.hpp"
+#include "lora_trainer/recipes/dpo_part.hpp"
+#include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/cli/bench.hpp"
 #include "fixtures.hpp"
@@ -70,20 +71,20 @@ Pass train_pass(const ModelOptions& o, bool bf16, bool backward_in_autocast, con
 
 // 5 full steps, then 5 LoRA steps, in micro-batches of 2 rows, dropout on, with modules_to_save that
 // live inside the blocks and outside them.
-std::unique_ptr<LoRATrainer> make_lora(const test::TwoDatasets& d, const std::string& name, bool checkpointing,
+std::unique_ptr<Trainer> make_lora(const test::TwoDatasets& d, const std::string& name, bool checkpointing,
                                        bool llama) {
-  Config c = test::tiny_config(LoRATrainer::schema(), d.dir / "data", llama ? kLlama : std::vector<std::string>(),
+  Config c = test::tiny_config(Trainer::lora_schema(), d.dir / "data", llama ? kLlama : std::vector<std::string>(),
                                test::two_phase_overrides());
   c.apply_override("architecture/dropout=0.1");
   c.apply_override("training/per_device_batch_size=2");
   c.apply_override(llama ? R"(optimization/lora/modules_to_save=["embed_tokens","input_layernorm"])"
                          : R"(optimization/lora/modules_to_save=["wte","ln_1"])");
   c.apply_override(std::string("training/activation_checkpointing=") + (checkpointing ? "true" : "false"));
-  return std::make_unique<LoRATrainer>(test::job_spec(name), std::move(c), d.dir / "out");
+  return make_lora_train(test::job_spec(name), std::move(c), d.dir / "out");
 }
 
 // The trainable tensors' gradients after a step, copied.
-NamedTensors grads_of(const BaseTrainer& t) {
+NamedTensors grads_of(const Trainer& t) {
   NamedTensors out;
   for (const auto& [n, p] : t.trainable()) out.emplace_back(n, p.grad().defined() ? p.grad().clone() : torch::Tensor());
   return out;

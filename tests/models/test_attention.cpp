@@ -63,7 +63,7 @@ TEST_CASE("fused and manual attention agree, forward and gradients", "[attention
 
 TEST_CASE("runtime/attention: auto is fused on CUDA (where LibTorch has it) and manual on the CPU, and fused without it is a clear error", "[attention]") {
   const torch::Device cpu(torch::kCPU), gpu(torch::kCUDA, 0);
-  Config c(BaseTrainer::schema());
+  Config c(Trainer::schema());
   auto o = ModelOptions::from_config(c);
   CHECK_FALSE(o.fused_attention_on(cpu));
   CHECK(o.fused_attention_on(gpu) == fused_attention_available());

@@ -12,7 +12,8 @@
 #include "lora_trainer/models/generate.hpp"
 #include "lora_trainer/formats/hf_families.hpp"
 #include "lora_trainer/formats/huggingface.hpp"
-#include "lora_trainer/training/lora_trainer.hpp"
+#include "lora_trainer/recipes/dpo_part.hpp"
+#include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
 #include "fixtures.hpp"
 #include "hf_fixtures.hpp"
@@ -246,7 +247,7 @@ TEST_CASE("trainable_token_indices on an imported Llama (untied head): PEFT's fi
   ids[1][5] = 101;
   ids[1][9] = 32;
   const torch::Tensor ours = lora.logits(ids);
-  const auto& trained = dynamic_cast<LoRATrainer&>(*lora.trainer).trainable_tokens();
+  const auto& trained = dynamic_cast<Trainer&>(*lora.trainer).trainable_tokens();
   REQUIRE(trained.name == "model.embed_tokens.weight");
 
   export_peft(ck, d / "peft");
@@ -275,9 +276,9 @@ TEST_CASE("a llama-family job crosses the LoRA boundary, and resume in either ph
   test::make_byte_dataset(dir / "data", "gen", 1);
   test::make_byte_dataset(dir / "data", "gen2", 2);
   auto make = [&](const std::string& name, const std::vector<std::string>& extra = {}) {
-    return std::make_unique<LoRATrainer>(
+    return make_lora_train(
         test::job_spec(name),
-        test::tiny_config(LoRATrainer::schema(), dir / "data", kTinyLlama, test::two_phase_overrides(), extra), dir / "out");
+        test::tiny_config(Trainer::lora_schema(), dir / "data", kTinyLlama, test::two_phase_overrides(), extra), dir / "out");
   };
   auto straight = make("straight");
   REQUIRE(straight->total_steps() == 10);

@@ -25,7 +25,7 @@ const char* kDora = "optimization/lora/dora=true";
 double max_abs(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 // The logits of `t`'s model with its adapters switched off: the frozen base's.
-torch::Tensor base_logits(LoRATrainer& t, const torch::Tensor& idx) {
+torch::Tensor base_logits(Trainer& t, const torch::Tensor& idx) {
   AdaptersOff off(*t.model());
   return logits_of(*t.model(), idx);
 }

@@ -10,7 +10,7 @@
 #include "lora_trainer/cli/registry.hpp"
 #include "lora_trainer/training/report.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
-#include "lora_trainer/training/lora_trainer.hpp"
+#include "lora_trainer/training/trainer.hpp"
 #include "fixtures.hpp"
 #include "lora_fixtures.hpp"
 
@@ -211,12 +211,17 @@ TEST_CASE("the plan: pre-LoRA to the boundary, then LoRA entered by transition_t
   auto t = make_lora(d, "phases");
   const std::vector<Phase> plan = t->phases();
   REQUIRE(plan.size() == 2);
+  CHECK(plan[0].trains == Trainable::AllParameters);  // phase 1 trains the model as built
+  CHECK(plan[0].first_step == 0);
   CHECK(plan[0].end_step == t->boundary_step());
   CHECK(plan[0].end_step == 5);
-  CHECK_FALSE(plan[0].enter);  // phase 1 trains the model as built
+  CHECK(plan[1].trains == Trainable::Adapters);
+  CHECK(plan[1].first_step == 5);
   CHECK(plan[1].end_step == 10);
-  REQUIRE(plan[1].enter);
+  CHECK((plan[0].first_stage == 0 && plan[0].end_stage == 1 && plan[1].first_stage == 1 && plan[1].end_stage == 2));
   CHECK(plan[0].loss == plan[1].loss);  // the next-token loss in both (DPO's only in a DPO phase)
+  CHECK(plan[1].schedule.lr == t->lora_config().schedule.lr);  // each phase its own schedule
+  CHECK(plan[0].schedule.lr != plan[1].schedule.lr);
   for (int i = 0; i < 5; ++i) t->train_step();
   CHECK_FALSE(t->in_lora_phase());  // the boundary step's validation and checkpoint see the whole model
   CHECK_FALSE(is_checkpoint(t->job_dir() + "/pre_lora_checkpoint"));
@@ -224,10 +229,10 @@ TEST_CASE("the plan: pre-LoRA to the boundary, then LoRA entered by transition_t
   CHECK(t->in_lora_phase());
   CHECK(is_checkpoint(t->job_dir() + "/pre_lora_checkpoint"));
   CHECK(t->trainable().size() == t->lora_params().named().size());
-  const auto adapters = snapshot(t->lora_params().named());
-  t->phases()[1].enter();  // entering a phase the state is in already changes nothing
-  REQUIRE(t->lora_params().named().size() == adapters.size());
-  for (size_t i = 0; i < adapters.size(); ++i) CHECK(torch::equal(t->lora_params().named()[i].second, adapters[i].second));
+  const auto names = t->optimizer().param_names();
+  t->train_step();  // a later step of the phase enters nothing again: the same adapters train
+  CHECK(t->optimizer().param_names() == names);
+  CHECK(t->optimizer().steps_taken() == 2);
 }
 
 TEST_CASE("after one LoRA step only the adapters changed and the optimizer holds only them", "[lora]") {
@@ -433,8 +438,8 @@ TEST_CASE("export merges the adapters: the exported model computes what base + a
   CHECK(meta["weights_only"] == true);
   CHECK(meta["merged_adapters"] == 8);
   // The export initialises a plain job (and would equally be the base of a LoRA job).
-  BaseTrainer plain(test::job_spec("from_export"),
-                    test::tiny_config(BaseTrainer::schema(), d.dir / "data", kPlainF32), d.dir / "out");
+  Trainer plain(test::job_spec("from_export"),
+                    test::tiny_config(Trainer::schema(), d.dir / "data", kPlainF32), d.dir / "out");
   plain.restore_from_path(out);
   CHECK(plain.step() == 0);
   auto idx = torch::randint(0, 257, {2, 32}, torch::kLong);
@@ -599,7 +604,7 @@ TEST_CASE("init_from starts the adapters from an earlier run's, read from our ch
 
 namespace {
 // The ema/<name> tensors of a trainer's state, by name (without "ema/").
-std::map<std::string, torch::Tensor> ema_of(BaseTrainer& t) {
+std::map<std::string, torch::Tensor> ema_of(Trainer& t) {
   std::map<std::string, torch::Tensor> out;
   for (auto& [n, v] : t.state_tensors())
     if (n.rfind("ema/", 0) == 0) out[n.substr(4)] = v.clone();
@@ -681,8 +686,8 @@ TEST_CASE("EMA weights: eval/use_ema evaluates the average and puts the weights 
   test::TempDir out;
   auto with = from_checkpoint_path(ck, "", out / "a", {"eval/use_ema=true"});
   auto without = from_checkpoint_path(ck, "", out / "b", {});
-  auto* tw = dynamic_cast<LoRATrainer*>(with.get());
-  auto* tn = dynamic_cast<LoRATrainer*>(without.get());
+  auto* tw = dynamic_cast<Trainer*>(with.get());
+  auto* tn = dynamic_cast<Trainer*>(without.get());
   const auto rows = parse_samplings(nlohmann::json::parse(R"([{"name":"gen2","rate":1}])"));
   const double lw = tw->evaluate(rows, 4)[0].loss, ln = tn->evaluate(rows, 4)[0].loss;
   CHECK(lw != ln);
@@ -876,8 +881,8 @@ TEST_CASE("export merges the trainable token rows into the embedding (and so the
     if (k == kTokenIds.end()) REQUIRE(torch::equal(W[r], in.at("params/wte.weight")[r].to(torch::kFloat32)));
     else REQUIRE(torch::equal(W[r], rows[k - kTokenIds.begin()]));
   }
-  BaseTrainer plain(test::job_spec("from_export"),
-                    test::tiny_config(BaseTrainer::schema(), d.dir / "data", kPlainF32), d.dir / "out");
+  Trainer plain(test::job_spec("from_export"),
+                    test::tiny_config(Trainer::schema(), d.dir / "data", kPlainF32), d.dir / "out");
   plain.restore_from_path(d.dir / "exported");
   auto idx = torch::tensor(std::vector<int64_t>{5, 101, 200, 7, 5, 33, 200, 1}).view({2, 4}).repeat({1, 4});
   const double diff = (logits_of(*plain.model(), idx) - logits_of(*a->model(), idx)).abs().max().item<double>();

@@ -21,7 +21,7 @@ struct Data {
 };
 
 // The forgetting matrix of a continual job (its ContinualPart's).
-const json& forgetting_of(const BaseTrainer& t) {
+const json& forgetting_of(const Trainer& t) {
   const ContinualPart* part = t.part<ContinualPart>();
   REQUIRE(part);
   return part->forgetting();
@@ -30,7 +30,7 @@ const json& forgetting_of(const BaseTrainer& t) {
 const char* kThreeStages = R"(training/dataset=[[{"name":"a","rate":1}],[{"name":"b","rate":1}],[{"name":"c","rate":1}]])";
 
 // Three stages of 4 steps each (128 tokens a step).
-std::unique_ptr<BaseTrainer> make_bench(const Data& d, const std::string& name, std::vector<std::string> extra = {},
+std::unique_ptr<Trainer> make_bench(const Data& d, const std::string& name, std::vector<std::string> extra = {},
                                              const std::string& out = "out") {
   const std::vector<std::string> job = {"training/tokens=[512,512,512]", kThreeStages, "eval/boundary_rows=4"};
   return make_continual(test::job_spec(name), test::tiny_config(continual_schema(), d.dir / "data", job, extra),
@@ -138,7 +138,7 @@ TEST_CASE("boundaries save checkpoints and the forgetting matrix, and a resumed 
 }
 
 // A benchmark_lora job of two pre-LoRA and two LoRA stages (12 steps) on the tiny model.
-std::unique_ptr<LoRATrainer> make_benchmark_lora(const Data& d, const std::string& name,
+std::unique_ptr<Trainer> make_benchmark_lora(const Data& d, const std::string& name,
                                                               const std::vector<std::string>& extra = {}) {
   const std::vector<std::string> job = {
       "training/pre_lora_tokens=[384,384]",
@@ -204,7 +204,7 @@ TEST_CASE("benchmark LoRA with reset_optimizer: the reset keeps the modules_to_s
                                         "optimization/lora/modules_to_save_lr_ratio=0.25"};
   auto job_ptr = make_continual_lora(test::job_spec("reset"), test::tiny_config(continual_lora_schema(), d.dir / "data", job),
                                      d.dir / "out");
-  LoRATrainer& t = *job_ptr;
+  Trainer& t = *job_ptr;
   t.run();
   REQUIRE(t.in_lora_phase());
   const auto names = t.optimizer().param_names();

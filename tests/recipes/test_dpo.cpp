@@ -21,7 +21,7 @@ using test::PrefData;
 using test::toy_records;
 
 // A dpo/train job on the toy pairs: 4 pairs a step, `steps` steps.
-std::unique_ptr<BaseTrainer> make_dpo(const PrefData& d, const std::string& name, bool lora, int steps,
+std::unique_ptr<Trainer> make_dpo(const PrefData& d, const std::string& name, bool lora, int steps,
                                       const std::vector<std::string>& extra = {}) {
   const std::vector<std::string> job = {"training/tokens=" + std::to_string(steps * 128),
                                         R"(training/dataset=[{"name":"prefs","rate":1,"style":"contrastive"}])",
@@ -32,7 +32,7 @@ std::unique_ptr<BaseTrainer> make_dpo(const PrefData& d, const std::string& name
                          d.dir / "out");
 }
 
-const DpoStats& last_step(BaseTrainer& t) {
+const DpoStats& last_step(Trainer& t) {
   DpoPart* dpo = t.part<DpoPart>();
   REQUIRE(dpo);
   return dpo->last_step();
@@ -42,8 +42,8 @@ const Sampling kPrefs{"prefs", 1.0, DatasetStyle::CONTRASTIVE};
 
 // A plain checkpoint of a `train` job (2 steps on "gen"): the pretrained base.
 std::string make_base(const PrefData& d) {
-  BaseTrainer base(test::job_spec("base"),
-                   test::tiny_config(BaseTrainer::schema(), d.dir / "data",
+  Trainer base(test::job_spec("base"),
+                   test::tiny_config(Trainer::schema(), d.dir / "data",
                                      std::vector<std::string>{"training/tokens=1280",
                                                               R"(training/dataset=[{"name":"gen","rate":1}])"}),
                    d.dir / "out");
@@ -133,7 +133,7 @@ TEST_CASE("dpo/train with LoRA: with the adapters at zero (B = 0) the loss is ex
   auto before = t->evaluate({kPrefs}, 8);  // no adapters yet: the model is its reference
   CHECK(before[0].loss == Approx(std::log(2.0)).epsilon(1e-14));  // every pair's is log 2 exactly (the test above)
   StepResult r = t->train_step();  // the transition at step 0 puts on adapters with B = 0
-  REQUIRE(dynamic_cast<LoRATrainer&>(*t).in_lora_phase());
+  REQUIRE(dynamic_cast<Trainer&>(*t).in_lora_phase());
   const DpoStats& s = last_step(*t);
   CHECK(s.pairs == 4);
   CHECK(s.margin == 0.0);
@@ -204,8 +204,8 @@ TEST_CASE("dpo/train refuses what it cannot train (text datasets, no base, modul
   CHECK_THROWS_WITH(nobase->run(), Contains("add `--restore CHECKPOINT`") && Contains("training/allow_random_base=true"));
   CHECK_THROWS_WITH(make_dpo(d, "mts", true, 2, {R"(optimization/lora/modules_to_save=["wte"])"}),
                     Contains("optimization/lora/modules_to_save must be [] in dpo/train"));
-  BaseTrainer plain(test::job_spec("plain"),
-                    test::tiny_config(BaseTrainer::schema(), d.dir / "data",
+  Trainer plain(test::job_spec("plain"),
+                    test::tiny_config(Trainer::schema(), d.dir / "data",
                                       std::vector<std::string>{R"(training/dataset=[{"name":"prefs","rate":1,"style":"contrastive"}])"}),
                     d.dir / "out");
   CHECK_THROWS_WITH(plain.run(), Contains("\"prefs\" is contrastive") && Contains("`dpo/train`"));

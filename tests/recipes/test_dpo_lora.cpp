@@ -21,18 +21,18 @@ namespace {
 const char* kPrefsStage = R"(training/post_lora_dataset=[[{"name":"prefs","rate":1,"style":"contrastive"}]])";
 
 // lora/train: 4 full-parameter steps on "gen", then `dpo_steps` LoRA steps on the toy pairs (4 a step).
-std::unique_ptr<LoRATrainer> make_job(const PrefData& d, const std::string& name, int dpo_steps,
+std::unique_ptr<Trainer> make_job(const PrefData& d, const std::string& name, int dpo_steps,
                                       const std::vector<std::string>& extra = {}) {
   const std::vector<std::string> job = {"training/pre_lora_tokens=[512]",
                                         R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}]])",
                                         "training/post_lora_tokens=[" + std::to_string(dpo_steps * 128) + "]",
                                         kPrefsStage, "optimization/lora/rank=4"};
-  return test::build_job<LoRATrainer>(
+  return test::build_job<Trainer>(
       "lora/train", name, test::tiny_config(job_registry().find("lora/train").schema(), d.dir / "data", job, extra),
       d.dir / "out");
 }
 
-DpoPart& as_dpo(LoRATrainer& t) {
+DpoPart& as_dpo(Trainer& t) {
   auto* d = t.part<DpoPart>();
   REQUIRE(d);  // contrastive post-LoRA datasets make the DPO form
   return *d;

@@ -5,7 +5,8 @@
 #include "catch.hpp"
 
 #include "lora_trainer/kernels/cross_entropy.hpp"
-#include "lora_trainer/training/lora_trainer.hpp"
+#include "lora_trainer/recipes/dpo_part.hpp"
+#include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "fixtures.hpp"
 
@@ -23,9 +24,9 @@ bool have_cuda() {
 using Data = test::TwoDatasets;
 
 // 4 full steps on "gen", then 4 LoRA steps on "gen2" (128 tokens a step).
-std::unique_ptr<LoRATrainer> make_lora(const Data& d, const std::string& name, const std::vector<std::string>& extra) {
-  return std::make_unique<LoRATrainer>(
-      test::job_spec(name), test::tiny_config(LoRATrainer::schema(), d.dir / "data", test::two_phase_overrides(512), extra),
+std::unique_ptr<Trainer> make_lora(const Data& d, const std::string& name, const std::vector<std::string>& extra) {
+  return make_lora_train(
+      test::job_spec(name), test::tiny_config(Trainer::lora_schema(), d.dir / "data", test::two_phase_overrides(512), extra),
       d.dir / "out");
 }
 

@@ -11,11 +11,11 @@ using lt::test::Contains;
 
 namespace {
 
-std::unique_ptr<BaseTrainer> make_trainer(const std::string& name, const std::string& out, const std::string& data,
+std::unique_ptr<Trainer> make_trainer(const std::string& name, const std::string& out, const std::string& data,
                                           const std::vector<std::string>& extra = {}) {
   const std::vector<std::string> job = {"training/tokens=1280",
                                         R"(training/dataset=[{"name":"gen","rate":0.5},{"name":"gen2","rate":0.5}])"};
-  return std::make_unique<BaseTrainer>(test::job_spec(name), test::tiny_config(BaseTrainer::schema(), data, job, extra), out);
+  return std::make_unique<Trainer>(test::job_spec(name), test::tiny_config(Trainer::schema(), data, job, extra), out);
 }
 
 void check_resume(const std::vector<std::string>& extra, int k) {

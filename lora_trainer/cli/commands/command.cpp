@@ -60,9 +60,9 @@ void check_out_dir(const std::string& out_dir) {
 }
 
 std::unique_ptr<RestorableJob> load_for_reading(const std::string& checkpoint, const std::vector<std::string>& overrides,
-                                                BaseTrainer** trainer) {
+                                                Trainer** trainer) {
   auto job = from_checkpoint_path(checkpoint, "", "/nonexistent-lora-trainer-out", overrides);
-  *trainer = dynamic_cast<BaseTrainer*>(job.get());
+  *trainer = dynamic_cast<Trainer*>(job.get());
   if (!*trainer) throw UserError(checkpoint + " is not a checkpoint of a training job");
   return job;
 }

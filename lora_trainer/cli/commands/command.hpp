@@ -13,7 +13,7 @@
 
 namespace lt {
 
-class BaseTrainer;
+class Trainer;
 class RestorableJob;
 
 // A subcommand as added to the app: its parsed state lives in the closure; run() returns the exit status.
@@ -52,6 +52,6 @@ void check_out_dir(const std::string& out_dir);
 
 // `eval` and `sample`: a job rebuilt from a checkpoint for reading only (nothing is written), and its trainer.
 std::unique_ptr<RestorableJob> load_for_reading(const std::string& checkpoint, const std::vector<std::string>& overrides,
-                                                BaseTrainer** trainer);
+                                                Trainer** trainer);
 
 }  // namespace lt

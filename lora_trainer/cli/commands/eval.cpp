@@ -19,12 +19,12 @@ struct EvalArgs {
 };
 
 int eval(const EvalArgs& a) {
-  BaseTrainer* t = nullptr;
+  Trainer* t = nullptr;
   auto job = load_for_reading(a.checkpoint, a.overrides, &t);
   std::vector<Sampling> datasets;
   if (a.datasets.empty()) datasets = t->plan_datasets();
   for (const auto& n : a.datasets) datasets.push_back(parse_dataset_spec(n));
-  auto results = t->evaluate(datasets, a.rows > 0 ? a.rows : t->config().get_int("training/validation_steps"));
+  auto results = t->evaluate(datasets, a.rows > 0 ? a.rows : t->options().validation_steps);
   nlohmann::json out = {{"checkpoint", a.checkpoint}, {"step", t->step()}, {"kind", state_kind_name(t->state_kind())}};
   for (const auto& e : results)
     out["datasets"][e.name] = e.style == DatasetStyle::CONTRASTIVE  // preference pairs: DPO's figures

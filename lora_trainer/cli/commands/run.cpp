@@ -69,7 +69,7 @@ int start_local_ranks(const RunArgs& a) {
   std::vector<std::string> args = {a.program, "run", a.name, a.config_path, a.out_dir};
   if (!a.restore.empty()) args.insert(args.end(), {"--restore", a.restore});
   args.insert(args.end(), a.overrides.begin(), a.overrides.end());
-  return run_local_ranks(a.nproc, args, cfg.get_double("distributed/timeout_s") + 10.0);
+  return run_local_ranks(a.nproc, args, DistributedOptions::from_config(cfg).timeout_s + 10.0);
 }
 
 int run(const RunArgs& a) {
@@ -77,7 +77,7 @@ int run(const RunArgs& a) {
   if (a.nproc > 1) return start_local_ranks(a);
   if (Distributed::requested_by_env()) {  // one of several ranks (torchrun's, or --nproc's)
     Config cfg = make_config(a.config_path, a.overrides);
-    set_distributed(Distributed::from_env(cfg.get_double("distributed/timeout_s"), Runtime::from_config(cfg).device));
+    set_distributed(Distributed::from_env(DistributedOptions::from_config(cfg).timeout_s, Runtime::from_config(cfg).device));
     if (!distributed().is_main() && !std::freopen("/dev/null", "w", stdout))
       throw std::runtime_error("cannot redirect the output of rank " + std::to_string(distributed().rank()));
   }

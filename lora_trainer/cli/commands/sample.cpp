@@ -18,7 +18,7 @@ struct SampleArgs {
 };
 
 int sample(const SampleArgs& a) {
-  BaseTrainer* t = nullptr;
+  Trainer* t = nullptr;
   auto job = load_for_reading(a.checkpoint, a.overrides, &t);
   std::string tokenizer_name = a.tokenizer;
   if (tokenizer_name == "auto") {

@@ -1,0 +1,209 @@
+// The trainer's report of a finished job (report.md and loss.svg in the run directory): per-phase speed,
+// parameter counts, validation perplexity per dataset before and after the LoRA phase, DPO's figures.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "lora_trainer/core/util.hpp"
+#include "lora_trainer/training/trainer.hpp"
+#include "lora_trainer/training/report.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+namespace {
+
+// What the report reads from a run's metrics.jsonl.
+struct RunEvents {
+  double tps[2] = {0, 0};  // the step lines' tokens/s summed, per phase (0: full, 1: LoRA), and their count
+  int n_tps[2] = {0, 0};
+  const json* before = nullptr;      // the last validation at or before the boundary
+  const json* after = nullptr;       // the last validation
+  const json* transition = nullptr;  // the transition event
+  const json* first_dpo = nullptr;   // the first and last phase-2 step lines with DPO's figures
+  const json* last_dpo = nullptr;
+};
+
+RunEvents scan(const std::vector<json>& metrics, int64_t boundary_step) {
+  RunEvents r;
+  for (const auto& e : metrics) {
+    std::string ev = e.value("event", std::string());
+    int64_t step = e.value("step", int64_t(0));
+    if (ev == "train") {
+      int phase = step > boundary_step ? 1 : 0;
+      r.tps[phase] += e.value("tok_per_s", 0.0);
+      ++r.n_tps[phase];
+      if (phase == 1 && e.contains("reward_margin")) {
+        if (!r.first_dpo) r.first_dpo = &e;
+        r.last_dpo = &e;
+      }
+    } else if (ev == "val") {
+      if (step <= boundary_step) r.before = &e;
+      r.after = &e;
+    } else if (ev == "transition") {
+      r.transition = &e;
+    }
+  }
+  return r;
+}
+
+// "parameters in phase 2: ..." from the transition event.
+std::string parameters_text(const json& transition) {
+  std::ostringstream r;
+  char line[256];
+  int64_t tr = transition.value("trainable_params", int64_t(0)), fr = transition.value("frozen_params", int64_t(0));
+  const int64_t sv = transition.value("saved_params", int64_t(0)), tk = transition.value("token_params", int64_t(0));
+  std::snprintf(line, sizeof line, "parameters in phase 2: %lld trainable (%.2f%%: %lld in adapters", (long long)tr,
+                100.0 * tr / std::max<int64_t>(1, tr + fr), (long long)(tr - sv - tk));
+  r << line;
+  if (sv > 0) {
+    std::vector<std::string> names = transition.value("modules_to_save", std::vector<std::string>());
+    r << " + " << sv << " in the modules_to_save: " << join(names);
+  }
+  const json token_rows = transition.value("trainable_tokens", json::object());
+  if (tk > 0)
+    for (auto& [name, ids] : token_rows.items())
+      r << " + " << tk << " in the trainable token rows of " << name << ": " << ids.dump();
+  std::snprintf(line, sizeof line, "), %lld frozen (bf16 base)\n", (long long)fr);
+  r << line;
+  return r.str();
+}
+
+std::string label(const char* what, const json* e) {
+  return std::string(what) + " (step " + std::to_string(e->value("step", 0)) + ")";
+}
+
+// Perplexity, one column per text dataset measured before or after LoRA (as wide as its name, at least
+// 10), numbers right-aligned under it; "-" where a validation did not measure it (without
+// eval/evaluations "perplexity" it measures only the stage just trained). "" when none was measured.
+std::string perplexity_table(const json* before, const json* after, bool with_before) {
+  std::vector<std::pair<std::string, int>> cols;
+  for (const json* e : {before, after}) {
+    if (!e || !e->contains("perplexity")) continue;
+    for (auto& [name, ppl] : (*e)["perplexity"].items())
+      if (std::none_of(cols.begin(), cols.end(), [&](const auto& c) { return c.first == name; }))
+        cols.emplace_back(name, std::max<int>(10, static_cast<int>(name.size())));
+  }
+  if (cols.empty()) return "";
+  std::ostringstream r;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-28s", "validation perplexity");
+  r << line;
+  for (const auto& [name, w] : cols) {
+    std::snprintf(line, sizeof line, "  %*s", w, name.c_str());
+    r << line;
+  }
+  r << "\n";
+  auto row = [&](const char* what, const json* e) {
+    if (!e || !e->contains("perplexity") || (*e)["perplexity"].empty()) return;
+    std::snprintf(line, sizeof line, "  %-26s", label(what, e).c_str());
+    r << line;
+    for (const auto& [name, w] : cols) {
+      const json& p = (*e)["perplexity"];
+      if (p.contains(name)) std::snprintf(line, sizeof line, "  %*.1f", w, metric_value(p[name]));
+      else std::snprintf(line, sizeof line, "  %*s", w, "-");
+      r << line;
+    }
+    r << "\n";
+  };
+  if (with_before) row("before LoRA", before);
+  row("after LoRA", after);
+  return r.str();
+}
+
+// Preference pairs (dpo/train, or lora/train's phase 2): the val events' DPO loss, margin and accuracy;
+// before LoRA (with eval/evaluations "perplexity") the model is its reference: log 2, 0, 0. Then the
+// step lines' figures (averages over the steps since the line before), first and last.
+std::string dpo_text(const RunEvents& ev) {
+  std::ostringstream r;
+  char line[256];
+  auto has_dpo = [](const json* e) { return e && e->contains("reward_margin") && !(*e)["reward_margin"].empty(); };
+  if (has_dpo(ev.after)) {
+    std::snprintf(line, sizeof line, "%-36s  %10s  %13s  %8s\n", "validation DPO", "dpo loss", "reward margin", "accuracy");
+    r << line;
+    for (auto& [name, unused] : (*ev.after)["reward_margin"].items())
+      for (const auto& [what, e] : {std::pair<const char*, const json*>{"before LoRA", ev.before}, {"after LoRA", ev.after}}) {
+        if (!has_dpo(e) || !(*e)["reward_margin"].contains(name)) continue;
+        std::snprintf(line, sizeof line, "  %-34s  %10.4f  %13.4f  %8.3f\n", (name + ", " + label(what, e)).c_str(),
+                      metric_value((*e)["per_dataset"].value(name, json())), metric_value((*e)["reward_margin"][name]),
+                      metric_value((*e)["accuracy"].value(name, json())));
+        r << line;
+      }
+  }
+  if (ev.first_dpo && ev.last_dpo) {
+    const json &a = *ev.first_dpo, &b = *ev.last_dpo;
+    std::snprintf(line, sizeof line,
+                  "DPO steps (step lines %lld -> %lld): loss %.4f -> %.4f, reward margin %.4f -> %.4f, accuracy %.3f -> "
+                  "%.3f\n",
+                  (long long)a.value("step", int64_t(0)), (long long)b.value("step", int64_t(0)), a.value("loss", 0.0),
+                  b.value("loss", 0.0), a.value("reward_margin", 0.0), b.value("reward_margin", 0.0),
+                  a.value("accuracy", 0.0), b.value("accuracy", 0.0));
+    r << line;
+  }
+  return r.str();
+}
+
+}  // namespace
+
+// The two phases' lines: their steps, tokens and speed (phase 1: skipped, with where the base came from).
+std::string Trainer::phases_text(const double tps[2], const int n_tps[2]) const {
+  std::ostringstream r;
+  char line[256];
+  if (boundary_step_ == 0) {
+    if (lora_->base.is_object())
+      r << "phase 1: skipped; the frozen base is " << lora_->base.value("path", std::string("?")) << " (job "
+        << lora_->base.value("job", std::string("?")) << ", step " << lora_->base.value("step", int64_t(0)) << ")\n";
+    else
+      r << "phase 1: skipped; the base is randomly initialised (training/allow_random_base)\n";
+  } else {
+    // Phase 1 may have run in another run (this one restored past it): then there is no speed to report.
+    std::snprintf(line, sizeof line, "phase 1 (full parameters): steps 1-%lld, %lld tokens, ", (long long)boundary_step_,
+                  (long long)(boundary_step_ * tokens_per_step()));
+    r << line;
+    if (n_tps[0] == 0) {
+      r << "not run by this run (restored from a later checkpoint)\n";
+    } else {
+      std::snprintf(line, sizeof line, "%.0f tok/s\n", tps[0] / n_tps[0]);
+      r << line;
+    }
+  }
+  std::snprintf(line, sizeof line, "phase 2 (LoRA): steps %lld-%lld, %lld tokens, %.0f tok/s\n", (long long)boundary_step_ + 1,
+                (long long)total_steps_, (long long)((total_steps_ - boundary_step_) * tokens_per_step()),
+                n_tps[1] ? tps[1] / n_tps[1] : 0.0);
+  r << line;
+  return r.str();
+}
+
+std::string Trainer::report() {
+  if (!lora_) return "";  // the report compares the phases of a LoRA job
+  auto metrics = read_metrics(run_dir());
+  const RunEvents ev = scan(metrics, boundary_step_);
+  if (ev.n_tps[0] + ev.n_tps[1] == 0) return "";
+  std::string svg = (fs::path(run_dir()) / "loss.svg").string();
+  write_loss_plot(metrics, {{boundary_step_, "LoRA from here"}}, "job " + spec_.name + ": loss", svg);
+
+  std::ostringstream r;
+  r << "\n== report: job " << spec_.name << " (" << spec_.kind << ") ==\n";
+  r << phases_text(ev.tps, ev.n_tps);
+  if (ev.transition) r << parameters_text(*ev.transition);
+  r << perplexity_table(ev.before, ev.after, boundary_step_ > 0);
+  r << dpo_text(ev);
+  if (!ev.before && !ev.after) r << "validation: none recorded (training/validation is off)\n";
+  r << "unigram baseline perplexity (validation under the training split's token frequencies):";
+  char line[256];
+  for (const auto& smp : plan_datasets()) {
+    if (smp.style != DatasetStyle::PMD) continue;
+    const auto& ds = dynamic_cast<const PmdDataset&>(catalog_->get(smp));
+    std::snprintf(line, sizeof line, "  %s %.1f", smp.name.c_str(), std::exp(unigram_val_loss(ds, model_->options().vocab_size)));
+    r << line;
+  }
+  r << "\ncheckpoints: " << job_dir() << "\n";
+  r << "metrics: " << (fs::path(run_dir()) / "metrics.jsonl").string() << "\nplot: " << svg << "\n";
+  write_file_atomic((fs::path(run_dir()) / "report.md").string(), r.str());
+  return r.str();
+}
+
+}  // namespace lt
