@@ -119,10 +119,11 @@ int recover_interrupted_writes(const std::string& path, bool locked) {
   fs::path target = fs::absolute(path).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();
   const std::string parent = target.parent_path().string(), name = target.filename().string();
-  const std::string dir_tmp = "." + name + ".tmp-", dir_old = "." + name + ".old-", file_tmp = name + ".tmp-";
+  const std::string dir_tmp = "." + name + ".tmp-", dir_old = "." + name + ".old-", file_tmp = name + ".tmp-",
+                    dir_del = "." + name + ".del-";  // a directory being deleted (delete_checkpoint): removed, never put back
   std::vector<std::string> tmps, olds;
   for (const auto& e : sorted_entries(parent)) {
-    for (const auto* prefix : {&dir_tmp, &dir_old, &file_tmp}) {
+    for (const auto* prefix : {&dir_tmp, &dir_old, &file_tmp, &dir_del}) {
       if (e.size() <= prefix->size() || e.compare(0, prefix->size(), *prefix) != 0) continue;
       if (!locked && !process_gone(tag_pid(e.substr(prefix->size())))) continue;  // a write in progress
       (prefix == &dir_old ? olds : tmps).push_back(parent + "/" + e);

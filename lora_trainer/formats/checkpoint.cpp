@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <filesystem>
 #include <map>
+#include <random>
 
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/formats/state_h5.hpp"
@@ -97,10 +99,11 @@ std::string state_kind_name(StateKind kind) { return kind == StateKind::Lora ? "
 
 // A save writes into the hidden sibling `.NAME.tmp-TAG` and renames it into place; the checkpoint it
 // replaces goes aside as `.NAME.old-TAG` until the rename is done (publish_dir). Either left behind is an
-// interrupted save.
+// interrupted save; `.NAME.del-TAG` is an interrupted delete_checkpoint.
 static bool is_interrupted_save(const std::string& name) {
   return name.size() > 1 && name[0] == '.' &&
-         (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos);
+         (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos ||
+          name.find(".del-") != std::string::npos);
 }
 
 int remove_interrupted_saves(const std::string& job_dir) {
@@ -109,8 +112,9 @@ int remove_interrupted_saves(const std::string& job_dir) {
     if (!is_dir) return false;
     const std::string name = fs::path(p).filename().string();
     if (is_interrupted_save(name)) {
-      const size_t tmp = name.rfind(".tmp-"), old = name.rfind(".old-");
-      const size_t at = tmp == std::string::npos ? old : old == std::string::npos ? tmp : std::max(tmp, old);
+      size_t at = 0;  // where the tag starts: the last of the three markers
+      for (const char* marker : {".tmp-", ".old-", ".del-"})
+        if (const size_t m = name.rfind(marker); m != std::string::npos) at = std::max(at, m);
       targets.push_back((fs::path(p).parent_path() / name.substr(1, at - 1)).string());
       return false;
     }
@@ -445,6 +449,50 @@ std::optional<std::string> read_latest(const std::string& job_dir) {
 
 void write_latest(const std::string& job_dir, const std::string& suffix) {
   write_file_atomic((fs::path(job_dir) / "latest").string(), suffix + "\n");
+}
+
+void delete_checkpoint(const std::string& dir) {
+  fs::path target = fs::absolute(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  std::random_device rd;
+  const fs::path doomed =
+      target.parent_path() / ("." + target.filename().string() + ".del-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
+  if (::rename(target.c_str(), doomed.c_str()) != 0)
+    throw UserError("could not delete checkpoint " + target.string() + ": rename to " + doomed.string() + ": " +
+                    std::strerror(errno));
+  fsync_dir(target.parent_path().string());
+  std::string error;
+  if (!remove_tree(doomed.string(), &error))
+    std::fprintf(stderr, "warning: %s was taken out of the checkpoints but could not be removed (%s); the next run of "
+                 "the job removes it\n", doomed.c_str(), error.c_str());
+}
+
+std::vector<std::string> prune_periodic_checkpoints(const std::string& job_dir, const std::string& job_name, int64_t keep) {
+  const fs::path periodic = fs::path(job_dir) / "ntoks";
+  if (keep <= 0 || !fs::is_directory(periodic)) return {};
+  const std::optional<std::string> latest = read_latest(job_dir);
+  std::vector<std::pair<uint64_t, std::string>> ours;  // (tokens, suffix), this job's complete ones
+  for (const auto& entry : fs::directory_iterator(periodic)) {
+    const std::string e = entry.path().filename().string();
+    if (e.empty() || e.find_first_not_of("0123456789") != std::string::npos || e.size() > 19) continue;
+    const std::string dir = (periodic / e).string();
+    if (!is_checkpoint(dir)) continue;
+    try {
+      const nlohmann::json meta = read_checkpoint_metadata(dir);
+      if (meta.value("job", nlohmann::json::object()).value("name", std::string()) != job_name) continue;
+    } catch (const std::exception&) {
+      continue;  // unreadable metadata: not known to be ours, so kept
+    }
+    ours.emplace_back(std::stoull(e), "ntoks/" + e);
+  }
+  std::sort(ours.begin(), ours.end());
+  std::vector<std::string> deleted;
+  for (size_t i = 0; i + static_cast<size_t>(keep) < ours.size(); ++i) {
+    if (latest && *latest == ours[i].second) continue;  // what a resume would read is never deleted
+    delete_checkpoint((fs::path(job_dir) / ours[i].second).string());
+    deleted.push_back(ours[i].second);
+  }
+  return deleted;
 }
 
 std::vector<std::string> list_checkpoints(const std::string& job_dir) {

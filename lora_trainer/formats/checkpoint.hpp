@@ -108,6 +108,18 @@ nlohmann::json inspect_checkpoint(const std::string& dir);
 std::optional<std::string> read_latest(const std::string& job_dir);
 void write_latest(const std::string& job_dir, const std::string& suffix);
 
+// Deletes a checkpoint so that a kill at any point leaves either the whole checkpoint under its name or
+// none: it is first renamed to the hidden `.NAME.del-TAG` (in one step), then removed; a leftover is
+// cleared by the job's next run (remove_interrupted_saves), never put back.
+void delete_checkpoint(const std::string& dir);
+
+// logging/keep_checkpoints: deletes the periodic checkpoints (<job_dir>/ntoks/<tokens>) of job
+// `job_name` beyond the newest `keep` (0: none), oldest first, never the one `latest` names. Another
+// job's checkpoint, an incomplete or unreadable one and any other file are left alone, and so are the
+// job's other checkpoints (best, final, pre_lora_checkpoint, a benchmark's boundaries). Returns the
+// suffixes deleted.
+std::vector<std::string> prune_periodic_checkpoints(const std::string& job_dir, const std::string& job_name, int64_t keep);
+
 // Suffixes of the complete checkpoints under a job directory, e.g. {"ntoks/4096", "best", "final/8192"}.
 std::vector<std::string> list_checkpoints(const std::string& job_dir);
 

@@ -362,6 +362,11 @@ bool Trainer::save_or_stop() {
   const bool stop = dist_.active() ? stopping_ : stop_requested.load();
   if (step_ >= total_steps_ || (step_ % opts_.checkpoint_interval != 0 && !stop)) return false;
   save("ntoks/" + std::to_string(tokens_));
+  if (opts_.keep_checkpoints > 0 && is_main()) {  // after the save: a kill before this leaves one more
+    const auto deleted = prune_periodic_checkpoints(job_dir(), spec_.name, opts_.keep_checkpoints);
+    if (!deleted.empty())
+      std::printf("deleted %s (logging/keep_checkpoints=%lld)\n", join(deleted).c_str(), (long long)opts_.keep_checkpoints);
+  }
   if (stop)
     std::printf("stopped by signal after step %lld; checkpoint %s/ntoks/%lld saved.\n"
                 "Resume with the same `lora_trainer run %s ...` command (it continues from `latest`).\n",

@@ -79,6 +79,11 @@ static const OptionGroup<TrainingOptions>& training_options() {
                check_positive())
           .add("logging/checkpoint_interval", OptType::Int, 200, "steps between periodic checkpoints",
                &O::checkpoint_interval, check_positive())
+          .add("logging/keep_checkpoints", OptType::Int, 0,
+               "keep only the newest N periodic checkpoints (ntoks/*) of the job, deleting older ones after each save; "
+               "0 keeps them all. best, final, pre_lora_checkpoint and a benchmark's boundary checkpoints are always "
+               "kept, and so is the one `latest` names",
+               &O::keep_checkpoints, check_nonnegative())
           .add("logging/validation_interval", OptType::Int, 200, "steps between validations", &O::validation_interval,
                check_positive());
   return g;

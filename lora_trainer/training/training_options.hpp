@@ -53,6 +53,7 @@ struct TrainingOptions {
   bool use_ema{};                   // eval/use_ema: validation, eval and sample on the EMA weights
   // logging/report_interval, logging/checkpoint_interval, logging/validation_interval (in steps).
   int64_t report_interval{}, checkpoint_interval{}, validation_interval{};
+  int64_t keep_checkpoints{};  // logging/keep_checkpoints: the newest periodic checkpoints kept; 0 = all
   static TrainingOptions from_config(const Config& cfg);
 };
 
