@@ -12,11 +12,17 @@
 
 #include "lora_trainer/core/config.hpp"
 #include "lora_trainer/cli/registry.hpp"
+#include "lora_trainer/formats/export.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/data/tokenize.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace lt::test {
+
+// A checkpoint's tensors as every reader sees them (export_tensors): with the frozen base that a LoRA
+// checkpoint refers to, read from where it is (bf16, its digest checked).
+inline NamedTensors checkpoint_tensors(const std::string& dir) { return export_tensors(CheckpointMeta::read(dir), false); }
+
 
 struct TempDir {
   std::filesystem::path path;

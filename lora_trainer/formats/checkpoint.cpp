@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <set>
 
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/formats/state_h5.hpp"
@@ -349,6 +350,38 @@ void load_checkpoint_into(const std::string& dir, const NamedTensors& into,
   load_checkpoint_into(CheckpointMeta::read(dir), into, prefixes);
 }
 
+// Format 1's name of a tensor that format 2 names `name` (the adapters were lora/<name>).
+static std::string stored_name(int format_version, const std::string& name) {
+  if (format_version >= 2 || name.rfind(kParamsPrefix, 0) != 0 || !is_adapter_param(name.substr(kParamsPrefix.size())))
+    return name;
+  return "lora/" + name.substr(kParamsPrefix.size());
+}
+
+CheckpointReader::CheckpointReader(const CheckpointMeta& ck)
+    : dir_(ck.dir), format_version_(ck.format_version), job_name_(ck.job_name) {
+  const std::string path = (fs::path(ck.dir) / "state.h5").string();
+  check_state_file(ck, path);
+  file_ = std::make_unique<StateH5Reader>(path);
+  NamedTensors names;
+  for (const auto& n : file_->names()) names.emplace_back(n, torch::Tensor());
+  upgrade_names(format_version_, names);
+  for (auto& [n, t] : names) names_.push_back(n);
+}
+
+CheckpointReader::~CheckpointReader() = default;
+
+bool CheckpointReader::contains(const std::string& name) const {
+  return std::binary_search(names_.begin(), names_.end(), name);
+}
+
+StateH5Reader::Info CheckpointReader::info(const std::string& name) const {
+  return file_->info(stored_name(format_version_, name));
+}
+
+torch::Tensor CheckpointReader::read(const std::string& name, int* verified) const {
+  return file_->read(stored_name(format_version_, name), verified);
+}
+
 void load_checkpoint_into(const CheckpointMeta& ck, const NamedTensors& into,
                           const std::vector<std::string>& prefixes) {
   const std::string& dir = ck.dir;
@@ -358,28 +391,29 @@ void load_checkpoint_into(const CheckpointMeta& ck, const NamedTensors& into,
       if (name.rfind(p, 0) == 0) return true;
     return false;
   };
-  NamedTensors stored = read_checkpoint_tensors(ck);
-  std::map<std::string, torch::Tensor> by_name;
-  for (auto& [n, t] : stored)
-    if (selected(n)) by_name[n] = t;
+  // Every name, shape and dtype is compared first, from the file's records, so that a checkpoint that
+  // does not fit changes nothing; then each tensor is read, checked and copied in turn: one tensor in
+  // memory at a time beside the state it loads into.
+  const CheckpointReader reader(ck);
+  std::set<std::string> unmatched;
+  for (const auto& n : reader.names())
+    if (selected(n)) unmatched.insert(n);
   std::vector<std::string> problems;
   for (const auto& [name, target] : into) {
     if (!selected(name)) continue;
-    auto it = by_name.find(name);
-    if (it == by_name.end()) {
+    if (!unmatched.erase(name)) {
       problems.push_back("missing " + name);
       continue;
     }
-    const auto& src = it->second;
-    if (src.sizes() != target.sizes())
-      problems.push_back(name + ": shape " + shape_text(src.sizes().vec()) + " in the checkpoint, " +
+    const StateH5Reader::Info src = reader.info(name);
+    if (src.shape != target.sizes().vec())
+      problems.push_back(name + ": shape " + shape_text(src.shape) + " in the checkpoint, " +
                          shape_text(target.sizes().vec()) + " expected");
-    else if (src.scalar_type() != target.scalar_type())
-      problems.push_back(name + ": dtype " + dtype_name(src.scalar_type()) + " in the checkpoint, " +
+    else if (src.dtype != target.scalar_type())
+      problems.push_back(name + ": dtype " + dtype_name(src.dtype) + " in the checkpoint, " +
                          dtype_name(target.scalar_type()) + " expected");
-    by_name.erase(it);
   }
-  for (const auto& [name, t] : by_name) problems.push_back("unexpected " + name);
+  for (const auto& name : unmatched) problems.push_back("unexpected " + name);
   if (!problems.empty()) {
     std::string msg = "checkpoint " + dir + " does not match this job's state (" +
                       std::to_string(problems.size()) + " problems): ";
@@ -389,9 +423,8 @@ void load_checkpoint_into(const CheckpointMeta& ck, const NamedTensors& into,
     throw UserError(msg);
   }
   torch::NoGradGuard ng;
-  std::map<std::string, torch::Tensor> all(stored.begin(), stored.end());
   for (const auto& [name, target] : into)
-    if (selected(name)) target.copy_(all.at(name));
+    if (selected(name)) target.copy_(reader.read(name));
 }
 
 nlohmann::json inspect_checkpoint(const std::string& dir) {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -88,12 +89,35 @@ nlohmann::json read_checkpoint_metadata(const std::string& dir);
 NamedTensors read_checkpoint_tensors(const std::string& dir, int* verified = nullptr);
 NamedTensors read_checkpoint_tensors(const CheckpointMeta& ck, int* verified = nullptr);
 
+// A checkpoint's state.h5 open for reading one tensor at a time, under the names of format
+// kCheckpointFormatVersion (as read_checkpoint_tensors names them). Opening checks the file's size and
+// structure against the metadata; each read checks the tensor's CRC-32.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const CheckpointMeta& ck);
+  ~CheckpointReader();
+  const std::string& dir() const { return dir_; }
+  const std::string& job_name() const { return job_name_; }
+  const std::vector<std::string>& names() const { return names_; }  // sorted
+  bool contains(const std::string& name) const;
+  StateH5Reader::Info info(const std::string& name) const;  // dtype and shape, without reading the data
+  torch::Tensor read(const std::string& name, int* verified = nullptr) const;  // on the CPU
+
+ private:
+  std::string dir_;
+  int format_version_;
+  std::string job_name_;
+  std::unique_ptr<StateH5Reader> file_;
+  std::vector<std::string> names_;
+};
+
 // Reads every tensor (checking each checksum); returns a one-line summary, or throws naming the first
 // corrupt tensor. `inspect --verify`.
 std::string verify_checkpoint(const std::string& dir);
 
 // Copies the checkpoint's tensors into `into` (same names, shapes and dtypes required; `into` may live
-// on any device). Only names starting with one of `prefixes` are compared (all when empty). Every
+// on any device), one tensor at a time: the names, shapes and dtypes are all compared before anything
+// is copied. Only names starting with one of `prefixes` are compared (all when empty). Every
 // mismatch is listed in one UserError.
 void load_checkpoint_into(const CheckpointMeta& ck, const NamedTensors& into,
                           const std::vector<std::string>& prefixes = {});

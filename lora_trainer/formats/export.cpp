@@ -6,7 +6,10 @@
 #include <map>
 
 #include "lora_trainer/formats/adapter_source.hpp"
+#include "lora_trainer/core/config.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/formats/frozen_base.hpp"
+#include "lora_trainer/models/model.hpp"
 #include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/core/util.hpp"
 
@@ -74,9 +77,30 @@ std::vector<std::string> check_export_target(const std::string& source, const st
                   "names this command writes are then replaced, every other file is kept). Nothing was written");
 }
 
-NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema) {
+ModelOptions checkpoint_model_options(const json& meta, const std::string& checkpoint) {
+  const json& c = meta.value("config", json::object());
+  if (!c.contains("architecture") || !c["architecture"].is_object())
+    throw UserError(checkpoint + ": its metadata has no saved config with architecture/*");
+  Config cfg = model_config();
+  cfg.merge_json({{"architecture", c["architecture"]}}, checkpoint + "/metadata.json");
+  return ModelOptions::from_config(cfg);
+}
+
+NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema, const std::string& base, bool base_values) {
   const std::string& checkpoint = ck.dir;
   NamedTensors all = read_checkpoint_tensors(ck);
+  if (ck.raw.contains("frozen_base")) {
+    const FrozenBaseRef ref = FrozenBaseRef::from_json(ck.raw["frozen_base"], ck.dir);
+    if (base_values) {
+      const ModelOptions options = checkpoint_model_options(ck.raw, checkpoint);
+      CausalLM model = make_model(options);  // the parameters' names and shapes (allocated, never touched)
+      read_frozen_base(ref, ck.dir, base, options.family, base_params(*model),
+                       [&](const std::string& n, const torch::Tensor& t) { all.emplace_back(kParamsPrefix + n, t); });
+    } else {
+      for (const auto& [n, shape] : ref.tensors) all.emplace_back(kParamsPrefix + n, torch::empty(shape, torch::kBFloat16));
+    }
+    std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  }
   if (!use_ema) return all;
   std::map<std::string, torch::Tensor> ema;
   for (auto& [n, t] : all)
@@ -93,11 +117,11 @@ NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema) {
   return all;
 }
 
-MergedWeights merged_weights(const std::string& checkpoint, bool use_ema) {
+MergedWeights merged_weights(const std::string& checkpoint, bool use_ema, const std::string& base) {
   MergedWeights m;
   const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
   m.meta = ck.raw;
-  ParamTensors stored = param_tensors(export_tensors(ck, use_ema));
+  ParamTensors stored = param_tensors(export_tensors(ck, use_ema, base));
   const std::map<std::string, torch::Tensor>& lora = stored.adapters;
   for (auto& [n, t] : stored.base) m.params.emplace_back(n, t.to(torch::kFloat32));
   if (m.params.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
@@ -130,9 +154,10 @@ MergedWeights merged_weights(const std::string& checkpoint, bool use_ema) {
   return m;
 }
 
-void export_merged(const std::string& checkpoint, const std::string& out, bool use_ema, bool force) {
+void export_merged(const std::string& checkpoint, const std::string& out, bool use_ema, bool force,
+                   const std::string& base) {
   const auto ours = check_export_target(checkpoint, out, "export", force);
-  MergedWeights m = merged_weights(checkpoint, use_ema);
+  MergedWeights m = merged_weights(checkpoint, use_ema, base);
   const json& meta = m.meta;
   NamedTensors params;
   for (auto& [n, t] : m.params) params.emplace_back(kParamsPrefix + n, t);

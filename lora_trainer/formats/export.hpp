@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lora_trainer/core/named_tensors.hpp"
+#include "lora_trainer/models/model.hpp"
 
 namespace lt {
 
@@ -25,17 +26,25 @@ struct MergedWeights {
   int merged = 0;
   int64_t token_rows = 0;
 };
-MergedWeights merged_weights(const std::string& checkpoint, bool use_ema = false);
+MergedWeights merged_weights(const std::string& checkpoint, bool use_ema = false, const std::string& base = "");
 
 // A checkpoint's tensors for an export: as saved, or with `use_ema` (export --ema) each trained
 // tensor (params/<n>, the adapters' included) replaced by its moving average (ema/<n>, optimization/ema/decay); a
 // checkpoint without one is then a UserError.
+// A checkpoint that refers to its frozen base (frozen_base.hpp) gets the base's params/* (bf16) from
+// where it records, or from `base` (export --base), their digest checked; with `base_values` false
+// only their shapes (uninitialised tensors: an export that writes the adapters alone).
 struct CheckpointMeta;  // checkpoint.hpp
-NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema);
+NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema, const std::string& base = "", bool base_values = true);
+
+// A checkpoint's model options, from its saved (resolved) config (keys an older checkpoint lacks had
+// their defaults); a UserError when it has none.
+ModelOptions checkpoint_model_options(const nlohmann::json& meta, const std::string& checkpoint);
 
 // Writes a weights-only plain checkpoint of `checkpoint` with any adapters merged in; it initialises
 // another job (`run ... --restore OUT`), e.g. as the pretrained base of a LoRA job.
-void export_merged(const std::string& checkpoint, const std::string& out, bool use_ema = false, bool force = false);
+void export_merged(const std::string& checkpoint, const std::string& out, bool use_ema = false, bool force = false,
+                   const std::string& base = "");
 
 // The file that marks a directory written by `export --format hf|peft` (JSON: exported_from, format).
 inline constexpr const char* kExportMarker = "lora_trainer_export.json";

@@ -212,31 +212,45 @@ NamedTensors to_hf(ModelFamily family, const NamedTensors& ours) {
   return out;
 }
 
-NamedTensors from_hf(ModelFamily family, const NamedTensors& hf, const NamedTensors& expected, const std::string& source) {
+namespace {
+
+[[noreturn]] void throw_problems(const std::string& source, const std::vector<std::string>& problems) {
+  std::string msg = source + " does not hold the model its config.json describes (" + std::to_string(problems.size()) +
+                    " problems): ";
+  for (size_t i = 0; i < problems.size() && i < 12; ++i) msg += (i ? "; " : "") + problems[i];
+  if (problems.size() > 12) msg += "; ...";
+  throw UserError(msg + ". Nothing was written");
+}
+
+}  // namespace
+
+HfTensorMap match_hf(ModelFamily family, const std::vector<SafetensorsEntry>& hf, const NamedTensors& expected,
+                     const std::string& source) {
   const bool gpt2 = family == ModelFamily::Gpt2;
-  const std::string embedding = gpt2 ? "wte.weight" : "model.embed_tokens.weight";
   const bool tied = std::none_of(expected.begin(), expected.end(), [](const auto& p) { return p.first == "lm_head.weight"; });
-  std::map<std::string, torch::Tensor> by_name;
+  HfTensorMap map;
+  map.source = source;
+  map.embedding = gpt2 ? "wte.weight" : "model.embed_tokens.weight";
+  std::map<std::string, const SafetensorsEntry*> by_name;  // our name -> the file's entry
   std::vector<std::string> problems;
-  torch::Tensor tied_head;
-  for (const auto& [raw, t] : hf) {
+  for (const auto& e : hf) {
+    const std::string& raw = e.name;
     std::string n = gpt2 && raw.rfind(kGpt2Prefix, 0) == 0 ? raw.substr(kGpt2Prefix.size()) : raw;
     if (n == "lm_head.weight" && tied) {
-      tied_head = t;
+      map.tied_head = raw;
       continue;
     }
     // Buffers some files keep: GPT-2's causal masks, older Llama files' rotary frequencies.
     if (gpt2 && n.rfind("h.", 0) == 0 && (ends_with(n, ".attn.bias") || ends_with(n, ".attn.masked_bias"))) continue;
     if (!gpt2 && ends_with(n, ".rotary_emb.inv_freq")) continue;
-    const auto st = t.scalar_type();
+    const auto st = e.dtype;
     if (st != torch::kFloat32 && st != torch::kFloat16 && st != torch::kBFloat16) {
       problems.push_back(raw + ": dtype " + std::string(c10::toString(st)) + " (only F32, F16 and BF16 weights are read)");
       continue;
     }
     if (by_name.count(n)) problems.push_back(raw + ": given twice (with and without \"transformer.\")");
-    by_name[n] = t;
+    by_name[n] = &e;
   }
-  NamedTensors out;
   for (const auto& [name, want] : expected) {
     const bool conv1d = is_conv1d_weight(family, name);
     auto it = by_name.find(name);
@@ -244,32 +258,50 @@ NamedTensors from_hf(ModelFamily family, const NamedTensors& hf, const NamedTens
       problems.push_back("missing " + hf_name(family, name) + " " + shape_text(want.sizes().vec()));
       continue;
     }
-    auto t = it->second.to(torch::kFloat32);
-    if (conv1d && t.dim() == 2) t = t.t();
-    if (t.sizes() != want.sizes()) {
+    std::vector<int64_t> shape = it->second->shape;
+    const bool transposed = conv1d && shape.size() == 2;
+    if (transposed) std::swap(shape[0], shape[1]);
+    if (shape != want.sizes().vec()) {
       std::vector<int64_t> hf_shape = want.sizes().vec();
       if (conv1d) std::swap(hf_shape[0], hf_shape[1]);
-      problems.push_back(hf_name(family, name) + ": shape " + shape_text(it->second.sizes().vec()) + ", expected " +
+      problems.push_back(hf_name(family, name) + ": shape " + shape_text(it->second->shape) + ", expected " +
                          shape_text(hf_shape) + (conv1d ? " (Conv1D: (in, out))" : ""));
     } else {
-      out.emplace_back(name, t.contiguous());
+      map.of[name] = {it->second->name, transposed};
     }
     by_name.erase(it);
   }
-  for (const auto& [name, t] : by_name) problems.push_back("unexpected tensor " + name + " " + shape_text(t.sizes().vec()));
-  if (tied_head.defined() && problems.empty()) {
-    const auto& emb = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == embedding; })->second;
-    if (tied_head.sizes() != emb.sizes() || !torch::equal(tied_head.to(torch::kFloat32), emb))
-      problems.push_back("lm_head.weight differs from " + hf_name(family, embedding) +
-                         ": this model's config ties the output head to the token embedding");
+  for (const auto& [name, e] : by_name) problems.push_back("unexpected tensor " + name + " " + shape_text(e->shape));
+  if (!problems.empty()) throw_problems(source, problems);
+  return map;
+}
+
+torch::Tensor HfTensorMap::read(const std::string& ours, const std::function<torch::Tensor(const std::string&)>& read_hf) const {
+  const Source& s = of.at(ours);
+  torch::Tensor t = read_hf(s.hf_name);
+  return s.transposed ? t.t().contiguous() : t;
+}
+
+void HfTensorMap::check_tied_head(const std::function<torch::Tensor(const std::string&)>& read_hf) const {
+  if (tied_head.empty()) return;
+  const torch::Tensor head = read_hf(tied_head), emb = read(embedding, read_hf);
+  if (head.sizes() != emb.sizes() || !torch::equal(head.to(torch::kFloat32), emb.to(torch::kFloat32)))
+    throw_problems(source, {"lm_head.weight differs from " + of.at(embedding).hf_name +
+                            ": this model's config ties the output head to the token embedding"});
+}
+
+NamedTensors from_hf(ModelFamily family, const NamedTensors& hf, const NamedTensors& expected, const std::string& source) {
+  std::vector<SafetensorsEntry> entries;
+  std::map<std::string, torch::Tensor> by_name;
+  for (const auto& [name, t] : hf) {
+    entries.push_back({name, t.scalar_type(), t.sizes().vec(), 0, 0});
+    by_name[name] = t;
   }
-  if (!problems.empty()) {
-    std::string msg = source + " does not hold the model its config.json describes (" + std::to_string(problems.size()) +
-                      " problems): ";
-    for (size_t i = 0; i < problems.size() && i < 12; ++i) msg += (i ? "; " : "") + problems[i];
-    if (problems.size() > 12) msg += "; ...";
-    throw UserError(msg + ". Nothing was written");
-  }
+  const HfTensorMap map = match_hf(family, entries, expected, source);
+  auto read = [&](const std::string& name) { return by_name.at(name); };
+  map.check_tied_head(read);
+  NamedTensors out;
+  for (const auto& [name, want] : expected) out.emplace_back(name, map.read(name, read).to(torch::kFloat32).contiguous());
   return out;
 }
 

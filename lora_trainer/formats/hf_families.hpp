@@ -17,11 +17,14 @@
 //          (nn.Linear weights are (out, in) on both sides); a tied head has no lm_head.weight.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "lora_trainer/formats/safetensors.hpp"
 #include "lora_trainer/models/model.hpp"
 #include "lora_trainer/core/named_tensors.hpp"
 
@@ -36,6 +39,28 @@ ModelFamily hf_family(const nlohmann::json& hf_config, const std::string& path);
 
 // Our parameters (our names and layouts) as transformers tensors (f32, CPU, contiguous).
 NamedTensors to_hf(ModelFamily family, const NamedTensors& ours);
+
+// Where each of our parameters lies among a transformers model's tensors, found from their names, dtypes
+// and shapes alone (no data read): the tensor's name and whether it is stored transposed (GPT-2's Conv1D
+// weights are (in, out)). match_hf lists every missing, unexpected or mis-shaped tensor, and every
+// dtype other than F32, F16 and BF16, in one UserError naming `source`.
+struct HfTensorMap {
+  struct Source {
+    std::string hf_name;
+    bool transposed = false;
+  };
+  std::string source;                   // the model directory, for errors
+  std::map<std::string, Source> of;     // our parameter name -> its tensor in the files
+  std::string embedding;                // our name of the token embedding
+  std::string tied_head;                // an lm_head.weight the files hold although the head is tied; "" when none
+  // Our parameter `ours` in our layout (contiguous), in the dtype it is stored in, through `read_hf`
+  // (a tensor of the files by its name).
+  torch::Tensor read(const std::string& ours, const std::function<torch::Tensor(const std::string&)>& read_hf) const;
+  // A UserError when the files hold an lm_head.weight other than the tied embedding.
+  void check_tied_head(const std::function<torch::Tensor(const std::string&)>& read_hf) const;
+};
+HfTensorMap match_hf(ModelFamily family, const std::vector<SafetensorsEntry>& hf, const NamedTensors& expected,
+                     const std::string& source);
 
 // transformers tensors -> ours, in the order and shapes of `expected` (a model's named_params). Takes
 // f32, f16 and bf16 and returns f32; lists every missing, unexpected or mis-shaped tensor in one

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "lora_trainer/formats/adapter_source.hpp"
+#include "lora_trainer/formats/base_weights.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/core/config.hpp"
 #include "lora_trainer/core/runtime.hpp"
@@ -24,15 +25,6 @@ namespace lt {
 
 namespace {
 
-// The keys ModelOptions::from_config reads (architecture/*, runtime/attention and runtime/loss,
-// training/activation_checkpointing) at their defaults: a model's options without any job's schema.
-Config model_config() {
-  ConfigSchema s;
-  add_runtime_options(s);
-  add_model_options(s);
-  return Config(s);
-}
-
 void write_marker(const fs::path& dir, const std::string& checkpoint, const std::string& format) {
   json m = {{"exported_from", fs::absolute(checkpoint).string()}, {"format", format}, {"by", "lora_trainer export"}};
   write_file_atomic((dir / kExportMarker).string(), m.dump(2) + "\n");
@@ -42,22 +34,24 @@ void write_marker(const fs::path& dir, const std::string& checkpoint, const std:
 
 namespace {
 std::vector<std::string> import_checked(const std::string& hf_dir, const std::string& config_path, const std::string& out,
-                                        const std::vector<std::string>& ours);
+                                        const std::vector<std::string>& ours, const std::string& dtype);
 }  // namespace
 
-std::vector<std::string> import_hf(const std::string& hf_dir, const std::string& out, bool force) {
+std::vector<std::string> import_hf(const std::string& hf_dir, const std::string& out, bool force, const std::string& dtype) {
+  if (dtype != "source" && dtype != "float32" && dtype != "bfloat16")
+    throw UserError("import-hf --dtype " + dtype + ": expected source, float32 or bfloat16");
   if (!fs::is_directory(hf_dir)) throw UserError("import-hf: " + hf_dir + " is not a directory");
   const std::string config_path = (fs::path(hf_dir) / "config.json").string();
   if (!fs::exists(config_path)) throw UserError("import-hf: " + hf_dir + " has no config.json (a Hugging Face model directory has one)");
   const auto ours = check_export_target(hf_dir, out, "import-hf", force);
   // Every value read from config.json below: a type error names the file and the key.
-  return json_context(config_path, [&] { return import_checked(hf_dir, config_path, out, ours); });
+  return json_context(config_path, [&] { return import_checked(hf_dir, config_path, out, ours, dtype); });
 }
 
 namespace {
 
 std::vector<std::string> import_checked(const std::string& hf_dir, const std::string& config_path, const std::string& out,
-                                        const std::vector<std::string>& ours) {
+                                        const std::vector<std::string>& ours, const std::string& dtype) {
   const json hf_config = read_json_file(config_path);
   if (!hf_config.is_object()) throw UserError(config_path + ": not a JSON object");
   const ModelFamily family = hf_family(hf_config, config_path);
@@ -71,30 +65,27 @@ std::vector<std::string> import_checked(const std::string& hf_dir, const std::st
   job_config["job"] = {{"kind", "lora/train"}};
   job_config["training"]["pre_lora_tokens"] = json::array();
   job_config["training"]["pre_lora_dataset"] = json::array();
-  // The model's own parameter list is the template the file must fill.
+  // The model's own parameter list is the template the file must fill (allocated, never touched).
   NamedTensors expected;
   {
     CausalLM model = make_model(o);
     for (auto& [n, t] : named_params(*model)) expected.emplace_back(n, torch::empty(t.sizes()));
   }
-  NamedTensors params = from_hf(family, read_safetensors_model(hf_dir), expected, hf_dir);
+  const auto src = BaseWeights::open_hf(hf_dir, family, expected);
   NamedTensors stored;
-  for (auto& [n, t] : params) stored.emplace_back(kParamsPrefix + n, t);
-  const std::string abs_dir = fs::absolute(hf_dir).lexically_normal().string();
-  // The Hub's name when the config carries it (transformers writes it on download), else this directory.
-  const bool named = hf_config.contains("_name_or_path") && hf_config["_name_or_path"].is_string() &&
-                     !hf_config["_name_or_path"].get<std::string>().empty();
-  const json name_or_path = named ? hf_config["_name_or_path"] : json(abs_dir);
+  for (const auto& [n, t] : expected) {
+    torch::Tensor v = src->read(n);
+    if (dtype != "source") v = v.to(dtype == "float32" ? torch::kFloat32 : torch::kBFloat16);
+    stored.emplace_back(kParamsPrefix + n, v);
+  }
+  const std::string written = dtype != "source" ? dtype : src->dtype();
+  const json base_model = src->base_model();
   json meta = {{"kind", state_kind_name(StateKind::Plain)},
                {"weights_only", true},
                {"step", 0},
                {"tokens", 0},
-               {"imported_from", abs_dir},
-               {"base_model",
-                {{"family", to_string(family)},
-                 {"hf_dir", abs_dir},
-                 {"name_or_path", name_or_path},
-                 {"hf_config", hf_config}}},
+               {"imported_from", base_model["hf_dir"]},
+               {"base_model", base_model},
                {"job", {{"name", "import-hf"}, {"project", "general"}, {"group", "default"}, {"kind", "lora/train"}}},
                {"config", job_config}};
   save_checkpoint(out, stored, meta, ours);
@@ -102,25 +93,14 @@ std::vector<std::string> import_checked(const std::string& hf_dir, const std::st
   const std::string type = hf_config.value("model_type", std::string());
   const std::string kind = type == to_string(family) ? type : type + ", " + to_string(family) + " family";
   std::printf("imported %s (%s: %lld layers, d_model %lld, %lld heads, vocab %lld, context %lld, %s) -> %s (%zu tensors, "
-              "float32)\n",
+              "%s)\n",
               hf_dir.c_str(), kind.c_str(), (long long)o.n_layer, (long long)o.d_model, (long long)o.n_head,
               (long long)o.vocab_size, (long long)o.block_size, cfg.get_string("architecture/activation").c_str(), out.c_str(),
-              params.size());
+              stored.size(), written.c_str());
   std::printf("a job that loads it (`run ... --restore %s`) needs this architecture:\n ", out.c_str());
   for (const auto& a : arch) std::printf(" %s", a.c_str());
   std::printf(" 'training/pre_lora_tokens=[]' 'training/pre_lora_dataset=[]'\n");
   return arch;
-}
-
-// A checkpoint's model options, from its saved (resolved) config; keys an older checkpoint lacks had
-// their defaults.
-ModelOptions options_of(const json& meta, const std::string& checkpoint) {
-  const json& c = meta.value("config", json::object());
-  if (!c.contains("architecture") || !c["architecture"].is_object())
-    throw UserError(checkpoint + ": its metadata has no saved config with architecture/*");
-  Config cfg = model_config();
-  cfg.merge_json({{"architecture", c["architecture"]}}, checkpoint + "/metadata.json");
-  return ModelOptions::from_config(cfg);
 }
 
 // The checkpoint's parameters in f32 with any adapters merged (what export_merged writes), its
@@ -131,20 +111,20 @@ struct MergedCheckpoint {
   NamedTensors params;  // our names, without "params/"
 };
 
-MergedCheckpoint read_merged(const std::string& checkpoint, bool use_ema) {
-  MergedWeights w = merged_weights(checkpoint, use_ema);
+MergedCheckpoint read_merged(const std::string& checkpoint, bool use_ema, const std::string& base) {
+  MergedWeights w = merged_weights(checkpoint, use_ema, base);
   MergedCheckpoint m;
   m.meta = std::move(w.meta);
-  m.options = options_of(m.meta, checkpoint);
+  m.options = checkpoint_model_options(m.meta, checkpoint);
   m.params = std::move(w.params);
   return m;
 }
 
 }  // namespace
 
-void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema, bool force) {
+void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema, bool force, const std::string& base) {
   const auto ours = check_export_target(checkpoint, out, "export", force);
-  MergedCheckpoint m = read_merged(checkpoint, use_ema);
+  MergedCheckpoint m = read_merged(checkpoint, use_ema, base);
   // An imported model keeps its own config (token ids, task settings); the architecture is ours.
   const json imported = m.meta.contains("base_model") && m.meta["base_model"].contains("hf_config")
                             ? m.meta["base_model"]["hf_config"] : json();
@@ -161,14 +141,15 @@ void export_hf(const std::string& checkpoint, const std::string& out, bool use_e
 
 namespace {
 
-void write_peft(const std::string& checkpoint, const std::string& out, bool use_ema, const std::vector<std::string>& ours);
+void write_peft(const std::string& checkpoint, const std::string& out, bool use_ema, const std::vector<std::string>& ours,
+                const std::string& base);
 
 }  // namespace
 
-void export_peft(const std::string& checkpoint, const std::string& out, bool use_ema, bool force) {
+void export_peft(const std::string& checkpoint, const std::string& out, bool use_ema, bool force, const std::string& base) {
   const auto ours = check_export_target(checkpoint, out, "export", force);
   // Every value read below comes from the checkpoint's metadata.json: a type error names it.
-  json_context(checkpoint + "/metadata.json", [&] { write_peft(checkpoint, out, use_ema, ours); });
+  json_context(checkpoint + "/metadata.json", [&] { write_peft(checkpoint, out, use_ema, ours, base); });
 }
 
 namespace {
@@ -308,7 +289,8 @@ json peft_config(const LoraMetadata& l, ModelFamily family, const std::vector<st
            base_model.is_object() && base_model.contains("name_or_path") ? base_model["name_or_path"] : json(nullptr)}};
 }
 
-void write_peft(const std::string& checkpoint, const std::string& out, bool use_ema, const std::vector<std::string>& ours) {
+void write_peft(const std::string& checkpoint, const std::string& out, bool use_ema, const std::vector<std::string>& ours,
+                const std::string& base) {
   const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
   const json& meta = ck.raw;
   if (ck.kind != StateKind::Lora || !ck.lora)
@@ -316,9 +298,10 @@ void write_peft(const std::string& checkpoint, const std::string& out, bool use_
                     " checkpoint without adapters; a PEFT adapter comes from a LoRA-phase checkpoint. For full weights "
                     "use --format hf. Nothing was written");
   const LoraMetadata& l = *ck.lora;
-  ParamTensors params = param_tensors(export_tensors(ck, use_ema));
+  // The adapters and what trained beside them; of a frozen base the checkpoint refers to, only its shapes.
+  ParamTensors params = param_tensors(export_tensors(ck, use_ema, base, /*base_values=*/false));
   const StoredParams stored{{params.base.begin(), params.base.end()}, std::move(params.adapters)};
-  const ModelOptions options = options_of(meta, checkpoint);
+  const ModelOptions options = checkpoint_model_options(meta, checkpoint);
   const ModelFamily family = options.family;
   // Every weight of this model that can take an adapter, as a PEFT module path without base_model.model.
   std::vector<std::string> all, adaptable;

@@ -29,19 +29,25 @@
 namespace lt {
 
 // Reads HF_DIR/config.json and its safetensors weights (f32, f16 or bf16; one file or sharded) and
-// writes OUT, a weights-only plain checkpoint (f32) whose config is a lora/train config with this
-// model's architecture and empty pre-LoRA lists. Refuses, naming what is wrong and writing nothing:
+// writes OUT, a weights-only plain checkpoint whose config is a lora/train config with this model's
+// architecture and empty pre-LoRA lists. `dtype`: "source" keeps each tensor's own dtype (a bf16 model
+// stays bf16: the checkpoint is the size of the files), "float32" or "bfloat16" converts. Refuses, naming what is wrong and writing nothing:
 // a model_type of neither family, a config our models cannot represent, missing, unexpected or mis-shaped
 // tensors. OUT follows export's rule (check_export_target). Returns the architecture overrides
 // (architecture/...=...) a job needs to load it.
-std::vector<std::string> import_hf(const std::string& hf_dir, const std::string& out, bool force = false);
+std::vector<std::string> import_hf(const std::string& hf_dir, const std::string& out, bool force = false,
+                                   const std::string& dtype = "source");
 
 // Writes OUT/model.safetensors (f32, HF names and layouts, adapters merged) and OUT/config.json
 // (the family's class; an imported model's own config with our architecture values on top).
 // With `use_ema`, the moving average of the trained tensors (export --ema; export.hpp's export_tensors).
-void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema = false, bool force = false);
+// A checkpoint that refers to its frozen base (frozen_base.hpp) reads it from where it records, or
+// from `base` when given (export --base).
+void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema = false, bool force = false,
+               const std::string& base = "");
 
 // Writes OUT/adapter_config.json and OUT/adapter_model.safetensors (f32) from a LoRA checkpoint.
-void export_peft(const std::string& checkpoint, const std::string& out, bool use_ema = false, bool force = false);
+void export_peft(const std::string& checkpoint, const std::string& out, bool use_ema = false, bool force = false,
+                 const std::string& base = "");
 
 }  // namespace lt

@@ -30,7 +30,9 @@ struct LoraMetadata {
   // The trainable token rows, {embedding weight: ids}: {} or one entry.
   std::map<std::string, std::vector<int64_t>> trainable_tokens;
   std::string adapters_from;  // init_from's source; "" = drawn
-  nlohmann::json base;        // without phase 1: {"path", "job", "step"} of the base, or "random"; null otherwise
+  // Without phase 1: where the base came from, {"path", "job", "step"} of a checkpoint or {"path",
+  // "format": "hf", "step": 0} of a Hugging Face model directory, or "random"; null otherwise.
+  nlohmann::json base;
 
   // alpha / r, or alpha / sqrt(r) with rsLoRA: what the adapters are scaled by.
   double scale() const { return lora_scale(alpha, rank, rslora); }

@@ -181,7 +181,16 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
 torch::Tensor SafetensorsFile::tensor(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
   auto t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
-  if (e.end > e.begin) std::memcpy(t.data_ptr(), static_cast<const uint8_t*>(map_) + data_start_ + e.begin, e.end - e.begin);
+  if (e.end > e.begin) {
+    const uint8_t* from = static_cast<const uint8_t*>(map_) + data_start_ + e.begin;
+    std::memcpy(t.data_ptr(), from, e.end - e.begin);
+    // The mapped pages read are the page cache's, not this process's: drop them from the mapping so
+    // that reading a model tensor by tensor does not hold the whole file resident (in RSS) meanwhile.
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t first = reinterpret_cast<uintptr_t>(from) / page * page;
+    const uintptr_t last = reinterpret_cast<uintptr_t>(from) + (e.end - e.begin);
+    ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  }
   return t;
 }
 
@@ -222,9 +231,13 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   write_file_atomic(path, contents);
 }
 
-NamedTensors read_safetensors_model(const std::string& dir) {
+SafetensorsModel::SafetensorsModel(const std::string& dir) : dir_(dir) {
   const fs::path single = fs::path(dir) / "model.safetensors", index = fs::path(dir) / "model.safetensors.index.json";
-  if (fs::exists(single)) return read_safetensors(single.string());
+  if (fs::exists(single)) {
+    files_.push_back(std::make_unique<SafetensorsFile>(single.string()));
+    for (const auto& e : files_.back()->entries()) file_of_[e.name] = 0;
+    return;
+  }
   if (!fs::exists(index))
     throw UserError(dir + " has neither model.safetensors nor model.safetensors.index.json (only safetensors weights "
                     "are read: a pytorch_model.bin can be converted with transformers' save_pretrained)");
@@ -239,21 +252,54 @@ NamedTensors read_safetensors_model(const std::string& dir) {
       throw UserError(index.string() + ": weight_map[\"" + name + "\"] = \"" + f + "\" is not a file in " + dir);
     by_file[f].push_back(name);
   }
-  NamedTensors out;
-  std::set<std::string> seen;
   for (const auto& [file, names] : by_file) {
-    SafetensorsFile shard((fs::path(dir) / file).string());
+    files_.push_back(std::make_unique<SafetensorsFile>((fs::path(dir) / file).string()));
+    const SafetensorsFile& shard = *files_.back();
     for (const auto& name : names) {
       if (!shard.contains(name))
         throw UserError(index.string() + " puts tensor " + name + " in " + file + ", which does not hold it");
-      out.emplace_back(name, shard.tensor(name));
-      seen.insert(name);
+      file_of_[name] = files_.size() - 1;
     }
     for (const auto& e : shard.entries())
       if (!std::binary_search(names.begin(), names.end(), e.name))  // names: in key order, as json's map iterates
         throw UserError(shard.path() + " holds tensor " + e.name + ", which " + index.string() + " does not map to it");
   }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+}
+
+SafetensorsModel::~SafetensorsModel() = default;
+
+std::vector<SafetensorsEntry> SafetensorsModel::entries() const {
+  std::vector<SafetensorsEntry> out;
+  for (const auto& [name, file] : file_of_) out.push_back(files_[file]->entry(name));
+  return out;
+}
+
+bool SafetensorsModel::contains(const std::string& name) const { return file_of_.count(name) > 0; }
+
+const SafetensorsEntry& SafetensorsModel::entry(const std::string& name) const {
+  auto it = file_of_.find(name);
+  if (it == file_of_.end()) throw UserError(dir_ + ": no tensor " + name + " in its safetensors files");
+  return files_[it->second]->entry(name);
+}
+
+torch::Tensor SafetensorsModel::tensor(const std::string& name) const {
+  entry(name);  // a UserError when absent
+  return files_[file_of_.at(name)]->tensor(name);
+}
+
+uint64_t SafetensorsModel::bytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, file] : file_of_) {
+    const SafetensorsEntry& e = files_[file]->entry(name);
+    n += e.end - e.begin;
+  }
+  return n;
+}
+
+NamedTensors read_safetensors_model(const std::string& dir) {
+  const SafetensorsModel model(dir);
+  NamedTensors out;
+  for (const auto& e : model.entries()) out.emplace_back(e.name, model.tensor(e.name));
   return out;
 }
 

@@ -70,9 +70,28 @@ NamedTensors read_safetensors(const std::string& path, std::map<std::string, std
 void write_safetensors(const std::string& path, const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
-// The tensors of a Hugging Face model directory: model.safetensors, or the shards listed by
-// model.safetensors.index.json (every shard checked; a tensor the index names but its shard lacks,
-// or one a shard holds twice, is an error). In name order.
+// The weights of a Hugging Face model directory: model.safetensors, or the shards listed by
+// model.safetensors.index.json (every shard opened and checked; a tensor the index names but its shard
+// lacks, or one a shard holds that the index does not map to it, is an error), read one tensor at a time.
+class SafetensorsModel {
+ public:
+  explicit SafetensorsModel(const std::string& dir);
+  ~SafetensorsModel();
+  const std::string& dir() const { return dir_; }
+  std::vector<SafetensorsEntry> entries() const;  // every tensor of every file, in name order
+  bool contains(const std::string& name) const;
+  const SafetensorsEntry& entry(const std::string& name) const;  // UserError when absent
+  // A copy on the CPU, in the file's dtype; the mapped pages it was read from are released.
+  torch::Tensor tensor(const std::string& name) const;
+  uint64_t bytes() const;  // the tensors' bytes in all files
+
+ private:
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, size_t> file_of_;  // tensor name -> its file in files_
+};
+
+// Every tensor of a Hugging Face model directory (SafetensorsModel), in name order.
 NamedTensors read_safetensors_model(const std::string& dir);
 
 // "F32", "BF16", ... for a dtype (UserError for one the format has no name for here).

@@ -241,38 +241,49 @@ herr_t collect_dataset(hid_t group, const char* name, const H5L_info_t*, void* o
   return 0;
 }
 
-// `crc` (when given) receives the data's CRC-32, the one computed for the check (inspect reuses it).
-torch::Tensor read_dataset(hid_t file, const std::string& name, const std::string& path, int* verified = nullptr,
-                           std::string* crc = nullptr) {
-  H5Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
-  h5check(ds.id, "opening " + name + " in " + path);
+// A dataset's dtype and shape as the file records them, checked: its size in bytes must fit in 64 bits
+// and be what the file stores for it (a save stores every tensor whole, uncompressed), before anything
+// is allocated.
+struct DatasetShape {
+  const DtypeInfo* dtype = nullptr;
+  std::vector<int64_t> shape;
+};
+
+DatasetShape dataset_shape(hid_t ds, const std::string& name, const std::string& path) {
   std::string dtype = read_string_attr(ds, "dtype");
-  const DtypeInfo* di = info_for(dtype);
-  if (!di) throw UserError(path + ": tensor " + name + " has unknown dtype \"" + dtype + "\"");
+  DatasetShape out;
+  out.dtype = info_for(dtype);
+  if (!out.dtype) throw UserError(path + ": tensor " + name + " has unknown dtype \"" + dtype + "\"");
   H5Id space(H5Dget_space(ds), H5Sclose);
   h5check(space.id, "reading the shape of " + name + " in " + path);
   int rank = H5Sget_simple_extent_ndims(space);
   h5check(rank, "reading the shape of " + name + " in " + path);
   std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
   if (rank > 0) h5check(H5Sget_simple_extent_dims(space, dims.data(), nullptr), "reading the shape of " + name + " in " + path);
-  // The shape comes from the file: its size in bytes must fit in 64 bits and be what the file stores
-  // for it (a save stores every tensor whole, uncompressed), before anything is allocated.
-  std::vector<int64_t> shape;
-  uint64_t bytes = c10::elementSize(di->torch_type);
+  uint64_t bytes = c10::elementSize(out.dtype->torch_type);
   bool overflow = false;
   for (hsize_t d : dims) {
     overflow |= d > static_cast<hsize_t>(INT64_MAX) || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes);
-    shape.push_back(static_cast<int64_t>(d));
+    out.shape.push_back(static_cast<int64_t>(d));
   }
   const uint64_t stored_bytes = H5Dget_storage_size(ds);
   uint64_t numel = 1;
   for (hsize_t d : dims) numel *= d;
   if (overflow || (numel > 0 && stored_bytes != bytes))
-    throw UserError(path + ": tensor " + name + " has shape " + shape_text(shape) + " " + dtype + (overflow ? ", larger than 2^64 bytes" :
+    throw UserError(path + ": tensor " + name + " has shape " + shape_text(out.shape) + " " + dtype + (overflow ? ", larger than 2^64 bytes" :
                     ", " + std::to_string(bytes) + " bytes, but the file stores " + std::to_string(stored_bytes) + " for it") +
                     ": the file is damaged; " + use_another_checkpoint());
-  auto t = torch::empty(shape, torch::TensorOptions().dtype(di->torch_type));
-  if (t.numel() > 0) h5check(H5Dread(ds, di->h5_type(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()),
+  return out;
+}
+
+// `crc` (when given) receives the data's CRC-32, the one computed for the check (inspect reuses it).
+torch::Tensor read_dataset(hid_t file, const std::string& name, const std::string& path, int* verified = nullptr,
+                           std::string* crc = nullptr) {
+  H5Id ds(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
+  h5check(ds.id, "opening " + name + " in " + path);
+  const DatasetShape info = dataset_shape(ds, name, path);
+  auto t = torch::empty(info.shape, torch::TensorOptions().dtype(info.dtype->torch_type));
+  if (t.numel() > 0) h5check(H5Dread(ds, info.dtype->h5_type(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()),
                              "reading " + name + " from " + path);
   // Checkpoints written before checksums have none; every later one is verified here, at every load.
   std::string stored = read_string_attr(ds, "crc32");
@@ -286,21 +297,58 @@ torch::Tensor read_dataset(hid_t file, const std::string& name, const std::strin
   return t;
 }
 
+std::vector<std::string> dataset_names(hid_t file, const std::string& path) {
+  std::vector<std::string> names;
+  h5check(H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names), "listing " + path);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 }  // namespace
 
 NamedTensors read_state_h5(const std::string& path, int* verified, std::vector<std::string>* crcs) {
   quiet_hdf5();
   H5Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   h5check(file.id, "opening " + path);
-  std::vector<std::string> names;
-  h5check(H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names), "listing " + path);
-  std::sort(names.begin(), names.end());
+  const std::vector<std::string> names = dataset_names(file, path);
   NamedTensors out;
   if (verified) *verified = 0;
   if (crcs) crcs->assign(names.size(), std::string());
   for (size_t i = 0; i < names.size(); ++i)
     out.emplace_back(names[i], read_dataset(file, names[i], path, verified, crcs ? &(*crcs)[i] : nullptr));
   return out;
+}
+
+StateH5Reader::StateH5Reader(const std::string& path) : path_(path) {
+  static_assert(sizeof(hid_t) == sizeof(file_), "hid_t is 64 bits from HDF5 1.10 on");
+  quiet_hdf5();
+  file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  h5check(file_, "opening " + path);
+  try {
+    names_ = dataset_names(file_, path);
+  } catch (...) {
+    H5Fclose(file_);
+    throw;
+  }
+}
+
+StateH5Reader::~StateH5Reader() {
+  if (file_ >= 0) H5Fclose(file_);
+}
+
+bool StateH5Reader::contains(const std::string& name) const {
+  return std::binary_search(names_.begin(), names_.end(), name);
+}
+
+StateH5Reader::Info StateH5Reader::info(const std::string& name) const {
+  H5Id ds(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  h5check(ds.id, "opening " + name + " in " + path_);
+  const DatasetShape shape = dataset_shape(ds, name, path_);
+  return {shape.dtype->torch_type, shape.shape};
+}
+
+torch::Tensor StateH5Reader::read(const std::string& name, int* verified, std::string* crc) const {
+  return read_dataset(file_, name, path_, verified, crc);
 }
 
 std::string dtype_name(torch::ScalarType t) { return info_for(t).name; }

@@ -24,6 +24,33 @@ DataRanges write_state_h5(const std::string& path, const NamedTensors& tensors);
 // receives each tensor's, in the same order.
 NamedTensors read_state_h5(const std::string& path, int* verified = nullptr, std::vector<std::string>* crcs = nullptr);
 
+// A state.h5 open for reading one tensor at a time (a load that holds one tensor in memory, not the
+// whole file), each read checked as read_state_h5 checks it.
+class StateH5Reader {
+ public:
+  struct Info {
+    torch::ScalarType dtype;
+    std::vector<int64_t> shape;
+  };
+  explicit StateH5Reader(const std::string& path);  // UserError naming the file when it cannot be opened
+  ~StateH5Reader();
+  StateH5Reader(const StateH5Reader&) = delete;
+  StateH5Reader& operator=(const StateH5Reader&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<std::string>& names() const { return names_; }  // sorted
+  bool contains(const std::string& name) const;
+  // The dtype and shape as recorded, without reading the data.
+  Info info(const std::string& name) const;
+  // The tensor on the CPU, its CRC-32 checked (`verified` and `crc` as read_state_h5's).
+  torch::Tensor read(const std::string& name, int* verified = nullptr, std::string* crc = nullptr) const;
+
+ private:
+  std::string path_;
+  int64_t file_ = -1;  // the HDF5 file id (hid_t)
+  std::vector<std::string> names_;
+};
+
 // The CRC-32 of the file's bytes outside `ranges` (HDF5's own structures), as 8 hex digits, and the
 // file's size. A UserError naming the file when it cannot be read.
 std::pair<std::string, uint64_t> structure_crc32(const std::string& path, const DataRanges& ranges);

@@ -135,7 +135,7 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& rope) {
 
 torch::Tensor output_logits(const torch::Tensor& x, const torch::Tensor& W, bool padded) {
   const int64_t V = W.size(0);
-  if (!x.is_cuda() || V % 64 == 0) return torch::linear(x, weight_for(W, x));
+  if (!x.is_cuda() || V % 64 == 0) return frozen_linear(x, W);  // a frozen (tied) head: no f32 copy kept
   const int64_t Vp = (V + 63) / 64 * 64;
   auto Wp = torch::cat({W, torch::zeros({Vp - V, W.size(1)}, W.options().requires_grad(false))});
   auto bias = torch::zeros({Vp}, x.options().dtype(torch::kFloat32));

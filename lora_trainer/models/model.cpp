@@ -101,6 +101,13 @@ static const OptionGroup<ModelOptions>& model_options() {
 
 void add_model_options(ConfigSchema& s) { model_options().declare(s); }
 
+Config model_config() {
+  ConfigSchema s;
+  add_runtime_options(s);
+  add_model_options(s);
+  return Config(s);
+}
+
 ModelOptions ModelOptions::from_config(const Config& cfg) {
   ModelOptions o = model_options().read(cfg);
   const RuntimeOptions runtime = RuntimeOptions::from_config(cfg);

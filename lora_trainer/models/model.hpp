@@ -70,6 +70,11 @@ struct ModelOptions {
   static ModelOptions from_config(const Config& cfg);
 };
 
+// A config of only the keys ModelOptions::from_config reads (architecture/*, runtime/attention and
+// runtime/loss, training/activation_checkpointing) at their defaults: a model's options without any
+// job's schema (an import, a checkpoint read for export).
+Config model_config();
+
 // The architecture/* options and training/activation_checkpointing, each bound to the ModelOptions
 // field it sets (model.cpp's OptionGroup); runtime/attention and runtime/loss are the runtime's keys,
 // which from_config reads too.

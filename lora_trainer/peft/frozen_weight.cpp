@@ -12,11 +12,111 @@ torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x) {
 
 namespace {
 
-// The parameter itself, in bf16: produced for a matmul as weight_for does for any parameter.
+// The casts of frozen weights go through one reusable buffer per thread, of at most block_bytes: a
+// product with a larger weight takes it in blocks of rows. Allocating a fresh cast of every matrix at
+// every product churned the heap (it keeps freed memory: runtime.cpp) into fragments that held twice
+// the live memory at a 1B model's step.
+
+// Rows [first, first + rows) of W, cast to `dtype` into the thread's buffer. The view is valid until the
+// next call on this thread (products on one device stream run in order, so a CUDA kernel reading it is
+// done before the next cast overwrites it).
+torch::Tensor cast_rows(const torch::Tensor& W, int64_t first, int64_t rows, c10::ScalarType dtype) {
+  thread_local torch::Tensor buffer;
+  const torch::Tensor block = W.narrow(0, first, rows);
+  const int64_t n = block.numel();
+  if (!buffer.defined() || buffer.numel() < n || buffer.device() != W.device() || buffer.scalar_type() != dtype)
+    buffer = torch::empty({std::max<int64_t>(n, 1)}, W.options().dtype(dtype).requires_grad(false));
+  torch::Tensor view = buffer.narrow(0, 0, n).view(block.sizes());
+  view.copy_(block);
+  return view;
+}
+
+// Rows per block: all of W when its cast fits the buffer.
+int64_t block_rows(const torch::Tensor& W, c10::ScalarType dtype, int64_t block_bytes) {
+  const int64_t row_bytes = std::max<int64_t>(1, W.numel() / std::max<int64_t>(1, W.size(0))) * c10::elementSize(dtype);
+  return std::max<int64_t>(1, std::min<int64_t>(W.size(0), block_bytes / row_bytes));
+}
+
+// x W^T (+ b), W cast block by block (a weight that fits the buffer: one product, as torch::linear).
+torch::Tensor cast_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b, int64_t block_bytes) {
+  const auto dtype = x.scalar_type();
+  const torch::Tensor bc = b.defined() ? b.to(dtype) : b;
+  const int64_t step = block_rows(W, dtype, block_bytes), out = W.size(0);
+  if (step >= out) return bc.defined() ? torch::linear(x, cast_rows(W, 0, out, dtype), bc) : torch::linear(x, cast_rows(W, 0, out, dtype));
+  std::vector<torch::Tensor> parts;
+  for (int64_t first = 0; first < out; first += step) {
+    const int64_t rows = std::min(step, out - first);
+    const torch::Tensor Wb = cast_rows(W, first, rows, dtype);
+    parts.push_back(bc.defined() ? torch::linear(x, Wb, bc.narrow(0, first, rows)) : torch::linear(x, Wb));
+  }
+  return torch::cat(parts, -1);
+}
+
+// g W: x's gradient through x W^T, W cast block by block.
+torch::Tensor cast_grad_input(const torch::Tensor& g, const torch::Tensor& W, int64_t block_bytes) {
+  const auto dtype = g.scalar_type();
+  const int64_t step = block_rows(W, dtype, block_bytes), out = W.size(0);
+  if (step >= out) return torch::matmul(g, cast_rows(W, 0, out, dtype));
+  torch::Tensor sum;
+  for (int64_t first = 0; first < out; first += step) {
+    const int64_t rows = std::min(step, out - first);
+    torch::Tensor part = torch::matmul(g.narrow(-1, first, rows), cast_rows(W, first, rows, dtype));
+    sum = sum.defined() ? sum.add_(part) : part;
+  }
+  return sum;
+}
+
+// x W^T (+ b) with W (and b) cast to x's dtype for the product only; the backward casts W again.
+// (Two functions: an undefined tensor cannot be an input of a custom autograd function.)
+torch::autograd::variable_list frozen_backward(torch::autograd::AutogradContext* ctx, const torch::autograd::variable_list& grad,
+                                               size_t inputs) {
+  const torch::Tensor W = ctx->get_saved_variables()[0];
+  torch::autograd::variable_list out(inputs);
+  out[0] = cast_grad_input(grad[0], W, ctx->saved_data["block_bytes"].toInt());
+  return out;
+}
+
+struct FrozenLinearFn : public torch::autograd::Function<FrozenLinearFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& W,
+                               int64_t block_bytes) {
+    ctx->save_for_backward({W});
+    ctx->saved_data["block_bytes"] = block_bytes;
+    return cast_linear(x, W, torch::Tensor(), block_bytes);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    return frozen_backward(ctx, grad, 3);
+  }
+};
+
+struct FrozenLinearBiasFn : public torch::autograd::Function<FrozenLinearBiasFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& W,
+                               const torch::Tensor& b, int64_t block_bytes) {
+    ctx->save_for_backward({W});
+    ctx->saved_data["block_bytes"] = block_bytes;
+    return cast_linear(x, W, b, block_bytes);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    return frozen_backward(ctx, grad, 4);
+  }
+};
+
+}  // namespace
+
+torch::Tensor frozen_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b, int64_t block_bytes) {
+  const bool frozen = !W.requires_grad() && !(b.defined() && b.requires_grad());
+  if (!frozen || W.scalar_type() == x.scalar_type() || compat::autocast_enabled(x.device().type()))
+    return torch::linear(x, weight_for(W, x), weight_for(b, x));
+  if (!torch::GradMode::is_enabled() || !x.requires_grad()) return cast_linear(x, W, b, block_bytes);  // no graph
+  return b.defined() ? FrozenLinearBiasFn::apply(x, W, b, block_bytes) : FrozenLinearFn::apply(x, W, block_bytes);
+}
+
+namespace {
+
+// The parameter itself, in bf16, as stored: frozen_linear casts it for the product.
 class Bf16Weight : public FrozenWeight {
  public:
   explicit Bf16Weight(torch::Tensor weight) : weight_(std::move(weight)) {}
-  torch::Tensor for_matmul(const torch::Tensor& x) const override { return weight_for(weight_, x); }
+  torch::Tensor for_matmul(const torch::Tensor&) const override { return weight_; }
 
  private:
   torch::Tensor weight_;

@@ -20,9 +20,22 @@ enum class FrozenFormat { Bf16 };
 class FrozenWeight {
  public:
   virtual ~FrozenWeight() = default;
-  // W (out, in) as it enters a matmul with x: in x's dtype, or as stored when autocast casts both.
+  // W (out, in) for a matmul with x, as stored (bf16): frozen_linear casts it for the product alone.
   virtual torch::Tensor for_matmul(const torch::Tensor& x) const = 0;
 };
+
+// y = x W^T (+ b) where W and b may be a frozen weight and bias in another dtype than x (a bf16 base
+// in an f32 forward): they are cast for the product, and autograd keeps W as stored, not the cast
+// copy, which the backward makes again for x's gradient. Without it the graph of a forward held a
+// float32 copy of every frozen matrix until the backward: twice the bf16 base, for a 1B model 4 GB.
+// W and b get no gradient (they are frozen). When W trains, is already in x's dtype, or autocast casts
+// both, this is torch::linear(x, weight_for(W, x), weight_for(b, x)), the same numbers either way.
+// The cast goes through a buffer of the thread, reused by every product: a W whose cast is larger than
+// `block_bytes` (64 MiB) is taken in blocks of rows (the output and x's gradient are the same up to
+// the order of the gradient's sums; tests pass smaller blocks).
+inline constexpr int64_t kFrozenCastBlockBytes = int64_t(64) << 20;
+torch::Tensor frozen_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b = {},
+                            int64_t block_bytes = kFrozenCastBlockBytes);
 
 // Freezes `weight` (a layer's registered parameter) in `format`: no gradient, and for bf16 the tensor
 // itself cast to bf16 in place (its name and identity stay: the checkpoint and the optimizer's

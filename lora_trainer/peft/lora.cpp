@@ -462,7 +462,7 @@ torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& W, const 
   if (A.defined() && magnitude.defined()) {
     // DoRA: (m / ||W + s (A B)^T||) (x W^T + s (x A) B) + b; the bias stays outside the rescale, as in
     // PEFT. The norm is a constant to autograd; m gets its gradient through the factor.
-    auto y = torch::linear(x, weight_for(W, x));
+    auto y = frozen_linear(x, W);
     auto xa = torch::matmul(x, weight_for(A, x));
     const int64_t out = y.size(-1);
     auto sum = torch::addmm(y.reshape({-1, out}), xa.reshape({-1, xa.size(-1)}), weight_for(B, x) * scale);
@@ -470,7 +470,7 @@ torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& W, const 
     auto z = (sum * factor.to(sum.scalar_type())).view(y.sizes());
     return b.defined() ? z + b.to(z.scalar_type()) : z;
   }
-  auto y = torch::linear(x, weight_for(W, x), weight_for(b, x));
+  auto y = frozen_linear(x, W, b);
   if (!A.defined()) return y;
   // (x A) B costs 2 r (in + out) per row instead of forming the (out, in) merged weight. The scale
   // goes on B (r x out) and the sum into the second product (addmm accumulates into y), so the

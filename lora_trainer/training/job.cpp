@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "lora_trainer/core/options.hpp"
+#include "lora_trainer/formats/base_weights.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/core/util.hpp"
 
@@ -128,7 +129,13 @@ std::string RestorableJob::checkpoint_path(const std::string& p) const {
   return p;  // the reader reports it as missing, naming the path
 }
 
+void RestorableJob::restore_from_model_dir(const std::string& dir) {
+  throw UserError(dir + " is a Hugging Face model directory; a " + spec_.kind + " job cannot start from one. Import "
+                  "it with `lora_trainer import-hf " + dir + " OUT` and restore OUT");
+}
+
 void RestorableJob::restore_from_path(const std::string& path) {
+  if (!is_checkpoint(path) && is_hf_model_dir(path)) return restore_from_model_dir(path);
   const std::string dir = checkpoint_path(path);
   json_context(dir + "/metadata.json", [&] { restore_from_checkpoint(CheckpointMeta::read(dir)); });
 }

@@ -61,10 +61,13 @@ class RestorableJob {
   virtual bool done() const = 0;
   // Restores the whole state from a checkpoint: `path` is a checkpoint directory, or a suffix relative
   // to this job's checkpoint directory ("ntoks/4096"). Reads its metadata once and calls
-  // restore_from_checkpoint.
+  // restore_from_checkpoint; a Hugging Face model directory goes to restore_from_model_dir.
   void restore_from_path(const std::string& path);
   // Restores from a checkpoint whose metadata has been read (CheckpointMeta::read).
   virtual void restore_from_checkpoint(const CheckpointMeta& ck) = 0;
+  // Starts from a Hugging Face model directory's weights (restore_from_path calls it for a directory
+  // with a config.json and no metadata.json). By default a UserError: the job kind takes none.
+  virtual void restore_from_model_dir(const std::string& dir);
   // Restores from `latest` when it exists; returns the suffix restored, or "" when there was none.
   std::string restore_latest();
 

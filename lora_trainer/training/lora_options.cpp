@@ -22,6 +22,15 @@ static const OptionGroup<LoraOptions>& lora_options() {
   using O = LoraOptions;
   static const auto g =
       OptionGroup<O>()
+          .add("logging/save_frozen_base", OptType::Bool, false,
+               "LoRA-phase checkpoints hold a copy of the frozen base (self-contained, each the base's size); false: "
+               "they refer to it (where the job loaded it from, or its pre_lora_checkpoint) with a digest of its bf16 "
+               "values that every restore, eval, sample and export checks",
+               &O::save_frozen_base)
+          .add("training/frozen_base_path", OptType::String, "",
+               "where the frozen base that LoRA-phase checkpoints refer to is now, when it has moved from the place "
+               "they record (a Hugging Face model directory or a checkpoint); \"\" = where they record",
+               &O::frozen_base_path)
           .add("training/allow_random_base", OptType::Bool, false,
                "with no pre-LoRA stages: let the adapters train on randomly initialised base weights (a study of LoRA "
                "alone). Otherwise such a job needs a pretrained base: `run ... --restore CHECKPOINT`",

@@ -38,6 +38,10 @@ struct LoraOptions {
   ScheduleOptions schedule;  // optimization/lora/{schedule, lr, warmup_pct, decay_pct}, optimization/min_lr_ratio
   double weight_decay{};     // optimization/lora/weight_decay
   bool allow_random_base{};  // training/allow_random_base: with no phase 1, the adapters may train on random weights
+  // logging/save_frozen_base: LoRA-phase checkpoints copy the frozen base instead of referring to it
+  // (frozen_base.hpp); training/frozen_base_path: where the base they refer to is now, when it moved.
+  bool save_frozen_base{};
+  std::string frozen_base_path;
   static LoraOptions from_config(const Config& cfg);
 };
 

@@ -54,9 +54,11 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
   torch::manual_seed(opts_.seed);
   model_ = make_model(ModelOptions::from_config(cfg_));
   block_size_ = model_->options().block_size;
-  auto gen = at::detail::createCPUGenerator(opts_.seed);
-  model_->init_weights(gen);
-  model_->to(rt_.device);
+  // A job that starts in its LoRA phase takes its base from a checkpoint or a model directory: until
+  // then its parameters are allocated (untouched pages) and neither drawn nor placed.
+  const bool starts_with_adapters = plan.has_lora_phase() && plan.full_stages == 0;
+  weights_pending_ = true;
+  if (!starts_with_adapters) settle_random_weights();
   catalog_ = std::make_unique<DataCatalog>(opts_.data_dir, model_->options().vocab_size);
   plan_stages(plan.stages);
   if (opts_.use_ema && opts_.optimizer.ema_decay <= 0)
@@ -74,7 +76,9 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
       throw UserError("optimization/param_groups: \"" + rule.match + "\" matches no parameter of this model (nor an "
                       "adapter's lora_A/lora_B/lora_magnitude); names look like " + names.front() + ", " + names[names.size() / 2]);
   }
-  build_optimizer(named_params(*model_), opts_.optimizer.adamw.weight_decay);
+  // Phase one's optimizer over every parameter; none for a job that starts with adapters (the
+  // transition builds the LoRA phase's): its moments would be twice the base's size, in float32.
+  build_optimizer(starts_with_adapters ? NamedTensors() : named_params(*model_), opts_.optimizer.adamw.weight_decay);
   full_stages_ = static_cast<int>(plan.full_stages);
   boundary_step_ = full_stages_ > 0 ? stages_[static_cast<size_t>(full_stages_ - 1)].end_step : 0;
   schedule_ = full_schedule(boundary_step_);  // phase 1's schedule ends at the boundary
@@ -84,6 +88,37 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
     lora_->selection = select_lora_params();  // now, not at the boundary hours later
     lora_->schedule = lora_->options.schedule.make(total_steps_ - boundary_step_);
   }
+}
+
+CausalLM& Trainer::model() {
+  if (weights_pending_) settle_random_weights();
+  return model_;
+}
+
+void Trainer::settle_random_weights() {
+  if (!weights_pending_) return;
+  auto gen = at::detail::createCPUGenerator(opts_.seed);
+  model_->init_weights(gen);
+  model_->to(rt_.device);
+  weights_pending_ = false;
+}
+
+void Trainer::settle_weights_for_load() {
+  if (!weights_pending_) return;
+  for (auto& [name, p] : base_params(*model_))
+    p.set_data(torch::empty(p.sizes(), p.options().device(rt_.device).dtype(frozen_from_start(name) ? torch::kBFloat16
+                                                                                                   : torch::kFloat32)));
+  model_->to(rt_.device);  // the buffers
+  weights_pending_ = false;
+}
+
+bool Trainer::frozen_from_start(const std::string& name) const {
+  if (!lora_ || boundary_step_ > 0) return false;
+  if (name == lora_->selection.token_embedding) return false;  // its rows train: they start from its f32 values
+  const NamedTensors params = base_params(*model_);
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].first == name) return !lora_->selection.saved[i];
+  return false;
 }
 
 void Trainer::build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale) {
@@ -379,6 +414,7 @@ extern "C" void lt_on_signal(int) { Trainer::stop_requested.store(true); }
 void Trainer::run() {
   for (const auto& part : parts_) part->before_run();
   check_can_start();
+  settle_random_weights();  // a job that neither loaded a base nor restored a state: the family's init
   if (dist_.active()) {
     // Every rank must continue from the same state: rank 0's step, on every rank. The sums of the
     // steps and of their squares equal W times rank 0's only when every step equals it.
@@ -397,6 +433,7 @@ void Trainer::run() {
     finish();
     return;
   }
+  if (lora_ && !lora_->base_note.empty() && is_main()) std::printf("%s\n", lora_->base_note.c_str());
   int64_t n_params = 0;
   for (auto& [n, t] : base_params(*model_)) n_params += t.numel();
   std::printf("job %s (%s): %.2fM parameters, %s%s, step %lld of %lld (%lld tokens per step)\n", spec_.name.c_str(),

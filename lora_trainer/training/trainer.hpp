@@ -45,7 +45,9 @@
 #include <string>
 #include <vector>
 
+#include "lora_trainer/formats/base_weights.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/formats/frozen_base.hpp"
 #include "lora_trainer/data/data.hpp"
 #include "lora_trainer/core/distributed.hpp"
 #include "lora_trainer/training/divergence.hpp"
@@ -138,7 +140,8 @@ class Trainer : public RestorableJob {
   int64_t batch_size() const { return batch_size_; }  // the global batch's rows (training/batch_size)
   int64_t micro_batch() const { return micro_batch_; }
   int64_t block_size() const { return block_size_; }
-  CausalLM& model() { return model_; }
+  // The model (a job waiting for its base gets its random initialisation first: settle_random_weights).
+  CausalLM& model();
   // Trainable parameters in their fixed order (the optimizer's order).
   const NamedTensors& trainable() const { return optimizer_->params(); }
 
@@ -161,6 +164,16 @@ class Trainer : public RestorableJob {
   const Dataset& open_dataset(const Sampling& smp);
   // Loads only the model's parameters ("params/*") from a checkpoint; step and tokens stay as they are.
   void load_weights_from(const CheckpointMeta& ck);
+  // Loads the model's parameters from `src`, one tensor at a time, each cast once to the dtype and put on
+  // the device it lives in (no float32 copy of a weight that lives in bf16): in a job that starts in
+  // its LoRA phase, a weight that phase freezes stays bf16 when the source stores it so (a float32 one
+  // is rounded by the transition), those it trains (the modules_to_save, an embedding whose token rows
+  // train) are float32; float32 in any other job.
+  void load_weights_from(const BaseWeights& src);
+  // A Hugging Face model directory as the job's starting weights (`run ... --restore HF_DIR`): the base
+  // of a LoRA job without phase one, or the starting point of full-parameter training. Its config.json
+  // must describe this job's architecture (a UserError lists the settings that differ).
+  void restore_from_model_dir(const std::string& dir) override;
   // Fresh optimizer moments over the same parameters, weight decay and per-parameter lr.
   void reset_optimizer();
   // Appends an event to the run's metrics.jsonl (rank 0 only).
@@ -204,6 +217,16 @@ class Trainer : public RestorableJob {
 
 
  private:
+  // Whether a parameter of the base lives in bf16 from the start: in a job that starts in its LoRA
+  // phase, every one that phase freezes.
+  bool frozen_from_start(const std::string& name) const;
+  // A job that starts in its LoRA phase allocates its model's parameters without initialising them or
+  // putting them on the device (weights_pending_): the base it loads replaces them (load_weights_from),
+  // so no random draw is made and no float32 copy is placed. These settle them when no base came: with
+  // the family's random initialisation (a random base, or a test stepping without one), or, before a
+  // LoRA state's tensors load into them, as uninitialised tensors of the dtype and device they live in.
+  void settle_random_weights();
+  void settle_weights_for_load();
   // Splits token budgets into consecutive stages of whole steps (split_stages).
   void plan_stages(const StagePlan& plan);
   // The full-parameter learning-rate schedule over `steps` steps (opts_.optimizer.schedule:
@@ -290,6 +313,10 @@ class Trainer : public RestorableJob {
     // Without phase one: where the frozen base came from ({"path", "job", "step"}), or "random" when
     // training/allow_random_base let it start from initialised weights; null before either.
     nlohmann::json base;
+    // What this job's LoRA-phase checkpoints refer to instead of copying the frozen base (frozen_base.hpp);
+    // none: they hold a copy (logging/save_frozen_base, a random base, a restored self-contained state).
+    std::optional<FrozenBaseRef> frozen_base;
+    std::string base_note;  // where a restore read the base from, printed when the job runs
   };
   LoraSelection select_lora_params() const;
   // transition_to_lora's change of state alone: freezes the base as bf16 (no gradients, no optimizer
@@ -310,6 +337,19 @@ class Trainer : public RestorableJob {
   // boundary) is checked against this job's settings and gets its LoRA template (the transition); a
   // plain state must be at or before the boundary.
   bool restore_lora_template(const CheckpointMeta& ck);
+  // The LoRA phase's frozen base parameters (the base's but the modules_to_save), by name, in model
+  // order; empty outside the LoRA phase.
+  NamedTensors frozen_tensors();
+  // At the transition: the reference this job's checkpoints record for the frozen base (the job's own
+  // pre_lora_checkpoint, or the base it loaded), unless logging/save_frozen_base asks for copies or
+  // there is nothing to refer to.
+  void refer_to_frozen_base();
+  // A LoRA state's side of a restore: the frozen base from the place its checkpoint refers to, its
+  // digest checked (training/frozen_base_path when it moved), or nothing when the checkpoint holds it.
+  void load_frozen_base(const CheckpointMeta& ck);
+  // Without the params/* of the frozen base when this job's checkpoints refer to it (a save), or when
+  // `ck` does (the tensors a restore loads from it).
+  void drop_frozen_base(NamedTensors& tensors, bool referenced);
   // The checkpoint's `lora` block, and what the trainer takes back from it after a full restore.
   nlohmann::json lora_metadata() const;
   void restore_lora_metadata(const CheckpointMeta& ck);
@@ -339,6 +379,7 @@ class Trainer : public RestorableJob {
   int64_t batch_size_, micro_batch_, block_size_, total_steps_ = 0;
   int64_t rank_rows_ = 0;  // this rank's share of the global batch
   bool stopping_ = false;  // a signal was seen (by any rank) during the last step
+  bool weights_pending_ = false;  // the parameters are allocated, not yet initialised, loaded nor placed
   DivergenceGuard divergence_;  // training/on_nonfinite
   int64_t step_ = 0, tokens_ = 0;
   std::optional<double> best_score_;  // of stage best_stage_: `best` is the best of the latest stage

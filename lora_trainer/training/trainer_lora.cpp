@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "lora_trainer/formats/adapter_source.hpp"
+#include "lora_trainer/formats/base_weights.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/formats/lora_metadata.hpp"
 #include "lora_trainer/training/trainer.hpp"
@@ -94,8 +96,79 @@ void Trainer::transition_to_lora() {
                            "deciding whether to save " + std::string(kPreLoraCheckpoint)))
     save(kPreLoraCheckpoint);
   freeze_base_and_inject();
+  refer_to_frozen_base();
   if (!lora_->options.init_from.empty()) load_initial_adapters();
   log_transition();
+}
+
+NamedTensors Trainer::frozen_tensors() {
+  NamedTensors out;
+  if (!in_lora_phase()) return out;
+  for (auto& [name, p] : base_params(*model_))
+    if (std::find(lora_->saved.begin(), lora_->saved.end(), name) == lora_->saved.end()) out.emplace_back(name, p);
+  return out;
+}
+
+void Trainer::refer_to_frozen_base() {
+  lora_->frozen_base.reset();
+  if (lora_->options.save_frozen_base) return;
+  std::string source, format = "checkpoint";
+  if (boundary_step_ > 0 && step_ == boundary_step_) {
+    source = (fs::path(job_dir()) / kPreLoraCheckpoint).string();
+  } else if (boundary_step_ == 0 && lora_->base.is_object()) {
+    source = lora_->base.value("path", std::string());
+    if (lora_->base.value("format", std::string()) == "hf") format = "hf";
+  }
+  // Rank 0 saved the boundary checkpoint; every rank sees the same file system (as for `latest`).
+  const bool there = !source.empty() && (format == "hf" ? is_hf_model_dir(source) : is_checkpoint(source));
+  if (!there) {
+    if (is_main())
+      std::printf("note: the LoRA-phase checkpoints of job %s hold a copy of the frozen base: %s\n", spec_.name.c_str(),
+                  lora_->base == "random" ? "it is randomly initialised (training/allow_random_base), so no file holds it"
+                                          : "there is no checkpoint or model directory of it to refer to");
+    return;
+  }
+  lora_->frozen_base = make_frozen_base_ref(source, format, frozen_tensors(), job_dir());
+}
+
+void Trainer::load_frozen_base(const CheckpointMeta& ck) {
+  if (!ck.raw.contains("frozen_base")) {  // a self-contained state: the load below reads the base, and so on
+    lora_->frozen_base.reset();
+    return;
+  }
+  FrozenBaseRef ref = FrozenBaseRef::from_json(ck.raw["frozen_base"], ck.dir);
+  const std::string where = locate_frozen_base(ref, ck.dir, lora_->options.frozen_base_path);
+  std::map<std::string, torch::Tensor> frozen;
+  for (auto& [name, p] : frozen_tensors()) frozen[name] = p;
+  std::vector<std::string> problems;
+  for (const auto& [name, shape] : ref.tensors)
+    if (!frozen.count(name)) problems.push_back(name);
+  for (const auto& [name, p] : frozen)
+    if (!ref.tensors.count(name)) problems.push_back(name);
+  if (!problems.empty())
+    throw UserError(ck.dir + "/metadata.json: its frozen base (frozen_base.tensors) is not this job's (" +
+                    std::to_string(problems.size()) + " tensors differ, e.g. " + problems.front() +
+                    "); is optimization/lora/modules_to_save as the job that saved it had it?");
+  const double t0 = now_seconds();
+  torch::NoGradGuard ng;
+  read_frozen_base(ref, ck.dir, where, model_->options().family, base_params(*model_),
+                   [&](const std::string& name, const torch::Tensor& t) { frozen.at(name).copy_(t); });
+  // Said when the job runs (run()): `eval` and `sample` print their results alone.
+  char note[160];
+  std::snprintf(note, sizeof note, " (%.2f GB in bf16, digest %s verified, %.1f s)", ref.bytes / 1e9, ref.digest.c_str(),
+                now_seconds() - t0);
+  lora_->base_note = "frozen base of " + ck.dir + ": " + where + note;
+  if (lora_->options.save_frozen_base) return;  // copies from here on
+  ref.path = fs::absolute(where).lexically_normal().string();  // where it is now, for this job's next checkpoints
+  lora_->frozen_base = ref;
+}
+
+void Trainer::drop_frozen_base(NamedTensors& tensors, bool referenced) {
+  if (!referenced) return;
+  std::set<std::string> frozen;
+  for (const auto& [name, p] : frozen_tensors()) frozen.insert(kParamsPrefix + name);
+  tensors.erase(std::remove_if(tensors.begin(), tensors.end(), [&](const auto& t) { return frozen.count(t.first) > 0; }),
+                tensors.end());
 }
 
 void Trainer::load_initial_adapters() {
@@ -134,6 +207,7 @@ void Trainer::load_initial_adapters() {
 
 void Trainer::freeze_base_and_inject() {
   TORCH_CHECK(!lora_->entered, "transition_to_lora: already in the LoRA phase");
+  settle_random_weights();  // a job stepped without a base: the family's init, as a random base gets
   const NamedTensors params = base_params(*model_);
   const std::string& embedding = lora_->selection.token_embedding;
   lora_->token_rows = TrainableTokens();
@@ -280,8 +354,10 @@ bool Trainer::restore_lora_template(const CheckpointMeta& ck) {
       throw UserError(dir + "/metadata.json: a LoRA state without its \"lora\" block (rank, alpha, targets): the "
                       "checkpoint is damaged or hand-edited; " + use_another_checkpoint(ck.job_name));
     check_same_recipe(ck, lora_->options);
+    settle_weights_for_load();  // not drawn: the load overwrites every tensor
     if (!lora_->entered) freeze_base_and_inject();  // the LoRA template; the load overwrites it
     check_same_selection(ck, lora_->saved, token_rows_of(lora_->token_rows));
+    load_frozen_base(ck);
   } else {
     if (step > boundary_step_)
       throw UserError(dir + " is a plain state at step " + std::to_string(step) + ", past this job's LoRA boundary (step " +

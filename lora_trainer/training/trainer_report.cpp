@@ -153,7 +153,9 @@ std::string Trainer::phases_text(const double tps[2], const int n_tps[2]) const 
   std::ostringstream r;
   char line[256];
   if (boundary_step_ == 0) {
-    if (lora_->base.is_object())
+    if (lora_->base.is_object() && lora_->base.value("format", std::string()) == "hf")
+      r << "phase 1: skipped; the frozen base is the Hugging Face model " << lora_->base.value("path", std::string("?")) << "\n";
+    else if (lora_->base.is_object())
       r << "phase 1: skipped; the frozen base is " << lora_->base.value("path", std::string("?")) << " (job "
         << lora_->base.value("job", std::string("?")) << ", step " << lora_->base.value("step", int64_t(0)) << ")\n";
     else

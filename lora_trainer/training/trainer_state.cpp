@@ -55,6 +55,7 @@ json Trainer::checkpoint_metadata() const {
   if (!base_model_.is_null()) m["base_model"] = base_model_;
   if (ema_) m["ema"] = {{"decay", ema_->decay()}, {"params", names_of(ema_->params())}};
   if (lora_) m["lora"] = lora_metadata();
+  if (in_lora_phase() && lora_->frozen_base) m["frozen_base"] = lora_->frozen_base->to_json();
   for (const auto& part : parts_) part->add_metadata(m);
   return m;
 }
@@ -62,6 +63,7 @@ json Trainer::checkpoint_metadata() const {
 void Trainer::save(const std::string& suffix, bool update_latest) {
   std::string dir = (fs::path(job_dir()) / suffix).string();
   NamedTensors tensors = state_tensors();
+  drop_frozen_base(tensors, in_lora_phase() && lora_->frozen_base.has_value());  // referred to, not copied
   if (optimizer_->sharded()) {  // the whole state: each rank contributes its share of the moments, zeros elsewhere
     std::vector<torch::Tensor> moments;
     for (auto& [n, t] : tensors)
@@ -127,6 +129,7 @@ void Trainer::restore_state(const CheckpointMeta& ck) {
   // Parameters and moments are loaded in place; the step count and RNG state come back as the fresh
   // scalars that state_tensors() made for them, and are applied here.
   NamedTensors into = state_tensors();
+  drop_frozen_base(into, in_lora_phase() && ck.raw.contains("frozen_base"));  // loaded by load_frozen_base
   // The EMA is loaded where both have one; a checkpoint without it (saved with optimization/ema/decay 0)
   // starts this job's average at its weights, and one with it loads into a job without one as weights only.
   const bool ema_saved = meta.contains("ema");
@@ -166,19 +169,63 @@ void Trainer::restore_state(const CheckpointMeta& ck) {
 }
 
 void Trainer::load_weights_from(const CheckpointMeta& ck) {
-  const std::string& dir = ck.dir;
-  const json& meta = ck.raw;
   if (ck.kind != StateKind::Plain)
-    throw UserError(dir + " holds a \"" + state_kind_name(ck.kind) +
+    throw UserError(ck.dir + " holds a \"" + state_kind_name(ck.kind) +
                     "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
   check_same_architecture(ck);
-  NamedTensors into;
-  for (auto& [name, t] : base_params(*model_)) into.emplace_back(kParamsPrefix + name, t);
-  load_checkpoint_into(ck, into, {kParamsPrefix});
-  base_model_ = meta.value("base_model", json());
-  std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", dir.c_str(),
-              (long long)ck.step, ck.job_name.c_str(),
-              (long long)step_);
+  load_weights_from(*BaseWeights::open_checkpoint(ck, base_params(*model_)));
+  std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", ck.dir.c_str(),
+               (long long)ck.step, ck.job_name.c_str(), (long long)step_);
+}
+
+void Trainer::load_weights_from(const BaseWeights& src) {
+  torch::NoGradGuard ng;
+  const double t0 = now_seconds();
+  int64_t frozen = 0;
+  for (auto& [name, p] : base_params(*model_)) {
+    // Read in the source's dtype, cast once (no copy when it is already the one it lives in), placed.
+    // A frozen weight stored in bf16 stays bf16; one stored wider is float32 until the transition
+    // rounds it (so that `eval` of a float32 model measures it as it is).
+    const torch::Tensor t = src.read(name);
+    const bool bf16 = frozen_from_start(name) && t.scalar_type() == torch::kBFloat16;
+    frozen += bf16 ? 1 : 0;
+    p.set_data(t.to(rt_.device, bf16 ? torch::kBFloat16 : torch::kFloat32));
+  }
+  if (weights_pending_) model_->to(rt_.device);  // the buffers
+  weights_pending_ = false;
+  base_model_ = src.base_model();
+  if (is_main())  // stderr, as every line of a restore: `eval --json` prints its JSON alone on stdout
+    std::fprintf(stderr, "loaded %s: %.2f GB of %s weights in %.1f s%s\n", src.path().c_str(), src.bytes() / 1e9,
+                 src.dtype().c_str(), now_seconds() - t0,
+                 frozen > 0 ? "; the weights the LoRA phase freezes are kept in bf16 from the start" : "");
+}
+
+void Trainer::restore_from_model_dir(const std::string& dir) {
+  if (step_ != 0 || in_lora_phase())
+    throw UserError("a pretrained model can only be loaded before training starts; " + dir + " came too late");
+  auto src = BaseWeights::open_hf(dir, model_->options().family, base_params(*model_));
+  // Every architecture setting the model's config.json gives must be this job's (block_size is the
+  // rows' length the job trains on, for a rotary model its own choice; a learned table's shape is
+  // checked by the load).
+  std::vector<std::string> differ;
+  for (const auto& a : src->architecture()) {
+    const size_t eq = a.find('=');
+    const std::string key = a.substr(0, eq);
+    if (key == "architecture/block_size") continue;
+    Config theirs = cfg_;
+    theirs.apply_override(a);
+    const json& v = theirs.get(key);
+    const json& ours = cfg_.get(key);
+    if (!(v == ours || (v.is_number() && ours.is_number() && v.get<double>() == ours.get<double>()))) differ.push_back(a);
+  }
+  if (!differ.empty())
+    throw UserError(dir + "/config.json describes another model than this job's architecture: set " + join(differ, " ") +
+                    " (`lora_trainer run` takes them from the directory by itself when the config leaves them at their "
+                    "defaults; the settings above were given otherwise)");
+  load_weights_from(*src);
+  if (lora_) lora_->base = {{"path", src->base_model()["hf_dir"]}, {"format", "hf"}, {"step", 0}};
+  std::fprintf(stderr, "initialised weights from the Hugging Face model %s; this job starts at step %lld\n", dir.c_str(),
+               (long long)step_);
 }
 
 }  // namespace lt

@@ -68,15 +68,24 @@ TEST_CASE("import-hf of a transformers GPT-2 gives transformers' logits", "[hugg
   CHECK(max_diff(ours, ref) < 1e-4);
   CHECK(ref.std().item<double>() > 1.0);  // the reference is far from uniform, so the check means something
 
-  // The same model saved by transformers in bf16 over two shards imports as those values, in f32.
-  const std::string out16 = d / "imported_bf16";
+  // The same model saved by transformers in bf16 over two shards imports as those values, in bf16 (the
+  // source's dtype: the checkpoint is the size of the files), or converted with --dtype.
+  const std::string out16 = d / "imported_bf16", out32 = d / "imported_bf16_as_f32";
   import_hf(kGolden + "/model_bf16_sharded", out16);
-  auto a = read_checkpoint_tensors(out), b = read_checkpoint_tensors(out16);
+  import_hf(kGolden + "/model_bf16_sharded", out32, false, "float32");
+  auto a = read_checkpoint_tensors(out), b = read_checkpoint_tensors(out16), c = read_checkpoint_tensors(out32);
   REQUIRE(a.size() == b.size());
+  REQUIRE(a.size() == c.size());
   for (size_t i = 0; i < a.size(); ++i) {
     INFO(a[i].first);
-    CHECK(torch::equal(b[i].second, a[i].second.to(torch::kBFloat16).to(torch::kFloat32)));
+    CHECK(a[i].second.scalar_type() == torch::kFloat32);
+    CHECK(b[i].second.scalar_type() == torch::kBFloat16);
+    CHECK(torch::equal(b[i].second, a[i].second.to(torch::kBFloat16)));
+    CHECK(torch::equal(c[i].second, b[i].second.to(torch::kFloat32)));
   }
+  // A job loads the bf16 import as it loads the f32 one, cast once: the same model up to the bf16 rounding.
+  Loaded l16 = load(out16);
+  CHECK(torch::equal(l16.logits(golden_ids()), load(out32).logits(golden_ids())));
 }
 
 TEST_CASE("import-hf refuses a GPT-2 our gpt2 family cannot represent, naming it, and writes nothing", "[huggingface]") {
@@ -214,7 +223,7 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
   std::map<std::string, torch::Tensor> imported;
   for (auto& [n, t] : read_checkpoint_tensors(d / "imported")) imported[n] = t.to(torch::kFloat32);
   NamedTensors params;
-  for (auto& [n, t] : read_checkpoint_tensors(ck)) {
+  for (auto& [n, t] : test::checkpoint_tensors(ck)) {
     if (n.rfind("params/", 0) != 0 || is_adapter_param(n.substr(7))) continue;  // the base: not the adapters
     const bool saved = n == "params/wte.weight" || n.rfind("params/ln_f.", 0) == 0;
     params.emplace_back(n.substr(7), saved ? imported.at(n) : t.to(torch::kFloat32));

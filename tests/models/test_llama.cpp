@@ -199,7 +199,7 @@ TEST_CASE("LoRA on an imported Llama: PEFT's files and rule (nn.Linear, untied h
   // the saved module replaces the base's.
   // On the base the job trained against: its bf16 copy of the imported weights, in f32.
   NamedTensors params;
-  for (auto& [n, t] : read_checkpoint_tensors(ck))
+  for (auto& [n, t] : test::checkpoint_tensors(ck))
     if (n.rfind("params/", 0) == 0 && !is_adapter_param(n.substr(7))) params.emplace_back(n.substr(7), t.to(torch::kFloat32));
   NamedTensors hf = to_hf(ModelFamily::Llama, params);
   const double scaling = cfg["lora_alpha"].get<double>() / cfg["r"].get<double>();

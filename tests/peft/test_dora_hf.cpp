@@ -28,7 +28,7 @@ void check_peft_dora(ModelFamily family, const std::string& ck, const nlohmann::
   const double scaling = cfg["lora_alpha"].get<double>() /
                          (cfg["use_rslora"].get<bool>() ? std::sqrt(cfg["r"].get<double>()) : cfg["r"].get<double>());
   NamedTensors params;  // the base the job trained against: its bf16 copy, in f32
-  for (auto& [n, t] : read_checkpoint_tensors(ck))
+  for (auto& [n, t] : test::checkpoint_tensors(ck))
     if (n.rfind("params/", 0) == 0 && !is_adapter_param(n.substr(7))) params.emplace_back(n.substr(7), t.to(torch::kFloat32));
   NamedTensors hf = to_hf(family, params);
   int applied = 0;

@@ -176,12 +176,15 @@ TEST_CASE("freeze_base: the base stops learning and is stored bf16 (the layers' 
     CHECK(p.requires_grad() == (name == "ln_f.weight" || name.find("lora_A") != std::string::npos));
     CHECK(p.scalar_type() == (trains ? torch::kFloat32 : torch::kBFloat16));
   }
-  // The layer's matmul takes W from its FrozenWeight: the bf16 parameter, cast to the input's f32.
+  // The layer's matmul takes W from its FrozenWeight: the bf16 parameter itself (no copy), which
+  // frozen_linear casts to the input's f32 for the product alone.
   auto& fc = *m->named_modules()["h.0.mlp.c_fc"]->as<LinearImpl>();
   auto x = torch::randn({3, 32});
   auto W = fc.base_weight(x);
-  CHECK(W.scalar_type() == torch::kFloat32);
-  CHECK(torch::equal(W, fc.weight.to(torch::kFloat32)));
+  CHECK(W.scalar_type() == torch::kBFloat16);
+  CHECK(W.is_same(fc.weight));
+  detach_lora(*m);
+  CHECK(torch::equal(fc.forward(x), torch::linear(x, fc.weight.to(torch::kFloat32), fc.bias.to(torch::kFloat32))));
 }
 
 TEST_CASE("with B = 0 the transition keeps the output, up to the bf16 cast of the base", "[lora]") {
@@ -671,7 +674,7 @@ TEST_CASE("EMA weights: eval/use_ema evaluates the average and puts the weights 
   CHECK(meta["ema"]["decay"] == 0.5);
   auto plain = merged_weights(ck), averaged = merged_weights(ck, /*use_ema=*/true);
   std::map<std::string, torch::Tensor> tensors;
-  for (auto& [n, v] : read_checkpoint_tensors(ck)) tensors[n] = v;
+  for (auto& [n, v] : test::checkpoint_tensors(ck)) tensors[n] = v;
   const std::string w = "h.0.attn.c_attn.weight";
   auto find = [&](const MergedWeights& m) {
     for (auto& [n, v] : m.params)
@@ -821,7 +824,7 @@ TEST_CASE("trainable token rows: after LoRA steps only the adapters and the chos
   auto meta = read_checkpoint_metadata(t->job_dir() + "/ntoks/896");
   CHECK(meta["lora"]["trainable_tokens"] == nlohmann::json{{"wte.weight", kTokenIds}});
   std::map<std::string, torch::Tensor> stored;
-  for (auto& [n, x] : read_checkpoint_tensors(t->job_dir() + "/ntoks/896")) stored[n] = x;
+  for (auto& [n, x] : test::checkpoint_tensors(t->job_dir() + "/ntoks/896")) stored[n] = x;
   CHECK(torch::equal(stored.at("params/wte.trainable_tokens_delta"), rows.values));
   CHECK(stored.count("optim/exp_avg/wte.trainable_tokens_delta") == 1);
   CHECK(stored.at("params/wte.weight").scalar_type() == torch::kBFloat16);
@@ -873,7 +876,7 @@ TEST_CASE("export merges the trainable token rows into the embedding (and so the
   export_merged(ck, d.dir / "exported");
   std::map<std::string, torch::Tensor> out, in;
   for (auto& [n, x] : read_checkpoint_tensors(d.dir / "exported")) out[n] = x;
-  for (auto& [n, x] : read_checkpoint_tensors(ck)) in[n] = x;
+  for (auto& [n, x] : test::checkpoint_tensors(ck)) in[n] = x;
   const auto& W = out.at("params/wte.weight");
   const auto& rows = in.at("params/wte.trainable_tokens_delta");
   for (int64_t r = 0; r < 257; ++r) {

@@ -90,7 +90,24 @@ TEST_CASE("reliability: a flipped byte in a tensor is found at every load, namin
   Result ok = launch({"inspect", "--verify", ck});
   CHECK(ok.code == 0);
   CHECK_THAT(ok.out, Contains("every CRC-32 matches"));
-  const std::string victim = "params/h.0.attn.c_attn.weight";
+  // The base this LoRA checkpoint refers to (its pre_lora_checkpoint): a flipped byte there is found by
+  // every reader of the LoRA checkpoint too, naming the base's file and tensor.
+  const std::string pre = job_dir(dir, "j") + "/pre_lora_checkpoint";
+  {
+    const std::string copy = dir / "pre_copy";
+    std::filesystem::copy(pre, copy);
+    flip_byte(pre + "/state.h5", data_offset(pre + "/state.h5", "params/h.0.attn.c_attn.weight") + 100);
+    for (const auto& args : std::vector<std::vector<std::string>>{{"inspect", "--verify", ck}, {"eval", ck}}) {
+      Result r = launch(args);
+      INFO(args[0] << ": " << r.out);
+      CHECK(r.code == 2);
+      CHECK_THAT(r.out, Contains("pre_lora_checkpoint/state.h5") && Contains("params/h.0.attn.c_attn.weight") &&
+                            Contains("corrupt"));
+    }
+    std::filesystem::remove_all(pre);
+    std::filesystem::rename(copy, pre);
+  }
+  const std::string victim = "params/h.0.attn.c_attn.lora_B";
   flip_byte(ck + "/state.h5", data_offset(ck + "/state.h5", victim) + 100);
   for (const auto& args : std::vector<std::vector<std::string>>{
            {"inspect", "--verify", ck},
@@ -106,10 +123,10 @@ TEST_CASE("reliability: a flipped byte in a tensor is found at every load, namin
   // A job whose `latest` is damaged stops at the start, before anything is written over.
   REQUIRE(launch({"run", "k", cfg, dir / "out", "training/post_lora_tokens=[1280]", "logging/checkpoint_interval=2"}).code == 0);
   std::string latest = job_dir(dir, "k") + "/" + *read_latest(job_dir(dir, "k"));
-  flip_byte(latest + "/state.h5", data_offset(latest + "/state.h5", "params/wte.weight") + 8);
+  flip_byte(latest + "/state.h5", data_offset(latest + "/state.h5", "params/h.0.attn.c_attn.lora_A") + 8);
   Result again = launch({"run", "k", cfg, dir / "out", "training/post_lora_tokens=[1280]", "logging/checkpoint_interval=2"});
   CHECK(again.code == 2);
-  CHECK_THAT(again.out, Contains("params/wte.weight"));
+  CHECK_THAT(again.out, Contains("params/h.0.attn.c_attn.lora_A"));
 }
 
 TEST_CASE("reliability: non-finite training stops naming step, loss, norm and lr, and every saved state stays finite", "[reliability]") {

@@ -8,14 +8,14 @@ namespace lt {
 namespace {
 
 struct ExportArgs {
-  std::string checkpoint, out, format = "native";
+  std::string checkpoint, out, format = "native", base;
   bool ema = false, force = false;
 };
 
 int export_checkpoint(const ExportArgs& a) {
-  if (a.format == "hf") export_hf(a.checkpoint, a.out, a.ema, a.force);
-  else if (a.format == "peft") export_peft(a.checkpoint, a.out, a.ema, a.force);
-  else export_merged(a.checkpoint, a.out, a.ema, a.force);
+  if (a.format == "hf") export_hf(a.checkpoint, a.out, a.ema, a.force, a.base);
+  else if (a.format == "peft") export_peft(a.checkpoint, a.out, a.ema, a.force, a.base);
+  else export_merged(a.checkpoint, a.out, a.ema, a.force, a.base);
   return 0;
 }
 
@@ -38,6 +38,9 @@ Command add_export(CLI::App& app) {
                 "names this export writes are replaced, every other file is kept");
   sub->add_flag("--ema", a->ema,
                 "write the moving average of the trained tensors (optimization/ema/decay) instead of their values");
+  sub->add_option("--base", a->base,
+                  "where the frozen base of a LoRA checkpoint that refers to it is now, when it moved from the place "
+                  "its metadata records (a Hugging Face model directory or a checkpoint); its digest is checked");
   return {sub, [a] { return export_checkpoint(*a); }};
 }
 

@@ -8,6 +8,7 @@ namespace {
 struct ImportArgs {
   std::string hf_dir, out;
   bool force = false;
+  std::string dtype = "source";
 };
 
 }  // namespace
@@ -24,8 +25,12 @@ Command add_import_hf(CLI::App& app) {
   sub->add_flag("--force", a->force,
                 "write into an existing directory that is not an earlier import or export of lora_trainer: files "
                 "of the names it writes are replaced, every other file is kept");
+  sub->add_option("--dtype", a->dtype,
+                  "the checkpoint's dtype: source (each tensor as the files store it: a bf16 model stays bf16), "
+                  "float32 or bfloat16")
+      ->capture_default_str()->check(CLI::IsMember({"source", "float32", "bfloat16"}));
   return {sub, [a] {
-            import_hf(a->hf_dir, a->out, a->force);
+            import_hf(a->hf_dir, a->out, a->force, a->dtype);
             return 0;
           }};
 }

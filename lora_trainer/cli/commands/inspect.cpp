@@ -1,22 +1,42 @@
-// `lora_trainer inspect CHECKPOINT [--verify]`: a checkpoint's metadata and per-tensor digests as JSON, or
-// with --verify one line saying whether every tensor matches the checksum recorded when it was saved.
+// `lora_trainer inspect CHECKPOINT [--verify] [--base DIR]`: a checkpoint's metadata and per-tensor digests as
+// JSON, or with --verify one line saying whether every tensor matches the checksum recorded when it was
+// saved (and a second, for a checkpoint that refers to its frozen base, whether the base matches its digest).
 #include <cstdio>
 #include <iostream>
 
 #include "lora_trainer/cli/commands/command.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/formats/export.hpp"
+#include "lora_trainer/formats/frozen_base.hpp"
+#include "lora_trainer/models/model.hpp"
 
 namespace lt {
 namespace {
 
 struct InspectArgs {
-  std::string checkpoint;
+  std::string checkpoint, base;
   bool verify = false;
 };
 
+// The frozen base a LoRA checkpoint refers to, read from where it is and checked against its digest.
+std::string verify_frozen_base(const CheckpointMeta& ck, const std::string& base) {
+  const FrozenBaseRef ref = FrozenBaseRef::from_json(ck.raw["frozen_base"], ck.dir);
+  const std::string where = locate_frozen_base(ref, ck.dir, base);
+  const ModelOptions options = checkpoint_model_options(ck.raw, ck.dir);
+  CausalLM model = make_model(options);  // the parameters' names and shapes (allocated, never touched)
+  read_frozen_base(ref, ck.dir, where, options.family, base_params(*model), [](const std::string&, const torch::Tensor&) {});
+  return "frozen base " + where + ": " + std::to_string(ref.tensors.size()) + " tensors read; the digest of their bf16 "
+         "values matches the one recorded (" + ref.digest + ")";
+}
+
 int inspect(const InspectArgs& a) {
-  if (a.verify) std::printf("%s\n", verify_checkpoint(a.checkpoint).c_str());
-  else std::cout << inspect_checkpoint(a.checkpoint).dump(2) << "\n";
+  if (!a.verify) {
+    std::cout << inspect_checkpoint(a.checkpoint).dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%s\n", verify_checkpoint(a.checkpoint).c_str());
+  const CheckpointMeta ck = CheckpointMeta::read(a.checkpoint);
+  if (ck.raw.contains("frozen_base")) std::printf("%s\n", verify_frozen_base(ck, a.base).c_str());
   return 0;
 }
 
@@ -28,7 +48,10 @@ Command add_inspect(CLI::App& app) {
   sub->add_option("CHECKPOINT", a->checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
   sub->add_flag("--verify", a->verify,
                 "only check every tensor's data against the CRC-32 recorded at save: one line, exit 0 when all "
-                "match, exit 2 naming the first corrupt tensor");
+                "match, exit 2 naming the first corrupt tensor. A LoRA checkpoint that refers to its frozen base: the "
+                "base is read too and checked against the digest recorded");
+  sub->add_option("--base", a->base, "with --verify: where the frozen base is now, when it moved from the place the "
+                                     "checkpoint records");
   return {sub, [a] { return inspect(*a); }};
 }
 

@@ -10,7 +10,9 @@
 #include "lora_trainer/core/distributed.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/formats/base_weights.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/formats/hf_families.hpp"
 
 namespace fs = std::filesystem;
 
@@ -72,8 +74,31 @@ int start_local_ranks(const RunArgs& a) {
   return run_local_ranks(a.nproc, args, DistributedOptions::from_config(cfg).timeout_s + 10.0);
 }
 
-int run(const RunArgs& a) {
+// --restore HF_DIR: the model's architecture from its config.json, over the config file's and before
+// the command line's overrides (which a mismatch then reports). A rotary model's block_size (the rows'
+// length) stays the config's: it is the job's choice, not the weights'.
+std::vector<std::string> with_model_dir_architecture(const std::string& restore, const std::vector<std::string>& overrides) {
+  using nlohmann::json;
+  if (restore.empty() || is_checkpoint(restore) || !is_hf_model_dir(restore)) return overrides;
+  const std::string path = (fs::path(restore) / "config.json").string();
+  const json hf = read_json_file(path);
+  if (!hf.is_object()) throw UserError(path + ": not a JSON object");
+  std::vector<std::string> arch = json_context(path, [&] {
+    const bool rotary = hf_family(hf, path) == ModelFamily::Llama;
+    std::vector<std::string> out;
+    for (const auto& a : hf_architecture(hf, path))
+      if (!(rotary && a.rfind("architecture/block_size=", 0) == 0)) out.push_back(a);
+    return out;
+  });
+  if (distributed().rank() == 0)
+    std::printf("the model's architecture, from %s: %s\n", path.c_str(), join(arch, " ").c_str());
+  arch.insert(arch.end(), overrides.begin(), overrides.end());
+  return arch;
+}
+
+int run(RunArgs a) {
   check_out_dir(a.out_dir);
+  a.overrides = with_model_dir_architecture(a.restore, a.overrides);
   if (a.nproc > 1) return start_local_ranks(a);
   if (Distributed::requested_by_env()) {  // one of several ranks (torchrun's, or --nproc's)
     Config cfg = make_config(a.config_path, a.overrides);
@@ -97,7 +122,11 @@ Command add_run(CLI::App& app, const std::string& program) {
   sub->add_option("NAME", a->name, "the run's name (its checkpoint directory)")->required();
   sub->add_option("CONFIG", a->config_path, "config file (JSON; `configure` writes one)")->required()->check(CLI::ExistingFile);
   sub->add_option("OUT_DIR", a->out_dir, "output root: checkpoints/ and runs/ go below it (. = this directory)")->required();
-  sub->add_option("--restore", a->restore, "start from this checkpoint directory (ignored when the job has a `latest`)");
+  sub->add_option("--restore", a->restore,
+                  "start from this checkpoint directory, or from a Hugging Face model directory (config.json + "
+                  "safetensors: its architecture is applied over the config file's, and its weights load one tensor "
+                  "at a time in their own dtype; a LoRA job keeps its frozen base in bf16 from the start). Ignored "
+                  "when the job has a `latest`");
   sub->add_option("--nproc", a->nproc,
                   "data-parallel ranks to start on this machine (c10d/Gloo; see docs/distributed.md). Ranks "
                   "started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) need no --nproc")

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""The scale benchmark: what a real-size base costs, beside its bf16 size.
+
+  python3 scripts/scale_bench.py [--shape tinyllama-1.1b] [--work /tmp/lt_scale] [--out scale.json]
+
+On a synthetic Hugging Face model of the shape (scripts/make_hf_model.py, random bf16 weights; made once
+under --work), it runs and measures, each as its own process (peak RSS from the kernel's rusage of that
+process, wall time from here):
+  read      reading the weight files once (the floor a load is compared with)
+  import    `import-hf` (the source's dtype kept): peak RSS, time, checkpoint size
+  lora      `run --restore HF_DIR`, a lora/train job without phase one: --steps steps of
+            --batch rows x --block tokens: peak RSS, load time, step time, LoRA checkpoint size
+  resume    `restore` from that job's first checkpoint (reads the base it refers to and checks its
+            digest) to the end: peak RSS, time
+  copies    the same job with logging/save_frozen_base=true: its checkpoint size (today's form before
+            the base was referred to)
+and prints them beside the base's bf16 bytes, and writes them as JSON to --out. On a CUDA build with a
+GPU, pass runtime/device=cuda after `--` to run the jobs there (peak device memory is then in the log's
+`cuda` lines). Record the figures in docs/performance.md with the CPU model (lscpu).
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def measure(cmd, log):
+    """Runs cmd, its output to `log`; returns (seconds, peak RSS in bytes, exit status)."""
+    t0 = time.time()
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(p.pid, 0)
+    return time.time() - t0, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)
+
+
+def dir_bytes(path):
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            total += os.path.getsize(os.path.join(dirpath, f))
+    return total
+
+
+def grep(log, prefix):
+    with open(log) as f:
+        return [line.rstrip("\n") for line in f if line.startswith(prefix)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap.add_argument("--shape", default="tinyllama-1.1b", help="make_hf_model.py's --shape (default tinyllama-1.1b)")
+    ap.add_argument("--work", default="/tmp/lt_scale", help="working directory (the model is made once there)")
+    ap.add_argument("--out", default="scale.json", help="where to write the figures (JSON)")
+    ap.add_argument("--binary", default=os.path.join(ROOT, "build", "lora_trainer"))
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--block", type=int, default=128)
+    ap.add_argument("overrides", nargs="*", help="key=value settings for the jobs (after --)")
+    a = ap.parse_args()
+    B = a.binary
+    if not os.access(B, os.X_OK):
+        sys.exit(f"scale_bench.py: {B} is not an executable; build it first (scripts/setup.sh) or pass --binary")
+    os.makedirs(a.work, exist_ok=True)
+    model = os.path.join(a.work, a.shape)
+    if not os.path.exists(os.path.join(model, "config.json")):
+        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_hf_model.py"), "--shape", a.shape, model], check=True)
+    weights = [os.path.join(model, f) for f in sorted(os.listdir(model)) if f.endswith(".safetensors")]
+    base = sum(os.path.getsize(f) for f in weights)
+    data = os.path.join(a.work, "data")
+    if not os.path.exists(os.path.join(data, "text", "meta.json")):
+        subprocess.run([B, "tokenize", "/usr/share/common-licenses", "--name", "text", "--data-dir", data, "--tokenizer", "byte"],
+                       check=True, stdout=subprocess.DEVNULL)
+    cfg = os.path.join(a.work, "lora.json")
+    subprocess.run([B, "configure", "lora/train", cfg], check=True, stdout=subprocess.DEVNULL)
+    tokens = a.steps * a.batch * a.block
+    job = ["training/pre_lora_tokens=[]", "training/pre_lora_dataset=[]", f"training/post_lora_tokens=[{tokens}]",
+           'training/post_lora_dataset=[[{"name":"text","rate":1,"style":"pmd"}]]', f"data/dir={data}",
+           f"architecture/block_size={a.block}", f"training/batch_size={a.batch}", "training/validation_steps=2",
+           "logging/checkpoint_interval=1", "logging/report_interval=1"] + a.overrides
+    out = os.path.join(a.work, "out")
+    shutil.rmtree(out, ignore_errors=True)
+    logs = os.path.join(a.work, "logs")
+    os.makedirs(logs, exist_ok=True)
+    r = {"shape": a.shape, "base_bf16_bytes": base, "cpu": platform.processor() or "", "steps": a.steps,
+         "rows": a.batch, "block": a.block}
+    try:
+        r["cpu"] = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][0]
+    except (OSError, IndexError):
+        pass
+
+    t0 = time.time()
+    for f in weights:
+        with open(f, "rb") as fh:
+            while fh.read(1 << 24):
+                pass
+    r["read_s"] = time.time() - t0
+
+    imported = os.path.join(a.work, "imported")
+    shutil.rmtree(imported, ignore_errors=True)
+    s, rss, rc = measure([B, "import-hf", model, imported], os.path.join(logs, "import.log"))
+    r["import"] = {"seconds": s, "peak_rss": rss, "checkpoint_bytes": dir_bytes(imported), "exit": rc}
+
+    s, rss, rc = measure([B, "run", "lora", cfg, out, "--restore", model] + job, os.path.join(logs, "lora.log"))
+    jobdir = os.path.join(out, "checkpoints", "general", "default", "lora")
+    loaded = grep(os.path.join(logs, "lora.log"), "loaded ")
+    steps = [json.loads(l) for l in open(os.path.join(out, "runs", "general", "default", "lora", "metrics.jsonl"))]
+    step_s = [a.batch * a.block / e["tok_per_s"] for e in steps if e.get("event") == "train" and e.get("tok_per_s")]
+    r["lora"] = {"seconds": s, "peak_rss": rss, "exit": rc, "load_line": loaded[0] if loaded else "",
+                 "load_s": float(loaded[0].split(" in ")[1].split(" s")[0]) if loaded else None,
+                 "step_s": step_s, "checkpoint_bytes": dir_bytes(os.path.join(jobdir, "final", str(tokens)))}
+
+    first = f"ntoks/{a.batch * a.block}"
+    s, rss, rc = measure([B, "restore", "resumed", os.path.join(jobdir, first), out], os.path.join(logs, "resume.log"))
+    r["resume"] = {"seconds": s, "peak_rss": rss, "exit": rc,
+                   "base_line": (grep(os.path.join(logs, "resume.log"), "frozen base of") or [""])[0]}
+
+    s, rss, rc = measure([B, "run", "copies", cfg, out, "--restore", model, "logging/save_frozen_base=true"] + job,
+                         os.path.join(logs, "copies.log"))
+    r["copies"] = {"seconds": s, "peak_rss": rss, "exit": rc, "checkpoint_bytes": dir_bytes(
+        os.path.join(out, "checkpoints", "general", "default", "copies", "final", str(tokens)))}
+
+    gb = lambda b: f"{b / 1e9:.2f} GB"
+    x = lambda b: f"{b / base:.2f}x"
+    print(f"scale benchmark: {a.shape}, base {gb(base)} of bf16 ({len(weights)} file(s)); {r['cpu']}")
+    print(f"  reading the files once      {r['read_s']:.1f} s")
+    print(f"  import-hf                   {r['import']['seconds']:.1f} s, peak RSS {gb(r['import']['peak_rss'])} "
+          f"({x(r['import']['peak_rss'])}), checkpoint {gb(r['import']['checkpoint_bytes'])}")
+    L = r["lora"]
+    print(f"  LoRA job from the directory {L['seconds']:.1f} s, peak RSS {gb(L['peak_rss'])} ({x(L['peak_rss'])}), load "
+          f"{L['load_s']} s, steps {', '.join(f'{t:.1f}' for t in L['step_s'])} s ({a.batch} x {a.block} tokens), "
+          f"LoRA checkpoint {L['checkpoint_bytes'] / 1e6:.1f} MB ({100 * L['checkpoint_bytes'] / base:.1f}% of the base)")
+    print(f"  resume from ntoks/{a.batch * a.block}  {r['resume']['seconds']:.1f} s, peak RSS {gb(r['resume']['peak_rss'])} "
+          f"({x(r['resume']['peak_rss'])})")
+    print(f"  save_frozen_base=true       checkpoint {gb(r['copies']['checkpoint_bytes'])}")
+    with open(a.out, "w") as f:
+        json.dump(r, f, indent=2)
+    print(f"wrote {a.out}")
+    if any(r[k]["exit"] != 0 for k in ("import", "lora", "resume", "copies")):
+        sys.exit(f"scale_bench.py: a command failed; see {logs}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+// Real-size bases (issue 30): a Hugging Face directory as a LoRA job's base, read tensor by tensor into
+// bf16 without a float32 copy; LoRA-phase checkpoints that refer to their frozen base by a digest
+// instead of copying it; frozen_linear, which keeps no float32 copy of a frozen matrix in the graph.
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "hf_fixtures.hpp"
+#include "lora_fixtures.hpp"
+#include "lora_trainer/formats/export.hpp"
+#include "lora_trainer/formats/frozen_base.hpp"
+#include "lora_trainer/formats/hf_families.hpp"
+#include "lora_trainer/peft/frozen_weight.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace lt {
+namespace {
+
+// The transformers Llama saved in bf16 over three shards (scripts/hf_golden.py).
+const std::string kHfBf16 = test::hf_golden("llama") + "/model_bf16_sharded";
+
+// A copy of a model directory's files (flat).
+void copy_dir(const std::string& from, const std::string& to) {
+  fs::create_directories(to);
+  for (auto& e : fs::directory_iterator(from)) fs::copy_file(e.path(), fs::path(to) / e.path().filename());
+}
+
+// A lora/train config without phase one for the model directory `dir`: its architecture from
+// config.json (as `run ... --restore DIR` applies it; the tiny tests' block_size), 1280 tokens of
+// "gen" in `data`, rank 4, f32; then `extra`.
+Config hf_lora_config(const std::string& dir, const std::string& data, const std::vector<std::string>& extra = {}) {
+  Config c(Trainer::lora_schema());
+  for (const auto& o : test::tiny_overrides(data))
+    if (o.rfind("architecture/", 0) != 0 || o.rfind("architecture/block_size", 0) == 0) c.apply_override(o);
+  const json hf = read_json_file(dir + "/config.json");
+  for (const auto& a : hf_architecture(hf, dir))
+    if (a.rfind("architecture/block_size", 0) != 0) c.apply_override(a);
+  for (const auto& o : {"training/pre_lora_tokens=[]", "training/pre_lora_dataset=[]", "training/post_lora_tokens=[1280]",
+                        R"(training/post_lora_dataset=[[{"name":"gen","rate":1}]])", "optimization/lora/rank=4",
+                        "optimization/lora/alpha=8", "optimization/lora/lr=0.01", "runtime/precision=f32",
+                        "logging/checkpoint_interval=4"})
+    c.apply_override(o);
+  for (const auto& o : extra) c.apply_override(o);
+  return c;
+}
+
+std::unique_ptr<Trainer> hf_job(const std::string& name, const Config& c, const std::string& out) {
+  return std::make_unique<Trainer>(test::job_spec(name), c, out, TrainingPlan::from_lora_config(c));
+}
+
+std::set<std::string> stored_names(const std::string& checkpoint) {
+  std::set<std::string> out;
+  for (const auto& [n, t] : read_checkpoint_tensors(checkpoint)) out.insert(n);
+  return out;
+}
+
+// Flips one bit of the first tensor's data in every shard of a model directory: another base.
+void damage_values(const std::string& dir) {
+  for (auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    f.seekg(static_cast<std::streamoff>(8 + n + 1));
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x01;
+    f.seekp(static_cast<std::streamoff>(8 + n + 1));
+    f.write(&c, 1);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a LoRA job starts from a Hugging Face directory: its tensors in bf16 as loaded, no random draw, no phase-one optimizer",
+          "[frozen_base][huggingface]") {
+  test::TempDir d;
+  test::make_byte_dataset(d / "data", "gen", 1);
+  const Config c = hf_lora_config(kHfBf16, d / "data", {"optimization/lora/modules_to_save=[\"model.norm\"]"});
+  auto t = hf_job("adapt", c, d / "out");
+  // A job that starts with adapters has no optimizer over every parameter (its moments would be twice
+  // the base in float32).
+  CHECK(t->trainable().empty());
+  t->restore_from_path(kHfBf16);
+  // Every tensor is the file's, in bf16 from the start, except the one that trains (f32).
+  NamedTensors expected;
+  for (const auto& [n, p] : base_params(*t->model())) expected.emplace_back(n, torch::empty(p.sizes()));
+  const NamedTensors file = from_hf(ModelFamily::Llama, read_safetensors_model(kHfBf16), expected, kHfBf16);
+  const auto params = base_params(*t->model());
+  REQUIRE(params.size() == file.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    INFO(params[i].first);
+    CHECK(params[i].second.scalar_type() == (params[i].first == "model.norm.weight" ? torch::kFloat32 : torch::kBFloat16));
+    CHECK(torch::equal(params[i].second.to(torch::kFloat32), file[i].second));
+  }
+  CHECK(t->base_model()["hf_dir"] == fs::absolute(kHfBf16).lexically_normal().string());
+  t->run();
+  // Its checkpoints refer to the directory: the adapters and model.norm, not the frozen tensors.
+  const std::string fin = d / "out/checkpoints/general/default/adapt/final/1280";
+  const json meta = read_checkpoint_metadata(fin);
+  REQUIRE(meta.contains("frozen_base"));
+  CHECK(meta["frozen_base"]["format"] == "hf");
+  CHECK(meta["frozen_base"]["path"] == fs::absolute(kHfBf16).lexically_normal().string());
+  CHECK(meta["frozen_base"]["tensors"].size() == params.size() - 1);
+  const auto names = stored_names(fin);
+  CHECK(names.count("params/model.norm.weight") == 1);
+  CHECK(names.count("params/model.layers.0.self_attn.q_proj.weight") == 0);
+  CHECK(names.count("params/model.layers.0.self_attn.q_proj.lora_A") == 1);
+  // eval and sample rebuild the trained model from it: the same logits as the trainer's own.
+  auto ids = torch::randint(0, 300, {2, 16}, torch::kLong);
+  test::Loaded l = test::load(fin);
+  CHECK(torch::equal(l.logits(ids), test::logits_of(*t->model(), ids)));
+}
+
+TEST_CASE("a LoRA checkpoint that refers to its base: a moved base is found by training/frozen_base_path, a changed one is refused, "
+          "save_frozen_base keeps copies", "[frozen_base][huggingface]") {
+  test::TempDir d;
+  test::make_byte_dataset(d / "data", "gen", 1);
+  const std::string base = d / "base";
+  copy_dir(kHfBf16, base);
+  auto t = hf_job("adapt", hf_lora_config(base, d / "data"), d / "out");
+  t->restore_from_path(base);
+  t->run();
+  const std::string fin = d / "out/checkpoints/general/default/adapt/final/1280";
+  auto ids = torch::randint(0, 300, {2, 16}, torch::kLong);
+  const torch::Tensor trained = test::logits_of(*t->model(), ids);
+
+  // The same bf16 values in another form (the float32 model they were saved from) match the digest.
+  const std::string moved = d / "moved";
+  fs::rename(base, moved);
+  CHECK_THROWS_WITH(test::load(fin), Catch::Contains("no longer exists") && Catch::Contains("training/frozen_base_path"));
+  {
+    test::Loaded l = test::load(fin, {"training/frozen_base_path=" + moved});
+    CHECK(torch::equal(l.logits(ids), trained));
+    test::Loaded f32 = test::load(fin, {"training/frozen_base_path=" + test::hf_golden("llama") + "/model"});
+    CHECK(torch::equal(f32.logits(ids), trained));
+  }
+  // A resumed job carries the reference on to where it found the base.
+  {
+    auto resumed = hf_job("adapt", hf_lora_config(moved, d / "data", {"training/frozen_base_path=" + moved}), d / "out");
+    resumed->restore_from_path("ntoks/512");
+    resumed->save("again");
+    CHECK(read_checkpoint_metadata(d / "out/checkpoints/general/default/adapt/again")["frozen_base"]["path"] ==
+          fs::absolute(moved).lexically_normal().string());
+  }
+  // Another base (one value changed) is refused by every reader, naming the digest.
+  damage_values(moved);
+  CHECK_THROWS_WITH(test::load(fin, {"training/frozen_base_path=" + moved}),
+                    Catch::Contains("is not the one") && Catch::Contains("digest"));
+  CHECK_THROWS_WITH(export_merged(fin, d / "exported", false, false, moved), Catch::Contains("digest"));
+  CHECK_FALSE(fs::exists(d / "exported"));
+
+  // logging/save_frozen_base=true: every checkpoint holds the base, and needs nothing else.
+  copy_dir(kHfBf16, base);
+  auto copies = hf_job("copies", hf_lora_config(base, d / "data", {"logging/save_frozen_base=true"}), d / "out");
+  copies->restore_from_path(base);
+  copies->run();
+  const std::string own = d / "out/checkpoints/general/default/copies/final/1280";
+  CHECK_FALSE(read_checkpoint_metadata(own).contains("frozen_base"));
+  CHECK(stored_names(own).count("params/model.layers.0.self_attn.q_proj.weight") == 1);
+  remove_tree(base);
+  test::Loaded l = test::load(own);
+  // Both forms trained the same adapters on the same base.
+  CHECK(torch::equal(l.logits(ids), trained));
+}
+
+TEST_CASE("a two-phase job's LoRA checkpoints refer to its pre_lora_checkpoint, found again when the job directory moves",
+          "[frozen_base][lora]") {
+  test::TwoDatasets d;
+  // Resuming mid phase 2 reads the base from the boundary checkpoint, bit-identically.
+  auto [straight, resumed] = test::check_resume_mid_phase2_and_final(d, {});
+  const std::string job = d.dir / "out/checkpoints/general/default/straight";
+  const json meta = read_checkpoint_metadata(job + "/final/1280");
+  REQUIRE(meta.contains("frozen_base"));
+  CHECK(meta["frozen_base"]["format"] == "checkpoint");
+  CHECK(meta["frozen_base"]["relative"] == "pre_lora_checkpoint");
+  CHECK(stored_names(job + "/final/1280").count("params/h.0.attn.c_attn.weight") == 0);
+  auto ids = torch::randint(0, 257, {2, 16}, torch::kLong);
+  const torch::Tensor before = test::logits_of(*straight->model(), ids);
+  const std::string moved = d.dir / "elsewhere";
+  fs::rename(job, moved);
+  test::Loaded l = test::load(moved + "/final/1280");
+  CHECK(torch::equal(l.logits(ids), before));
+  CHECK(export_tensors(CheckpointMeta::read(moved + "/final/1280"), false).size() >
+        read_checkpoint_tensors(moved + "/final/1280").size());
+}
+
+TEST_CASE("frozen_linear: the product and x's gradient of a bf16 weight, without a float32 copy in the graph", "[frozen_base][lora]") {
+  torch::manual_seed(5);
+  const auto W = torch::randn({48, 16}).to(torch::kBFloat16), b = torch::randn({48}).to(torch::kBFloat16);
+  const auto x0 = torch::randn({3, 5, 16});
+  // The reference: the cast made by hand (what a layer did before), autograd keeping it.
+  auto xr = x0.clone().requires_grad_(true);
+  auto yr = torch::linear(xr, W.to(torch::kFloat32), b.to(torch::kFloat32));
+  auto g = torch::randn(yr.sizes());
+  yr.backward(g);
+  for (const int64_t block : {kFrozenCastBlockBytes, int64_t(16 * 4 * 10)}) {  // one product; blocks of 10 rows
+    INFO("block " << block);
+    auto x = x0.clone().requires_grad_(true);
+    auto y = frozen_linear(x, W, b, block);
+    REQUIRE(y.grad_fn());
+    CHECK(y.grad_fn()->name().find("FrozenLinear") != std::string::npos);  // not linear's node, which keeps its cast W
+    if (block == kFrozenCastBlockBytes) CHECK(torch::equal(y, yr));
+    CHECK(torch::allclose(y, yr, 1e-6, 1e-6));
+    y.backward(g);
+    CHECK(torch::allclose(x.grad(), xr.grad(), 1e-6, 1e-6));
+    if (block == kFrozenCastBlockBytes) CHECK(torch::equal(x.grad(), xr.grad()));
+  }
+  // No graph needed (x does not train): the same product.
+  CHECK(torch::equal(frozen_linear(x0, W, b), yr.detach()));
+  CHECK(torch::allclose(frozen_linear(x0, W, b, 64), yr.detach(), 1e-6, 1e-6));
+}
+
+}  // namespace lt
