@@ -130,7 +130,7 @@ TEST_CASE("a LoRA checkpoint that refers to its base: a moved base is found by t
   // The same bf16 values in another form (the float32 model they were saved from) match the digest.
   const std::string moved = d / "moved";
   fs::rename(base, moved);
-  CHECK_THROWS_WITH(test::load(fin), Catch::Contains("no longer exists") && Catch::Contains("training/frozen_base_path"));
+  CHECK_THROWS_WITH(test::load(fin), test::Contains("no longer exists") && test::Contains("training/frozen_base_path"));
   {
     test::Loaded l = test::load(fin, {"training/frozen_base_path=" + moved});
     CHECK(torch::equal(l.logits(ids), trained));
@@ -148,8 +148,8 @@ TEST_CASE("a LoRA checkpoint that refers to its base: a moved base is found by t
   // Another base (one value changed) is refused by every reader, naming the digest.
   damage_values(moved);
   CHECK_THROWS_WITH(test::load(fin, {"training/frozen_base_path=" + moved}),
-                    Catch::Contains("is not the one") && Catch::Contains("digest"));
-  CHECK_THROWS_WITH(export_merged(fin, d / "exported", false, false, moved), Catch::Contains("digest"));
+                    test::Contains("is not the one") && test::Contains("digest"));
+  CHECK_THROWS_WITH(export_merged(fin, d / "exported", false, false, moved), test::Contains("digest"));
   CHECK_FALSE(fs::exists(d / "exported"));
 
   // logging/save_frozen_base=true: every checkpoint holds the base, and needs nothing else.
