@@ -42,7 +42,10 @@ torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& idx) {
   auto e = torch::nn::EmbeddingImpl::forward(idx);
   if (!values().defined() || !rows_on_) return e;
   auto slot = slot_.index_select(0, idx.reshape({-1})).view(idx.sizes());
-  auto rows = values().index_select(0, slot.clamp_min(0).reshape({-1})).view(e.sizes());
+  // A lookup, not index_select: index_select's backward adds the rows of a repeated id with atomics on
+  // CUDA, in an order that changes from run to run (no bit-identical resume); the embedding's backward
+  // sums them in a fixed order on both devices.
+  auto rows = torch::embedding(values(), slot.clamp_min(0));
   return torch::where((slot >= 0).unsqueeze(-1), rows, e.to(torch::kFloat32));
 }
 

@@ -792,7 +792,8 @@ TEST_CASE("trainable token rows: after LoRA steps only the adapters and the chos
   Data d;
   auto t = make_lora(d, "tokens", {kTokens});
   for (int i = 0; i < 5; ++i) t->train_step();
-  const torch::Tensor f32_rows = t->model()->named_parameters()["wte.weight"].index_select(0, torch::tensor(kTokenIds)).clone();
+  const torch::Tensor wte = t->model()->named_parameters()["wte.weight"];
+  const torch::Tensor f32_rows = wte.index_select(0, torch::tensor(kTokenIds).to(wte.device())).clone();
   t->transition_to_lora();
   const TrainableTokens& rows = t->trainable_tokens();
   REQUIRE(rows.defined());
@@ -825,7 +826,7 @@ TEST_CASE("trainable token rows: after LoRA steps only the adapters and the chos
   CHECK(meta["lora"]["trainable_tokens"] == nlohmann::json{{"wte.weight", kTokenIds}});
   std::map<std::string, torch::Tensor> stored;
   for (auto& [n, x] : test::checkpoint_tensors(t->job_dir() + "/ntoks/896")) stored[n] = x;
-  CHECK(torch::equal(stored.at("params/wte.trainable_tokens_delta"), rows.values));
+  CHECK(torch::equal(stored.at("params/wte.trainable_tokens_delta"), rows.values.cpu()));
   CHECK(stored.count("optim/exp_avg/wte.trainable_tokens_delta") == 1);
   CHECK(stored.at("params/wte.weight").scalar_type() == torch::kBFloat16);
   // The transition line's totals: the adapters plus 3 rows of 32.
@@ -910,7 +911,7 @@ TEST_CASE("init_from loads the trainable token rows from our checkpoint or its P
   std::map<std::string, torch::Tensor> adapter;
   for (auto& [n, x] : read_safetensors(d.dir / "peft/adapter_model.safetensors")) adapter[n] = x;
   CHECK(torch::equal(adapter.at("base_model.model.transformer.wte.token_adapter.trainable_tokens_delta"),
-                     src->trainable_tokens().values));
+                     src->trainable_tokens().values.cpu()));
   for (const std::string from : {final_ck, d.dir / "peft"}) {
     INFO(from);
     auto t = make_lora(d, "from", {kTokens, "optimization/lora/init_from=\"" + from + "\""});
