@@ -12,16 +12,21 @@
 # Usage: scripts/gpu_check.sh [OUT_DIR] [options]
 #   OUT_DIR          where the figures and logs go (default: $OUT, else ./gpu-out); at most these
 #                    files: run.log (everything printed), build.log, ctest.log, bench.json,
-#                    reference.json, hf_peft.json, bench_ab.json, summary.txt
+#                    reference.json, hf_peft.json, bench_ab.json, summary.txt, and with --scale
+#                    scale.json (then pass --no-hf: at most 8 files come back from the device tool)
 #   --only-build     unpack, configure and build; no tests, no benchmarks
 #   --only-prefix    unpack .gpu/debs and write .gpu/env.sh (environment + CMake arguments), no build
 #   --no-tests       skip ctest
 #   --no-bench       skip all three benchmarks
 #   --no-reference   skip scripts/reference_gpt.py
 #   --no-hf          skip scripts/hf_peft_bench.py
+#   --scale SHAPE    also the scale benchmark (scripts/scale_bench.py) on a synthetic Hugging Face model
+#                    of that shape (e.g. tinyllama-1.1b) on the GPU, after the tests: peak GPU memory and
+#                    host RSS of a LoRA job from the model directory, load and step time, resume; into
+#                    scale.json (its logs under \$TMPDIR). Default: none
 #   --ab KEY=VALUE   the setting of the second lora_trainer benchmark, side by side with the first in
-#                    the summary (default runtime/loss=fused: this project's CUDA loss kernels against
-#                    LibTorch's); --ab none skips it
+#                    the summary (default runtime/loss=libtorch: LibTorch's loss against this project's
+#                    CUDA loss kernels, the default since they were timed); --ab none skips it
 #   --steps N        timed steps per phase in every benchmark (default 10; warm-up 3, --warmup N)
 #   --config FILE    benchmark config (default configs/bench_gpt2_124m.json)
 #   --budget S       wall-clock budget of the whole script in seconds (default 530); each stage gets
@@ -32,7 +37,7 @@
 #   `python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'`), PYTHON (the interpreter with
 #   torch; default: python3, else /opt/torch/.venv/bin/python3), BUILD_DIR (default build-gpu),
 #   TORCH_CUDA_ARCH_LIST (default 9.0), CTEST_JOBS (default 8), TEST_TIMEOUT (per test, default 200 s),
-#   GPU_CHECK_DEVICE (the Python benchmarks' device, default cuda; cpu for a dry run of the whole script
+#   REFERENCE_ARGS (more options of scripts/reference_gpt.py, e.g. --pad-vocab), GPU_CHECK_DEVICE (the Python benchmarks' device, default cuda; cpu for a dry run of the whole script
 #   on a machine without a GPU, e.g. with --config configs/demo.json).
 # Each stage runs even if an earlier one failed (where it can: no benchmark without a build) and
 # its outcome is listed at the end; the exit status is 0 only if every stage that ran passed.
@@ -42,7 +47,7 @@ CALLER_PWD="$PWD"
 cd "$ROOT" || exit 1
 
 OUTDIR=""
-RUN_TESTS=1 RUN_BENCH=1 RUN_REF=1 RUN_HF=1 CLEAN=0 ONLY_PREFIX=0 AB="runtime/loss=fused"
+RUN_TESTS=1 RUN_BENCH=1 RUN_REF=1 RUN_HF=1 CLEAN=0 ONLY_PREFIX=0 AB="runtime/loss=libtorch" SCALE=none
 STEPS=10 WARMUP=3 BUDGET=530 JOBS="$(nproc)"
 CONFIG="configs/bench_gpt2_124m.json"
 while (($#)); do
@@ -54,6 +59,7 @@ while (($#)); do
     --no-reference) RUN_REF=0 ;;
     --no-hf) RUN_HF=0 ;;
     --ab) AB="$2"; shift ;;
+    --scale) SCALE="$2"; shift ;;
     --steps) STEPS="$2"; shift ;;
     --warmup) WARMUP="$2"; shift ;;
     --config) CONFIG="$2"; shift ;;
@@ -66,6 +72,7 @@ while (($#)); do
   esac
   shift
 done
+SCALE_RESERVE=0; [[ "$SCALE" != none ]] && SCALE_RESERVE=90
 OUTDIR="${OUTDIR:-${OUT:-$ROOT/gpu-out}}"
 [[ "$OUTDIR" = /* ]] || OUTDIR="$CALLER_PWD/$OUTDIR"
 [[ "$CONFIG" = /* || -f "$ROOT/$CONFIG" || ! -f "$CALLER_PWD/$CONFIG" ]] || CONFIG="$CALLER_PWD/$CONFIG"
@@ -79,7 +86,7 @@ ARCH_DIR=x86_64-linux-gnu
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 
 # Everything printed goes to OUT_DIR/run.log too. An earlier run's files go first (no stale figures).
-rm -f "$OUTDIR"/{build.log,ctest.log,bench.json,reference.json,hf_peft.json,bench_ab.json,summary.txt}
+rm -f "$OUTDIR"/{build.log,ctest.log,bench.json,reference.json,hf_peft.json,bench_ab.json,summary.txt,scale.json}
 : > "$OUTDIR/run.log"
 exec > >(tee -a "$OUTDIR/run.log") 2>&1
 
@@ -306,7 +313,7 @@ cat "$OUTDIR/build.log"
 cfg_rc=${STATUS[configure]:-}
 if [[ "$cfg_rc" == ok ]]; then
   # The compiler's output goes to build.log only; its errors and warnings are shown after.
-  run_stage build 420 "$(( (RUN_TESTS ? 60 : 0) + (RUN_BENCH ? 150 : 0) ))" cmake --build "$BUILD" -j "$JOBS" \
+  run_stage build 420 "$(( (RUN_TESTS ? 60 : 0) + (RUN_BENCH ? 150 : 0) + SCALE_RESERVE ))" cmake --build "$BUILD" -j "$JOBS" \
     >> "$OUTDIR/build.log" 2>&1
   record build "${STATUS[build]:-FAILED (no result)}"  # run_stage printed into build.log
   grep -E '(error|FAILED|undefined reference|warning:)' "$OUTDIR/build.log" | head -60
@@ -329,7 +336,7 @@ fi
 # ---------------------------------------------------------------------------------------------
 if ((RUN_TESTS)); then
   if ((BUILD_OK)); then
-    { cd "$BUILD" && run_stage ctest 240 "$((RUN_BENCH ? 150 : 0))" \
+    { cd "$BUILD" && run_stage ctest 240 "$(( (RUN_BENCH ? 150 : 0) + SCALE_RESERVE ))" \
         ctest --output-on-failure -j "${CTEST_JOBS:-8}" --timeout "${TEST_TIMEOUT:-200}"; cd "$ROOT" || exit 1; } > "$OUTDIR/ctest.log" 2>&1
     record ctest "${STATUS[ctest]:-FAILED (no result)}"  # run_stage printed into ctest.log
     grep -E 'tests passed|tests failed|^[[:space:]]+[0-9]+ - |Total Test time' "$OUTDIR/ctest.log" | tail -40
@@ -339,6 +346,16 @@ if ((RUN_TESTS)); then
 fi
 
 # ---------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------
+if [[ "$SCALE" != none ]]; then
+  if ((BUILD_OK)); then
+    run_stage scale 150 "$((RUN_BENCH ? 150 : 0))" "$PY" scripts/scale_bench.py --shape "$SCALE" --binary "$BUILD/lora_trainer" \
+      --work "${TMPDIR:-/tmp}/lt-gpu-check-scale" --out "$OUTDIR/scale.json" --skip import,copies,export -- "runtime/device=$DEVICE"
+  else
+    record scale "skipped (no build)"
+  fi
+fi
+
 AB_RESERVE=60; [[ "$AB" == none ]] && AB_RESERVE=0
 if ((RUN_BENCH)); then
   if ((BUILD_OK)); then
@@ -352,7 +369,7 @@ if ((RUN_BENCH)); then
     if [[ -f "$OUTDIR/bench.json" && -f "$WEIGHTS" ]]; then
       run_stage reference 120 "$((RUN_HF ? 75 : 0))" \
         "$PY" scripts/reference_gpt.py "$OUTDIR/bench.json" --device "$DEVICE" --out "$OUTDIR/reference.json" \
-        --steps "$STEPS" --warmup "$WARMUP"
+        --steps "$STEPS" --warmup "$WARMUP" ${REFERENCE_ARGS:-}
     else
       record reference "skipped (no bench.json and weights from lora_trainer bench)"
     fi
@@ -457,6 +474,18 @@ if ours and ours.get("matmul_peak_gflops"):
     own = ", ".join(f"{p['phase']} {100 * p['mfu']:.1f}%" for p in ours.get("phases", []) if isinstance(p.get("mfu"), (int, float)))
     print(f"(lora_trainer's own figures: matmul peak {ours['matmul_peak_gflops'] / 1000:.3g} TFLOP/s measured on "
           f"{ours.get('device', 'its device')}, MFU {own}; the MFU columns above divide by the peak measured in Python)")
+PY
+  fi
+  if [[ -f "$OUTDIR/scale.json" ]]; then
+    echo
+    "$PY" - "$OUTDIR/scale.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+base, L, R = r["base_bf16_bytes"], r.get("lora", {}), r.get("resume", {})
+gb = lambda b: f"{b / 1e9:.2f} GB ({b / base:.2f}x)" if b else "n/a"
+print(f"scale ({r['shape']}, base {base / 1e9:.2f} GB bf16): LoRA job peak GPU memory {gb(L.get('gpu_peak_bytes'))}, "
+      f"host peak RSS {gb(L.get('peak_rss'))}, load {L.get('load_s')} s, steps {L.get('step_s')} s, "
+      f"LoRA checkpoint {L.get('checkpoint_bytes', 0) / 1e6:.1f} MB; resume {R.get('seconds', 0):.1f} s, host peak RSS {gb(R.get('peak_rss'))}")
 PY
   fi
 } > "$OUTDIR/summary.txt" 2>&1

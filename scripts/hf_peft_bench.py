@@ -247,6 +247,8 @@ def main():
         if args.lora_base_bf16:
             model.to(torch.bfloat16)
         targets = list(dict.fromkeys(lcfg.get("target_modules") or DEFAULTS["optimization"]["lora"]["target_modules"]))
+        if targets == ["all-linear"]:  # our default, PEFT's string form (a list would name a module "all-linear")
+            targets = "all-linear"
         lora_kwargs = dict(r=lcfg["rank"], lora_alpha=lcfg["alpha"], target_modules=targets, lora_dropout=0.0,
                            fan_in_fan_out=True, bias="none")
         try:

@@ -234,8 +234,11 @@ def main():
     model.p = params
     model.scale = alpha / r
     adapters = []
+    targets = lcfg["target_modules"]
     for k, w in params.items():
-        if w.dim() == 2 and any(t in k for t in lcfg["target_modules"]):
+        # "all-linear" (the default): every block's matrix, as PEFT takes it (not the embeddings, not the head)
+        linear = w.dim() == 2 and k.startswith("h.")
+        if linear and (targets == ["all-linear"] or any(t in k for t in targets)):
             A = (torch.randn(w.shape[1], r, device=device) / r).requires_grad_(True)
             B = torch.zeros(r, w.shape[0], device=device, requires_grad=True)
             model.lora[k] = (A, B)

@@ -12,11 +12,15 @@ process, wall time from here):
             --batch rows x --block tokens: peak RSS, load time, step time, LoRA checkpoint size
   resume    `restore` from that job's first checkpoint (reads the base it refers to and checks its
             digest) to the end: peak RSS, time
+  export    `export --format hf` of the job's final checkpoint (adapters merged into the bf16 base, written
+            in bf16): peak RSS, time, size
   copies    the same job with logging/save_frozen_base=true: its checkpoint size (today's form before
             the base was referred to)
 and prints them beside the base's bf16 bytes, and writes them as JSON to --out. On a CUDA build with a
-GPU, pass runtime/device=cuda after `--` to run the jobs there (peak device memory is then in the log's
-`cuda` lines). Record the figures in docs/performance.md with the CPU model (lscpu).
+GPU, pass runtime/device=cuda after `--` to run the jobs there: the LoRA job's peak GPU memory (its step
+lines' gpu_peak_gb) is then reported too. --skip import,copies,export leaves those stages out (a GPU run
+needs none of them: they run on the CPU, and the copies' size does not depend on the device). Record the
+figures in docs/performance.md with the CPU model (lscpu).
 """
 import argparse
 import json
@@ -62,6 +66,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--block", type=int, default=128)
+    ap.add_argument("--skip", default="", help="stages to leave out, comma-separated: import, copies, export")
     ap.add_argument("overrides", nargs="*", help="key=value settings for the jobs (after --)")
     a = ap.parse_args()
     B = a.binary
@@ -102,47 +107,68 @@ def main():
                 pass
     r["read_s"] = time.time() - t0
 
-    imported = os.path.join(a.work, "imported")
-    shutil.rmtree(imported, ignore_errors=True)
-    s, rss, rc = measure([B, "import-hf", model, imported], os.path.join(logs, "import.log"))
-    r["import"] = {"seconds": s, "peak_rss": rss, "checkpoint_bytes": dir_bytes(imported), "exit": rc}
+    skip = set(x for x in a.skip.split(",") if x)
+    stages = {"import", "copies", "export"}
+    if skip - stages:
+        sys.exit(f"scale_bench.py: --skip takes {', '.join(sorted(stages))}, not {', '.join(sorted(skip - stages))}")
+    if "import" not in skip:
+        imported = os.path.join(a.work, "imported")
+        shutil.rmtree(imported, ignore_errors=True)
+        s, rss, rc = measure([B, "import-hf", model, imported], os.path.join(logs, "import.log"))
+        r["import"] = {"seconds": s, "peak_rss": rss, "checkpoint_bytes": dir_bytes(imported), "exit": rc}
 
     s, rss, rc = measure([B, "run", "lora", cfg, out, "--restore", model] + job, os.path.join(logs, "lora.log"))
     jobdir = os.path.join(out, "checkpoints", "general", "default", "lora")
     loaded = grep(os.path.join(logs, "lora.log"), "loaded ")
     steps = [json.loads(l) for l in open(os.path.join(out, "runs", "general", "default", "lora", "metrics.jsonl"))]
     step_s = [a.batch * a.block / e["tok_per_s"] for e in steps if e.get("event") == "train" and e.get("tok_per_s")]
+    gpu = [e["gpu_peak_gb"] for e in steps if e.get("event") == "train" and "gpu_peak_gb" in e]
     r["lora"] = {"seconds": s, "peak_rss": rss, "exit": rc, "load_line": loaded[0] if loaded else "",
                  "load_s": float(loaded[0].split(" in ")[1].split(" s")[0]) if loaded else None,
-                 "step_s": step_s, "checkpoint_bytes": dir_bytes(os.path.join(jobdir, "final", str(tokens)))}
+                 "step_s": step_s, "gpu_peak_bytes": max(gpu) * 1e9 if gpu else None, "checkpoint_bytes": dir_bytes(os.path.join(jobdir, "final", str(tokens)))}
 
     first = f"ntoks/{a.batch * a.block}"
     s, rss, rc = measure([B, "restore", "resumed", os.path.join(jobdir, first), out], os.path.join(logs, "resume.log"))
     r["resume"] = {"seconds": s, "peak_rss": rss, "exit": rc,
                    "base_line": (grep(os.path.join(logs, "resume.log"), "frozen base of") or [""])[0]}
 
-    s, rss, rc = measure([B, "run", "copies", cfg, out, "--restore", model, "logging/save_frozen_base=true"] + job,
-                         os.path.join(logs, "copies.log"))
-    r["copies"] = {"seconds": s, "peak_rss": rss, "exit": rc, "checkpoint_bytes": dir_bytes(
-        os.path.join(out, "checkpoints", "general", "default", "copies", "final", str(tokens)))}
+    if "export" not in skip:
+        hf = os.path.join(a.work, "exported_hf")
+        shutil.rmtree(hf, ignore_errors=True)
+        s, rss, rc = measure([B, "export", "--format", "hf", os.path.join(jobdir, "final", str(tokens)), hf],
+                             os.path.join(logs, "export.log"))
+        r["export"] = {"seconds": s, "peak_rss": rss, "exit": rc, "bytes": dir_bytes(hf),
+                       "line": (grep(os.path.join(logs, "export.log"), "exported ") or [""])[0]}
+
+    if "copies" not in skip:
+        s, rss, rc = measure([B, "run", "copies", cfg, out, "--restore", model, "logging/save_frozen_base=true"] + job,
+                             os.path.join(logs, "copies.log"))
+        r["copies"] = {"seconds": s, "peak_rss": rss, "exit": rc, "checkpoint_bytes": dir_bytes(
+            os.path.join(out, "checkpoints", "general", "default", "copies", "final", str(tokens)))}
 
     gb = lambda b: f"{b / 1e9:.2f} GB"
     x = lambda b: f"{b / base:.2f}x"
     print(f"scale benchmark: {a.shape}, base {gb(base)} of bf16 ({len(weights)} file(s)); {r['cpu']}")
     print(f"  reading the files once      {r['read_s']:.1f} s")
-    print(f"  import-hf                   {r['import']['seconds']:.1f} s, peak RSS {gb(r['import']['peak_rss'])} "
-          f"({x(r['import']['peak_rss'])}), checkpoint {gb(r['import']['checkpoint_bytes'])}")
+    if "import" in r:
+        print(f"  import-hf                   {r['import']['seconds']:.1f} s, peak RSS {gb(r['import']['peak_rss'])} "
+              f"({x(r['import']['peak_rss'])}), checkpoint {gb(r['import']['checkpoint_bytes'])}")
     L = r["lora"]
     print(f"  LoRA job from the directory {L['seconds']:.1f} s, peak RSS {gb(L['peak_rss'])} ({x(L['peak_rss'])}), load "
           f"{L['load_s']} s, steps {', '.join(f'{t:.1f}' for t in L['step_s'])} s ({a.batch} x {a.block} tokens), "
-          f"LoRA checkpoint {L['checkpoint_bytes'] / 1e6:.1f} MB ({100 * L['checkpoint_bytes'] / base:.1f}% of the base)")
+          f"LoRA checkpoint {L['checkpoint_bytes'] / 1e6:.1f} MB ({100 * L['checkpoint_bytes'] / base:.1f}% of the base)"
+          + (f", peak GPU memory {gb(L['gpu_peak_bytes'])} ({x(L['gpu_peak_bytes'])})" if L["gpu_peak_bytes"] else ""))
     print(f"  resume from ntoks/{a.batch * a.block}  {r['resume']['seconds']:.1f} s, peak RSS {gb(r['resume']['peak_rss'])} "
           f"({x(r['resume']['peak_rss'])})")
-    print(f"  save_frozen_base=true       checkpoint {gb(r['copies']['checkpoint_bytes'])}")
+    if "export" in r:
+        print(f"  export --format hf          {r['export']['seconds']:.1f} s, peak RSS {gb(r['export']['peak_rss'])} "
+              f"({x(r['export']['peak_rss'])}), {gb(r['export']['bytes'])} written")
+    if "copies" in r:
+        print(f"  save_frozen_base=true       checkpoint {gb(r['copies']['checkpoint_bytes'])}")
     with open(a.out, "w") as f:
         json.dump(r, f, indent=2)
     print(f"wrote {a.out}")
-    if any(r[k]["exit"] != 0 for k in ("import", "lora", "resume", "copies")):
+    if any(r[k]["exit"] != 0 for k in ("import", "lora", "resume", "export", "copies") if k in r):
         sys.exit(f"scale_bench.py: a command failed; see {logs}")
 
 

@@ -19,9 +19,6 @@
 #include "lora_trainer/core/torch_compat.hpp"
 #include "lora_trainer/core/util.hpp"
 
-#ifdef LT_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
 
 namespace fs = std::filesystem;
 
@@ -47,20 +44,6 @@ static double peak_rss_mb() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return ru.ru_maxrss / 1024.0;
-}
-
-// The most GPU memory the caching allocator handed out since the last reset (0 on the CPU).
-static double gpu_peak_mb(const Runtime& rt, bool reset) {
-#ifdef LT_WITH_CUDA
-  if (!rt.device.is_cuda()) return 0.0;
-  namespace alloc = c10::cuda::CUDACachingAllocator;
-  const auto index = rt.device.index() < 0 ? c10::DeviceIndex(0) : rt.device.index();
-  const double mb = static_cast<double>(alloc::getDeviceStats(index).allocated_bytes[0].peak) / 1048576.0;
-  if (reset) alloc::resetPeakStats(index);
-  return mb;
-#else
-  return 0.0;
-#endif
 }
 
 struct CpuAllocatorPeak::Listener : c10::MemoryReportingInfoBase {
@@ -193,7 +176,7 @@ nlohmann::json time_phase(const BenchOptions& o, Trainer& t, bool lora, double p
   for (auto& [n, p] : named_params(*t.model()))
     if (p.dim() == 2 && !t.model()->is_lookup(n)) n_matmul += p.numel();
   const double attn = 12.0 * m.n_layer * m.d_model * m.block_size;  // fwd + bwd, per token
-  gpu_peak_mb(rt, /*reset=*/true);
+  rt.reset_device_peak();
   PhaseTimes times;
   double first_loss = 0;
   std::unique_ptr<CpuAllocatorPeak> cpu_peak;  // over the timed steps: the transition is in the warmup
@@ -236,7 +219,7 @@ nlohmann::json time_phase(const BenchOptions& o, Trainer& t, bool lora, double p
           {"peak_rss_mb", peak_rss_mb()},
           // null with --profile, whose profiler takes the allocator's reporting hook
           {"cpu_step_peak_mb", o.profile.empty() ? nlohmann::json(step_peak_mb) : nlohmann::json()},
-          {"gpu_peak_mb", gpu_peak_mb(rt, /*reset=*/false)},
+          {"gpu_peak_mb", static_cast<double>(rt.device_peak_bytes()) / 1048576.0},
           {"rss_mb", current_rss_mb()},
           {"state_bytes",
            {{"weights", bytes_of(base_params(*t.model()))},

@@ -14,6 +14,7 @@
 
 #ifdef LT_WITH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
 namespace lt {
@@ -43,7 +44,7 @@ static const OptionGroup<RuntimeOptions>& runtime_options() {
           .add("runtime/loss", OptType::String, "auto",
                "the loss's kernels for bf16 logits: fused (this project's: reads the bf16 logits once, writes the bf16 "
                "gradient, no f32 copy; on the CPU, and on CUDA in a build with the CUDA kernels), libtorch (log_softmax + "
-               "nll_loss over an f32 copy of the logits), or auto (fused on the CPU, libtorch on CUDA). f32 logits always "
+               "nll_loss over an f32 copy of the logits), or auto (fused where it can run: on the CPU, and on CUDA in a build with the kernels; else libtorch). f32 logits always "
                "take libtorch's",
                enum_option("runtime/loss", losses, &O::loss), check_one_of(losses))
           .add("runtime/threads", OptType::Int, 0,
@@ -126,6 +127,23 @@ torch::Tensor Runtime::to_device(const torch::Tensor& host) const {
 
 void Runtime::synchronize() const {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+int64_t Runtime::device_peak_bytes() const {
+#ifdef LT_WITH_CUDA
+  if (!device.is_cuda()) return 0;
+  const auto index = device.index() < 0 ? c10::DeviceIndex(0) : device.index();
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(index).allocated_bytes[0].peak;
+#else
+  return 0;
+#endif
+}
+
+void Runtime::reset_device_peak() const {
+#ifdef LT_WITH_CUDA
+  if (!device.is_cuda()) return;
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? c10::DeviceIndex(0) : device.index());
+#endif
 }
 
 AutocastGuard::AutocastGuard(const Runtime& rt) : active_(rt.bf16_autocast), cuda_(rt.device.is_cuda()) {

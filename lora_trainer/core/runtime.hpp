@@ -36,6 +36,10 @@ struct Runtime {
   torch::Tensor to_device(const torch::Tensor& host) const;
   // Waits for the device's queued work (a no-op on the CPU); timings need it on CUDA.
   void synchronize() const;
+  // The most device memory LibTorch's caching allocator has handed out since the process began or
+  // the last reset_device_peak (0 on the CPU): the tensors' bytes, not the allocator's reserve.
+  int64_t device_peak_bytes() const;
+  void reset_device_peak() const;
 };
 
 void add_runtime_options(ConfigSchema& s);

@@ -9,6 +9,7 @@
 #include "lora_trainer/models/gpt2.hpp"
 #include "lora_trainer/models/llama.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/kernels/cross_entropy.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace lt {
@@ -151,7 +152,9 @@ bool ModelOptions::fused_attention_on(const torch::Device& device) const {
 }
 
 bool ModelOptions::fused_loss_on(const torch::Device& device) const {
-  if (loss == Loss::Auto) return !device.is_cuda();
+  // auto: fused on the CPU, and on CUDA where the build has the kernels (1.20x the step of GPT-2 124M
+  // on an H200, 6 GB less GPU memory: docs/performance.md); LibTorch's loss on CUDA without them.
+  if (loss == Loss::Auto) return !device.is_cuda() || cuda_loss_kernels_built();
   return loss == Loss::Fused;
 }
 

@@ -517,6 +517,7 @@ bool Trainer::train_until(int64_t end_step) {
     if (step_line_due()) {
       json figures = json::object();  // the parts' (DPO's margin and accuracy) besides the loss
       for (const auto& part : parts_) part->add_window_metrics(figures);
+      if (rt_.device.is_cuda()) figures["gpu_peak_gb"] = static_cast<double>(rt_.device_peak_bytes()) / 1e9;  // since the start
       metrics_.log_train({r.step, total_steps_, tokens_, trained_stage(), r.lr, r.grad_norm, figures}, window,
                          tokens_per_step());
     }
