@@ -105,20 +105,20 @@ void Trainer::settle_random_weights() {
 
 void Trainer::settle_weights_for_load() {
   if (!weights_pending_) return;
-  for (auto& [name, p] : base_params(*model_))
-    p.set_data(torch::empty(p.sizes(), p.options().device(rt_.device).dtype(frozen_from_start(name) ? torch::kBFloat16
-                                                                                                   : torch::kFloat32)));
+  const NamedTensors params = base_params(*model_);
+  for (size_t i = 0; i < params.size(); ++i) {
+    torch::Tensor p = params[i].second;
+    p.set_data(torch::empty(p.sizes(), p.options().device(rt_.device).dtype(frozen_from_start(i, params[i].first)
+                                                                                ? torch::kBFloat16 : torch::kFloat32)));
+  }
   model_->to(rt_.device);  // the buffers
   weights_pending_ = false;
 }
 
-bool Trainer::frozen_from_start(const std::string& name) const {
+bool Trainer::frozen_from_start(size_t i, const std::string& name) const {
   if (!lora_ || boundary_step_ > 0) return false;
   if (name == lora_->selection.token_embedding) return false;  // its rows train: they start from its f32 values
-  const NamedTensors params = base_params(*model_);
-  for (size_t i = 0; i < params.size(); ++i)
-    if (params[i].first == name) return !lora_->selection.saved[i];
-  return false;
+  return i < lora_->selection.saved.size() && !lora_->selection.saved[i];
 }
 
 void Trainer::build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale) {

@@ -217,9 +217,9 @@ class Trainer : public RestorableJob {
 
 
  private:
-  // Whether a parameter of the base lives in bf16 from the start: in a job that starts in its LoRA
-  // phase, every one that phase freezes.
-  bool frozen_from_start(const std::string& name) const;
+  // Whether the i-th parameter of the base (base_params' order) lives in bf16 from the start: in a job
+  // that starts in its LoRA phase, every one that phase freezes.
+  bool frozen_from_start(size_t i, const std::string& name) const;
   // A job that starts in its LoRA phase allocates its model's parameters without initialising them or
   // putting them on the device (weights_pending_): the base it loads replaces them (load_weights_from),
   // so no random draw is made and no float32 copy is placed. These settle them when no base came: with

@@ -182,12 +182,15 @@ void Trainer::load_weights_from(const BaseWeights& src) {
   torch::NoGradGuard ng;
   const double t0 = now_seconds();
   int64_t frozen = 0;
-  for (auto& [name, p] : base_params(*model_)) {
+  const NamedTensors params = base_params(*model_);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string& name = params[i].first;
+    torch::Tensor p = params[i].second;
     // Read in the source's dtype, cast once (no copy when it is already the one it lives in), placed.
     // A frozen weight stored in bf16 stays bf16; one stored wider is float32 until the transition
     // rounds it (so that `eval` of a float32 model measures it as it is).
     const torch::Tensor t = src.read(name);
-    const bool bf16 = frozen_from_start(name) && t.scalar_type() == torch::kBFloat16;
+    const bool bf16 = frozen_from_start(i, name) && t.scalar_type() == torch::kBFloat16;
     frozen += bf16 ? 1 : 0;
     p.set_data(t.to(rt_.device, bf16 ? torch::kBFloat16 : torch::kFloat32));
   }
