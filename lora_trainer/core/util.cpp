@@ -46,7 +46,18 @@ static std::vector<std::string> sorted_entries(const std::string& dir) {
   return names;
 }
 
+std::string first_problems(const std::vector<std::string>& problems, size_t shown) {
+  std::string text;
+  for (size_t i = 0; i < problems.size() && i < shown; ++i) text += (i ? "; " : "") + problems[i];
+  if (problems.size() > shown) text += "; ...";
+  return text;
+}
+
 void write_file_atomic(const std::string& path, const std::string& contents) {
+  write_file_atomic(path, {{contents.data(), contents.size()}});
+}
+
+void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces) {
   fs::path target(path);
   if (target.has_parent_path()) fs::create_directories(target.parent_path());
   recover_interrupted_writes(path);
@@ -55,7 +66,7 @@ void write_file_atomic(const std::string& path, const std::string& contents) {
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw UserError("could not create " + tmp + ": " + std::strerror(errno));
   try {
-    write_all(fd, tmp, contents.data(), contents.size());
+    for (const auto& [data, size] : pieces) write_all(fd, tmp, static_cast<const char*>(data), size);
     if (::fsync(fd) != 0) throw UserError("could not fsync " + tmp + ": " + std::strerror(errno));
   } catch (...) {
     ::close(fd);

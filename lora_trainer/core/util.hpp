@@ -25,6 +25,12 @@ class UserError : public std::runtime_error {
 // Writes `contents` to `path` through a temporary file in the same directory, fsyncs and renames, so
 // `path` is either the old file or the complete new one.
 void write_file_atomic(const std::string& path, const std::string& contents);
+// The first `shown` of a list of problems for an error message, "a; b; c", with "; ..." when there are
+// more (the message says how many).
+std::string first_problems(const std::vector<std::string>& problems, size_t shown = 12);
+
+// The same from pieces written one after another (no joined copy of them in memory: a model's tensors).
+void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces);
 
 // Writes a directory atomically: `fill` writes its files into a hidden sibling `.NAME.tmp-TAG`, which
 // then takes the place of `dir` in one step (renameat2's exchange where the file system has it), so

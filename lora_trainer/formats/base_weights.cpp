@@ -104,8 +104,7 @@ class CheckpointWeights : public BaseWeights {
     if (!problems.empty()) {
       std::string msg = "checkpoint " + ck.dir + " does not hold this job's model (" + std::to_string(problems.size()) +
                         " problems): ";
-      for (size_t i = 0; i < problems.size() && i < 12; ++i) msg += (i ? "; " : "") + problems[i];
-      if (problems.size() > 12) msg += "; ...";
+      msg += first_problems(problems);
       throw UserError(msg + ". Is it the right checkpoint for this model size (architecture/*)?");
     }
     dtype_ = common_dtype(dtypes);

@@ -130,6 +130,11 @@ int remove_interrupted_saves(const std::string& job_dir) {
 
 void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata,
                      const std::vector<std::string>& ours) {
+  save_checkpoint(dir, TensorStream::of(tensors), metadata, ours);
+}
+
+void save_checkpoint(const std::string& dir, const TensorStream& tensors, const nlohmann::json& metadata,
+                     const std::vector<std::string>& ours) {
   publish_dir(dir, [&](const fs::path& tmp) {
     const std::string state = (tmp / "state.h5").string();
     const DataRanges ranges = write_state_h5(state, tensors);
@@ -417,8 +422,7 @@ void load_checkpoint_into(const CheckpointMeta& ck, const NamedTensors& into,
   if (!problems.empty()) {
     std::string msg = "checkpoint " + dir + " does not match this job's state (" +
                       std::to_string(problems.size()) + " problems): ";
-    for (size_t i = 0; i < problems.size() && i < 12; ++i) msg += (i ? "; " : "") + problems[i];
-    if (problems.size() > 12) msg += "; ...";
+    msg += first_problems(problems);
     msg += ". Is it the right checkpoint for this model size (architecture/*) and phase?";
     throw UserError(msg);
   }

@@ -58,6 +58,9 @@ ParamTensors param_tensors(const NamedTensors& tensors);
 // in it are kept, but for the names in `ours`: publish_dir).
 void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata,
                      const std::vector<std::string>& ours = {});
+// The same from tensors made one at a time (TensorStream: one of them in memory at once).
+void save_checkpoint(const std::string& dir, const TensorStream& tensors, const nlohmann::json& metadata,
+                     const std::vector<std::string>& ours = {});
 
 // True when `dir` holds a complete checkpoint.
 bool is_checkpoint(const std::string& dir);

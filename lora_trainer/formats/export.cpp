@@ -4,11 +4,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <tuple>
 
 #include "lora_trainer/formats/adapter_source.hpp"
 #include "lora_trainer/core/config.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/formats/frozen_base.hpp"
+#include "lora_trainer/formats/safetensors.hpp"
 #include "lora_trainer/models/model.hpp"
 #include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/core/util.hpp"
@@ -20,9 +22,9 @@ namespace lt {
 using json = nlohmann::json;
 
 const std::vector<std::string>& export_file_names() {
-  static const std::vector<std::string> names = {"metadata.json",      "state.h5",          "model.safetensors",
-                                                 "config.json",        "adapter_config.json", "adapter_model.safetensors",
-                                                 kExportMarker};
+  static const std::vector<std::string> names = {"metadata.json",       "state.h5",          "model.safetensors",
+                                                 "model.safetensors.index.json", "config.json", "adapter_config.json",
+                                                 "adapter_model.safetensors", kExportMarker};
   return names;
 }
 
@@ -66,7 +68,10 @@ std::vector<std::string> check_export_target(const std::string& source, const st
   if (!earlier.empty()) {
     std::printf("%s: replacing the earlier %s at %s (of %s); other files there are kept\n", verb.c_str(),
                 earlier_kind.c_str(), out.c_str(), earlier.c_str());
-    return export_file_names();
+    std::vector<std::string> ours = export_file_names();
+    for (const auto& e : fs::directory_iterator(dst))  // an earlier sharded export's shards (model-00001-of-00002...)
+      if (is_hf_shard_name(e.path().filename().string())) ours.push_back(e.path().filename().string());
+    return ours;
   }
   if (force) {
     std::printf("%s: writing into %s (--force): files of the same names are replaced, others kept\n", verb.c_str(), out.c_str());
@@ -86,17 +91,22 @@ ModelOptions checkpoint_model_options(const json& meta, const std::string& check
   return ModelOptions::from_config(cfg);
 }
 
+std::string read_referenced_base(const CheckpointMeta& ck, const std::string& base,
+                                 const std::function<void(const std::string&, const torch::Tensor&)>& take) {
+  const FrozenBaseRef ref = FrozenBaseRef::from_json(ck.raw["frozen_base"], ck.dir);
+  const ModelOptions options = checkpoint_model_options(ck.raw, ck.dir);
+  CausalLM model = make_model(options);  // the parameters' names and shapes (allocated, never touched)
+  return read_frozen_base(ref, ck.dir, base, options.family, base_params(*model), take);
+}
+
 NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema, const std::string& base, bool base_values) {
   const std::string& checkpoint = ck.dir;
   NamedTensors all = read_checkpoint_tensors(ck);
   if (ck.raw.contains("frozen_base")) {
-    const FrozenBaseRef ref = FrozenBaseRef::from_json(ck.raw["frozen_base"], ck.dir);
     if (base_values) {
-      const ModelOptions options = checkpoint_model_options(ck.raw, checkpoint);
-      CausalLM model = make_model(options);  // the parameters' names and shapes (allocated, never touched)
-      read_frozen_base(ref, ck.dir, base, options.family, base_params(*model),
-                       [&](const std::string& n, const torch::Tensor& t) { all.emplace_back(kParamsPrefix + n, t); });
+      read_referenced_base(ck, base, [&](const std::string& n, const torch::Tensor& t) { all.emplace_back(kParamsPrefix + n, t); });
     } else {
+      const FrozenBaseRef ref = FrozenBaseRef::from_json(ck.raw["frozen_base"], ck.dir);
       for (const auto& [n, shape] : ref.tensors) all.emplace_back(kParamsPrefix + n, torch::empty(shape, torch::kBFloat16));
     }
     std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -117,39 +127,54 @@ NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema, const std::s
   return all;
 }
 
-MergedWeights merged_weights(const std::string& checkpoint, bool use_ema, const std::string& base) {
+torch::ScalarType base_dtype(const NamedTensors& base) {
+  std::map<torch::ScalarType, int64_t> elements;
+  for (const auto& [n, t] : base) elements[t.scalar_type()] += t.numel();
+  torch::ScalarType most = torch::kFloat32;
+  int64_t seen = -1;
+  for (const auto& [dtype, count] : elements)
+    if (count > seen) std::tie(most, seen) = std::make_pair(dtype, count);
+  return most;
+}
+
+MergedWeights merged_weights(const std::string& checkpoint, bool use_ema, const std::string& base, torch::ScalarType dtype) {
   MergedWeights m;
   const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
   m.meta = ck.raw;
   ParamTensors stored = param_tensors(export_tensors(ck, use_ema, base));
   const std::map<std::string, torch::Tensor>& lora = stored.adapters;
-  for (auto& [n, t] : stored.base) m.params.emplace_back(n, t.to(torch::kFloat32));
-  if (m.params.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
-  if (lora.empty()) return m;
-  if (!ck.lora) throw UserError(checkpoint + ": adapters without lora metadata (rank, alpha)");
-  const LoraMetadata& l = *ck.lora;
-  for (auto& [n, t] : m.params) {
+  if (stored.base.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
+  if (!lora.empty() && !ck.lora) throw UserError(checkpoint + ": adapters without lora metadata (rank, alpha)");
+  m.dtype = dtype == c10::ScalarType::Undefined ? base_dtype(stored.base) : dtype;
+  const LoraMetadata none;
+  const LoraMetadata& l = ck.lora ? *ck.lora : none;
+  for (const auto& [name, ids] : l.trainable_tokens)
+    if (std::none_of(stored.base.begin(), stored.base.end(), [&](const auto& np) { return np.first == name; }) ||
+        !lora.count(TrainableTokens::values_name(name)))
+      throw UserError(checkpoint + ": its metadata lists trainable token rows of " + name + " but it holds no " + kParamsPrefix +
+                      (lora.count(TrainableTokens::values_name(name)) ? name : TrainableTokens::values_name(name)));
+  for (auto& [n, stored_t] : stored.base) {
+    torch::Tensor t = stored_t.to(torch::kFloat32);
+    stored_t = torch::Tensor();  // the stored copy goes as its merged form comes: one f32 tensor at a time
     auto a = lora.find(LoraParams::a_name(n)), b = lora.find(LoraParams::b_name(n));
-    if (a == lora.end() || b == lora.end()) continue;
-    torch::Tensor magnitude;
-    if (l.dora) {
-      auto mg = lora.find(LoraParams::magnitude_name(n));
-      if (mg == lora.end())
-        throw UserError(checkpoint + ": its metadata says DoRA (lora.dora) but it holds no " + kParamsPrefix +
-                        LoraParams::magnitude_name(n) + "; is the checkpoint complete?");
-      magnitude = mg->second;
+    if (a != lora.end() && b != lora.end()) {
+      torch::Tensor magnitude;
+      if (l.dora) {
+        auto mg = lora.find(LoraParams::magnitude_name(n));
+        if (mg == lora.end())
+          throw UserError(checkpoint + ": its metadata says DoRA (lora.dora) but it holds no " + kParamsPrefix +
+                          LoraParams::magnitude_name(n) + "; is the checkpoint complete?");
+        magnitude = mg->second;
+      }
+      t = merge_lora_params(t, a->second, b->second, l.alpha, l.rank, l.rslora, magnitude);
+      ++m.merged;
     }
-    t = merge_lora_params(t, a->second, b->second, l.alpha, l.rank, l.rslora, magnitude);
-    ++m.merged;
-  }
-  for (const auto& [name, ids] : l.trainable_tokens) {
-    auto v = lora.find(TrainableTokens::values_name(name));
-    auto p = std::find_if(m.params.begin(), m.params.end(), [&](const auto& np) { return np.first == name; });
-    if (v == lora.end() || p == m.params.end())
-      throw UserError(checkpoint + ": its metadata lists trainable token rows of " + name + " but it holds no " +
-                      kParamsPrefix + (p == m.params.end() ? name : TrainableTokens::values_name(name)));
-    p->second = replace_token_rows(p->second, ids, v->second);
-    m.token_rows += static_cast<int64_t>(ids.size());
+    auto rows = l.trainable_tokens.find(n);
+    if (rows != l.trainable_tokens.end()) {
+      t = replace_token_rows(t, rows->second, lora.at(TrainableTokens::values_name(n)));
+      m.token_rows += static_cast<int64_t>(rows->second.size());
+    }
+    m.params.emplace_back(n, t.to(m.dtype));  // rounded once, after the merge
   }
   return m;
 }

@@ -6,6 +6,7 @@
 // not on the trainers.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -15,18 +16,25 @@
 
 namespace lt {
 
-// The parameters of a checkpoint in f32, by name (without "params/"), with its adapters merged in
-// (the scale its metadata records: alpha, rank, rslora; with dora, DoRA's rule and the saved magnitudes);
-// `merged` counts them. Trainable token rows
-// (trainable_token_indices) replace their rows of the embedding (a tied head is that same tensor);
-// `token_rows` counts them. What every export writes.
+// The parameters of a checkpoint, by name (without "params/"), with its adapters merged in (the scale
+// its metadata records: alpha, rank, rslora; with dora, DoRA's rule and the saved magnitudes); `merged`
+// counts them. Trainable token rows (trainable_token_indices) replace their rows of the embedding (a
+// tied head is that same tensor); `token_rows` counts them. What every export writes. Each tensor is
+// merged in f32 and then cast once to `dtype` (the stored base's own dtype when `dtype` is Undefined:
+// base_dtype), one tensor at a time, so no f32 copy of the whole model is made for a bf16 export.
 struct MergedWeights {
   nlohmann::json meta;
   NamedTensors params;
+  torch::ScalarType dtype = torch::kFloat32;
   int merged = 0;
   int64_t token_rows = 0;
 };
-MergedWeights merged_weights(const std::string& checkpoint, bool use_ema = false, const std::string& base = "");
+MergedWeights merged_weights(const std::string& checkpoint, bool use_ema = false, const std::string& base = "",
+                             torch::ScalarType dtype = torch::kFloat32);
+
+// The dtype most of a checkpoint's stored base parameters are in (by element count): bf16 for a
+// LoRA-phase checkpoint (its frozen base) or an import that kept bf16, f32 for phase one's.
+torch::ScalarType base_dtype(const NamedTensors& base);
 
 // A checkpoint's tensors for an export: as saved, or with `use_ema` (export --ema) each trained
 // tensor (params/<n>, the adapters' included) replaced by its moving average (ema/<n>, optimization/ema/decay); a
@@ -36,6 +44,13 @@ MergedWeights merged_weights(const std::string& checkpoint, bool use_ema = false
 // only their shapes (uninitialised tensors: an export that writes the adapters alone).
 struct CheckpointMeta;  // checkpoint.hpp
 NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema, const std::string& base = "", bool base_values = true);
+
+// The frozen base a checkpoint refers to (its metadata's frozen_base): read tensor by tensor through
+// `take` (bf16, on the CPU) from where it records, or from `base` when it moved, its digest checked
+// (read_frozen_base); returns where it was read from. The one reader of a referenced base outside a job
+// (export, inspect --verify).
+std::string read_referenced_base(const CheckpointMeta& ck, const std::string& base,
+                                 const std::function<void(const std::string&, const torch::Tensor&)>& take);
 
 // A checkpoint's model options, from its saved (resolved) config (keys an older checkpoint lacks had
 // their defaults); a UserError when it has none.

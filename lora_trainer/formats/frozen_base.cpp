@@ -112,7 +112,7 @@ std::string locate_frozen_base(const FrozenBaseRef& ref, const std::string& chec
                   "training/frozen_base_path=DIR (run, restore, eval, sample) or `export --base DIR`");
 }
 
-void read_frozen_base(const FrozenBaseRef& ref, const std::string& checkpoint_dir, const std::string& moved_to,
+std::string read_frozen_base(const FrozenBaseRef& ref, const std::string& checkpoint_dir, const std::string& moved_to,
                       ModelFamily family, const NamedTensors& model,
                       const std::function<void(const std::string&, const torch::Tensor&)>& take) {
   const std::string where = locate_frozen_base(ref, checkpoint_dir, moved_to);
@@ -143,6 +143,7 @@ void read_frozen_base(const FrozenBaseRef& ref, const std::string& checkpoint_di
                     "of its bf16 values is " + d.hex() + ", the checkpoint recorded " + ref.digest + " (metadata.json: "
                     "frozen_base.digest). Its adapters only mean something on that base: point at it with "
                     "training/frozen_base_path=DIR (or `export --base DIR`), or restore it where it was (" + ref.path + ")");
+  return where;
 }
 
 }  // namespace lt

@@ -58,8 +58,8 @@ std::string locate_frozen_base(const FrozenBaseRef& ref, const std::string& chec
 // at a time, each through `take` (name, tensor), and checks the digest of all of them against the
 // recorded one. `model` names the whole base's parameters and shapes (the source must hold exactly the
 // model: a modules_to_save parameter is in it too, and skipped). A UserError names the base, what
-// differs, and how to point at a moved one.
-void read_frozen_base(const FrozenBaseRef& ref, const std::string& checkpoint_dir, const std::string& moved_to,
+// differs, and how to point at a moved one. Returns where the base was read from.
+std::string read_frozen_base(const FrozenBaseRef& ref, const std::string& checkpoint_dir, const std::string& moved_to,
                       ModelFamily family, const NamedTensors& model,
                       const std::function<void(const std::string&, const torch::Tensor&)>& take);
 

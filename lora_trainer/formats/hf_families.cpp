@@ -206,7 +206,7 @@ std::vector<std::string> hf_architecture(const json& c, const std::string& path)
 NamedTensors to_hf(ModelFamily family, const NamedTensors& ours) {
   NamedTensors out;
   for (const auto& [name, t] : ours) {
-    auto f = t.detach().to(torch::kCPU).to(torch::kFloat32);
+    auto f = t.detach().to(torch::kCPU);
     out.emplace_back(hf_name(family, name), is_conv1d_weight(family, name) ? f.t().contiguous() : f.contiguous());
   }
   return out;
@@ -217,8 +217,7 @@ namespace {
 [[noreturn]] void throw_problems(const std::string& source, const std::vector<std::string>& problems) {
   std::string msg = source + " does not hold the model its config.json describes (" + std::to_string(problems.size()) +
                     " problems): ";
-  for (size_t i = 0; i < problems.size() && i < 12; ++i) msg += (i ? "; " : "") + problems[i];
-  if (problems.size() > 12) msg += "; ...";
+  msg += first_problems(problems);
   throw UserError(msg + ". Nothing was written");
 }
 
@@ -393,14 +392,14 @@ json llama_config(const ModelOptions& o, json hf) {
 
 }  // namespace
 
-json hf_config_for(const ModelOptions& o, const json& imported) {
+json hf_config_for(const ModelOptions& o, const json& imported, const std::string& dtype) {
   json hf = imported.is_object() ? imported : json::object();
   // An imported config of the other family has nothing to keep.
   const std::string type = hf.value("model_type", std::string());
   const bool same_family = (o.family == ModelFamily::Gpt2) == (type == "gpt2") && (type == "gpt2" || llama_types().count(type));
   if (!same_family) hf = json::object();
   hf = o.family == ModelFamily::Gpt2 ? gpt2_config(o, hf) : llama_config(o, hf);
-  hf["dtype"] = "float32";
+  hf["dtype"] = dtype;
   hf.erase("torch_dtype");
   hf.erase("_name_or_path");
   hf.erase("transformers_version");

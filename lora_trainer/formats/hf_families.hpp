@@ -37,7 +37,7 @@ std::vector<std::string> hf_architecture(const nlohmann::json& hf_config, const 
 // The family a config.json's model_type belongs to (gpt2; llama, qwen2, mistral), or a UserError.
 ModelFamily hf_family(const nlohmann::json& hf_config, const std::string& path);
 
-// Our parameters (our names and layouts) as transformers tensors (f32, CPU, contiguous).
+// Our parameters (our names and layouts) as transformers tensors (their dtype, CPU, contiguous).
 NamedTensors to_hf(ModelFamily family, const NamedTensors& ours);
 
 // Where each of our parameters lies among a transformers model's tensors, found from their names, dtypes
@@ -74,9 +74,10 @@ std::string peft_module_path(ModelFamily family, const std::string& our_weight_n
 // Whether PEFT sees the layer as a Conv1D (fan_in_fan_out: gpt2's projections).
 bool hf_fan_in_fan_out(ModelFamily family);
 
-// The config.json that export --format hf writes for a model of `o`; `imported` is the config.json of
-// the model it was imported from (null if none): its other settings (token ids, ...) are kept.
-nlohmann::json hf_config_for(const ModelOptions& o, const nlohmann::json& imported);
+// The config.json that export --format hf writes for a model of `o` with weights in `dtype`
+// ("float32", "bfloat16", "float16"); `imported` is the config.json of the model it was imported from
+// (null if none): its other settings (token ids, ...) are kept.
+nlohmann::json hf_config_for(const ModelOptions& o, const nlohmann::json& imported, const std::string& dtype = "float32");
 
 // The transformers class of an exported config (for messages).
 std::string hf_class_name(const nlohmann::json& hf_config);

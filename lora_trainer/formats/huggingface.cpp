@@ -72,13 +72,17 @@ std::vector<std::string> import_checked(const std::string& hf_dir, const std::st
     for (auto& [n, t] : named_params(*model)) expected.emplace_back(n, torch::empty(t.sizes()));
   }
   const auto src = BaseWeights::open_hf(hf_dir, family, expected);
-  NamedTensors stored;
-  for (const auto& [n, t] : expected) {
-    torch::Tensor v = src->read(n);
-    if (dtype != "source") v = v.to(dtype == "float32" ? torch::kFloat32 : torch::kBFloat16);
-    stored.emplace_back(kParamsPrefix + n, v);
-  }
+  // Tensor by tensor from the mapped files into state.h5: the import holds one tensor, not the model.
   const std::string written = dtype != "source" ? dtype : src->dtype();
+  TensorStream stored;
+  for (const auto& [n, t] : expected) {
+    stored.names.push_back(kParamsPrefix + n);
+    stored.bytes += static_cast<uint64_t>(t.numel()) * (written == "float32" ? 4 : 2);
+  }
+  stored.get = [&](size_t i) {
+    torch::Tensor v = src->read(expected[i].first);
+    return dtype == "source" ? v : v.to(dtype == "float32" ? torch::kFloat32 : torch::kBFloat16);
+  };
   const json base_model = src->base_model();
   json meta = {{"kind", state_kind_name(StateKind::Plain)},
                {"weights_only", true},
@@ -96,7 +100,7 @@ std::vector<std::string> import_checked(const std::string& hf_dir, const std::st
               "%s)\n",
               hf_dir.c_str(), kind.c_str(), (long long)o.n_layer, (long long)o.d_model, (long long)o.n_head,
               (long long)o.vocab_size, (long long)o.block_size, cfg.get_string("architecture/activation").c_str(), out.c_str(),
-              stored.size(), written.c_str());
+              stored.names.size(), written.c_str());
   std::printf("a job that loads it (`run ... --restore %s`) needs this architecture:\n ", out.c_str());
   for (const auto& a : arch) std::printf(" %s", a.c_str());
   std::printf(" 'training/pre_lora_tokens=[]' 'training/pre_lora_dataset=[]'\n");
@@ -109,34 +113,54 @@ struct MergedCheckpoint {
   json meta;
   ModelOptions options;
   NamedTensors params;  // our names, without "params/"
+  torch::ScalarType dtype = torch::kFloat32;
 };
 
-MergedCheckpoint read_merged(const std::string& checkpoint, bool use_ema, const std::string& base) {
-  MergedWeights w = merged_weights(checkpoint, use_ema, base);
+// config.json's "dtype" for the weights' dtype.
+std::string hf_dtype_name(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32: return "float32";
+    case torch::kBFloat16: return "bfloat16";
+    case torch::kFloat16: return "float16";
+    default: throw UserError(std::string("export --format hf: weights of dtype ") + c10::toString(t) + " have no config.json name");
+  }
+}
+
+MergedCheckpoint read_merged(const std::string& checkpoint, bool use_ema, const std::string& base, torch::ScalarType dtype) {
+  MergedWeights w = merged_weights(checkpoint, use_ema, base, dtype);
   MergedCheckpoint m;
   m.meta = std::move(w.meta);
   m.options = checkpoint_model_options(m.meta, checkpoint);
   m.params = std::move(w.params);
+  m.dtype = w.dtype;
   return m;
 }
 
 }  // namespace
 
-void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema, bool force, const std::string& base) {
+void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema, bool force, const std::string& base,
+               const std::string& dtype, uint64_t max_shard_bytes) {
+  if (dtype != "source" && dtype != "float32" && dtype != "bfloat16")
+    throw UserError("export --dtype " + dtype + ": expected source, float32 or bfloat16. Nothing was written");
   const auto ours = check_export_target(checkpoint, out, "export", force);
-  MergedCheckpoint m = read_merged(checkpoint, use_ema, base);
+  MergedCheckpoint m = read_merged(checkpoint, use_ema, base,
+                                   dtype == "source" ? c10::ScalarType::Undefined : dtype == "float32" ? torch::kFloat32 : torch::kBFloat16);
+  const std::string dtype_name = hf_dtype_name(m.dtype);
   // An imported model keeps its own config (token ids, task settings); the architecture is ours.
   const json imported = m.meta.contains("base_model") && m.meta["base_model"].contains("hf_config")
                             ? m.meta["base_model"]["hf_config"] : json();
-  const json hf = hf_config_for(m.options, imported);
+  const json hf = hf_config_for(m.options, imported, dtype_name);
   NamedTensors tensors = to_hf(m.options.family, m.params);
+  m.params.clear();
+  std::vector<std::string> files;
   publish_dir(out, [&](const fs::path& dir) {
-    write_safetensors((dir / "model.safetensors").string(), tensors, {{"format", "pt"}});
+    files = write_safetensors_model(dir.string(), tensors, {{"format", "pt"}}, max_shard_bytes);
     write_file_atomic((dir / "config.json").string(), hf.dump(2) + "\n");
     write_marker(dir, checkpoint, "hf");
   }, "", ours);
-  std::printf("exported %s -> %s (Hugging Face %s: model.safetensors with %zu tensors, float32, adapters merged; "
-              "config.json)\n", checkpoint.c_str(), out.c_str(), hf_class_name(hf).c_str(), tensors.size());
+  const std::string weights = files.size() == 1 ? files[0] : std::to_string(files.size() - 1) + " shards and " + files.back();
+  std::printf("exported %s -> %s (Hugging Face %s: %s with %zu tensors, %s, adapters merged; config.json)\n",
+              checkpoint.c_str(), out.c_str(), hf_class_name(hf).c_str(), weights.c_str(), tensors.size(), dtype_name.c_str());
 }
 
 namespace {
@@ -234,7 +258,7 @@ PeftModulesToSave add_modules_to_save(const LoraMetadata& l, const ModelOptions&
   for (const auto& m : saved_modules) {
     for (const auto& [n, t] : stored.base) {
       if (n.rfind(m + ".", 0) != 0 || n.find('.', m.size() + 1) != std::string::npos) continue;
-      for (auto& [hf, v] : to_hf(family, {{n, t}})) tensors.emplace_back(root + hf, v);
+      for (auto& [hf, v] : to_hf(family, {{n, t.to(torch::kFloat32)}})) tensors.emplace_back(root + hf, v);
       if (n == tied_embedding) tensors.emplace_back(root + "lm_head.weight", tensors.back().second);
     }
     out.modules.push_back(peft_module_path(family, m + ".weight").substr(root.size()));

@@ -22,6 +22,8 @@
 
 #include <string>
 
+#include "lora_trainer/formats/safetensors.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include "lora_trainer/core/named_tensors.hpp"
@@ -38,13 +40,17 @@ namespace lt {
 std::vector<std::string> import_hf(const std::string& hf_dir, const std::string& out, bool force = false,
                                    const std::string& dtype = "source");
 
-// Writes OUT/model.safetensors (f32, HF names and layouts, adapters merged) and OUT/config.json
-// (the family's class; an imported model's own config with our architecture values on top).
-// With `use_ema`, the moving average of the trained tensors (export --ema; export.hpp's export_tensors).
-// A checkpoint that refers to its frozen base (frozen_base.hpp) reads it from where it records, or
-// from `base` when given (export --base).
+// Writes the weights (HF names and layouts, adapters merged in f32 and then rounded once to `dtype`)
+// as OUT/model.safetensors, or as shards of at most `max_shard_bytes` with model.safetensors.index.json
+// (write_safetensors_model), and OUT/config.json (the family's class, its "dtype"; an imported model's
+// own config with our architecture values on top). `dtype`: "source" (the checkpoint's stored base
+// dtype: bf16 for a LoRA-phase checkpoint or a bf16 import, f32 for phase one's), "float32" or
+// "bfloat16". With `use_ema`, the moving average of the trained tensors (export --ema; export.hpp's
+// export_tensors). A checkpoint that refers to its frozen base (frozen_base.hpp) reads it from where
+// it records, or from `base` when given (export --base).
 void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema = false, bool force = false,
-               const std::string& base = "");
+               const std::string& base = "", const std::string& dtype = "source",
+               uint64_t max_shard_bytes = kHfMaxShardBytes);
 
 // Writes OUT/adapter_config.json and OUT/adapter_model.safetensors (f32) from a LoRA checkpoint.
 void export_peft(const std::string& checkpoint, const std::string& out, bool use_ema = false, bool force = false,

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
+#include <cstdio>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -222,13 +224,58 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   }
   std::string text = header.dump();
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
-  std::string contents;
-  contents.reserve(8 + text.size() + at);
   const uint64_t n = text.size();
-  contents.append(reinterpret_cast<const char*>(&n), 8);
-  contents += text;
-  for (const auto& [name, t] : sorted) contents.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
-  write_file_atomic(path, contents);
+  std::vector<std::pair<const void*, size_t>> pieces = {{&n, 8}, {text.data(), text.size()}};
+  for (const auto& [name, t] : sorted) pieces.emplace_back(t.data_ptr(), t.numel() * t.element_size());
+  write_file_atomic(path, pieces);  // straight from the tensors: no copy of the file in memory
+}
+
+std::string hf_shard_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i, n);
+  return buf;
+}
+
+bool is_hf_shard_name(const std::string& name) {  // model-DDDDD-of-DDDDD.safetensors
+  const std::string pattern = "model-#####-of-#####.safetensors";
+  if (name.size() != pattern.size()) return false;
+  for (size_t k = 0; k < name.size(); ++k)
+    if (pattern[k] == '#' ? !std::isdigit(static_cast<unsigned char>(name[k])) : name[k] != pattern[k]) return false;
+  return true;
+}
+
+std::vector<std::string> write_safetensors_model(const std::string& dir, const NamedTensors& tensors,
+                                                 const std::map<std::string, std::string>& metadata,
+                                                 uint64_t max_shard_bytes) {
+  // transformers' rule (huggingface_hub's split_state_dict_into_shards): in order, a tensor opens a new
+  // shard when it would take the current one past the limit; one larger than the limit is a shard alone.
+  std::vector<NamedTensors> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  for (const auto& [name, t] : tensors) {
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+    if (!shards.back().empty() && in_shard + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().emplace_back(name, t);
+    in_shard += bytes;
+    total += bytes;
+  }
+  if (shards.size() == 1) {
+    write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, metadata);
+    return {"model.safetensors"};
+  }
+  std::vector<std::string> files;
+  json weight_map = json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    files.push_back(hf_shard_name(i + 1, shards.size()));
+    write_safetensors((fs::path(dir) / files.back()).string(), shards[i], metadata);
+    for (const auto& [name, t] : shards[i]) weight_map[name] = files.back();
+  }
+  const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};  // nlohmann sorts the keys
+  write_file_atomic((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+  files.push_back("model.safetensors.index.json");
+  return files;
 }
 
 SafetensorsModel::SafetensorsModel(const std::string& dir) : dir_(dir) {

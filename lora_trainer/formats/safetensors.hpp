@@ -70,6 +70,19 @@ NamedTensors read_safetensors(const std::string& path, std::map<std::string, std
 void write_safetensors(const std::string& path, const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+// Writes `tensors` as a Hugging Face model's weights into `dir`, as transformers' save_pretrained does:
+// one model.safetensors when they fit in `max_shard_bytes`, else shards model-00001-of-0000N.safetensors
+// of at most that size each (in the tensors' order; a tensor larger than the limit is a shard alone)
+// and model.safetensors.index.json (metadata.total_size, weight_map: name -> shard). Returns the file
+// names written. kHfMaxShardBytes is transformers' default max_shard_size, "5GB".
+inline constexpr uint64_t kHfMaxShardBytes = 5'000'000'000ULL;
+std::vector<std::string> write_safetensors_model(const std::string& dir, const NamedTensors& tensors,
+                                                 const std::map<std::string, std::string>& metadata,
+                                                 uint64_t max_shard_bytes = kHfMaxShardBytes);
+// "model-00002-of-00005.safetensors" for (2, 5); is_hf_shard_name recognises such a name.
+std::string hf_shard_name(size_t i, size_t n);
+bool is_hf_shard_name(const std::string& name);
+
 // The weights of a Hugging Face model directory: model.safetensors, or the shards listed by
 // model.safetensors.index.json (every shard opened and checked; a tensor the index names but its shard
 // lacks, or one a shard holds that the index does not map to it, is an error), read one tensor at a time.

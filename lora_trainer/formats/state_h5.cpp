@@ -131,11 +131,9 @@ std::string crc32_hex(const torch::Tensor& t) {
 
 // A write that failed: on a full file system (HDF5 does not pass errno on), say so, with the space
 // free and the space the tensors need; otherwise the failure as it is.
-[[noreturn]] void write_failed(const std::string& path, const NamedTensors& tensors, const UserError& e) {
+[[noreturn]] void write_failed(const std::string& path, uint64_t need, const UserError& e) {
   struct statvfs fs_info {};
   const std::string dir = fs::path(path).parent_path().string();
-  uint64_t need = 0;
-  for (const auto& [n, t] : tensors) need += static_cast<uint64_t>(t.numel()) * t.element_size();
   if (::statvfs(dir.empty() ? "." : dir.c_str(), &fs_info) == 0) {
     const uint64_t free_bytes = static_cast<uint64_t>(fs_info.f_bavail) * fs_info.f_frsize;
     if (free_bytes < need + (uint64_t{1} << 20))
@@ -146,15 +144,16 @@ std::string crc32_hex(const torch::Tensor& t) {
   throw e;
 }
 
-DataRanges write_h5_file(const std::string& path, const NamedTensors& tensors) {
+DataRanges write_h5_file(const std::string& path, const TensorStream& tensors) {
   quiet_hdf5();
   DataRanges ranges;
   H5Id file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   h5check(file.id, "creating " + path);
   H5Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl, 1);
-  for (const auto& [name, tensor] : tensors) {
-    auto t = tensor.detach().to(torch::kCPU).contiguous();
+  for (size_t i = 0; i < tensors.names.size(); ++i) {
+    const std::string& name = tensors.names[i];
+    auto t = tensors.get(i).detach().to(torch::kCPU).contiguous();
     const DtypeInfo& di = info_for(t.scalar_type());
     std::vector<hsize_t> dims(t.sizes().begin(), t.sizes().end());
     H5Id space(t.dim() == 0 ? H5Screate(H5S_SCALAR) : H5Screate_simple(t.dim(), dims.data(), nullptr), H5Sclose);
@@ -178,12 +177,26 @@ DataRanges write_h5_file(const std::string& path, const NamedTensors& tensors) {
 
 }  // namespace
 
-DataRanges write_state_h5(const std::string& path, const NamedTensors& tensors) {
+TensorStream TensorStream::of(const NamedTensors& tensors) {
+  TensorStream s;
+  for (const auto& [n, t] : tensors) {
+    s.names.push_back(n);
+    s.bytes += static_cast<uint64_t>(t.numel()) * t.element_size();
+  }
+  s.get = [&tensors](size_t i) { return tensors[i].second; };
+  return s;
+}
+
+DataRanges write_state_h5(const std::string& path, const TensorStream& tensors) {
   try {
     return write_h5_file(path, tensors);
   } catch (const UserError& e) {
-    write_failed(path, tensors, e);
+    write_failed(path, tensors.bytes, e);
   }
+}
+
+DataRanges write_state_h5(const std::string& path, const NamedTensors& tensors) {
+  return write_state_h5(path, TensorStream::of(tensors));
 }
 
 // The CRC-32 of a file's bytes outside `ranges` (HDF5's own structures: superblock, object headers,

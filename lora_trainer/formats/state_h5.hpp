@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,8 +15,19 @@ namespace lt {
 // Where each tensor's bytes lie in the file: (offset, length), sorted by offset.
 using DataRanges = std::vector<std::pair<uint64_t, uint64_t>>;
 
+// Tensors made one at a time for a write that holds one of them in memory (an import of a model larger
+// than the memory it may take): `names` in the order written, `get(i)` makes the i-th when its turn
+// comes (it is released once written), `bytes` their total (for the message of a full disk).
+struct TensorStream {
+  std::vector<std::string> names;
+  std::function<torch::Tensor(size_t)> get;
+  uint64_t bytes = 0;
+  static TensorStream of(const NamedTensors& tensors);  // tensors already in memory
+};
+
 // Writes `tensors` (any device; copied to the CPU) to `path`. A full file system is a UserError saying
 // so, with the space free and the space needed.
+DataRanges write_state_h5(const std::string& path, const TensorStream& tensors);
 DataRanges write_state_h5(const std::string& path, const NamedTensors& tensors);
 
 // Every tensor of the file, sorted by name, each checked against its recorded CRC-32 (a mismatch, an

@@ -137,7 +137,6 @@ void Trainer::load_frozen_base(const CheckpointMeta& ck) {
     return;
   }
   FrozenBaseRef ref = FrozenBaseRef::from_json(ck.raw["frozen_base"], ck.dir);
-  const std::string where = locate_frozen_base(ref, ck.dir, lora_->options.frozen_base_path);
   std::map<std::string, torch::Tensor> frozen;
   for (auto& [name, p] : frozen_tensors()) frozen[name] = p;
   std::vector<std::string> problems;
@@ -151,8 +150,9 @@ void Trainer::load_frozen_base(const CheckpointMeta& ck) {
                     "); is optimization/lora/modules_to_save as the job that saved it had it?");
   const double t0 = now_seconds();
   torch::NoGradGuard ng;
-  read_frozen_base(ref, ck.dir, where, model_->options().family, base_params(*model_),
-                   [&](const std::string& name, const torch::Tensor& t) { frozen.at(name).copy_(t); });
+  const std::string where = read_frozen_base(ref, ck.dir, lora_->options.frozen_base_path, model_->options().family,
+                                             base_params(*model_),
+                                             [&](const std::string& name, const torch::Tensor& t) { frozen.at(name).copy_(t); });
   // Said when the job runs (run()): `eval` and `sample` print their results alone.
   char note[160];
   std::snprintf(note, sizeof note, " (%.2f GB in bf16, digest %s verified, %.1f s)", ref.bytes / 1e9, ref.digest.c_str(),

@@ -2,6 +2,7 @@
 #include "catch.hpp"
 
 #include <filesystem>
+#include <optional>
 
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "fixtures.hpp"
@@ -55,6 +56,35 @@ TEST_CASE("every dtype round-trips bit for bit", "[checkpoint]") {
   auto meta = read_checkpoint_metadata(dir / "ck");
   CHECK(meta["step"] == 42);
   CHECK(meta["format_version"] == kCheckpointFormatVersion);
+}
+
+TEST_CASE("a checkpoint written from a TensorStream holds one made tensor at a time, and reads back as the tensors", "[checkpoint]") {
+  // import-hf writes a model larger than the memory it may take this way: each tensor made when its
+  // turn comes and released once written.
+  test::TempDir dir;
+  const NamedTensors state = sample_state();
+  TensorStream stream;
+  for (const auto& [n, t] : state) stream.names.push_back(n);
+  using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+  std::optional<WeakTensor> previous;  // the last tensor made, without keeping it alive
+  size_t made = 0, alive_at_make = 0;
+  stream.get = [&](size_t i) {
+    CHECK(i == made);  // in order, each once
+    if (previous && !previous->expired()) ++alive_at_make;
+    ++made;
+    torch::Tensor t = state[i].second.clone();  // a fresh tensor, as a file read makes
+    previous.emplace(t.getIntrusivePtr());
+    return t;
+  };
+  save_checkpoint(dir / "ck", stream, meta());
+  CHECK(made == state.size());
+  CHECK(alive_at_make == 0);  // the writer kept none of the tensors it had written
+  REQUIRE(previous);
+  CHECK(previous->expired());
+  std::map<std::string, torch::Tensor> back;
+  for (auto& [n, t] : read_checkpoint_tensors(dir / "ck")) back[n] = t;
+  REQUIRE(back.size() == state.size());
+  for (const auto& [n, t] : state) CHECK(bits_equal(back.at(n), t));
 }
 
 TEST_CASE("load_checkpoint_into copies into a template and reports every mismatch", "[checkpoint]") {

@@ -263,7 +263,7 @@ TEST_CASE("LoRA on an imported GPT-2: the PEFT adapter (with modules_to_save) an
   }
 
   // The merged Hugging Face export, re-imported, is the same model too.
-  export_hf(ck, d / "hf");
+  export_hf(ck, d / "hf", false, false, "", "float32");  // the merge checked in f32 (bf16 by default)
   import_hf(d / "hf", d / "hf_again");
   CHECK(max_diff(load(d / "hf_again").logits(ids), ours) < 1e-4);
 
@@ -302,7 +302,7 @@ TEST_CASE("trainable_token_indices on an imported GPT-2 (tied head): PEFT's file
   for (int64_t r = 0; r < 3; ++r) CHECK_FALSE(torch::equal(delta[r], imported.at("params/wte.weight")[rows[r]]));
 
   // The merged export (rows replaced in wte, which the head shares) re-imports as the same model.
-  export_hf(ck, d / "hf");
+  export_hf(ck, d / "hf", false, false, "", "float32");  // the merge checked in f32 (bf16 by default)
   import_hf(d / "hf", d / "hf_again");
   CHECK(max_diff(load(d / "hf_again").logits(ids), ours) < 1e-4);
   test::keep_for_hf_check("tokens", d.path.string(), {"peft", "hf"}, lora, ck, d / "imported", ids);

@@ -226,7 +226,7 @@ TEST_CASE("LoRA on an imported Llama: PEFT's files and rule (nn.Linear, untied h
     CHECK(max_diff(m->forward(ids), ours) < 1e-4);
   }
   // The merged export is a LlamaForCausalLM that re-imports as the same model.
-  export_hf(ck, d / "hf");
+  export_hf(ck, d / "hf", false, false, "", "float32");  // the merge checked in f32 (bf16 by default)
   CHECK(nlohmann::json::parse(read_file(d / "hf/config.json"))["architectures"][0] == "LlamaForCausalLM");
   import_hf(d / "hf", d / "hf_again");
   CHECK(max_diff(test::load(d / "hf_again").logits(ids), ours) < 1e-4);
@@ -261,7 +261,7 @@ TEST_CASE("trainable_token_indices on an imported Llama (untied head): PEFT's fi
   for (int64_t r = 0; r < 2; ++r)  // trained
     CHECK_FALSE(torch::equal(delta[r], imported.at("params/model.embed_tokens.weight")[rows[r]].to(torch::kFloat32)));
   // The untied lm_head keeps its (frozen bf16) weights: only the input rows are replaced, as in PEFT's list form.
-  export_hf(ck, d / "hf");
+  export_hf(ck, d / "hf", false, false, "", "float32");  // the merge checked in f32 (bf16 by default)
   auto hf = by_name(read_safetensors(d / "hf/model.safetensors"));
   auto base = by_name(read_safetensors(g + "/model/model.safetensors"));
   CHECK(torch::equal(hf.at("model.embed_tokens.weight").index_select(0, torch::tensor(rows)), delta));

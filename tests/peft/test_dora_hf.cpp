@@ -85,7 +85,7 @@ TEST_CASE("DoRA on an imported GPT-2 (Conv1D): use_dora, the magnitudes (out), P
   CHECK(adapter.at("base_model.model.transformer.h.0.attn.c_attn.lora_magnitude_vector").sizes() == at::IntArrayRef({96}));
   CHECK(adapter.at("base_model.model.transformer.h.1.mlp.c_proj.lora_magnitude_vector").sizes() == at::IntArrayRef({32}));
   check_peft_dora(ModelFamily::Gpt2, ck, cfg, adapter, lora, ids, 6);
-  export_hf(ck, d / "hf");
+  export_hf(ck, d / "hf", false, false, "", "float32");  // the merge checked in f32 (bf16 by default)
   import_hf(d / "hf", d / "hf_again");
   CHECK(test::max_diff(test::load(d / "hf_again").logits(ids), lora.logits(ids)) < 1e-4);
   test::keep_for_hf_check("dora", d.path.string(), {"peft", "hf"}, lora, ck, d / "imported", ids);
@@ -107,7 +107,7 @@ TEST_CASE("DoRA on an imported Llama (nn.Linear, untied head): the magnitudes, P
   CHECK(adapter.at("base_model.model.model.layers.0.self_attn.v_proj.lora_magnitude_vector").sizes() == at::IntArrayRef({16}));
   CHECK(adapter.at("base_model.model.lm_head.lora_magnitude_vector").sizes() == at::IntArrayRef({300}));
   check_peft_dora(ModelFamily::Llama, ck, cfg, adapter, lora, ids, 7);
-  export_hf(ck, d / "hf");
+  export_hf(ck, d / "hf", false, false, "", "float32");  // the merge checked in f32 (bf16 by default)
   import_hf(d / "hf", d / "hf_again");
   CHECK(test::max_diff(test::load(d / "hf_again").logits(ids), lora.logits(ids)) < 1e-4);
   test::keep_for_hf_check("dora_llama", d.path.string(), {"peft", "hf"}, lora, ck, d / "imported", ids);

@@ -10,6 +10,8 @@
 #include "lora_trainer/formats/export.hpp"
 #include "lora_trainer/formats/frozen_base.hpp"
 #include "lora_trainer/formats/hf_families.hpp"
+#include "lora_trainer/formats/safetensors.hpp"
+#include "launch.hpp"
 #include "lora_trainer/peft/frozen_weight.hpp"
 
 namespace fs = std::filesystem;
@@ -93,7 +95,7 @@ TEST_CASE("a LoRA job starts from a Hugging Face directory: its tensors in bf16 
   for (size_t i = 0; i < params.size(); ++i) {
     INFO(params[i].first);
     CHECK(params[i].second.scalar_type() == (params[i].first == "model.norm.weight" ? torch::kFloat32 : torch::kBFloat16));
-    CHECK(torch::equal(params[i].second.to(torch::kFloat32), file[i].second));
+    CHECK(torch::equal(params[i].second.cpu().to(torch::kFloat32), file[i].second));
   }
   CHECK(t->base_model()["hf_dir"] == fs::absolute(kHfBf16).lexically_normal().string());
   t->run();
@@ -164,6 +166,82 @@ TEST_CASE("a LoRA checkpoint that refers to its base: a moved base is found by t
   test::Loaded l = test::load(own);
   // Both forms trained the same adapters on the same base.
   CHECK(torch::equal(l.logits(ids), trained));
+}
+
+TEST_CASE("export --format hf of a bf16 base writes bf16 merged in f32 and rounded once, and shards past --max-shard-size "
+          "with transformers' index", "[frozen_base][huggingface]") {
+  test::TempDir d;
+  test::make_byte_dataset(d / "data", "gen", 1);
+  const std::string base = d / "base";
+  copy_dir(kHfBf16, base);
+  auto t = hf_job("adapt", hf_lora_config(base, d / "data"), d / "out");
+  t->restore_from_path(base);
+  t->run();
+  const std::string fin = d / "out/checkpoints/general/default/adapt/final/1280";
+  MergedWeights f32 = merged_weights(fin, false, "", torch::kFloat32);
+  REQUIRE(f32.merged > 0);
+  CHECK(base_dtype(export_tensors(CheckpointMeta::read(fin), false)) == torch::kBFloat16);
+  std::map<std::string, torch::Tensor> want;  // HF names: the f32 merge, rounded once
+  uint64_t largest = 0, total = 0;
+  for (auto& [n, x] : to_hf(ModelFamily::Llama, f32.params)) {
+    want[n] = x.to(torch::kBFloat16);
+    largest = std::max<uint64_t>(largest, 2 * x.numel());
+    total += 2 * x.numel();
+  }
+  auto check_bf16 = [&](const std::string& dir) {
+    SafetensorsModel model(dir);
+    REQUIRE(model.entries().size() == want.size());
+    for (const auto& e : model.entries()) {
+      INFO(dir << ": " << e.name);
+      const torch::Tensor x = model.tensor(e.name);
+      CHECK(x.scalar_type() == torch::kBFloat16);
+      CHECK(torch::equal(x, want.at(e.name)));
+    }
+  };
+  // The default (source): the base's bf16, one file.
+  test::Result r = test::launch({"export", "--format", "hf", fin, d / "hf"});
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, test::Contains("model.safetensors with") && test::Contains("bfloat16"));
+  check_bf16(d / "hf");
+  CHECK(read_json_file(d / "hf/config.json")["dtype"] == "bfloat16");
+  // Past --max-shard-size: transformers' shards and index, replacing the single file.
+  r = test::launch({"export", "--format", "hf", "--max-shard-size", std::to_string(largest), fin, d / "hf"});
+  REQUIRE(r.code == 0);
+  CHECK_FALSE(fs::exists(d / "hf/model.safetensors"));
+  const json index = read_json_file(d / "hf/model.safetensors.index.json");
+  CHECK(index["metadata"]["total_size"] == total);
+  std::set<std::string> shards;
+  for (auto& [n, f] : index["weight_map"].items()) shards.insert(f.get<std::string>());
+  REQUIRE(shards.size() > 2);
+  CHECK(*shards.begin() == "model-00001-of-" + std::string(5 - std::to_string(shards.size()).size(), '0') +
+                               std::to_string(shards.size()) + ".safetensors");
+  for (const auto& s : shards) {
+    uint64_t bytes = 0;
+    const auto in_file = read_safetensors(d / ("hf/" + s));
+    for (const auto& [n, x] : in_file) bytes += 2 * x.numel();
+    CHECK((bytes <= largest || in_file.size() == 1));
+  }
+  check_bf16(d / "hf");
+  // One file again: the earlier export's shards and index go, nothing else does.
+  write_file_atomic(d / "hf/README.md", "mine\n");
+  REQUIRE(test::launch({"export", "--format", "hf", "--dtype", "float32", fin, d / "hf"}).code == 0);
+  CHECK(fs::exists(d / "hf/README.md"));
+  CHECK_FALSE(fs::exists(d / "hf/model.safetensors.index.json"));
+  CHECK_FALSE(fs::exists(d / ("hf/" + *shards.begin())));
+  CHECK(read_json_file(d / "hf/config.json")["dtype"] == "float32");
+  for (auto& [n, x] : to_hf(ModelFamily::Llama, f32.params)) CHECK(torch::equal(SafetensorsModel(d / "hf").tensor(n), x));
+  // Mistakes: exit 2, nothing written.
+  for (const auto& bad : std::vector<std::vector<std::string>>{{"--max-shard-size", "5 GB"}, {"--max-shard-size", "0"},
+                                                               {"--format", "peft", "--dtype", "bfloat16"}}) {
+    std::vector<std::string> args = {"export", fin, d / "bad"};
+    if (bad[0] != "--format") args.insert(args.begin() + 1, {"--format", "hf"});
+    args.insert(args.end(), bad.begin(), bad.end());
+    test::Result b = test::launch(args);
+    INFO(b.out);
+    CHECK(b.code == 2);
+    CHECK_FALSE(fs::exists(d / "bad"));
+  }
 }
 
 TEST_CASE("a two-phase job's LoRA checkpoints refer to its pre_lora_checkpoint, found again when the job directory moves",

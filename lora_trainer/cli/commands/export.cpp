@@ -1,19 +1,41 @@
 // `lora_trainer export CHECKPOINT OUT [--format native|hf|peft] [--ema] [--force]`: a checkpoint's model
 // written for other tools (docs/huggingface.md) or as a weights-only checkpoint with the adapters merged.
+#include <cstdlib>
+
 #include "lora_trainer/cli/commands/command.hpp"
 #include "lora_trainer/formats/export.hpp"
+#include "lora_trainer/core/util.hpp"
 #include "lora_trainer/formats/huggingface.hpp"
 
 namespace lt {
 namespace {
 
 struct ExportArgs {
-  std::string checkpoint, out, format = "native", base;
+  std::string checkpoint, out, format = "native", base, dtype = "source", max_shard_size = "5GB";
   bool ema = false, force = false;
 };
 
+// transformers' max_shard_size: "5GB" (10^9), "500MB", "2GiB" (2^30), "100KB", or bytes.
+uint64_t shard_bytes(const std::string& text) {
+  static const std::vector<std::pair<std::string, double>> units = {
+      {"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1.0}, {"", 1.0}};
+  for (const auto& [unit, scale] : units) {
+    if (text.size() <= unit.size() || text.compare(text.size() - unit.size(), unit.size(), unit) != 0) continue;
+    const std::string number = text.substr(0, text.size() - unit.size());
+    char* end = nullptr;
+    const double v = std::strtod(number.c_str(), &end);
+    if (end == number.c_str() || *end != '\0' || !(v > 0) || v * scale > 1e18) break;
+    return static_cast<uint64_t>(v * scale);
+  }
+  throw UserError("export --max-shard-size " + text + ": expected a positive size such as 5GB, 500MB, 2GiB or a number "
+                  "of bytes. Nothing was written");
+}
+
 int export_checkpoint(const ExportArgs& a) {
-  if (a.format == "hf") export_hf(a.checkpoint, a.out, a.ema, a.force, a.base);
+  if (a.format != "hf" && (a.dtype != "source" || a.max_shard_size != "5GB"))
+    throw UserError("export: --dtype and --max-shard-size are options of --format hf (native writes float32 for "
+                    "training, peft the adapters in float32). Nothing was written");
+  if (a.format == "hf") export_hf(a.checkpoint, a.out, a.ema, a.force, a.base, a.dtype, shard_bytes(a.max_shard_size));
   else if (a.format == "peft") export_peft(a.checkpoint, a.out, a.ema, a.force, a.base);
   else export_merged(a.checkpoint, a.out, a.ema, a.force, a.base);
   return 0;
@@ -33,6 +55,16 @@ Command add_export(CLI::App& app) {
                   "adapters merged; peft: adapter_config.json + "
                   "adapter_model.safetensors (the adapters of a LoRA checkpoint only)")
       ->capture_default_str()->check(CLI::IsMember({"native", "hf", "peft"}));
+  sub->add_option("--dtype", a->dtype,
+                  "hf: the weights' dtype: source (the checkpoint's base as stored: bf16 for a LoRA-phase checkpoint or "
+                  "a bf16 import, float32 for phase one), float32 or bfloat16; adapters are merged in float32 and the "
+                  "result rounded once")
+      ->capture_default_str()->check(CLI::IsMember({"source", "float32", "bfloat16"}));
+  sub->add_option("--max-shard-size", a->max_shard_size,
+                  "hf: the largest weights file; a larger model is written as model-00001-of-0000N.safetensors shards "
+                  "with model.safetensors.index.json, as transformers' save_pretrained does (5GB = 5*10^9 bytes; MB, "
+                  "GiB, ... or bytes)")
+      ->capture_default_str();
   sub->add_flag("--force", a->force,
                 "write into an existing directory that is not an earlier export of lora_trainer: files of the "
                 "names this export writes are replaced, every other file is kept");

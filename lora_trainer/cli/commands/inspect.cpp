@@ -7,8 +7,6 @@
 #include "lora_trainer/cli/commands/command.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/formats/export.hpp"
-#include "lora_trainer/formats/frozen_base.hpp"
-#include "lora_trainer/models/model.hpp"
 
 namespace lt {
 namespace {
@@ -20,13 +18,10 @@ struct InspectArgs {
 
 // The frozen base a LoRA checkpoint refers to, read from where it is and checked against its digest.
 std::string verify_frozen_base(const CheckpointMeta& ck, const std::string& base) {
-  const FrozenBaseRef ref = FrozenBaseRef::from_json(ck.raw["frozen_base"], ck.dir);
-  const std::string where = locate_frozen_base(ref, ck.dir, base);
-  const ModelOptions options = checkpoint_model_options(ck.raw, ck.dir);
-  CausalLM model = make_model(options);  // the parameters' names and shapes (allocated, never touched)
-  read_frozen_base(ref, ck.dir, where, options.family, base_params(*model), [](const std::string&, const torch::Tensor&) {});
-  return "frozen base " + where + ": " + std::to_string(ref.tensors.size()) + " tensors read; the digest of their bf16 "
-         "values matches the one recorded (" + ref.digest + ")";
+  size_t tensors = 0;
+  const std::string where = read_referenced_base(ck, base, [&](const std::string&, const torch::Tensor&) { ++tensors; });
+  return "frozen base " + where + ": " + std::to_string(tensors) + " tensors read; the digest of their bf16 values matches "
+         "the one recorded (" + ck.raw["frozen_base"].value("digest", std::string()) + ")";
 }
 
 int inspect(const InspectArgs& a) {
