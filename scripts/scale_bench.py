@@ -83,7 +83,7 @@ def main():
         subprocess.run([B, "tokenize", "/usr/share/common-licenses", "--name", "text", "--data-dir", data, "--tokenizer", "byte"],
                        check=True, stdout=subprocess.DEVNULL)
     cfg = os.path.join(a.work, "lora.json")
-    subprocess.run([B, "configure", "lora/train", cfg], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([B, "configure", "lora/train", cfg, "--force"], check=True, stdout=subprocess.DEVNULL)
     tokens = a.steps * a.batch * a.block
     job = ["training/pre_lora_tokens=[]", "training/pre_lora_dataset=[]", f"training/post_lora_tokens=[{tokens}]",
            'training/post_lora_dataset=[[{"name":"text","rate":1,"style":"pmd"}]]', f"data/dir={data}",
