@@ -86,6 +86,8 @@ static void keep_freed_memory() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+void return_freed_tensors() { mallopt(M_MMAP_THRESHOLD, 1 << 20); }
+
 Runtime Runtime::from_config(const Config& cfg) {
   keep_freed_memory();
   Runtime rt;

@@ -44,6 +44,13 @@ struct Runtime {
 
 void add_runtime_options(ConfigSchema& s);
 
+// For a command that streams a model tensor by tensor (import-hf, export): allocations of 1 MiB and
+// more come from mmap and go back to the system when freed. glibc's default raises its mmap threshold
+// as large blocks are freed, after which freed tensors stay in a fragmented heap: an import of a 2.2 GB
+// model peaked at 1.95 GB instead of about its largest tensor. Training keeps freed memory instead
+// (Runtime::from_config; docs/performance.md, "The allocator").
+void return_freed_tensors();
+
 // True when this CPU has native bf16 matrix instructions (AMX-BF16 or AVX512-BF16).
 bool cpu_has_fast_bf16();
 

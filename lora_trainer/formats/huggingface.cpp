@@ -44,6 +44,7 @@ std::vector<std::string> import_hf(const std::string& hf_dir, const std::string&
   const std::string config_path = (fs::path(hf_dir) / "config.json").string();
   if (!fs::exists(config_path)) throw UserError("import-hf: " + hf_dir + " has no config.json (a Hugging Face model directory has one)");
   const auto ours = check_export_target(hf_dir, out, "import-hf", force);
+  return_freed_tensors();  // one tensor at a time, and each one's memory returned
   // Every value read from config.json below: a type error names the file and the key.
   return json_context(config_path, [&] { return import_checked(hf_dir, config_path, out, ours, dtype); });
 }
@@ -143,6 +144,7 @@ void export_hf(const std::string& checkpoint, const std::string& out, bool use_e
   if (dtype != "source" && dtype != "float32" && dtype != "bfloat16")
     throw UserError("export --dtype " + dtype + ": expected source, float32 or bfloat16. Nothing was written");
   const auto ours = check_export_target(checkpoint, out, "export", force);
+  return_freed_tensors();
   MergedCheckpoint m = read_merged(checkpoint, use_ema, base,
                                    dtype == "source" ? c10::ScalarType::Undefined : dtype == "float32" ? torch::kFloat32 : torch::kBFloat16);
   const std::string dtype_name = hf_dtype_name(m.dtype);
