@@ -1,0 +1,70 @@
+// A Jinja template engine: the subset that Hugging Face chat templates use, rendering as Python's
+// jinja2 does in the environment transformers builds for `apply_chat_template` (an immutable sandbox,
+// trim_blocks, lstrip_blocks, the loop-controls extension, no autoescape, Undefined for missing
+// names). No Debian release the project builds on packages a Jinja-compatible C++ engine (minja is in
+// sid only, and differs from jinja2 on whitespace, none, division and Unicode: docs/chat.md).
+//
+// What is here: text, {{ }}, {% %} and {# #} with `-`/`+` whitespace control; if/elif/else, for (tuple
+// targets, `if` filter, else, loop.*, break/continue), set (names, tuples, namespace attributes, blocks),
+// macros, {% generation %} (transformers' assistant-span tag); Python values (None, bool, int, float,
+// str by code point, list, tuple, dict in insertion order) with Python's printing, arithmetic and
+// comparisons; the filters, tests, string/dict methods and globals that chat templates use
+// (jinja.cpp lists them). Anything else is refused when the template is parsed, or when it runs, with
+// the template's name and line. Checked byte for byte against python3-jinja2 (tests/data/test_jinja.cpp,
+// scripts/jinja_golden.py).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lora_trainer/core/util.hpp"
+
+namespace lt::jinja {
+
+// A template that could not be parsed or failed while rendering, as "NAME line N: reason"; a template's
+// own raise_exception(msg) is one of these too (`raised` true, `message` msg).
+class TemplateError : public UserError {
+ public:
+  TemplateError(const std::string& what, std::string message, bool raised)
+      : UserError(what), message(std::move(message)), raised(raised) {}
+  std::string message;
+  bool raised;
+};
+
+// What a render produced: the text, and the [begin, end) byte ranges of text written inside
+// {% generation %} blocks, in order.
+struct Rendered {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> generation;
+};
+
+struct Node;
+
+class Template {
+ public:
+  // Parses `source` (a syntax error throws TemplateError naming `name` and the line).
+  Template(const std::string& source, std::string name);
+  ~Template();
+  Template(Template&&) noexcept;
+  Template& operator=(Template&&) noexcept;
+
+  // Renders with the variables of `context` (an object; key order is kept, as in Python's dicts, for
+  // tojson and items()). `now` formats strftime_now(fmt): the current local time when not given.
+  Rendered render(const nlohmann::ordered_json& context,
+                  const std::function<std::string(const std::string&)>& strftime_now = nullptr) const;
+
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  std::shared_ptr<const Node> root_;
+};
+
+}  // namespace lt::jinja
