@@ -793,6 +793,7 @@ struct Renderer {
   std::function<std::string(const std::string&)> strftime_now;
   std::string name;
   std::unordered_map<std::string, Value> globals;
+  int macro_depth = 0;  // macros calling macros: bounded, as Python's recursion limit bounds jinja2
 };
 
 struct Scope {
@@ -1261,6 +1262,12 @@ struct MacroNode : Node {
     Renderer* r = sc.r;
     auto outer = std::make_shared<std::vector<std::unordered_map<std::string, Value>>>(sc.frames);
     sc.set(name, Value::function([self, r, outer](Args& args, Kwargs& kwargs) {
+      if (r->macro_depth >= 100) fail("macro '" + self->name + "' calls itself more than 100 deep");
+      struct Depth {
+        int& d;
+        explicit Depth(int& x) : d(x) { ++d; }
+        ~Depth() { --d; }
+      } depth(r->macro_depth);
       Scope inner{r, *outer};
       inner.frames.emplace_back();
       if (args.size() > self->params.size()) fail("macro '" + self->name + "' takes no more than " + std::to_string(self->params.size()) + " arguments");
@@ -1297,6 +1304,7 @@ class Parser {
     if (pos_ < segs_.size()) error(segs_[pos_].line, "unexpected '" + first_word(segs_[pos_].text) + "'");
     return b;
   }
+  bool saw_generation() const { return saw_generation_; }
 
  private:
   const std::vector<Segment>& segs_;
@@ -1307,6 +1315,8 @@ class Parser {
   size_t t_ = 0;
   int line_ = 0;
   int loop_depth_ = 0;
+  bool saw_generation_ = false;
+  int nesting_ = 0;  // expressions within expressions, bounded (the parser recurses)
 
   [[noreturn]] void error(int line, const std::string& msg) const {
     throw TemplateError(name_ + " line " + std::to_string(line) + ": " + msg, msg, false);
@@ -1386,6 +1396,7 @@ class Parser {
   }
 
   NodePtr parse_statement(const std::string& word, int line) {
+    Nest nest(*this);
     if (word == "if") return parse_if(line);
     if (word == "for") return parse_for(line);
     if (word == "set") return parse_set(line);
@@ -1407,6 +1418,7 @@ class Parser {
       expect_end();
       auto n = std::make_unique<GenerationNode>();
       n->line = line;
+      saw_generation_ = true;
       n->body = parse_body({"endgeneration"});
       close("endgeneration");
       return n;
@@ -1546,7 +1558,17 @@ class Parser {
     return t;
   }
 
+  // Counts one level of the parser's recursion while alive: templates nested past 600 levels are refused.
+  struct Nest {
+    Parser& p;
+    explicit Nest(Parser& parser) : p(parser) {
+      if (++p.nesting_ > 600) p.error("blocks or expressions nested too deep (the parser allows 600 levels)");
+    }
+    ~Nest() { --p.nesting_; }
+  };
+
   ExprPtr parse_expr(bool with_condexpr = true) {
+    Nest nest(*this);
     ExprPtr e = parse_or();
     if (!with_condexpr) return e;
     while (at_name("if")) {
@@ -1579,6 +1601,7 @@ class Parser {
     return e;
   }
   ExprPtr parse_not() {
+    Nest nest(*this);
     if (at_name("not")) {
       next();
       auto u = std::make_unique<Unary>();
@@ -1634,6 +1657,7 @@ class Parser {
     return e;
   }
   ExprPtr parse_unary(bool with_filter = true) {
+    Nest nest(*this);
     ExprPtr e;
     if (at_op("-") || at_op("+")) {
       auto u = std::make_unique<Unary>();
@@ -2510,7 +2534,9 @@ struct Root : Node {
 Template::Template(const std::string& source, std::string name) : name_(std::move(name)) {
   const std::vector<Segment> segs = lex(source, name_);
   auto root = std::make_shared<Root>();
-  root->body = Parser(segs, name_).parse_all();
+  Parser parser(segs, name_);
+  root->body = parser.parse_all();
+  has_generation_ = parser.saw_generation();
   root_ = root;
 }
 

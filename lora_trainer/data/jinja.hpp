@@ -61,10 +61,13 @@ class Template {
                   const std::function<std::string(const std::string&)>& strftime_now = nullptr) const;
 
   const std::string& name() const { return name_; }
+  // Whether the template has {% generation %} blocks (outside comments and raw text).
+  bool has_generation() const { return has_generation_; }
 
  private:
   std::string name_;
   std::shared_ptr<const Node> root_;
+  bool has_generation_ = false;
 };
 
 }  // namespace lt::jinja

@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include "lora_trainer/data/chat_template.hpp"
 #include "lora_trainer/data/hf_tokenizer.hpp"
 #include "lora_trainer/data/tokenizer.hpp"
 #include "lora_trainer/core/util.hpp"
@@ -212,11 +213,8 @@ TokenizeResult tokenize_to_pmd(const TokenizeOptions& o) {
 
 namespace {
 
-// A row of a padded dataset before padding: prompt (mask 0) + completion + end-of-text (mask 1).
-struct MaskedRow {
-  std::vector<uint32_t> ids;
-  std::vector<uint8_t> mask;
-};
+// A row of a padded dataset before padding: ids and their loss mask (chat_template.hpp).
+using MaskedRow = MaskedIds;
 
 MaskedRow prompt_completion_row(const Tokenizer& tok, const std::string& prompt, const std::string& completion) {
   MaskedRow row;
@@ -229,27 +227,33 @@ MaskedRow prompt_completion_row(const Tokenizer& tok, const std::string& prompt,
   return row;
 }
 
-// Calls `each(record, where)` for every non-blank line of the JSONL inputs, in file order, after checking
-// that it is an object with string fields `fields` (a UserError naming FILE:LINE and the missing field).
+// Calls `each(line, where)` for every non-blank line of the JSONL inputs, in file order (where = FILE:LINE).
+void for_each_line(const TokenizeOptions& o, const std::function<void(const std::string& line, const std::string& where)>& each) {
+  for (const auto& file : collect(o)) {
+    std::istringstream in(read_file(file));
+    std::string line;
+    for (int64_t line_no = 1; std::getline(in, line); ++line_no)
+      if (line.find_first_not_of(" \t\r") != std::string::npos) each(line, file + ":" + std::to_string(line_no));
+  }
+}
+
+const char* const kJsonlHint = "each line of a JSONL file is one JSON object";
+
+// Calls `each(record, bytes)` for every record of the JSONL inputs, in file order, after checking that it
+// is an object with string fields `fields` (a UserError naming FILE:LINE and the missing field).
 void for_each_record(const TokenizeOptions& o, const std::vector<std::string>& fields,
                      const std::function<void(const nlohmann::json&, size_t bytes)>& each) {
   std::vector<std::string> quoted;
   for (const auto& f : fields) quoted.push_back("\"" + f + "\"");
-  for (const auto& file : collect(o)) {
-    std::istringstream in(read_file(file));
-    std::string line;
-    for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      auto where = file + ":" + std::to_string(line_no);
-      auto j = parse_json(line, where, "each line of a JSONL file is one JSON object");
-      if (!j.is_object()) throw UserError(where + ": not a JSON object");
-      for (const auto& f : fields)
-        if (!j.contains(f) || !j[f].is_string())
-          throw UserError(where + ": a record needs string fields " + join(quoted) + "; \"" + f + "\" is " +
-                          (j.contains(f) ? "not a string" : "missing"));
-      each(j, line.size());
-    }
-  }
+  for_each_line(o, [&](const std::string& line, const std::string& where) {
+    auto j = parse_json(line, where, kJsonlHint);
+    if (!j.is_object()) throw UserError(where + ": not a JSON object");
+    for (const auto& f : fields)
+      if (!j.contains(f) || !j[f].is_string())
+        throw UserError(where + ": a record needs string fields " + join(quoted) + "; \"" + f + "\" is " +
+                        (j.contains(f) ? "not a string" : "missing"));
+    each(j, line.size());
+  });
 }
 
 // Writes `rows` (rows_per_record consecutive rows a record) left-padded to a common length as a dataset
@@ -327,7 +331,60 @@ TokenizeResult tokenize_records(
   return write_padded_rows(o, *tok, rows, rows_per_record, style, bytes, ours);
 }
 
+// --chat-var KEY=JSON (or KEY=text, taken as a string) as the template's variables.
+nlohmann::ordered_json chat_variables(const std::vector<std::string>& vars) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const auto& v : vars) {
+    const size_t eq = v.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UserError("--chat-var " + v + ": expected KEY=VALUE (e.g. enable_thinking=false; VALUE is JSON, or else a string)");
+    const std::string value = v.substr(eq + 1);
+    nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(value, nullptr, false);
+    out[v.substr(0, eq)] = parsed.is_discarded() ? nlohmann::ordered_json(value) : parsed;
+  }
+  return out;
+}
+
 }  // namespace
+
+TokenizeResult tokenize_jsonl_to_chat(const TokenizeOptions& o) {
+  check_val_fraction(o);
+  if (o.tokenizer.rfind("hf:", 0) != 0 || o.tokenizer.size() == 3)
+    throw UserError("tokenize --format chat needs --tokenizer hf:DIR: the model directory whose tokenizer and chat template "
+                    "(tokenizer_config.json) turn the conversations into tokens");
+  auto tok = make_tokenizer(o.tokenizer);
+  const ChatTemplate tmpl = ChatTemplate::from_model_dir(o.tokenizer.substr(3), o.chat_template);
+  const ChatLoss loss = parse_chat_loss(o.loss_on);
+  const nlohmann::ordered_json vars = chat_variables(o.chat_vars);
+  const auto ours = o.show ? std::vector<std::string>() : check_dataset_target(o);
+  std::vector<MaskedRow> rows;
+  std::vector<std::string> nothing_to_learn;
+  uint64_t bytes = 0;
+  for_each_line(o, [&](const std::string& line, const std::string& where) {
+    parse_json(line, where, kJsonlHint);  // its checks and messages
+    const auto record = nlohmann::ordered_json::parse(line);
+    const ChatText chat = tmpl.for_training(record, loss, vars, where);
+    MaskedRow row = tokenize_chat(*tok, chat, where);
+    if (o.length > 0 && static_cast<int64_t>(row.ids.size()) > o.length)
+      throw UserError(where + ": the conversation is " + std::to_string(row.ids.size()) + " tokens, longer than a row (--length " +
+                      std::to_string(o.length) + "); raise --length or split the conversation. Nothing was written");
+    if (std::find(row.mask.begin(), row.mask.end(), 1) == row.mask.end()) nothing_to_learn.push_back(where);
+    if (o.show) {
+      nlohmann::ordered_json view = {{"where", where}, {"text", chat.text}, {"ids", row.ids}, {"mask", row.mask}};
+      std::printf("%s\n", view.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
+    }
+    rows.push_back(std::move(row));
+    bytes += line.size();
+  });
+  if (!nothing_to_learn.empty()) {
+    std::vector<std::string> first(nothing_to_learn.begin(), nothing_to_learn.begin() + std::min<size_t>(5, nothing_to_learn.size()));
+    throw UserError("tokenize --format chat: " + std::to_string(nothing_to_learn.size()) + " record(s) have no token to learn (no " +
+                    (loss == ChatLoss::All ? "text" : "assistant turn, or only empty ones") + "): " + join(first) +
+                    (nothing_to_learn.size() > 5 ? ", ..." : "") + ". Fix or drop them. Nothing was written");
+  }
+  if (o.show) return {};
+  return write_padded_rows(o, *tok, rows, 1, "padded", bytes, ours);
+}
 
 TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& o) {
   return tokenize_records(o, {"prompt", "completion"}, 1, "padded",

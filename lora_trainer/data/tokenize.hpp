@@ -28,6 +28,11 @@ struct TokenizeOptions {
   double val_fraction = 0.05;
   int64_t length = 0;                   // padded: row length L; 0 = the longest record
   bool force = false;                   // write into an existing directory that is not a dataset of ours
+  // --format chat (tokenize_jsonl_to_chat)
+  std::string chat_template;            // which of a list of named templates ("" = default)
+  std::string loss_on = "assistant";    // assistant, last or all (parse_chat_loss)
+  std::vector<std::string> chat_vars;   // KEY=VALUE template variables (e.g. enable_thinking=false)
+  bool show = false;                    // print each record's text, ids and mask as JSON lines; write nothing
 };
 
 // The files of a dataset directory that tokenize writes (and replaces on a re-run); anything else a
@@ -49,6 +54,13 @@ TokenizeResult tokenize_to_pmd(const TokenizeOptions& opts);
 // completion and its end-of-text count in the loss. A longer record keeps its last `length` tokens.
 // Every k-th record (k = 1 / val_fraction, at least one) goes to validation.
 TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& opts);
+
+// JSONL conversations {"messages": [{"role", "content"}, ...], "tools"?, "documents"?} (or {"prompt",
+// "completion"}) -> a PADDED dataset: each record rendered with the chat template of the tokenizer's
+// model directory (opts.tokenizer must be hf:DIR; chat_template.hpp), tokenized as a whole, one row
+// each, the loss on `loss_on`'s tokens. A record longer than `length` (when given), a malformed one or
+// one with nothing to learn is a UserError naming FILE:LINE. `show`: prints each record instead.
+TokenizeResult tokenize_jsonl_to_chat(const TokenizeOptions& opts);
 
 // JSONL preference records {"prompt": str, "chosen": str, "rejected": str} -> a CONTRASTIVE dataset
 // (data.hpp): each record is two rows as tokenize_jsonl_to_padded makes them, prompt + chosen and

@@ -416,6 +416,42 @@ TEST_CASE("fuzz: JSONL records for tokenize --format jsonl and pairs", "[fuzz]")
   t.check();
 }
 
+TEST_CASE("fuzz: conversations and chat templates for tokenize --format chat", "[fuzz]") {
+  test::TempDir d;
+  const std::string model = d / "model";
+  std::filesystem::create_directories(model);
+  std::filesystem::copy_file(kData + "/hf_tokenizers/qwen2/tokenizer.json", model + "/tokenizer.json");
+  const std::string source = read_file(kData + "/chat_templates/qwen3.jinja");
+  const json conversation = json::parse(R"({"messages": [{"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "<think>x</think>Hello."},
+      {"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+       "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+      {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "Sunny."}],
+      "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]})");
+  Tally records{"chat records"}, templates{"chat templates"};
+  for (uint64_t seed : seeds(300)) {
+    Mutator m(seed);
+    // Half the runs damage a record, half the template (bytes or JSON of the tokenizer config).
+    const bool damage_template = seed % 2;
+    std::string text = conversation.dump() + "\n" + conversation.dump() + "\n" + conversation.dump() + "\n";
+    json config = {{"eos_token", "<|im_end|>"}, {"chat_template", source}};
+    if (damage_template) config["chat_template"] = m.bytes(source);
+    else if (m.chance(50)) text = m.bytes(text);
+    else text.replace(0, text.find('\n'), m.json_text(conversation));
+    write_file_atomic(model + "/tokenizer_config.json", config.dump(-1, ' ', false, json::error_handler_t::replace));
+    write_file_atomic(d / "in.jsonl", text);
+    TokenizeOptions o;
+    o.inputs = {d / "in.jsonl"};
+    o.out_dir = d / "data/chat";
+    o.tokenizer = "hf:" + model;
+    o.val_fraction = 0.4;
+    o.loss_on = "last";
+    (damage_template ? templates : records).run(seed, [&] { tokenize_jsonl_to_chat(o); });
+  }
+  records.check();
+  templates.check();
+}
+
 TEST_CASE("fuzz: a dataset's meta.json, shape.json and token files, as training opens them", "[fuzz]") {
   test::TempDir d;
   const std::string data = d / "data";

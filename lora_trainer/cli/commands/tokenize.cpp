@@ -1,5 +1,6 @@
-// `lora_trainer tokenize INPUT... --name NAME [--format text|jsonl|pairs] ...`: text files into a PMD
-// dataset, prompt/completion records into a PADDED one, preference pairs into a CONTRASTIVE one.
+// `lora_trainer tokenize INPUT... --name NAME [--format text|jsonl|chat|pairs] ...`: text files into a
+// PMD dataset, prompt/completion records or conversations (rendered with the model's chat template)
+// into a PADDED one, preference pairs into a CONTRASTIVE one.
 #include <cstdio>
 #include <filesystem>
 
@@ -14,14 +15,23 @@ struct TokenizeArgs {
   TokenizeOptions tok;
   std::string name, data_dir = "datasets/data", format = "text";
   CLI::Option* length = nullptr;  // given or not
+  std::vector<CLI::Option*> chat_only;
 };
 
 int tokenize(TokenizeArgs& a) {
   if (a.format == "text" && a.length->count() > 0)
-    throw UserError("tokenize: --length sets the row length of --format jsonl and pairs; text is cut into rows at "
-                    "training time (architecture/block_size). Drop --length, or give --format jsonl|pairs");
+    throw UserError("tokenize: --length sets the row length of --format jsonl, chat and pairs; text is cut into rows at "
+                    "training time (architecture/block_size). Drop --length, or give --format jsonl|chat|pairs");
+  for (const CLI::Option* opt : a.chat_only)
+    if (a.format != "chat" && opt->count() > 0)
+      throw UserError("tokenize: " + opt->get_name() + " belongs to --format chat (conversations rendered with a chat template)");
   a.tok.out_dir = (std::filesystem::path(a.data_dir) / a.name).string();
-  auto r = a.format == "jsonl"   ? tokenize_jsonl_to_padded(a.tok)
+  if (a.tok.show) {
+    tokenize_jsonl_to_chat(a.tok);
+    return 0;
+  }
+  auto r = a.format == "chat"    ? tokenize_jsonl_to_chat(a.tok)
+           : a.format == "jsonl" ? tokenize_jsonl_to_padded(a.tok)
            : a.format == "pairs" ? tokenize_jsonl_to_contrastive(a.tok)
                                  : tokenize_to_pmd(a.tok);
   std::printf("dataset %s: %llu documents (%llu validation), %llu bytes -> %llu train + %llu val tokens\n",
@@ -48,12 +58,26 @@ Command add_tokenize(CLI::App& app) {
                   "comma-separated list (--ext .py,.js)")
       ->allow_extra_args(false)->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   sub->add_option("--format", a->format,
-                  "text: each file a document -> PMD; jsonl: {\"prompt\",\"completion\"} records -> PADDED; pairs: "
+                  "text: each file a document -> PMD; jsonl: {\"prompt\",\"completion\"} records -> PADDED; chat: "
+                  "{\"messages\": [{\"role\",\"content\"}...]} conversations rendered with the chat template of "
+                  "--tokenizer hf:DIR -> PADDED, the loss on the assistant turns; pairs: "
                   "{\"prompt\",\"chosen\",\"rejected\"} records -> CONTRASTIVE (for dpo/train)")
-      ->capture_default_str()->check(CLI::IsMember({"text", "jsonl", "pairs"}));
+      ->capture_default_str()->check(CLI::IsMember({"text", "jsonl", "chat", "pairs"}));
+  a->chat_only.push_back(sub->add_option("--loss-on", tok.loss_on,
+                                         "chat: which tokens count in the loss: assistant (every assistant turn, its "
+                                         "end-of-turn token included), last (the last assistant turn), all")
+                             ->capture_default_str()->check(CLI::IsMember({"assistant", "last", "all"})));
+  a->chat_only.push_back(sub->add_option("--chat-template", tok.chat_template,
+                                         "chat: which of the model's named templates (e.g. tool_use); default: \"default\""));
+  a->chat_only.push_back(sub->add_option("--chat-var", tok.chat_vars,
+                                         "chat: a template variable KEY=VALUE (VALUE as JSON, else a string), e.g. "
+                                         "enable_thinking=false; repeat it for several"));
+  a->chat_only.push_back(sub->add_flag("--show", tok.show,
+                                       "chat: print each record's rendered text, token ids and loss mask as a JSON line "
+                                       "and write nothing"));
   sub->add_flag("--force", tok.force,
                 "write into an existing directory that is not a dataset of lora_trainer (its other files are kept)");
-  a->length = sub->add_option("--length", tok.length, "jsonl, pairs: row length in tokens (0 = the longest row)")
+  a->length = sub->add_option("--length", tok.length, "jsonl, chat, pairs: row length in tokens (0 = the longest row; a longer conversation is an error for chat)")
                   ->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   return {sub, [a] { return tokenize(*a); }};
 }

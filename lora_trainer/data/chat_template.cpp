@@ -1,0 +1,191 @@
+#include "lora_trainer/data/chat_template.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+
+#include "lora_trainer/core/util.hpp"
+#include "lora_trainer/data/tokenizer.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+
+using ojson = nlohmann::ordered_json;
+
+ChatLoss parse_chat_loss(const std::string& s) {
+  if (s == "assistant") return ChatLoss::Assistant;
+  if (s == "last") return ChatLoss::LastAssistant;
+  if (s == "all") return ChatLoss::All;
+  throw UserError("--loss-on " + s + ": expected assistant (every assistant turn), last (the last one) or all");
+}
+
+namespace {
+
+ojson read_ordered_json(const std::string& path) {
+  const std::string text = read_file(path);
+  parse_json(text, path);  // its checks and messages (syntax, duplicate keys, depth)
+  return ojson::parse(text);
+}
+
+const char* const kRoles[] = {"system", "user", "assistant", "tool", "developer", "ipython"};
+
+// The record's messages, checked: an array of objects with a known role and string content (null
+// content for an assistant turn that calls tools).
+ojson checked_messages(const ojson& record, const std::string& where) {
+  ojson messages;
+  if (record.contains("messages")) {
+    messages = record["messages"];
+    if (!messages.is_array() || messages.empty())
+      throw UserError(where + ": \"messages\" must be a non-empty array of {\"role\", \"content\"} objects");
+  } else if (record.contains("prompt") && record.contains("completion")) {
+    if (!record["prompt"].is_string() || !record["completion"].is_string())
+      throw UserError(where + ": \"prompt\" and \"completion\" must be strings");
+    messages = ojson::array({{{"role", "user"}, {"content", record["prompt"]}}, {{"role", "assistant"}, {"content", record["completion"]}}});
+  } else {
+    throw UserError(where + ": a chat record needs \"messages\" (a list of {\"role\", \"content\"}), or \"prompt\" and \"completion\"");
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& m = messages[i];
+    const std::string at = where + ": message " + std::to_string(i + 1);
+    if (!m.is_object()) throw UserError(at + " is not an object");
+    if (!m.contains("role")) throw UserError(at + " has no \"role\"");
+    if (!m["role"].is_string()) throw UserError(at + ": \"role\" must be a string");
+    const std::string role = m["role"];
+    if (std::none_of(std::begin(kRoles), std::end(kRoles), [&](const char* r) { return role == r; }))
+      throw UserError(at + " has an unknown role \"" + role + "\" (known: system, user, assistant, tool, developer, ipython)");
+    const bool tool_call = role == "assistant" && m.contains("tool_calls");
+    if (!m.contains("content") && !tool_call) throw UserError(at + " (" + role + ") has no \"content\"");
+    if (m.contains("content") && !m["content"].is_string() && !(tool_call && m["content"].is_null()))
+      throw UserError(at + " (" + role + "): \"content\" must be a string" +
+                      (m["content"].is_array() ? " (lists of typed parts, as for images, are not supported)" : ""));
+  }
+  return messages;
+}
+
+ojson head(const ojson& messages, size_t n) {
+  ojson out = ojson::array();
+  for (size_t i = 0; i < n; ++i) out.push_back(messages[i]);
+  return out;
+}
+
+// Drops whitespace at the end of a range (after the end-of-turn token, e.g. ChatML's "\n").
+std::pair<size_t, size_t> trimmed(const std::string& text, size_t b, size_t e) {
+  while (e > b && std::isspace(static_cast<unsigned char>(text[e - 1]))) --e;
+  return {b, e};
+}
+
+}  // namespace
+
+ChatTemplate ChatTemplate::from_model_dir(const std::string& dir, const std::string& which) {
+  const fs::path config_path = fs::path(dir) / "tokenizer_config.json";
+  ojson config = fs::exists(config_path) ? read_ordered_json(config_path.string()) : ojson::object();
+  ojson special = ojson::object();
+  for (const char* k : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+    if (!config.contains(k)) continue;
+    const ojson& v = config[k];
+    if (v.is_string()) special[k] = v;
+    else if (v.is_object() && v.contains("content") && v["content"].is_string()) special[k] = v["content"];
+  }
+  const fs::path jinja_file = fs::path(dir) / "chat_template.jinja";
+  if (fs::exists(jinja_file) && which.empty()) return ChatTemplate(read_file(jinja_file.string()), jinja_file.string(), special);
+  const std::string where = config_path.string() + ": chat_template";
+  if (!config.contains("chat_template"))
+    throw UserError(dir + " has no chat template (neither chat_template.jinja nor a \"chat_template\" in tokenizer_config.json); "
+                    "a base model's tokenizer often has none: take the instruct model's");
+  const ojson& t = config["chat_template"];
+  if (t.is_string()) {
+    if (!which.empty()) throw UserError(where + " is a single template; --chat-template " + which + " names one of a list");
+    return ChatTemplate(t.get<std::string>(), where, special);
+  }
+  if (t.is_array()) {
+    const std::string want = which.empty() ? "default" : which;
+    std::vector<std::string> names;
+    for (const auto& e : t) {
+      if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("template") || !e["template"].is_string())
+        throw UserError(where + ": a list of templates must hold {\"name\", \"template\"} objects");
+      names.push_back(e["name"]);
+      if (e["name"] == want) return ChatTemplate(e["template"].get<std::string>(), where + " \"" + want + "\"", special);
+    }
+    throw UserError(where + " has no template named \"" + want + "\" (it has: " + join(names) + "); choose with --chat-template NAME");
+  }
+  throw UserError(where + " must be a string or a list of {\"name\", \"template\"}");
+}
+
+ChatTemplate::ChatTemplate(const std::string& source, std::string name, ojson special_tokens)
+    : template_(source, name), name_(std::move(name)), special_(std::move(special_tokens)),
+      has_generation_(template_.has_generation()) {}
+
+jinja::Rendered ChatTemplate::render(const ojson& messages, bool add_generation_prompt, const ojson& variables) const {
+  ojson ctx = special_;
+  for (auto it = variables.begin(); it != variables.end(); ++it) ctx[it.key()] = it.value();
+  ctx["messages"] = messages;
+  ctx["add_generation_prompt"] = add_generation_prompt;
+  return template_.render(ctx);
+}
+
+ChatText ChatTemplate::for_training(const ojson& record, ChatLoss loss, const ojson& variables, const std::string& where) const {
+  if (!record.is_object()) throw UserError(where + ": not a JSON object");
+  const ojson messages = checked_messages(record, where);
+  ojson vars = variables;
+  for (const char* k : {"tools", "documents"})
+    if (record.contains(k)) vars[k] = record[k];
+  auto run = [&](const ojson& msgs, bool gen_prompt) {
+    try {
+      return render(msgs, gen_prompt, vars);
+    } catch (const jinja::TemplateError& e) {
+      throw UserError(where + ": " + (e.raised ? "the chat template refused this conversation: " + e.message : std::string(e.what())));
+    }
+  };
+  const jinja::Rendered full = run(messages, false);
+  ChatText out{full.text, {}};
+  if (loss == ChatLoss::All) {
+    out.loss.emplace_back(0, full.text.size());
+    return out;
+  }
+  std::vector<size_t> turns;
+  for (size_t i = 0; i < messages.size(); ++i)
+    if (messages[i]["role"] == "assistant") turns.push_back(i);
+  if (has_generation_) {
+    auto spans = full.generation;
+    if (loss == ChatLoss::LastAssistant && !spans.empty()) spans.erase(spans.begin(), spans.end() - 1);
+    out.loss = spans;
+    return out;
+  }
+  if (loss == ChatLoss::LastAssistant && !turns.empty()) turns.erase(turns.begin(), turns.end() - 1);
+  for (size_t i : turns) {
+    const std::string before = i == 0 ? std::string() : run(head(messages, i), true).text;
+    const std::string through = run(head(messages, i + 1), false).text;
+    if (through.compare(0, before.size(), before) != 0 || full.text.compare(0, through.size(), through) != 0)
+      throw UserError(where + ": " + name_ + " renders the conversation before assistant turn " + std::to_string(i + 1) +
+                      " differently once that turn follows, or the turn differently once later turns follow, so the turn's "
+                      "text cannot be found by rendering prefixes (e.g. Qwen3, which keeps reasoning only after the last "
+                      "user turn); " +
+                      (loss == ChatLoss::LastAssistant
+                           ? "end the conversation with its last assistant turn, or use a template with {% generation %} tags"
+                           : "use --loss-on last (only the final assistant turn is learned) or a template with {% generation %} tags"));
+    const auto span = trimmed(through, before.size(), through.size());
+    if (span.second > span.first) out.loss.push_back(span);
+  }
+  return out;
+}
+
+MaskedIds tokenize_chat(const Tokenizer& tok, const ChatText& chat, const std::string& where) {
+  MaskedIds out;
+  out.ids = tok.encode(chat.text);
+  out.mask.assign(out.ids.size(), 0);
+  size_t pos = 0, span = 0;
+  for (size_t k = 0; k < out.ids.size(); ++k) {
+    const size_t b = pos, e = pos + tok.decode({out.ids[k]}).size();
+    while (span < chat.loss.size() && chat.loss[span].second <= b) ++span;
+    if (span < chat.loss.size() && chat.loss[span].first < e && b < chat.loss[span].second) out.mask[k] = 1;
+    pos = e;
+  }
+  if (pos != chat.text.size())
+    throw UserError(where + ": the tokenizer " + tok.name() + " does not spell the rendered text back byte for byte (" +
+                    std::to_string(pos) + " bytes from " + std::to_string(chat.text.size()) +
+                    "; a normalizer changes it), so the loss cannot be placed on its tokens");
+  return out;
+}
+
+}  // namespace lt

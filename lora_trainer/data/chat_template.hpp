@@ -1,0 +1,83 @@
+// A model's chat template, applied as transformers' apply_chat_template applies it, and the parts of a
+// conversation that count in the loss (docs/chat.md).
+//
+// The template comes from a Hugging Face model directory: `chat_template.jinja`, else the
+// `chat_template` of `tokenizer_config.json` (a string, or a list of named templates: "default"
+// unless another is asked for). The render's variables are transformers': `messages`,
+// `add_generation_prompt`, `tools` and `documents` when the record has them, the special tokens of
+// tokenizer_config.json (`bos_token`, `eos_token`, `unk_token`, `pad_token`; an AddedToken object's
+// `content`), and the caller's extra variables (e.g. `enable_thinking`).
+//
+// Which bytes count in the loss: a template with {% generation %} marks them itself; otherwise each
+// assistant turn is found as transformers' users find it, by rendering the conversation up to the turn
+// with the generation prompt and up to its end: the difference is what the model writes, its
+// end-of-turn token included (whitespace after it is not). Where a template renders an earlier turn
+// differently once later turns follow (Qwen3 drops earlier turns' reasoning), the prefixes do not line up
+// and only the last assistant turn can be found; that is refused with a message saying so.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lora_trainer/data/jinja.hpp"
+
+namespace lt {
+
+class Tokenizer;
+
+// Which tokens of a conversation count in the loss.
+enum class ChatLoss {
+  Assistant,      // every assistant turn (the default)
+  LastAssistant,  // the last assistant turn only
+  All,            // every token
+};
+ChatLoss parse_chat_loss(const std::string& s);  // "assistant", "last", "all"
+
+// A conversation rendered for training: its text and the byte ranges [begin, end) that count.
+struct ChatText {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> loss;
+};
+
+// Token ids and a mask (1 = counts in the loss) of equal length.
+struct MaskedIds {
+  std::vector<uint32_t> ids;
+  std::vector<uint8_t> mask;
+};
+
+class ChatTemplate {
+ public:
+  // From DIR (see above); a UserError names the file and what is missing.
+  static ChatTemplate from_model_dir(const std::string& dir, const std::string& which = "");
+  ChatTemplate(const std::string& source, std::string name, nlohmann::ordered_json special_tokens);
+
+  // The render of `messages` (a JSON array of {"role", "content", ...}) with `variables` (an object:
+  // tools, documents, enable_thinking, ...) added to the template's.
+  jinja::Rendered render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                         const nlohmann::ordered_json& variables = nlohmann::ordered_json::object()) const;
+
+  // A record {"messages": [...], "tools"?, "documents"?} or {"prompt", "completion"} (a user turn and an
+  // assistant turn), rendered without the generation prompt, with its loss ranges. Throws UserError
+  // (prefixed by `where`, e.g. FILE:LINE) for a malformed record or a template error.
+  ChatText for_training(const nlohmann::ordered_json& record, ChatLoss loss, const nlohmann::ordered_json& variables,
+                        const std::string& where) const;
+
+  const std::string& name() const { return name_; }
+
+ private:
+  jinja::Template template_;
+  std::string name_;
+  nlohmann::ordered_json special_;
+  bool has_generation_;
+};
+
+// Tokenizes `chat.text` as a whole (so that ids equal the tokenizer's on that text) and marks the
+// tokens with a byte in a loss range. A UserError when the tokenizer's pieces do not spell the text
+// back byte for byte (a normalizer that changes it), since the ranges could not be placed.
+MaskedIds tokenize_chat(const Tokenizer& tok, const ChatText& chat, const std::string& where);
+
+}  // namespace lt
