@@ -67,6 +67,8 @@ class ChatTemplate {
                         const std::string& where) const;
 
   const std::string& name() const { return name_; }
+  // tokenizer_config.json's eos_token (an instruct model's end-of-turn token, e.g. <|im_end|>), or "".
+  std::string eos_token() const { return special_.value("eos_token", std::string()); }
 
  private:
   jinja::Template template_;

@@ -170,3 +170,41 @@ TEST_CASE("tokenize --format chat writes a PADDED dataset of the masks, and bad 
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("--loss-on belongs to --format chat"));
 }
+
+TEST_CASE("sample --chat renders the user message with the chat template and prints the reply alone", "[chat][launcher]") {
+  lt::test::TempDir tmp;
+  // The imported test model (vocabulary 300) and the 259-token test tokenizer, with a ChatML template.
+  REQUIRE(lt::test::launch({"import-hf", kSrc + "/tests/data/hf_gpt2/model", tmp / "base"}).code == 0);
+  const fs::path dir = tmp / "chat_model";
+  fs::create_directories(dir);
+  fs::copy_file(kSrc + "/tests/data/hf_tokenizers/order/tokenizer.json", dir / "tokenizer.json");
+  const ojson config = {{"eos_token", "<|endoftext|>"},
+                        {"chat_template", lt::read_file(kSrc + "/tests/data/chat_templates/with_generation.jinja")}};
+  lt::write_file_atomic((dir / "tokenizer_config.json").string(), config.dump(1));
+  const ojson messages = ojson::parse(R"([{"role": "system", "content": "sys"}, {"role": "user", "content": "ab"}])");
+  const std::string rendered = lt::ChatTemplate::from_model_dir(dir.string()).render(messages, true).text;
+  REQUIRE(rendered == "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nab<|im_end|>\n<|im_start|>assistant\n");
+  const std::vector<std::string> common = {"--tokens", "6", "--temperature", "0", "--tokenizer", "hf:" + dir.string()};
+  std::vector<std::string> chat = {"sample", tmp / "base", "--chat", "--system", "sys", "--prompt", "ab"};
+  std::vector<std::string> plain = {"sample", tmp / "base", "--prompt", rendered};
+  chat.insert(chat.end(), common.begin(), common.end());
+  plain.insert(plain.end(), common.begin(), common.end());
+  const auto c = lt::test::launch(chat), p = lt::test::launch(plain);
+  INFO(c.out << "\n---\n" << p.out);
+  REQUIRE(c.code == 0);
+  REQUIRE(p.code == 0);
+  // Greedy from the same ids: the plain run prints the rendered prompt, the reply and (if it came) the
+  // end-of-text; the chat run the reply alone.
+  const std::string marker = "this job starts at step 0\n";  // the load's lines come first in both
+  REQUIRE(c.out.rfind(marker) != std::string::npos);
+  const std::string reply = c.out.substr(c.out.rfind(marker) + marker.size());  // ends with "\n"
+  auto ends_with = [&](const std::string& tail) { return p.out.size() >= tail.size() && p.out.compare(p.out.size() - tail.size(), tail.size(), tail) == 0; };
+  CHECK(reply.size() > 1);
+  CHECK((ends_with(rendered + reply) || ends_with(rendered + reply.substr(0, reply.size() - 1) + "<|endoftext|>\n")));
+  auto r = lt::test::launch({"sample", tmp / "base", "--prompt", "ab", "--system", "x", "--tokenizer", "hf:" + dir.string()});
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("--system belongs to --chat"));
+  r = lt::test::launch({"sample", tmp / "base", "--prompt", "ab", "--chat", "--tokenizer", "byte"});
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("--tokenizer hf:DIR"));
+}

@@ -1,9 +1,12 @@
-// `lora_trainer sample CHECKPOINT --prompt TEXT [--tokens N] [--temperature T] [--top-k K] [--seed S]
-// [--tokenizer NAME] [key=value ...]`: text generated from a checkpoint's model.
+// `lora_trainer sample CHECKPOINT --prompt TEXT [--chat [--system TEXT]] [--tokens N] [--temperature T]
+// [--top-k K] [--seed S] [--tokenizer NAME] [key=value ...]`: text generated from a checkpoint's model;
+// with --chat the prompt is a user message rendered with the model's chat template and the reply runs
+// to the template's end-of-turn token.
 #include <cstdio>
 #include <filesystem>
 
 #include "lora_trainer/cli/commands/command.hpp"
+#include "lora_trainer/data/chat_template.hpp"
 #include "lora_trainer/data/tokenize.hpp"
 #include "lora_trainer/models/generate.hpp"
 #include "lora_trainer/training/trainer.hpp"
@@ -12,7 +15,9 @@ namespace lt {
 namespace {
 
 struct SampleArgs {
-  std::string checkpoint, prompt, tokenizer = "auto";
+  std::string checkpoint, prompt, tokenizer = "auto", system;
+  bool chat = false;
+  CLI::Option* system_opt = nullptr;
   GenerateOptions gen;
   std::vector<std::string> overrides;
 };
@@ -33,9 +38,31 @@ int sample(const SampleArgs& a) {
   GenerateOptions o = a.gen;
   o.stop_id = tok->eot_id();
   o.vocab_limit = tok->vocab_size();
+  std::string prompt = a.prompt;
+  if (a.chat) {
+    if (tokenizer_name.rfind("hf:", 0) != 0)
+      throw UserError("sample --chat renders the prompt with the model's chat template: give --tokenizer hf:DIR (the model "
+                      "directory holding tokenizer.json and tokenizer_config.json), or sample an imported model whose "
+                      "directory still holds them");
+    const ChatTemplate tmpl = ChatTemplate::from_model_dir(tokenizer_name.substr(3));
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
+    messages.push_back({{"role", "user"}, {"content", a.prompt}});
+    prompt = tmpl.render(messages, true).text;
+    // The reply ends at the template's end-of-turn token (tokenizer_config.json's eos_token) when it is one token.
+    const auto eos = tok->encode(tmpl.eos_token());
+    if (eos.size() == 1) o.stop_id = eos[0];
+  } else if (a.system_opt->count() > 0) {
+    throw UserError("sample --system belongs to --chat (a system message rendered with the model's chat template)");
+  }
   auto ema = t->ema_weights();  // with eval/use_ema, the moving average generates
-  auto ids = generate(t->model(), t->runtime(), tok->encode(a.prompt), o);
-  std::printf("%s%s\n", a.prompt.c_str(), tok->decode(ids).c_str());
+  auto ids = generate(t->model(), t->runtime(), tok->encode(prompt), o);
+  if (a.chat) {  // the reply alone, without its end-of-turn token
+    if (!ids.empty() && static_cast<int64_t>(ids.back()) == o.stop_id) ids.pop_back();
+    std::printf("%s\n", tok->decode(ids).c_str());
+  } else {
+    std::printf("%s%s\n", prompt.c_str(), tok->decode(ids).c_str());
+  }
   return 0;
 }
 
@@ -45,7 +72,11 @@ Command add_sample(CLI::App& app) {
   auto a = std::make_shared<SampleArgs>();
   auto* sub = app.add_subcommand("sample", "generate text from a checkpoint");
   sub->add_option("CHECKPOINT", a->checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
-  sub->add_option("--prompt", a->prompt, "text to continue")->required();
+  sub->add_option("--prompt", a->prompt, "text to continue (with --chat: the user's message)")->required();
+  sub->add_flag("--chat", a->chat,
+                "render --prompt as a user message with the model's chat template (generation prompt added) and print "
+                "the reply, generated up to the template's end-of-turn token; needs the model's tokenizer files (hf:DIR)");
+  a->system_opt = sub->add_option("--system", a->system, "with --chat: a system message before the user's");
   sub->add_option("--tokens", a->gen.max_new_tokens, "tokens to generate")->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   sub->add_option("--temperature", a->gen.temperature, "softmax temperature; 0 = greedy")->capture_default_str()
