@@ -9,7 +9,7 @@
 // macros, {% generation %} (transformers' assistant-span tag); Python values (None, bool, int, float,
 // str by code point, list, tuple, dict in insertion order) with Python's printing, arithmetic and
 // comparisons; the filters, tests, string/dict methods and globals that chat templates use
-// (jinja.cpp lists them). Anything else is refused when the template is parsed, or when it runs, with
+// (jinja/builtins.hpp lists them). Anything else is refused when the template is parsed, or when it runs, with
 // the template's name and line. Checked byte for byte against python3-jinja2 (tests/data/test_jinja.cpp,
 // scripts/jinja_golden.py).
 #pragma once

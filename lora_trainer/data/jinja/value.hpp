@@ -1,0 +1,112 @@
+// The Jinja engine's values (jinja.hpp): Python's None, bool, int, float, str (UTF-8, by code point),
+// list, tuple, dict (insertion order), jinja2's Undefined and namespace, and functions; their printing
+// (str and repr), truth, comparisons and operators, and transformers' tojson. Internal to the engine.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace lt::jinja::detail {
+
+// An error while evaluating: the statement that ran it adds the template's name and line.
+struct EvalError {
+  std::string message;
+  bool raised = false;
+};
+[[noreturn]] void fail(const std::string& msg);
+
+// UTF-8 by code point, as Python's str.
+std::vector<uint32_t> decode(const std::string& s);
+void append_utf8(std::string& out, uint32_t cp);
+std::string encode(const std::vector<uint32_t>& cps, size_t begin = 0, size_t end = std::string::npos);
+bool is_space(uint32_t c);  // Python's str.isspace
+// Python's str.upper/lower for Latin, Greek and Cyrillic. mode: 0 lower, 1 upper, 2 title, 3 capitalize.
+uint32_t upper_cp(uint32_t c);
+uint32_t lower_cp(uint32_t c);
+bool cased(uint32_t c);
+std::string change_case(const std::string& s, int mode);
+
+struct Value;
+using List = std::vector<Value>;
+using Dict = std::vector<std::pair<std::string, Value>>;  // insertion order, as Python's dict
+using Args = std::vector<Value>;
+using Kwargs = std::vector<std::pair<std::string, Value>>;
+using Function = std::function<Value(Args&, Kwargs&)>;
+
+struct Value {
+  enum class Kind { Undefined, None, Bool, Int, Float, String, List, Tuple, Dict, Namespace, Function };
+  Kind kind = Kind::Undefined;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;                    // String; Undefined: the missing name (for errors)
+  std::shared_ptr<List> list;       // List, Tuple
+  std::shared_ptr<Dict> dict;       // Dict, Namespace
+  std::shared_ptr<Function> fn;     // Function
+  bool markup = false;              // a macro's output (printing as is)
+
+  static Value undefined(std::string name = "") { Value v; v.s = std::move(name); return v; }
+  static Value none() { Value v; v.kind = Kind::None; return v; }
+  static Value boolean(bool x) { Value v; v.kind = Kind::Bool; v.b = x; return v; }
+  static Value integer(int64_t x) { Value v; v.kind = Kind::Int; v.i = x; return v; }
+  static Value real(double x) { Value v; v.kind = Kind::Float; v.f = x; return v; }
+  static Value string(std::string x) { Value v; v.kind = Kind::String; v.s = std::move(x); return v; }
+  static Value of_list(List l, bool tuple = false) {
+    Value v; v.kind = tuple ? Kind::Tuple : Kind::List; v.list = std::make_shared<List>(std::move(l)); return v;
+  }
+  static Value of_dict(Dict d, bool ns = false) {
+    Value v; v.kind = ns ? Kind::Namespace : Kind::Dict; v.dict = std::make_shared<Dict>(std::move(d)); return v;
+  }
+  static Value function(Function f) { Value v; v.kind = Kind::Function; v.fn = std::make_shared<Function>(std::move(f)); return v; }
+
+  bool is_undefined() const { return kind == Kind::Undefined; }
+  bool is_none() const { return kind == Kind::None; }
+  bool is_number() const { return kind == Kind::Int || kind == Kind::Float || kind == Kind::Bool; }
+  bool is_string() const { return kind == Kind::String; }
+  bool is_sequence() const { return kind == Kind::List || kind == Kind::Tuple; }
+  bool is_mapping() const { return kind == Kind::Dict; }
+  double number() const { return kind == Kind::Float ? f : kind == Kind::Bool ? (b ? 1 : 0) : static_cast<double>(i); }
+  int64_t integer_value() const { return kind == Kind::Bool ? (b ? 1 : 0) : i; }
+
+  const Value* find(const std::string& key) const {
+    if (!dict) return nullptr;
+    for (const auto& [k, v] : *dict)
+      if (k == key) return &v;
+    return nullptr;
+  }
+};
+
+const char* type_name(const Value& v);
+[[noreturn]] void undefined_error(const Value& v);
+Value from_json(const nlohmann::ordered_json& j);
+bool truthy(const Value& v);
+std::string float_repr(double x);  // Python's repr of a float
+std::string str_repr(const std::string& s);
+std::string to_str(const Value& v);  // str(v), as {{ v }} prints it
+std::string repr(const Value& v);
+bool equal(const Value& a, const Value& b);
+bool less(const Value& a, const Value& b);  // Python's <; a TypeError otherwise
+List iterate(const Value& v);               // what `for` iterates: items, keys, characters; Undefined is empty
+bool contains(const Value& container, const Value& item);
+int64_t length(const Value& v);
+
+// transformers' tojson: json.dumps(x, ensure_ascii, indent, separators, sort_keys).
+struct JsonStyle {
+  int indent = -1;  // -1: none
+  std::string item_sep = ", ", key_sep = ": ";
+  bool sort_keys = false, ensure_ascii = false;
+};
+void to_json(std::string& out, const Value& v, const JsonStyle& st, int depth);
+
+std::string percent_format(const std::string& fmt, const Value& values);  // 'fmt' % values
+Value binary(const std::string& op, const Value& a, const Value& b);      // + - * / // % ** ~ == < in ...
+Value slice(const Value& v, const Value& start, const Value& stop, const Value& step);
+
+}  // namespace lt::jinja::detail
