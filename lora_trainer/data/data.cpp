@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/data/packing.hpp"
 
 namespace fs = std::filesystem;
 
@@ -180,7 +181,7 @@ void PmdDataset::require_samples(Split split, int64_t T) const {
                     std::to_string(T + 1) + "; use more text or a smaller architecture/block_size");
 }
 
-void PmdDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const {
+void PmdDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets, int64_t*) const {
   const TokenFile& f = file(split);
   uint64_t n = num_samples(split, T);
   if (n == 0) require_samples(split, T);
@@ -229,7 +230,22 @@ PaddedDataset::PaddedDataset(const std::string& dir, const std::string& name, Da
                       " at byte " + std::to_string(bad - part->mask.begin()) +
                       " (row " + std::to_string((bad - part->mask.begin()) / part->length) +
                       "); a mask holds 0 or 1 only: re-run the tokenize step");
+    const fs::path lengths = base / (std::string(split) + ".lengths.bin");
+    if (fs::exists(lengths)) {
+      const std::string bytes = read_file(lengths.string());
+      if (bytes.size() != part->rows * 4)
+        throw UserError(lengths.string() + " is " + std::to_string(bytes.size()) + " bytes, expected 4 per row (" +
+                        std::to_string(part->rows) + " rows); re-run the tokenize step");
+      part->lengths.resize(part->rows);
+      std::memcpy(part->lengths.data(), bytes.data(), bytes.size());
+      for (uint64_t r = 0; r < part->rows; ++r)
+        if (part->lengths[r] > part->length)
+          throw UserError(lengths.string() + ": row " + std::to_string(r) + " has length " + std::to_string(part->lengths[r]) +
+                          ", longer than the rows' " + std::to_string(part->length) + "; re-run the tokenize step");
+    }
   }
+  if (train_.lengths.empty() != val_.lengths.empty())
+    throw UserError("dataset \"" + name + "\": one of train.lengths.bin and val.lengths.bin is missing; re-run the tokenize step");
   // meta.json and shape.json were written together: they must agree.
   auto mismatch = [&](const std::string& what) {
     throw UserError("dataset \"" + name + "\": meta.json and shape.json disagree (" + what +
@@ -261,7 +277,7 @@ PaddedDataset::~PaddedDataset() = default;
 
 uint64_t PaddedDataset::num_samples(Split split, int64_t) const { return part(split).rows; }
 
-void PaddedDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const {
+void PaddedDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets, int64_t*) const {
   write_row(split, index % part(split).rows, T, inputs, targets);
 }
 
@@ -291,7 +307,7 @@ void PaddedDataset::write_row(Split split, uint64_t row, int64_t T, int64_t* inp
 
 uint64_t ContrastiveDataset::num_samples(Split split, int64_t) const { return rows(split) / 2; }
 
-void ContrastiveDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const {
+void ContrastiveDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets, int64_t*) const {
   const uint64_t pair = index % (rows(split) / 2);
   write_row(split, 2 * pair, T, inputs, targets);              // chosen
   write_row(split, 2 * pair + 1, T, inputs + T, targets + T);  // rejected
@@ -302,7 +318,8 @@ const Dataset& DataCatalog::get(const Sampling& s) {
   auto it = open_.find(key);
   if (it != open_.end()) return *it->second;
   std::unique_ptr<Dataset> ds;
-  if (s.style == DatasetStyle::PADDED) ds = std::make_unique<PaddedDataset>(dir_, s.name);
+  if (s.style == DatasetStyle::PADDED && pack_) ds = std::make_unique<PackedDataset>(std::make_unique<PaddedDataset>(dir_, s.name));
+  else if (s.style == DatasetStyle::PADDED) ds = std::make_unique<PaddedDataset>(dir_, s.name);
   else if (s.style == DatasetStyle::CONTRASTIVE) ds = std::make_unique<ContrastiveDataset>(dir_, s.name);
   else ds = std::make_unique<PmdDataset>(dir_, s.name);
   if (vocab_size_ > 0) ds->check_vocabulary(vocab_size_);
@@ -355,6 +372,8 @@ Batch MixtureSampler::rows(uint64_t first, int64_t count) const {
   auto inputs = torch::empty({count, rows_per_sample_ * T_}, torch::kLong);
   auto targets = torch::empty({count, rows_per_sample_ * T_}, torch::kLong);
   Batch b;
+  if (std::any_of(datasets_.begin(), datasets_.end(), [](const Dataset* d) { return d->packed(); }))
+    b.segments = torch::zeros({count, rows_per_sample_ * T_}, torch::kLong);
   for (int64_t r = 0; r < count; ++r) {
     uint64_t g = first + static_cast<uint64_t>(r);
     uint64_t h1 = mix64(mix64(seed_ ^ mix64(stream_ + 0x51ED)) ^ g);
@@ -364,7 +383,7 @@ Batch MixtureSampler::rows(uint64_t first, int64_t count) const {
     while (d + 1 < cumulative_.size() && u >= cumulative_[d]) ++d;
     const Dataset& ds = *datasets_[d];
     ds.sample(Split::Train, h2 % ds.num_samples(Split::Train, T_), T_, inputs[r].data_ptr<int64_t>(),
-              targets[r].data_ptr<int64_t>());
+              targets[r].data_ptr<int64_t>(), b.segments.defined() ? b.segments[r].data_ptr<int64_t>() : nullptr);
     b.source.push_back(static_cast<int>(d));
   }
   b.inputs = inputs;
@@ -384,6 +403,19 @@ Batch MixtureSampler::next_share(int64_t total, int64_t first, int64_t count) {
   Batch b = rows(cursor_ + static_cast<uint64_t>(first), count);
   cursor_ += static_cast<uint64_t>(total);
   return b;
+}
+
+Batch concat_rows(const Batch& a, const Batch& b) {
+  Batch out;
+  out.inputs = torch::cat({a.inputs, b.inputs});
+  out.targets = torch::cat({a.targets, b.targets});
+  if (a.segments.defined() || b.segments.defined()) {
+    auto segments = [](const Batch& x) { return x.segments.defined() ? x.segments : torch::zeros_like(x.inputs); };
+    out.segments = torch::cat({segments(a), segments(b)});
+  }
+  out.source = a.source;
+  out.source.insert(out.source.end(), b.source.begin(), b.source.end());
+  return out;
 }
 
 std::vector<int64_t> largest_remainder(const std::vector<double>& weights, int64_t total) {
@@ -407,10 +439,12 @@ Batch validation_rows(const Dataset& ds, int64_t T, uint64_t first, int64_t coun
   Batch b;
   b.inputs = torch::empty({count, ds.rows_per_sample() * T}, torch::kLong);
   b.targets = torch::empty({count, ds.rows_per_sample() * T}, torch::kLong);
+  if (ds.packed()) b.segments = torch::zeros({count, ds.rows_per_sample() * T}, torch::kLong);
   uint64_t n = ds.num_samples(Split::Val, T);
   for (int64_t r = 0; r < count; ++r) {
     uint64_t idx = n ? (first + static_cast<uint64_t>(r)) % n : 0;
-    ds.sample(Split::Val, idx, T, b.inputs[r].data_ptr<int64_t>(), b.targets[r].data_ptr<int64_t>());
+    ds.sample(Split::Val, idx, T, b.inputs[r].data_ptr<int64_t>(), b.targets[r].data_ptr<int64_t>(),
+              ds.packed() ? b.segments[r].data_ptr<int64_t>() : nullptr);
     b.source.push_back(0);
   }
   return b;

@@ -6,8 +6,11 @@
 //           the last T.
 //   PADDED  {train,val}.tokens.bin: an (N, L) uint32 matrix of left-padded rows; {train,val}.mask.bin:
 //           (N, L) uint8, 1 where the token counts in the loss (e.g. a completion, not its prompt);
-//           shape.json {"train": [N, L], "val": [N, L]}. A sample is one row, its last T + 1
-//           positions (left-padded further when L < T + 1); targets whose mask is 0 are ignored.
+//           {train,val}.lengths.bin: (N) uint32, each row's tokens without its padding (datasets
+//           tokenized before packing existed have none); shape.json {"train": [N, L], "val": [N, L]}.
+//           A sample is one row, its last T + 1 positions (left-padded further when L < T + 1); targets
+//           whose mask is 0 are ignored. With data/pack, a sample is a row of several examples
+//           (packing.hpp).
 //   CONTRASTIVE  PADDED's files, with the rows in pairs: row 2i is the chosen completion of preference
 //           pair i, row 2i + 1 the rejected one, both the same prompt (mask 0) + completion (mask 1).
 //           A sample is a pair, written as two windows side by side: inputs and targets [0, T) are the
@@ -69,8 +72,12 @@ class Dataset {
   // Number of distinct samples of length T (+1 for the shifted target) in a split.
   virtual uint64_t num_samples(Split split, int64_t T) const = 0;
   // Writes sample `index` into inputs[0..W) and targets[0..W), W = rows_per_sample() * T; targets < 0
-  // are ignored by the loss.
-  virtual void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const = 0;
+  // are ignored by the loss. `segments` (W entries, zeroed by the caller, or null): a packed dataset
+  // writes each position's example number there (SequenceLayout, models/layers.hpp); the others leave
+  // it, their sample being one sequence.
+  virtual void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets, int64_t* segments) const = 0;
+  // Whether a sample holds several examples (packing.hpp), written with their segments.
+  virtual bool packed() const { return false; }
   // Rows of T tokens in one sample: 2 for a preference pair (CONTRASTIVE), else 1.
   virtual int64_t rows_per_sample() const { return 1; }
   // UserError saying why and what to do when the split holds no sample of T tokens.
@@ -91,7 +98,7 @@ class PmdDataset : public Dataset {
   const TokenFile& tokens(Split s) const { return file(s); }
   PmdDataset(const std::string& dir, const std::string& name);
   uint64_t num_samples(Split split, int64_t T) const override;
-  void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const override;
+  void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets, int64_t* segments) const override;
   // A token file shorter than T + 1.
   void require_samples(Split split, int64_t T) const override;
   void check_vocabulary(int64_t vocab_size) const override;
@@ -106,20 +113,26 @@ class PaddedDataset : public Dataset {
   PaddedDataset(const std::string& dir, const std::string& name) : PaddedDataset(dir, name, DatasetStyle::PADDED) {}
   ~PaddedDataset() override;
   uint64_t num_samples(Split split, int64_t T) const override;
-  void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const override;
+  void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets, int64_t* segments) const override;
   void check_vocabulary(int64_t vocab_size) const override;
+  // Row `row` of a split as one sample of T tokens: its last T + 1 positions.
+  void write_row(Split split, uint64_t row, int64_t T, int64_t* inputs, int64_t* targets) const;
+  uint64_t rows(Split s) const { return part(s).rows; }
+  // The tokens of row `row` that are its example, the rest being left padding ({split}.lengths.bin);
+  // has_lengths() is false for a dataset tokenized before that file was written.
+  bool has_lengths() const { return !train_.lengths.empty(); }
+  uint64_t example_length(Split s, uint64_t row) const { return part(s).lengths[row]; }
+  uint32_t pad_id() const { return pad_id_; }
 
  protected:
   // `style` PADDED or CONTRASTIVE (whose rows come in pairs: meta.json's records count pairs).
   PaddedDataset(const std::string& dir, const std::string& name, DatasetStyle style);
-  // Row `row` of a split as one sample of T tokens: its last T + 1 positions.
-  void write_row(Split split, uint64_t row, int64_t T, int64_t* inputs, int64_t* targets) const;
-  uint64_t rows(Split s) const { return part(s).rows; }
 
  private:
   struct Part {
     std::unique_ptr<TokenFile> tokens;
     std::vector<uint8_t> mask;
+    std::vector<uint32_t> lengths;  // empty without {split}.lengths.bin
     uint64_t rows = 0, length = 0;
   };
   const Part& part(Split s) const { return s == Split::Train ? train_ : val_; }
@@ -133,29 +146,37 @@ class ContrastiveDataset : public PaddedDataset {
   ContrastiveDataset(const std::string& dir, const std::string& name)
       : PaddedDataset(dir, name, DatasetStyle::CONTRASTIVE) {}
   uint64_t num_samples(Split split, int64_t T) const override;
-  void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets) const override;
+  void sample(Split split, uint64_t index, int64_t T, int64_t* inputs, int64_t* targets, int64_t* segments) const override;
   int64_t rows_per_sample() const override { return 2; }
 };
 
 // Opens datasets by name under one data directory, once each.
 class DataCatalog {
  public:
-  // vocab_size > 0: every dataset's token ids are checked against it when it is first opened.
-  explicit DataCatalog(std::string data_dir, int64_t vocab_size = 0) : dir_(std::move(data_dir)), vocab_size_(vocab_size) {}
+  // vocab_size > 0: every dataset's token ids are checked against it when it is first opened. pack
+  // (data/pack): padded datasets open packed (PackedDataset, packing.hpp).
+  explicit DataCatalog(std::string data_dir, int64_t vocab_size = 0, bool pack = false)
+      : dir_(std::move(data_dir)), vocab_size_(vocab_size), pack_(pack) {}
   const Dataset& get(const Sampling& s);
   const std::string& dir() const { return dir_; }
 
  private:
   std::string dir_;
   int64_t vocab_size_;
+  bool pack_;
   std::map<std::string, std::unique_ptr<Dataset>> open_;
 };
 
 struct Batch {
   torch::Tensor inputs;   // (B, W) int64, W = rows_per_sample * T (T, or 2T for preference pairs)
   torch::Tensor targets;  // (B, W) int64, -1 where ignored
+  torch::Tensor segments;  // (B, W) int64 where a dataset of the batch is packed (Dataset::sample), else undefined
   std::vector<int> source;  // index into the stage's samplings, per row
 };
+
+// The rows of `a`, then those of `b` (the same width); segments where either has them (a batch without
+// is one sequence a row: zeros).
+Batch concat_rows(const Batch& a, const Batch& b);
 
 // Draws rows of one stage's mixture. The datasets of a mixture have the same rows_per_sample (a
 // UserError otherwise): preference pairs do not mix with single rows.

@@ -44,9 +44,10 @@ static bool wanted(const fs::path& p, const std::vector<std::string>& exts) {
 }
 
 const std::vector<std::string>& dataset_file_names() {
-  static const std::vector<std::string> names = {"meta.json",        "train.bin",       "val.bin",
-                                                 "train.tokens.bin", "train.mask.bin",  "val.tokens.bin",
-                                                 "val.mask.bin",     "shape.json"};
+  static const std::vector<std::string> names = {"meta.json",         "train.bin",          "val.bin",
+                                                 "train.tokens.bin",  "train.mask.bin",     "train.lengths.bin",
+                                                 "val.tokens.bin",    "val.mask.bin",       "val.lengths.bin",
+                                                 "shape.json"};
   return names;
 }
 
@@ -275,7 +276,7 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
       need > memory)
     throw UserError("tokenize: " + std::to_string(rows.size()) + " rows of " + std::to_string(L) + " tokens need more than " +
                     "this machine's " + std::to_string(memory >> 20) + " MiB of memory; lower --length. Nothing was written");
-  std::string bufs[2][2];  // [train/val][tokens/mask]
+  std::string bufs[2][3];  // [train/val][tokens/mask/lengths]
   uint64_t counts[2] = {0, 0};
   TokenizeResult r;
   r.bytes = bytes;
@@ -291,6 +292,8 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
       mask.insert(mask.end(), row.mask.end() - keep, row.mask.end());
       bufs[val][0].append(reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
       bufs[val][1].append(reinterpret_cast<const char*>(mask.data()), mask.size());
+      const auto length = static_cast<uint32_t>(keep);
+      bufs[val][2].append(reinterpret_cast<const char*>(&length), 4);
       (val ? r.val_tokens : r.train_tokens) += keep;
     }
     ++counts[val];
@@ -302,6 +305,7 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
     for (int s = 0; s < 2; ++s) {
       write_file_atomic((dir / (std::string(split[s]) + ".tokens.bin")).string(), bufs[s][0]);
       write_file_atomic((dir / (std::string(split[s]) + ".mask.bin")).string(), bufs[s][1]);
+      write_file_atomic((dir / (std::string(split[s]) + ".lengths.bin")).string(), bufs[s][2]);
     }
     nlohmann::json shape = {{"train", {counts[0] * rows_per_record, L}}, {"val", {counts[1] * rows_per_record, L}}};
     write_file_atomic((dir / "shape.json").string(), shape.dump() + "\n");

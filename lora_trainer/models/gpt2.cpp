@@ -12,11 +12,11 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& o) : opts_(
   c_proj = register_module("c_proj", Linear(o.d_model, o.d_model));
 }
 
-torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = opts_.n_head, D = C / H;
   auto qkv = c_attn(x).view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, D)
   auto y = causal_attention(qkv[0], qkv[1], qkv[2], is_training() ? opts_.dropout : 0.0,
-                            opts_.fused_attention_on(x.device()));  // (B, H, T, D)
+                            opts_.fused_attention_on(x.device()), mask);  // (B, H, T, D)
   return c_proj(y.transpose(1, 2).reshape({B, T, C}));
 }
 
@@ -39,10 +39,10 @@ BlockImpl::BlockImpl(const ModelOptions& o) : dropout(o.dropout) {
   mlp = register_module("mlp", MLP(o));
 }
 
-torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
   // The residual stream x is f32; the sublayers' outputs are bf16 under autocast, and x + a reads
   // them as they are (the same sum as converting them first, without the extra pass over memory).
-  auto a = attn(ln_1(x));
+  auto a = attn(ln_1(x), mask);
   if (dropout > 0 && is_training()) a = torch::dropout(a.to(torch::kFloat32), dropout, true);
   auto y = x + a;
   auto m = mlp(ln_2(y));
@@ -76,27 +76,27 @@ void GPTImpl::init_weights(torch::Generator gen) {
   }
 }
 
-torch::Tensor GPTImpl::hidden(const torch::Tensor& idx) {
+torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, const torch::Tensor& segments) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= opts_.block_size, "sequence length ", T, " exceeds architecture/block_size ",
               opts_.block_size);
-  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
-  auto x = (wte(idx).to(torch::kFloat32) + wpe(pos).to(torch::kFloat32));  // (B, T, C)
+  const SequenceLayout layout(segments, T, idx.device());
+  auto x = (wte(idx).to(torch::kFloat32) + wpe(layout.positions).to(torch::kFloat32));  // (B, T, C)
   if (opts_.dropout > 0 && is_training()) x = torch::dropout(x, opts_.dropout, true);
   for (const auto& block : *h) {
-    auto forward = [block](const torch::Tensor& in) { return block->as<Block>()->forward(in); };
+    auto forward = [block, mask = layout.mask](const torch::Tensor& in) { return block->as<Block>()->forward(in, mask); };
     x = checkpointed(opts_.activation_checkpointing, *block, forward, x);
   }
   return ln_f(x);
 }
 
-torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
-  auto x = hidden(idx);
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& segments) {
+  auto x = hidden(idx, segments);
   return output_logits(x, wte->output_weight(x), /*padded=*/false);  // (B, T, V)
 }
 
-torch::Tensor GPTImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
-  auto x = hidden(idx);
+torch::Tensor GPTImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& segments) {
+  auto x = hidden(idx, segments);
   auto logits = output_logits(x, wte->output_weight(x), /*padded=*/true);  // (B, T, V or padded V), bf16 under autocast
   return cross_entropy_sum(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), opts_.fused_loss_on(idx.device()));
 }

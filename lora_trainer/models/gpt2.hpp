@@ -23,7 +23,8 @@ namespace lt {
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const ModelOptions& o);
-  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+  // (B, T, C) -> (B, T, C); mask: SequenceLayout::mask (layers.hpp)
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask = {});
   Linear c_attn{nullptr}, c_proj{nullptr};
 
  private:
@@ -45,7 +46,7 @@ TORCH_MODULE(MLP);
 class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const ModelOptions& o);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask = {});
   LayerNorm ln_1{nullptr}, ln_2{nullptr};
   CausalSelfAttention attn{nullptr};
   MLP mlp{nullptr};
@@ -56,8 +57,8 @@ TORCH_MODULE(Block);
 class GPTImpl : public CausalLMImpl {
  public:
   explicit GPTImpl(const ModelOptions& o);
-  torch::Tensor forward(const torch::Tensor& idx) override;
-  torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) override;
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& segments = {}) override;
+  torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& segments = {}) override;
   // GPT-2 initialisation (normal 0.02; residual projections 0.02 / sqrt(2 n_layer)), from `gen`.
   void init_weights(torch::Generator gen) override;
   bool is_lookup(const std::string& name) const override { return name == "wpe.weight"; }
@@ -68,7 +69,7 @@ class GPTImpl : public CausalLMImpl {
   LayerNorm ln_f{nullptr};
 
  private:
-  torch::Tensor hidden(const torch::Tensor& idx);  // (B, T) -> (B, T, C) after ln_f, f32
+  torch::Tensor hidden(const torch::Tensor& idx, const torch::Tensor& segments);  // (B, T) -> (B, T, C) after ln_f, f32
 };
 TORCH_MODULE(GPT);
 

@@ -85,17 +85,38 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 
 bool fused_attention_available() { return LT_HAS_SDPA; }
 
+SequenceLayout::SequenceLayout(const torch::Tensor& segments, int64_t T, const torch::Device& device) {
+  auto t = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(device));
+  if (!segments.defined()) {
+    positions = t;
+    return;
+  }
+  TORCH_CHECK(segments.dim() == 2 && segments.size(1) == T, "segments must be (B, ", T, "), got ", segments.sizes());
+  auto seg = segments.to(device, torch::kLong);
+  // An example starts where the segment number changes; each position's distance from its start.
+  auto starts = torch::cat({torch::ones({seg.size(0), 1}, seg.options().dtype(torch::kBool)),
+                            seg.slice(1, 1).ne(seg.slice(1, 0, T - 1))}, 1);
+  auto first = std::get<0>(torch::cummax(torch::where(starts, t.expand_as(seg), torch::zeros_like(seg)), 1));
+  positions = t - first;
+  auto causal = torch::ones({T, T}, seg.options().dtype(torch::kBool)).tril();
+  mask = seg.unsqueeze(2).eq(seg.unsqueeze(1)).logical_and(causal).unsqueeze(1);  // (B, 1, T, T)
+}
+
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               double dropout, bool fused) {
+                               double dropout, bool fused, const torch::Tensor& mask) {
 #if LT_HAS_SDPA
-  if (fused) return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
+  if (fused) {
+    if (mask.defined()) return at::scaled_dot_product_attention(q, k, v, mask, dropout, /*is_causal=*/false);
+    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
+  }
 #else
   TORCH_CHECK(!fused, "fused attention needs LibTorch 2.0 or newer");
 #endif
   const int64_t T = q.size(-2), D = q.size(-1);
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B,H,T,T)
-  auto causal = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
-  att = att.masked_fill(causal, -std::numeric_limits<float>::infinity());
+  auto hidden = mask.defined() ? mask.logical_not()
+                               : torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+  att = att.masked_fill(hidden, -std::numeric_limits<float>::infinity());
   att = torch::softmax(att.to(torch::kFloat32), -1).to(v.scalar_type());  // softmax in f32
   if (dropout > 0) att = torch::dropout(att, dropout, true);
   return torch::matmul(att, v);
@@ -121,11 +142,11 @@ torch::Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s
   return inv_freq;
 }
 
-RopeTables rope_tables(int64_t T, int64_t head_dim, double theta, const RopeScaling& scaling, const torch::Device& device) {
-  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  auto inv_freq = rope_inv_freq(head_dim, theta, scaling, device);
-  auto angles = torch::outer(torch::arange(T, f32), inv_freq);  // (T, D/2)
-  auto emb = torch::cat({angles, angles}, -1);                  // (T, D)
+RopeTables rope_tables(const torch::Tensor& positions, int64_t head_dim, double theta, const RopeScaling& scaling) {
+  auto inv_freq = rope_inv_freq(head_dim, theta, scaling, positions.device());
+  auto angles = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // (..., T, D/2)
+  auto emb = torch::cat({angles, angles}, -1);                          // (..., T, D)
+  if (emb.dim() == 3) emb = emb.unsqueeze(1);                           // packed rows: (B, 1, T, D), over the heads
   return {emb.cos(), emb.sin()};
 }
 

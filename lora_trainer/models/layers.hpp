@@ -82,11 +82,24 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// What a batch's rows are: one sequence each, or several examples packed one after another
+// (data/packing.hpp). `segments` (B, T) int64 numbers each position's example within its row, an
+// example's positions consecutive; undefined = one sequence per row. Positions restart at 0 at each
+// example and a position attends only to the earlier positions of its own example: the causal mask
+// made block-diagonal. A model computes it once per forward and hands it to every layer.
+struct SequenceLayout {
+  SequenceLayout(const torch::Tensor& segments, int64_t T, const torch::Device& device);
+  torch::Tensor positions;  // (T) for one sequence a row, (B, T) packed; int64, on the device
+  torch::Tensor mask;       // undefined for one sequence a row (the plain causal mask), else (B, 1, T, T)
+                            // bool, true where position i may attend to position j
+};
+
 // Causal self-attention of q, k, v (B, H, T, D), with dropout p on the attention weights: either
 // LibTorch's fused scaled_dot_product_attention (LibTorch 2.0+) or masked softmax computed in f32.
 // Both give the same result within rounding (tests/models/test_attention.cpp states the tolerance).
+// `mask`: SequenceLayout::mask (undefined: the plain causal mask).
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               double dropout, bool fused);
+                               double dropout, bool fused, const torch::Tensor& mask = {});
 // Whether this LibTorch has the fused path.
 bool fused_attention_available();
 
@@ -106,11 +119,12 @@ struct RopeScaling {
   int64_t original_context = 8192;
 };
 struct RopeTables {
-  torch::Tensor cos, sin;  // (T, D) f32: cat(angles, angles).cos() / .sin()
+  torch::Tensor cos, sin;  // (T, D), or (B, 1, T, D) for packed rows, f32: cat(angles, angles).cos() / .sin()
 };
 // The D/2 inverse frequencies, f32.
 torch::Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling, const torch::Device& device);
-RopeTables rope_tables(int64_t T, int64_t head_dim, double theta, const RopeScaling& scaling, const torch::Device& device);
+// The tables of SequenceLayout::positions ((T) or (B, T)), on their device.
+RopeTables rope_tables(const torch::Tensor& positions, int64_t head_dim, double theta, const RopeScaling& scaling);
 // x: (B, H, T, D) -> x cos + rotate_half(x) sin, in f32; rotate_half(x) = cat(-x[D/2:], x[:D/2]).
 torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& rope);
 

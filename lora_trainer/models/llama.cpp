@@ -13,7 +13,7 @@ LlamaAttentionImpl::LlamaAttentionImpl(const ModelOptions& o) : opts_(o) {
   o_proj = register_module("o_proj", Linear(o.n_head * D, o.d_model, /*with_bias=*/false));
 }
 
-torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask) {
   const int64_t B = x.size(0), T = x.size(1), H = opts_.n_head, KV = opts_.kv_heads(), D = opts_.head_dim();
   auto v = v_proj(x).view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
   auto q = apply_rope(q_proj(x).view({B, T, H, D}).transpose(1, 2), rope).to(v.scalar_type());
@@ -22,7 +22,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RopeTabl
     k = k.repeat_interleave(H / KV, /*dim=*/1);
     v = v.repeat_interleave(H / KV, /*dim=*/1);
   }
-  auto y = causal_attention(q, k, v, is_training() ? opts_.dropout : 0.0, opts_.fused_attention_on(x.device()));
+  auto y = causal_attention(q, k, v, is_training() ? opts_.dropout : 0.0, opts_.fused_attention_on(x.device()), mask);
   return o_proj(y.transpose(1, 2).reshape({B, T, H * D}));
 }
 
@@ -46,9 +46,9 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const ModelOptions& o) : dropout_(o
   mlp = register_module("mlp", LlamaMLP(o));
 }
 
-torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables& rope) {
+torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask) {
   // x + a reads the bf16 sublayer outputs as they are (as in gpt2.cpp's BlockImpl::forward).
-  auto a = self_attn(input_layernorm(x), rope);
+  auto a = self_attn(input_layernorm(x), rope, mask);
   if (dropout_ > 0 && is_training()) a = torch::dropout(a.to(torch::kFloat32), dropout_, true);
   auto h = x + a;
   auto m = mlp(post_attention_layernorm(h));
@@ -87,14 +87,17 @@ bool LlamaImpl::is_lookup(const std::string& name) const {
   return !opts_.tie_embeddings && name == "model.embed_tokens.weight";
 }
 
-torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx) {
+torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, const torch::Tensor& segments) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= opts_.block_size, "sequence length ", T, " exceeds architecture/block_size ", opts_.block_size);
-  const RopeTables rope = rope_tables(T, opts_.head_dim(), opts_.rope_theta, opts_.rope_scaling, idx.device());
+  const SequenceLayout layout(segments, T, idx.device());
+  const RopeTables rope = rope_tables(layout.positions, opts_.head_dim(), opts_.rope_theta, opts_.rope_scaling);
   auto x = model->embed_tokens(idx).to(torch::kFloat32);  // (B, T, C)
   if (opts_.dropout > 0 && is_training()) x = torch::dropout(x, opts_.dropout, true);
   for (const auto& layer : *model->layers) {
-    auto forward = [layer, rope](const torch::Tensor& in) { return layer->as<LlamaDecoderLayer>()->forward(in, rope); };
+    auto forward = [layer, rope, mask = layout.mask](const torch::Tensor& in) {
+      return layer->as<LlamaDecoderLayer>()->forward(in, rope, mask);
+    };
     x = checkpointed(opts_.activation_checkpointing, *layer, forward, x);
   }
   return model->norm(x);
@@ -105,10 +108,12 @@ torch::Tensor LlamaImpl::logits(const torch::Tensor& x, bool padded) {
   return lm_head ? lm_head(x) : output_logits(x, model->embed_tokens->output_weight(x), padded);
 }
 
-torch::Tensor LlamaImpl::forward(const torch::Tensor& idx) { return logits(hidden(idx), /*padded=*/false); }
+torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const torch::Tensor& segments) {
+  return logits(hidden(idx, segments), /*padded=*/false);
+}
 
-torch::Tensor LlamaImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) {
-  auto z = logits(hidden(idx), /*padded=*/true);
+torch::Tensor LlamaImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& segments) {
+  auto z = logits(hidden(idx, segments), /*padded=*/true);
   return cross_entropy_sum(z.reshape({-1, z.size(-1)}), targets.reshape({-1}), opts_.fused_loss_on(idx.device()));
 }
 

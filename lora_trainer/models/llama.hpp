@@ -29,7 +29,8 @@ namespace lt {
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const ModelOptions& o);
-  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);  // (B, T, C) -> (B, T, C)
+  // (B, T, C) -> (B, T, C); mask: SequenceLayout::mask (layers.hpp)
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask = {});
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
@@ -51,7 +52,7 @@ TORCH_MODULE(LlamaMLP);
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   explicit LlamaDecoderLayerImpl(const ModelOptions& o);
-  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope);
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask = {});
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
@@ -74,8 +75,8 @@ TORCH_MODULE(LlamaBody);
 class LlamaImpl : public CausalLMImpl {
  public:
   explicit LlamaImpl(const ModelOptions& o);
-  torch::Tensor forward(const torch::Tensor& idx) override;
-  torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) override;
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& segments = {}) override;
+  torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& segments = {}) override;
   // HF's initialisation: normal(0, 0.02) for every matrix, zero biases, unit norms.
   void init_weights(torch::Generator gen) override;
   bool is_lookup(const std::string& name) const override;
@@ -84,7 +85,8 @@ class LlamaImpl : public CausalLMImpl {
   Linear lm_head{nullptr};  // null when tied to model.embed_tokens
 
  private:
-  torch::Tensor hidden(const torch::Tensor& idx);  // (B, T) -> (B, T, C) after the final norm, f32
+  // (B, T) -> (B, T, C) after the final norm, f32
+  torch::Tensor hidden(const torch::Tensor& idx, const torch::Tensor& segments);
   torch::Tensor logits(const torch::Tensor& x, bool padded);
 };
 TORCH_MODULE(Llama);

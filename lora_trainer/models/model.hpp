@@ -84,12 +84,13 @@ void add_model_options(ConfigSchema& s);
 // checkpoint names; layers that can take adapters are LinearImpl (layers.hpp).
 class CausalLMImpl : public torch::nn::Module {
  public:
-  // idx: (B, T) int64 token ids, T <= block_size -> logits (B, T, V)
-  virtual torch::Tensor forward(const torch::Tensor& idx) = 0;
+  // idx: (B, T) int64 token ids, T <= block_size -> logits (B, T, V). segments: undefined (each row one
+  // sequence) or, for rows of packed examples, (B, T) int64 example numbers (SequenceLayout, layers.hpp).
+  virtual torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& segments = {}) = 0;
   // Sum of the cross-entropy over positions whose target is >= 0 (count them with count_targets).
-  // idx, targets: (B, T) int64; targets < 0 are ignored (padding). Reads nothing back from the
-  // device, so a CUDA step is not held up waiting for it.
-  virtual torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets) = 0;
+  // idx, targets: (B, T) int64; targets < 0 are ignored (padding); segments as for forward(). Reads
+  // nothing back from the device, so a CUDA step is not held up waiting for it.
+  virtual torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& segments = {}) = 0;
   // The family's initialisation of every parameter, drawn from `gen`.
   virtual void init_weights(torch::Generator gen) = 0;
   // The parameters that are looked up rather than multiplied (excluded from FLOP counts).

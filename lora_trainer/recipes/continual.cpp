@@ -137,12 +137,7 @@ Batch ContinualPart::Fades::next_share(int64_t first, int64_t count) {
   const int64_t new_first = std::max(first, rows[0]) - rows[0], new_end = std::max(end, rows[0]) - rows[0];
   Batch old_rows = t.sampler(f.from).next_share(rows[0], old_first, old_end - old_first);
   Batch new_rows = t.sampler(f.to).next_share(rows[1], new_first, new_end - new_first);
-  Batch b;
-  b.inputs = torch::cat({old_rows.inputs, new_rows.inputs});
-  b.targets = torch::cat({old_rows.targets, new_rows.targets});
-  b.source = old_rows.source;
-  b.source.insert(b.source.end(), new_rows.source.begin(), new_rows.source.end());
-  return b;
+  return concat_rows(old_rows, new_rows);
 }
 
 void ContinualPart::on_stage_end(int stage) {

@@ -120,9 +120,9 @@ void DpoPart::PairLoss::begin_step(const Batch&, int64_t step) {
   step_ = step;
 }
 
-torch::Tensor DpoPart::PairLoss::forward_backward(const torch::Tensor& inputs, const torch::Tensor& targets) {
+torch::Tensor DpoPart::PairLoss::forward_backward(const Batch& micro) {
   const double pairs = static_cast<double>(part_.trainer_.batch_size());  // the global batch's: every sample is a pair
-  DpoTerms terms = part_.pair_terms(inputs, targets);
+  DpoTerms terms = part_.pair_terms(micro.inputs, micro.targets);  // preference pairs are never packed
   auto scaled = terms.losses.sum() / pairs;  // f64 (dpo_loss)
   scaled.backward();
   stats_.add(terms);

@@ -77,7 +77,7 @@ class DpoPart : public TrainerPart {
    public:
     explicit PairLoss(DpoPart& part) : part_(part) {}
     void begin_step(const Batch& rows, int64_t step) override;
-    torch::Tensor forward_backward(const torch::Tensor& inputs, const torch::Tensor& targets) override;
+    torch::Tensor forward_backward(const Batch& micro) override;
     void end_step() override;
 
    private:

@@ -14,9 +14,9 @@ void NextTokenLoss::begin_step(const Batch& rows, int64_t step) {
   }
 }
 
-torch::Tensor NextTokenLoss::forward_backward(const torch::Tensor& inputs, const torch::Tensor& targets) {
+torch::Tensor NextTokenLoss::forward_backward(const Batch& micro) {
   AutocastGuard autocast(rt_);
-  auto scaled = model_->loss_sum(inputs, targets) / static_cast<double>(std::max<int64_t>(1, counted_));
+  auto scaled = model_->loss_sum(micro.inputs, micro.targets, micro.segments) / static_cast<double>(std::max<int64_t>(1, counted_));
   scaled.backward();
   return scaled.detach();
 }

@@ -20,9 +20,9 @@ class StepLoss {
   virtual ~StepLoss() = default;
   // Before the micro-batches of step `step` (1-based): `rows` are this rank's rows of the global batch.
   virtual void begin_step(const Batch& rows, int64_t step) {}
-  // Forward and backward of one micro-batch (on the device) for its part of the step's mean loss
-  // (gradients accumulate); returns that part, detached.
-  virtual torch::Tensor forward_backward(const torch::Tensor& inputs, const torch::Tensor& targets) = 0;
+  // Forward and backward of one micro-batch (its tensors on the device) for its part of the step's mean
+  // loss (gradients accumulate); returns that part, detached.
+  virtual torch::Tensor forward_backward(const Batch& micro) = 0;
   // After the step's micro-batches.
   virtual void end_step() {}
 };
@@ -34,7 +34,7 @@ class NextTokenLoss : public StepLoss {
  public:
   NextTokenLoss(CausalLM& model, const Runtime& rt, Distributed& dist) : model_(model), rt_(rt), dist_(dist) {}
   void begin_step(const Batch& rows, int64_t step) override;
-  torch::Tensor forward_backward(const torch::Tensor& inputs, const torch::Tensor& targets) override;
+  torch::Tensor forward_backward(const Batch& micro) override;
 
  private:
   CausalLM& model_;

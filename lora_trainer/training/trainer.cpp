@@ -59,7 +59,7 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
   const bool starts_with_adapters = plan.has_lora_phase() && plan.full_stages == 0;
   weights_pending_ = true;
   if (!starts_with_adapters) settle_random_weights();
-  catalog_ = std::make_unique<DataCatalog>(opts_.data_dir, model_->options().vocab_size);
+  catalog_ = std::make_unique<DataCatalog>(opts_.data_dir, model_->options().vocab_size, opts_.pack);
   plan_stages(plan.stages);
   if (opts_.use_ema && opts_.optimizer.ema_decay <= 0)
     throw UserError("eval/use_ema is true but optimization/ema/decay is 0, so there is no average to use: set "
@@ -223,14 +223,21 @@ MixtureSampler& Trainer::sampler(int stage) {
   return *s;
 }
 
+Batch Trainer::micro_batch_on_device(const Batch& batch, int64_t first) const {
+  Batch micro;
+  auto rows = [&](const torch::Tensor& t) { return rt_.to_device(t.slice(0, first, first + micro_batch_)); };
+  micro.inputs = rows(batch.inputs);
+  micro.targets = rows(batch.targets);
+  if (batch.segments.defined()) micro.segments = rows(batch.segments);
+  return micro;
+}
+
 double Trainer::forward_backward(const Batch& batch, StepLoss& loss) {
   loss.begin_step(batch, step_ + 1);
   optimizer_->zero_grad();
   torch::Tensor loss_total;  // f64 on the device: read once a step, not once a micro-batch
   for (int64_t first = 0; first < rank_rows_; first += micro_batch_) {
-    auto in = rt_.to_device(batch.inputs.slice(0, first, first + micro_batch_));
-    auto tgt = rt_.to_device(batch.targets.slice(0, first, first + micro_batch_));
-    auto part = loss.forward_backward(in, tgt).to(torch::kFloat64);
+    auto part = loss.forward_backward(micro_batch_on_device(batch, first)).to(torch::kFloat64);
     loss_total = loss_total.defined() ? loss_total + part : part;
   }
   loss.end_step();

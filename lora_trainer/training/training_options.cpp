@@ -75,6 +75,11 @@ static const OptionGroup<TrainingOptions>& training_options() {
                &O::use_ema)
           .add("data/dir", OptType::String, "datasets/data", "directory holding one sub-directory per tokenized dataset",
                &O::data_dir)
+          .add("data/pack", OptType::Bool, false,
+               "pack the examples of padded datasets (prompt/completion, chat) several to a row of block_size tokens, "
+               "positions restarting and attention kept within each example (docs/chat.md), instead of one example a "
+               "row with padding: more examples a step for the same compute",
+               &O::pack)
           .add("logging/report_interval", OptType::Int, 10, "steps between metrics lines", &O::report_interval,
                check_positive())
           .add("logging/checkpoint_interval", OptType::Int, 200, "steps between periodic checkpoints",

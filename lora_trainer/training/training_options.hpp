@@ -44,6 +44,7 @@ struct TrainingOptions {
   int64_t batch_size{};             // training/batch_size: the global batch in rows
   int64_t per_device_batch_size{};  // training/per_device_batch_size; -1 = batch_size / ranks
   std::string data_dir;             // data/dir
+  bool pack = false;                // data/pack
   OptimizerOptions optimizer;       // optimization/* and training/{schedule, warmup_pct, decay_pct}
   ShardMode shard_optimizer{};      // distributed/shard_optimizer
   OnNonfinite on_nonfinite{};       // training/on_nonfinite

@@ -30,7 +30,7 @@ TEST_CASE("a PMD sample is a block-aligned window with shifted targets", "[data]
   const int64_t T = 8;
   CHECK(ds.num_samples(Split::Train, T) == (1000 - 1) / 8);
   std::vector<int64_t> in(T), tgt(T);
-  ds.sample(Split::Train, 3, T, in.data(), tgt.data());
+  ds.sample(Split::Train, 3, T, in.data(), tgt.data(), nullptr);
   for (int64_t t = 0; t < T; ++t) {
     CHECK(in[t] == 24 + t);
     CHECK(tgt[t] == 25 + t);
@@ -142,14 +142,14 @@ TEST_CASE("padded: JSONL records become left-padded rows with loss only on the c
   // Row 0 is "Q0:" + " yes" + EOT = 8 tokens, left-padded to 12 with EOT (256).
   // With T = 11 the window is the whole row: inputs = row[0..11), targets = row[1..12) where counted.
   std::vector<int64_t> in(11), tgt(11);
-  ds.sample(Split::Train, 0, 11, in.data(), tgt.data());
+  ds.sample(Split::Train, 0, 11, in.data(), tgt.data(), nullptr);
   CHECK(std::vector<int64_t>(in.begin(), in.begin() + 5) == std::vector<int64_t>{256, 256, 256, 256, 'Q'});
   // Targets: padding and the prompt are ignored; " yes" and EOT count.
   CHECK(std::vector<int64_t>(tgt.begin(), tgt.end()) ==
         std::vector<int64_t>{-1, -1, -1, -1, -1, -1, ' ', 'y', 'e', 's', 256});
   // A longer window pads further on the left, all ignored.
   std::vector<int64_t> in2(15), tgt2(15);
-  ds.sample(Split::Train, 0, 15, in2.data(), tgt2.data());
+  ds.sample(Split::Train, 0, 15, in2.data(), tgt2.data(), nullptr);
   CHECK(tgt2.back() == 256);
   CHECK(std::count(tgt2.begin(), tgt2.end(), -1) == 15 - 5);
   // Asking for it as PMD is a clear error.

@@ -25,6 +25,7 @@
 #include "lora_trainer/formats/adapter_source.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/data/data.hpp"
+#include "lora_trainer/data/packing.hpp"
 #include "lora_trainer/formats/export.hpp"
 #include "lora_trainer/formats/huggingface.hpp"
 #include "lora_trainer/cli/registry.hpp"
@@ -465,23 +466,25 @@ TEST_CASE("fuzz: a dataset's meta.json, shape.json and token files, as training 
   o.tokenizer = "byte";
   o.val_fraction = 0.4;
   tokenize_jsonl_to_padded(o);
-  // Reads a sample of every split, as a sampler does.
-  auto open = [&](const std::string& name) {
-    std::unique_ptr<Dataset> ds;
-    if (name == "pmd") ds = std::make_unique<PmdDataset>(data, name);
-    else ds = std::make_unique<PaddedDataset>(data, name);
-    ds->check_vocabulary(257);
+  // Reads a sample of every split, as a sampler does; a padded dataset packed too (data/pack).
+  auto read = [](const Dataset& ds) {
+    ds.check_vocabulary(257);
     for (Split split : {Split::Train, Split::Val}) {
       const int64_t T = 8;
-      if (ds->num_samples(split, T) == 0) continue;
-      std::vector<int64_t> in(static_cast<size_t>(T * ds->rows_per_sample())), target(in.size());
-      ds->sample(split, ds->num_samples(split, T) - 1, T, in.data(), target.data());
+      if (ds.num_samples(split, T) == 0) continue;
+      std::vector<int64_t> in(static_cast<size_t>(T * ds.rows_per_sample())), target(in.size()), segments(in.size());
+      ds.sample(split, ds.num_samples(split, T) - 1, T, in.data(), target.data(), segments.data());
     }
+  };
+  auto open = [&](const std::string& name) {
+    if (name == "pmd") return read(PmdDataset(data, name));
+    read(PaddedDataset(data, name));
+    read(PackedDataset(std::make_unique<PaddedDataset>(data, name)));
   };
   for (const std::string name : {"pmd", "padded"}) {
     const std::string dir = data + "/" + name;
     std::vector<std::string> files = {"meta.json"};
-    if (name == "padded") files.insert(files.end(), {"shape.json", "train.tokens.bin", "train.mask.bin"});
+    if (name == "padded") files.insert(files.end(), {"shape.json", "train.tokens.bin", "train.mask.bin", "train.lengths.bin"});
     else files.push_back("train.bin");
     std::map<std::string, std::string> valid;
     for (const auto& f : files) valid[f] = read_file(dir + "/" + f);

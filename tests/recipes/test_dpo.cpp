@@ -74,7 +74,7 @@ TEST_CASE("tokenize --format pairs: chosen and rejected rows share the prompt, w
   CHECK(ds.rows_per_sample() == 2);
   CHECK(ds.num_samples(Split::Train, T) == 3);
   std::vector<int64_t> in(2 * T), tg(2 * T);
-  ds.sample(Split::Train, 0, T, in.data(), tg.data());  // record 0 ("Q0:"); record 3 went to validation
+  ds.sample(Split::Train, 0, T, in.data(), tg.data(), nullptr);  // record 0 ("Q0:"); record 3 went to validation
   // chosen: EOT "Q0:" " yes" EOT, left-padded to 9; rejected: "Q0:" " nope" EOT. Only the completions count.
   const std::vector<int64_t> chosen_in = {256, 'Q', '0', ':', ' ', 'y', 'e', 's'};
   const std::vector<int64_t> chosen_tg = {-1, -1, -1, ' ', 'y', 'e', 's', 256};
