@@ -87,6 +87,12 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir, const std::str
     if (v.is_string()) special[k] = v;
     else if (v.is_object() && v.contains("content") && v["content"].is_string()) special[k] = v["content"];
   }
+  if (ends_with(which, ".jinja") || which.find('/') != std::string::npos) {
+    if (!fs::is_regular_file(which))
+      throw UserError("--chat-template " + which + ": no such template file (a path names a Jinja file; a bare name picks one "
+                      "of tokenizer_config.json's named templates)");
+    return ChatTemplate(read_file(which), which, special);
+  }
   const fs::path jinja_file = fs::path(dir) / "chat_template.jinja";
   if (fs::exists(jinja_file) && which.empty()) return ChatTemplate(read_file(jinja_file.string()), jinja_file.string(), special);
   const std::string where = config_path.string() + ": chat_template";
@@ -162,8 +168,10 @@ ChatText ChatTemplate::for_training(const ojson& record, ChatLoss loss, const oj
                       "text cannot be found by rendering prefixes (e.g. Qwen3, which keeps reasoning only after the last "
                       "user turn); " +
                       (loss == ChatLoss::LastAssistant
-                           ? "end the conversation with its last assistant turn, or use a template with {% generation %} tags"
-                           : "use --loss-on last (only the final assistant turn is learned) or a template with {% generation %} tags"));
+                           ? "end the conversation with its last assistant turn, or give a copy of the template with "
+                             "{% generation %} tags around what the assistant writes: --chat-template FILE.jinja"
+                           : "use --loss-on last (only the final assistant turn is learned), or give a copy of the template "
+                             "with {% generation %} tags around what the assistant writes: --chat-template FILE.jinja"));
     const auto span = trimmed(through, before.size(), through.size());
     if (span.second > span.first) out.loss.push_back(span);
   }

@@ -3,7 +3,8 @@
 //
 // The template comes from a Hugging Face model directory: `chat_template.jinja`, else the
 // `chat_template` of `tokenizer_config.json` (a string, or a list of named templates: "default"
-// unless another is asked for). The render's variables are transformers': `messages`,
+// unless another is asked for), or a template file given instead (a path: a training copy of the
+// model's template with {% generation %} tags, as TRL ships for Qwen3). The render's variables are transformers': `messages`,
 // `add_generation_prompt`, `tools` and `documents` when the record has them, the special tokens of
 // tokenizer_config.json (`bos_token`, `eos_token`, `unk_token`, `pad_token`; an AddedToken object's
 // `content`), and the caller's extra variables (e.g. `enable_thinking`).
@@ -51,7 +52,8 @@ struct MaskedIds {
 
 class ChatTemplate {
  public:
-  // From DIR (see above); a UserError names the file and what is missing.
+  // From DIR (see above); `which`: a name of the list, or a template file (a path ending in .jinja or
+  // holding a '/'), whose special tokens are still DIR's. A UserError names the file and what is missing.
   static ChatTemplate from_model_dir(const std::string& dir, const std::string& which = "");
   ChatTemplate(const std::string& source, std::string name, nlohmann::ordered_json special_tokens);
 

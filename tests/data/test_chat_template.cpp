@@ -106,6 +106,14 @@ TEST_CASE("chat: a template that rewrites earlier turns is refused for every tur
   const auto last = lt::tokenize_chat(*tok, tmpl.for_training(conv, lt::ChatLoss::LastAssistant, ojson::object(), "x"), "x");
   // The template writes an empty think block before the last answer: it is the model's to learn.
   CHECK(masked_runs(*tok, last) == std::vector<std::string>{"<think>\n\n</think>\n\nSix, café.<|im_end|>"});
+
+  // A training copy of a template with {% generation %} tags, given as a file, marks every turn.
+  const std::string tagged_file = kSrc + "/tests/data/chat_templates/with_generation.jinja";
+  const auto tagged = lt::ChatTemplate::from_model_dir(tmp.str() + "/model", tagged_file);
+  const auto every = lt::tokenize_chat(*tok, tagged.for_training(conv, lt::ChatLoss::Assistant, ojson::object(), "x"), "x");
+  CHECK(masked_runs(*tok, every) == std::vector<std::string>{"4.<|im_end|>", "Six, café.<|im_end|>"});
+  CHECK_THROWS_WITH(lt::ChatTemplate::from_model_dir(tmp.str() + "/model", tmp.str() + "/missing.jinja"),
+                    Contains("--chat-template") && Contains("missing.jinja") && Contains("no such template file"));
 }
 
 TEST_CASE("tokenize --format chat writes a PADDED dataset of the masks, and bad records exit 2 naming FILE:LINE", "[chat][launcher]") {

@@ -68,7 +68,9 @@ Command add_tokenize(CLI::App& app) {
                                          "end-of-turn token included), last (the last assistant turn), all")
                              ->capture_default_str()->check(CLI::IsMember({"assistant", "last", "all"})));
   a->chat_only.push_back(sub->add_option("--chat-template", tok.chat_template,
-                                         "chat: which of the model's named templates (e.g. tool_use); default: \"default\""));
+                                         "chat: which of the model's named templates (e.g. tool_use; default: \"default\"), "
+                                         "or a template file to use instead (a path: FILE.jinja, e.g. a copy with "
+                                         "{% generation %} tags)"));
   a->chat_only.push_back(sub->add_option("--chat-var", tok.chat_vars,
                                          "chat: a template variable KEY=VALUE (VALUE as JSON, else a string), e.g. "
                                          "enable_thinking=false; repeat it for several"));
