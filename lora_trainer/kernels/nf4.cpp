@@ -1,0 +1,191 @@
+#include "lora_trainer/kernels/nf4.hpp"
+
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace lt {
+
+const std::array<float, 16>& nf4_values() {
+  static const std::array<float, 16> values = {
+      -1.0f,
+      -0.6961928009986877f,
+      -0.5250730514526367f,
+      -0.39491748809814453f,
+      -0.28444138169288635f,
+      -0.18477343022823334f,
+      -0.09105003625154495f,
+      0.0f,
+      0.07958029955625534f,
+      0.16093020141124725f,
+      0.24611230194568634f,
+      0.33791524171829224f,
+      0.44070982933044434f,
+      0.5626170039176941f,
+      0.7229568362236023f,
+      1.0f};
+  return values;
+}
+
+namespace {
+
+// bitsandbytes' thresholds between consecutive NF4 values (its dQuantizeNF4 decision tree, flattened):
+// a normalised x above threshold i has a code above i.
+constexpr std::array<float, 15> kNf4Thresholds = {
+    -0.8480964004993439f,  -0.6106329262256622f, -0.4599952697753906f, -0.33967943489551544f, -0.23460740596055984f,
+    -0.13791173323988914f, -0.045525018125772476f, 0.03979014977812767f, 0.1202552504837513f,  0.2035212516784668f,
+    0.2920137718319893f,   0.3893125355243683f,   0.5016634166240692f,  0.6427869200706482f,  0.8614784181118011f};
+
+constexpr int64_t kChunkElements = int64_t(1) << 20;  // quantize and dequantize this many elements at a time
+
+}  // namespace
+
+uint8_t nf4_code(float x) {
+  uint8_t code = 0;
+  for (float t : kNf4Thresholds) code += x > t ? 1 : 0;  // NaN: no comparison holds, code 0
+  return code;
+}
+
+const std::array<float, 256>& dynamic_map_values() {
+  static const std::array<float, 256> values = [] {
+    // Signed, 7 exponent bits, 8 bits: for exponent i = 0..6, the 2^i midpoints of linspace(0.1, 1, 2^i + 1)
+    // (f32, as torch computes it) times 10^(i - 6), and their negatives; then 0 and 1.
+    std::vector<float> data;
+    for (int i = 0; i < 7; ++i) {
+      auto bounds = torch::linspace(0.1, 1.0, (int64_t(1) << i) + 1, torch::kFloat32);
+      auto means = (bounds.slice(0, 0, -1) + bounds.slice(0, 1)) / 2.0;
+      auto scaled = (means * std::pow(10.0, -6 + i)).contiguous();
+      const float* p = scaled.data_ptr<float>();
+      for (int64_t k = 0; k < scaled.numel(); ++k) data.push_back(p[k]);
+      for (int64_t k = 0; k < scaled.numel(); ++k) data.push_back(-p[k]);
+    }
+    data.push_back(0.0f);
+    data.push_back(1.0f);
+    std::sort(data.begin(), data.end());
+    std::array<float, 256> out{};
+    std::copy(data.begin(), data.end(), out.begin());
+    return out;
+  }();
+  return values;
+}
+
+uint8_t dynamic_map_code(float x) {
+  // A binary search from the middle entry down to a pivot, then the nearer of the pivot and the entry
+  // on x's side of it, the pivot on a tie: bitsandbytes' dQuantize (not stochastic).
+  const auto& map = dynamic_map_values();
+  int pivot = 127, upper_pivot = 255, lower_pivot = 0;
+  float lower = -1.0f, upper = 1.0f, val = map[127];
+  for (int step = 64; step > 0; step >>= 1) {
+    if (x > val) {
+      lower_pivot = pivot;
+      lower = val;
+      pivot += step;
+    } else {
+      upper_pivot = pivot;
+      upper = val;
+      pivot -= step;
+    }
+    val = map[pivot];
+  }
+  if (upper_pivot == 255) upper = map[255];
+  if (lower_pivot == 0) lower = map[0];
+  if (x > val) return static_cast<uint8_t>(x > (upper + val) * 0.5f ? upper_pivot : pivot);
+  return static_cast<uint8_t>(x < (lower + val) * 0.5f ? lower_pivot : pivot);
+}
+
+int64_t Nf4Tensor::bytes() const {
+  auto size = [](const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; };
+  return size(codes) + size(absmax) + size(absmax_codes) + size(absmax_scales) + (double_quantized() ? 4 : 0);
+}
+
+Nf4Tensor quantize_nf4(const torch::Tensor& W, bool double_quant) {
+  TORCH_CHECK(W.device().is_cpu(), "quantize_nf4: the weight must be on the CPU");
+  TORCH_CHECK(W.is_floating_point(), "quantize_nf4: the weight must be floating point, got ", W.scalar_type());
+  Nf4Tensor q;
+  q.shape = W.sizes().vec();
+  q.numel = W.numel();
+  const auto flat = W.contiguous().view({-1});
+  q.codes = torch::zeros({(q.numel + 1) / 2}, torch::kUInt8);
+  auto absmax = torch::empty({q.blocks()}, torch::kFloat32);
+  uint8_t* codes = q.codes.data_ptr<uint8_t>();
+  float* am = absmax.data_ptr<float>();
+  for (int64_t first = 0; first < q.numel; first += kChunkElements) {  // a multiple of the block size and of 2
+    const int64_t n = std::min(kChunkElements, q.numel - first);
+    const auto chunk = flat.slice(0, first, first + n).to(torch::kFloat32).contiguous();
+    const float* x = chunk.data_ptr<float>();
+    for (int64_t b0 = 0; b0 < n; b0 += kNf4BlockSize) {
+      const int64_t b1 = std::min(n, b0 + kNf4BlockSize);
+      float m = 0.0f;
+      for (int64_t i = b0; i < b1; ++i) m = std::max(m, std::fabs(x[i]));
+      am[(first + b0) / kNf4BlockSize] = m;
+      const float r = 1.0f / m;  // bitsandbytes multiplies by the reciprocal
+      for (int64_t i = b0; i < b1; ++i) {
+        const int64_t e = first + i;
+        const uint8_t c = nf4_code(x[i] * r);
+        codes[e / 2] |= static_cast<uint8_t>(e % 2 == 0 ? c << 4 : c);
+      }
+    }
+  }
+  if (!double_quant) {
+    q.absmax = absmax;
+    return q;
+  }
+  q.absmax_offset = absmax.mean().item<float>();
+  const auto centred = (absmax - q.absmax_offset).contiguous();
+  const float* a = centred.data_ptr<float>();
+  const int64_t blocks = q.blocks(), scales = (blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize;
+  q.absmax_codes = torch::empty({blocks}, torch::kUInt8);
+  q.absmax_scales = torch::empty({scales}, torch::kFloat32);
+  uint8_t* ac = q.absmax_codes.data_ptr<uint8_t>();
+  float* as = q.absmax_scales.data_ptr<float>();
+  for (int64_t s = 0; s < scales; ++s) {
+    const int64_t b0 = s * kNf4AbsmaxBlockSize, b1 = std::min(blocks, b0 + kNf4AbsmaxBlockSize);
+    float m = 0.0f;
+    for (int64_t i = b0; i < b1; ++i) m = std::max(m, std::fabs(a[i]));
+    as[s] = m;
+    const float r = 1.0f / m;
+    for (int64_t i = b0; i < b1; ++i) ac[i] = dynamic_map_code(a[i] * r);
+  }
+  return q;
+}
+
+torch::Tensor nf4_absmax(const Nf4Tensor& q) {
+  if (!q.double_quantized()) return q.absmax;
+  auto out = torch::empty({q.blocks()}, torch::kFloat32);
+  const auto& map = dynamic_map_values();
+  const uint8_t* ac = q.absmax_codes.data_ptr<uint8_t>();
+  const float* as = q.absmax_scales.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for (int64_t b = 0; b < q.blocks(); ++b) o[b] = map[ac[b]] * as[b / kNf4AbsmaxBlockSize] + q.absmax_offset;
+  return out;
+}
+
+torch::Tensor dequantize_nf4(const Nf4Tensor& q, torch::ScalarType dtype) {
+  const auto absmax = nf4_absmax(q).contiguous();
+  const float* am = absmax.data_ptr<float>();
+  const uint8_t* codes = q.codes.data_ptr<uint8_t>();
+  const auto& nf4 = nf4_values();
+  // Each byte's two values, high nibble first.
+  std::array<std::array<float, 2>, 256> pairs{};
+  for (int b = 0; b < 256; ++b) pairs[b] = {nf4[b >> 4], nf4[b & 15]};
+  auto out = torch::empty({q.numel}, dtype);
+  std::vector<float> buffer(static_cast<size_t>(std::min(kChunkElements, q.numel)));
+  for (int64_t first = 0; first < q.numel; first += kChunkElements) {
+    const int64_t n = std::min(kChunkElements, q.numel - first);
+    for (int64_t b0 = 0; b0 < n; b0 += kNf4BlockSize) {  // blocks of 64 start at even elements
+      const int64_t b1 = std::min(n, b0 + kNf4BlockSize);
+      const float m = am[(first + b0) / kNf4BlockSize];
+      for (int64_t i = b0; i < b1; ++i) {
+        const int64_t e = first + i;
+        buffer[i] = pairs[codes[e / 2]][e % 2] * m;
+      }
+    }
+    auto f32 = torch::from_blob(buffer.data(), {n}, torch::kFloat32);
+    out.slice(0, first, first + n).copy_(f32);  // rounded once to dtype
+  }
+  return out.view(q.shape);
+}
+
+}  // namespace lt

@@ -1,0 +1,67 @@
+// NF4: the 4-bit NormalFloat storage of a frozen weight that QLoRA introduced, as bitsandbytes stores
+// it (quantize_4bit / dequantize_4bit with quant_type="nf4"), so that a base kept this way holds the
+// same codes and scales that PEFT + bitsandbytes would hold for it.
+//
+//   blocks     the weight's elements in row-major order, in blocks of 64 (the last block may be partial);
+//              each block's absmax = max |x| over it.
+//   codes      x * (1 / absmax) (a multiplication by the reciprocal, as bitsandbytes' kernel does),
+//              mapped to the nearest of the 16 NF4 values by the midpoints between them, a value on a
+//              midpoint going to the lower code (bitsandbytes' decision tree); an all-zero block
+//              (absmax 0: 0 * inf is NaN) gets code 0, which dequantizes to -0.0 * 0 = zero.
+//              Two codes a byte, element 2i in the high nibble of byte i (an odd count leaves the last
+//              low nibble 0).
+//   double quantization (QLoRA's, bitsandbytes' compress_statistics): the absmax values minus their
+//              mean (offset, f32) are quantized in blocks of 256 with bitsandbytes' signed dynamic
+//              8-bit map: per block the absmax of (absmax - offset), and each value times its
+//              reciprocal mapped to the nearest map entry (binary search, ties to the searched pivot
+//              as bitsandbytes' dQuantize). About 0.127 bits an element instead of 0.5.
+//   dequantize NF4[code] * absmax in f32 (absmax = map[absmax code] * block scale + offset with double
+//              quantization), rounded once to the output dtype.
+//
+// The quantization runs over the weight in chunks of rows, so a 128256 x 4096 matrix never needs an f32
+// copy of itself.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace lt {
+
+inline constexpr int64_t kNf4BlockSize = 64;        // elements per absmax
+inline constexpr int64_t kNf4AbsmaxBlockSize = 256;  // absmax values per scale (double quantization)
+
+// bitsandbytes' 16 NF4 values (create_normal_map with offset 0.9677083), ascending; code i is entry i.
+const std::array<float, 16>& nf4_values();
+// The code of a normalised value x (in [-1, 1]): the nearest NF4 value, a midpoint going to the lower.
+uint8_t nf4_code(float x);
+// bitsandbytes' create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8): 256 values, sorted.
+const std::array<float, 256>& dynamic_map_values();
+// The index of the nearest entry of dynamic_map_values() to x (in [-1, 1]), as bitsandbytes' dQuantize.
+uint8_t dynamic_map_code(float x);
+
+// A weight stored as NF4.
+struct Nf4Tensor {
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  torch::Tensor codes;          // uint8 (ceil(numel / 2))
+  torch::Tensor absmax;         // f32 (blocks), without double quantization; undefined with it
+  torch::Tensor absmax_codes;   // uint8 (blocks), with double quantization
+  torch::Tensor absmax_scales;  // f32 (ceil(blocks / 256)), with double quantization
+  float absmax_offset = 0.0f;   // with double quantization: the mean of the absmax values
+  bool double_quantized() const { return absmax_codes.defined(); }
+  int64_t blocks() const { return (numel + kNf4BlockSize - 1) / kNf4BlockSize; }
+  // Bytes held: codes and scales.
+  int64_t bytes() const;
+};
+
+// W (any float dtype, on the CPU) as NF4.
+Nf4Tensor quantize_nf4(const torch::Tensor& W, bool double_quant = true);
+// The per-block absmax, f32 (blocks).
+torch::Tensor nf4_absmax(const Nf4Tensor& q);
+// The weight back, computed in f32 and rounded once to `dtype`, on the CPU.
+torch::Tensor dequantize_nf4(const Nf4Tensor& q, torch::ScalarType dtype = torch::kBFloat16);
+
+}  // namespace lt
