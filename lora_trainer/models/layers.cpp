@@ -19,6 +19,8 @@ torch::Tensor LinearImpl::base_weight(const torch::Tensor& x) const {
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  if (frozen_ && !(lora_on_ && lora_magnitude().defined()))  // the storage makes its product (DoRA needs W itself)
+    return lora_on_ ? add_lora(x, frozen_->linear(x, bias), lora_A(), lora_B(), lora_scale_) : frozen_->linear(x, bias);
   if (!lora_on_) return lora_linear(x, base_weight(x), bias, {}, {}, 0.0);
   return lora_linear(x, base_weight(x), bias, lora_A(), lora_B(), lora_scale_, lora_magnitude());
 }

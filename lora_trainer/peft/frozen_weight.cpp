@@ -1,6 +1,7 @@
 #include "lora_trainer/peft/frozen_weight.hpp"
 
 #include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/kernels/nf4.hpp"
 
 namespace lt {
 
@@ -110,6 +111,10 @@ torch::Tensor frozen_linear(const torch::Tensor& x, const torch::Tensor& W, cons
   return b.defined() ? FrozenLinearBiasFn::apply(x, W, b, block_bytes) : FrozenLinearFn::apply(x, W, block_bytes);
 }
 
+torch::Tensor FrozenWeight::linear(const torch::Tensor& x, const torch::Tensor& b) const {
+  return frozen_linear(x, for_matmul(x), b);
+}
+
 namespace {
 
 // The parameter itself, in bf16, as stored: frozen_linear casts it for the product.
@@ -117,9 +122,79 @@ class Bf16Weight : public FrozenWeight {
  public:
   explicit Bf16Weight(torch::Tensor weight) : weight_(std::move(weight)) {}
   torch::Tensor for_matmul(const torch::Tensor&) const override { return weight_; }
+  int64_t bytes() const override { return weight_.numel() * weight_.element_size(); }
 
  private:
   torch::Tensor weight_;
+};
+
+// x W^T (+ b) for a W made by `storage` in each pass: the forward computes what frozen_linear computes
+// for a stored bf16 W (the same kernels, so the same numbers) and the backward makes W again for x's
+// gradient. The storage is the layer's and outlives the step's graph; it goes through saved_data as its
+// address.
+torch::Tensor made_weight_product(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b) {
+  if (W.scalar_type() == x.scalar_type() || compat::autocast_enabled(x.device().type()))
+    return torch::linear(x, weight_for(W, x), weight_for(b, x));
+  return cast_linear(x, W, b, kFrozenCastBlockBytes);
+}
+
+torch::autograd::variable_list made_weight_backward(torch::autograd::AutogradContext* ctx, const torch::autograd::variable_list& grad,
+                                                    size_t inputs) {
+  const auto* storage = reinterpret_cast<const FrozenWeight*>(ctx->saved_data["storage"].toInt());
+  const torch::Tensor& g = grad[0];
+  const torch::Tensor W = storage->for_matmul(g);
+  torch::autograd::variable_list out(inputs);
+  const auto x_dtype = ctx->saved_data["x_dtype"].toScalarType();
+  // Under autocast the forward multiplied bf16 copies and autograd would return x's gradient in x's dtype.
+  out[0] = (W.scalar_type() == g.scalar_type() ? torch::matmul(g, W) : cast_grad_input(g, W, kFrozenCastBlockBytes)).to(x_dtype);
+  return out;
+}
+
+struct MadeWeightFn : public torch::autograd::Function<MadeWeightFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t storage) {
+    ctx->saved_data["storage"] = storage;
+    ctx->saved_data["x_dtype"] = x.scalar_type();
+    return made_weight_product(x, reinterpret_cast<const FrozenWeight*>(storage)->for_matmul(x), torch::Tensor());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    return made_weight_backward(ctx, grad, 2);
+  }
+};
+
+struct MadeWeightBiasFn : public torch::autograd::Function<MadeWeightBiasFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& b,
+                               int64_t storage) {
+    ctx->saved_data["storage"] = storage;
+    ctx->saved_data["x_dtype"] = x.scalar_type();
+    return made_weight_product(x, reinterpret_cast<const FrozenWeight*>(storage)->for_matmul(x), b);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    return made_weight_backward(ctx, grad, 3);
+  }
+};
+
+// QLoRA's storage: NF4 blocks with double quantization (kernels/nf4.hpp), on the CPU.
+class Nf4Weight : public FrozenWeight {
+ public:
+  explicit Nf4Weight(const torch::Tensor& weight) : q_(quantize_nf4(weight.detach().cpu(), /*double_quant=*/true)) {}
+  torch::Tensor for_matmul(const torch::Tensor& x) const override {
+    return dequantize_nf4(q_, torch::kBFloat16).to(x.device());
+  }
+  torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& b) const override {
+    // Under autocast, x cast as autocast's linear casts it (its cache included), outside the function:
+    // the graph then sums x's gradients where a bf16 base's graph sums them, in the same dtype.
+    const auto device = x_in.device().type();
+    const torch::Tensor x = compat::autocast_enabled(device) && x_in.is_floating_point()
+                                ? at::autocast::cached_cast(compat::autocast_dtype(device), x_in, device)
+                                : x_in;
+    const auto self = reinterpret_cast<int64_t>(static_cast<const FrozenWeight*>(this));
+    if (!torch::GradMode::is_enabled() || !x.requires_grad()) return made_weight_product(x, for_matmul(x), b);
+    return b.defined() ? MadeWeightBiasFn::apply(x, b, self) : MadeWeightFn::apply(x, self);
+  }
+  int64_t bytes() const override { return q_.bytes(); }
+
+ private:
+  Nf4Tensor q_;
 };
 
 }  // namespace
@@ -130,6 +205,12 @@ std::shared_ptr<FrozenWeight> freeze_weight(torch::Tensor weight, FrozenFormat f
       weight.set_data(weight.detach().to(torch::kBFloat16));  // as Module::to casts a parameter
       weight.requires_grad_(false);
       return std::make_shared<Bf16Weight>(std::move(weight));
+    case FrozenFormat::Nf4: {
+      auto storage = std::make_shared<Nf4Weight>(weight);
+      weight.set_data(torch::empty({0}, weight.options().dtype(torch::kBFloat16)));
+      weight.requires_grad_(false);
+      return storage;
+    }
   }
   throw std::logic_error("freeze_weight: unknown format");
 }

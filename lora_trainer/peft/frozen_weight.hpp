@@ -3,8 +3,15 @@
 // the layers, the adapters or the trainer changing. The layer asks for W each time it computes; what
 // is kept in between, and where, is the storage's business.
 //
-// Today there is one storage, bf16: the layer's own `weight` parameter cast to bf16 in place, so a
-// checkpoint keeps it as params/<name> like any parameter.
+// Storages:
+//   bf16  the layer's own `weight` parameter cast to bf16 in place, so a checkpoint keeps it as
+//         params/<name> like any parameter.
+//   nf4   QLoRA's 4-bit NormalFloat blocks (kernels/nf4.hpp, double quantization): the weight is
+//         quantized once and its parameter emptied (0 elements, bf16); each product dequantizes W to
+//         bf16 for itself alone, in the forward and again in the backward (x's gradient), so no bf16
+//         copy outlives its product. Its products are bit for bit those of a bf16 base holding
+//         dequant(quant(W)). Dequantized on the CPU (a CUDA kernel is to come) and moved to x's device.
+//         Not yet a job setting (issue 32).
 #pragma once
 
 #include <memory>
@@ -14,14 +21,20 @@
 
 namespace lt {
 
-// The storages a frozen base can take (optimization/lora's base storage; bf16 only so far).
-enum class FrozenFormat { Bf16 };
+// The storages a frozen base can take.
+enum class FrozenFormat { Bf16, Nf4 };
 
 class FrozenWeight {
  public:
   virtual ~FrozenWeight() = default;
-  // W (out, in) for a matmul with x, as stored (bf16): frozen_linear casts it for the product alone.
+  // W (out, in) for a matmul with x, bf16: as stored (frozen_linear casts it for the product alone), or
+  // made from the storage (nf4: a fresh dequantized copy).
   virtual torch::Tensor for_matmul(const torch::Tensor& x) const = 0;
+  // x W^T (+ b) with W frozen: no gradient for W or b, x's gradient through W. bf16: frozen_linear of
+  // the stored W; nf4: W dequantized for the product and again in the backward, never kept between.
+  virtual torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& b) const;
+  // Bytes the storage holds.
+  virtual int64_t bytes() const = 0;
 };
 
 // y = x W^T (+ b) where W and b may be a frozen weight and bias in another dtype than x (a bf16 base
@@ -39,7 +52,7 @@ torch::Tensor frozen_linear(const torch::Tensor& x, const torch::Tensor& W, cons
 
 // Freezes `weight` (a layer's registered parameter) in `format`: no gradient, and for bf16 the tensor
 // itself cast to bf16 in place (its name and identity stay: the checkpoint and the optimizer's
-// bookkeeping see the same parameter).
+// bookkeeping see the same parameter); for nf4 the tensor quantized and then emptied in place.
 std::shared_ptr<FrozenWeight> freeze_weight(torch::Tensor weight, FrozenFormat format);
 
 // W as it should enter a matmul with x: unchanged under autocast (which casts both), else cast to x's

@@ -470,7 +470,10 @@ torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& W, const 
     auto z = (sum * factor.to(sum.scalar_type())).view(y.sizes());
     return b.defined() ? z + b.to(z.scalar_type()) : z;
   }
-  auto y = frozen_linear(x, W, b);
+  return add_lora(x, frozen_linear(x, W, b), A, B, scale);
+}
+
+torch::Tensor add_lora(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& A, const torch::Tensor& B, double scale) {
   if (!A.defined()) return y;
   // (x A) B costs 2 r (in + out) per row instead of forming the (out, in) merged weight. The scale
   // goes on B (r x out) and the sum into the second product (addmm accumulates into y), so the

@@ -227,6 +227,8 @@ class AdaptersOff {
 
 // x: (..., in), W: (out, in), b: (out) or undefined, A: (in, r), B: (r, out) or undefined,
 // magnitude: (out) for DoRA or undefined.
+// y + s (x A) B: the adapter's part added to the base product y = x W^T (+ b) (plain LoRA).
+torch::Tensor add_lora(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& A, const torch::Tensor& B, double scale);
 torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b,
                           const torch::Tensor& A, const torch::Tensor& B, double scale,
                           const torch::Tensor& magnitude = {});
