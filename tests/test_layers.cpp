@@ -17,9 +17,9 @@ namespace {
 
 // Each area and the areas its files may include, besides their own (lowest first).
 const std::map<std::string, std::set<std::string>> kMayInclude = {
-    {"kernels", {}},                                      // the loss kernels: plain C++ and CUDA
+    {"kernels", {}},                                      // the loss and NF4 kernels: plain C++ and CUDA
     {"core", {"kernels"}},                                // errors, files, config, runtime, c10d
-    {"peft", {"core"}},                                   // adapters over any module tree
+    {"peft", {"core", "kernels"}},                        // adapters over any module tree, frozen storages
     {"models", {"core", "kernels", "peft"}},              // the families and their layers
     {"data", {"core"}},                                   // datasets, tokenizers, stage plans
     {"formats", {"core", "kernels", "peft", "models", "data"}},  // files in and out

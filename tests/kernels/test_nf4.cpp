@@ -54,7 +54,7 @@ TEST_CASE("NF4: bitsandbytes' 16 values, each value its nearest code, a midpoint
   CHECK(nf4_code(std::nanf("")) == 0);
 }
 
-TEST_CASE("NF4: two codes a byte, the first in the high nibble; a partial last block and an all-zero block", "[nf4]") {
+TEST_CASE("NF4: two codes a byte, the first in the high nibble, a partial last block and an all-zero block", "[nf4]") {
   // 2 x 67 = 134 elements: blocks of 64, 64 and 6.
   auto W = torch::zeros({2, 67}, torch::kFloat32);
   auto w = W.view({-1});
