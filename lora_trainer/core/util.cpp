@@ -302,8 +302,11 @@ std::string json_path(const std::vector<JsonFrame>& frames) {
 
 }  // namespace
 
-nlohmann::json parse_json(const std::string& text, const std::string& what, const std::string& hint) {
-  using json = nlohmann::json;
+namespace {
+
+// parse_json's checks, for either kind of nlohmann value (key order kept or not).
+template <class json>
+json parse_checked(const std::string& text, const std::string& what, const std::string& hint) {
   const std::string tail = hint.empty() ? "" : "; " + hint;
   std::vector<JsonFrame> frames;
   auto element_done = [&] {
@@ -311,7 +314,7 @@ nlohmann::json parse_json(const std::string& text, const std::string& what, cons
   };
   // The parser builds its tree without recursion, but freeing and printing one recurse: the depth is
   // checked while parsing. nlohmann keeps the last of two equal keys; a config must not mean two things.
-  json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
+  typename json::parser_callback_t check = [&](int, typename json::parse_event_t event, json& parsed) {
     switch (event) {
       case json::parse_event_t::object_start:
       case json::parse_event_t::array_start:
@@ -322,7 +325,7 @@ nlohmann::json parse_json(const std::string& text, const std::string& what, cons
         break;
       case json::parse_event_t::key: {
         JsonFrame& f = frames.back();
-        f.key = parsed.get<std::string>();
+        f.key = parsed.template get<std::string>();
         if (!f.keys.insert(f.key).second)
           throw UserError(what + ": key " + json_path(frames) + " is given twice in one object; keep one (the last "
                           "would silently win)" + tail);
@@ -341,13 +344,23 @@ nlohmann::json parse_json(const std::string& text, const std::string& what, cons
   };
   try {
     return json::parse(text, check);
-  } catch (const json::exception& e) {
+  } catch (const typename json::exception& e) {
     // parse_error (syntax) or out_of_range 406 (a number that does not fit a double or 64-bit integer)
     std::string why = e.what();
     auto bracket = why.find("] ");
     if (bracket != std::string::npos) why = why.substr(bracket + 2);
     throw UserError(what + ": not valid JSON: " + why + tail);
   }
+}
+
+}  // namespace
+
+nlohmann::json parse_json(const std::string& text, const std::string& what, const std::string& hint) {
+  return parse_checked<nlohmann::json>(text, what, hint);
+}
+
+nlohmann::ordered_json parse_ordered_json(const std::string& text, const std::string& what, const std::string& hint) {
+  return parse_checked<nlohmann::ordered_json>(text, what, hint);
 }
 
 void rethrow_json_error(const std::string& what, const std::exception& e) {

@@ -74,6 +74,8 @@ inline constexpr int kMaxJsonDepth = 512;
 // nesting deeper than kMaxJsonDepth or a key given twice in one object (the second would silently win)
 // is a UserError naming `what` (a file, an override), the key's path, and saying what to do: `hint`.
 nlohmann::json parse_json(const std::string& text, const std::string& what, const std::string& hint = "");
+// parse_json, the objects' keys kept in their order (what a template or a chat record needs).
+nlohmann::ordered_json parse_ordered_json(const std::string& text, const std::string& what, const std::string& hint = "");
 // read_file + parse_json.
 nlohmann::json read_json_file(const std::string& path, const std::string& hint = "");
 

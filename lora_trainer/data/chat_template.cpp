@@ -22,11 +22,7 @@ ChatLoss parse_chat_loss(const std::string& s) {
 
 namespace {
 
-ojson read_ordered_json(const std::string& path) {
-  const std::string text = read_file(path);
-  parse_json(text, path);  // its checks and messages (syntax, duplicate keys, depth)
-  return ojson::parse(text);
-}
+ojson read_ordered_json(const std::string& path) { return parse_ordered_json(read_file(path), path); }
 
 const char* const kRoles[] = {"system", "user", "assistant", "tool", "developer", "ipython"};
 

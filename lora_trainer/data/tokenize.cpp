@@ -365,8 +365,7 @@ TokenizeResult tokenize_jsonl_to_chat(const TokenizeOptions& o) {
   std::vector<std::string> nothing_to_learn;
   uint64_t bytes = 0;
   for_each_line(o, [&](const std::string& line, const std::string& where) {
-    parse_json(line, where, kJsonlHint);  // its checks and messages
-    const auto record = nlohmann::ordered_json::parse(line);
+    const auto record = parse_ordered_json(line, where, kJsonlHint);
     const ChatText chat = tmpl.for_training(record, loss, vars, where);
     MaskedRow row = tokenize_chat(*tok, chat, where);
     if (o.length > 0 && static_cast<int64_t>(row.ids.size()) > o.length)
