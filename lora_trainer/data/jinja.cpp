@@ -3,6 +3,7 @@
 #include "lora_trainer/data/jinja.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 #include <ctime>
 #include <sstream>
 #include <unordered_map>
@@ -692,12 +693,26 @@ class Parser {
     }
     ~Nest() { --p.nesting_; }
   };
+  // A chain the parser builds in a loop (a or b or c..., x.a.b..., x|f|g..., 1 if c else 2 if d...) makes
+  // a tree as deep as the chain, and rendering and freeing a tree recurse: each link counts one level too.
+  struct Deepen {
+    Parser& p;
+    int links = 0;
+    explicit Deepen(Parser& parser) : p(parser) {}
+    void link() {
+      ++links;
+      if (++p.nesting_ > 600) p.error("blocks or expressions nested too deep (the parser allows 600 levels)");
+    }
+    ~Deepen() { p.nesting_ -= links; }
+  };
 
   ExprPtr parse_expr(bool with_condexpr = true) {
     Nest nest(*this);
     ExprPtr e = parse_or();
     if (!with_condexpr) return e;
+    Deepen chain(*this);
     while (at_name("if")) {
+      chain.link();
       next();
       auto c = std::make_unique<Conditional>();
       c->cond = parse_or();
@@ -716,16 +731,24 @@ class Parser {
     return b;
   }
 
-  ExprPtr parse_or() {
-    ExprPtr e = parse_and();
-    while (at_name("or")) { next(); e = make_binary("or", std::move(e), parse_and()); }
-    return e;
+  // A left-associative level of binary operators (words such as `or`, or symbols such as `+`) over the
+  // next level's operands: jinja2's parse_or, parse_and, parse_math1, parse_concat, parse_math2, parse_pow.
+  template <class Operand>
+  ExprPtr left_assoc(std::initializer_list<const char*> ops, bool words, Operand operand) {
+    ExprPtr e = operand();
+    Deepen chain(*this);
+    while (true) {
+      const char* op = nullptr;
+      for (const char* o : ops)
+        if (words ? at_name(o) : at_op(o)) op = o;
+      if (!op) return e;
+      chain.link();
+      next();
+      e = make_binary(op, std::move(e), operand());
+    }
   }
-  ExprPtr parse_and() {
-    ExprPtr e = parse_not();
-    while (at_name("and")) { next(); e = make_binary("and", std::move(e), parse_not()); }
-    return e;
-  }
+  ExprPtr parse_or() { return left_assoc({"or"}, true, [&] { return parse_and(); }); }
+  ExprPtr parse_and() { return left_assoc({"and"}, true, [&] { return parse_not(); }); }
   ExprPtr parse_not() {
     Nest nest(*this);
     if (at_name("not")) {
@@ -739,7 +762,9 @@ class Parser {
   }
   ExprPtr parse_compare() {
     ExprPtr e = parse_math1();
+    Deepen chain(*this);
     while (true) {
+      chain.link();  // one too many on the last pass: harmless
       const Token& t = peek();
       if (t.kind == Token::Kind::Op && (t.text == "==" || t.text == "!=" || t.text == "<" || t.text == ">" || t.text == "<=" || t.text == ">=")) {
         const std::string op = next().text;
@@ -756,32 +781,10 @@ class Parser {
       }
     }
   }
-  ExprPtr parse_math1() {
-    ExprPtr e = parse_concat();
-    while (at_op("+") || at_op("-")) {
-      const std::string op = next().text;
-      e = make_binary(op, std::move(e), parse_concat());
-    }
-    return e;
-  }
-  ExprPtr parse_concat() {
-    ExprPtr e = parse_math2();
-    while (at_op("~")) { next(); e = make_binary("~", std::move(e), parse_math2()); }
-    return e;
-  }
-  ExprPtr parse_math2() {
-    ExprPtr e = parse_pow();
-    while (at_op("*") || at_op("/") || at_op("//") || at_op("%")) {
-      const std::string op = next().text;
-      e = make_binary(op, std::move(e), parse_pow());
-    }
-    return e;
-  }
-  ExprPtr parse_pow() {
-    ExprPtr e = parse_unary();
-    while (at_op("**")) { next(); e = make_binary("**", std::move(e), parse_unary()); }
-    return e;
-  }
+  ExprPtr parse_math1() { return left_assoc({"+", "-"}, false, [&] { return parse_concat(); }); }
+  ExprPtr parse_concat() { return left_assoc({"~"}, false, [&] { return parse_math2(); }); }
+  ExprPtr parse_math2() { return left_assoc({"*", "/", "//", "%"}, false, [&] { return parse_pow(); }); }
+  ExprPtr parse_pow() { return left_assoc({"**"}, false, [&] { return parse_unary(); }); }
   ExprPtr parse_unary(bool with_filter = true) {
     Nest nest(*this);
     ExprPtr e;
@@ -875,7 +878,9 @@ class Parser {
   }
 
   ExprPtr parse_postfix(ExprPtr e) {
+    Deepen chain(*this);
     while (true) {
+      chain.link();
       if (at_op(".")) {
         next();
         auto g = std::make_unique<GetAttr>();
@@ -927,7 +932,9 @@ class Parser {
   }
 
   ExprPtr parse_filters(ExprPtr e) {
+    Deepen chain(*this);
     while (true) {
+      chain.link();
       if (at_op("|")) {
         next();
         auto f = std::make_unique<Filter>();

@@ -127,4 +127,25 @@ TEST_CASE("Jinja errors name the template and the line, and what was wrong", "[j
              Contains("my_template line 3") && Contains("the template raised an error: Roles must alternate"));
   CHECK_THAT(parse_error("\n{{ missing.attr }}"), Contains("line 2") && Contains("'missing' is undefined"));
   CHECK_THAT(parse_error("{{ [1].append(2) }}"), Contains("unsafe"));
+
+  // A hostile template: chains the parser builds in a loop (each link one level deeper in the tree that
+  // rendering and freeing recurse over), nesting, and values built around themselves in a loop: refused
+  // past 600 levels (the parser) or 512 (a value), never a stack overflow.
+  auto chain = [](const std::string& head, const std::string& link, int n) {
+    std::string s = "{{ " + head;
+    for (int i = 0; i < n; ++i) s += link;
+    return s + " }}";
+  };
+  for (const auto& [head, link] : std::vector<std::pair<std::string, std::string>>{
+           {"1", " or 1"}, {"1", " and 1"}, {"1", " + 1"}, {"'a'", " ~ 'a'"}, {"2", " * 1"}, {"1", " ** 1"}, {"1", " < 1"},
+           {"1", " if 1"}, {"x", ".a"}, {"x", "[0]"}, {"x", "()"}, {"x", "|trim"}, {"x", " is defined"}}) {
+    INFO(head << link);
+    CHECK_THAT(parse_error(chain(head, link, 100000)), Contains("my_template line 1") && Contains("nested too deep"));
+    CHECK_THAT(parse_error(chain(head, link, 50)), !Contains("nested too deep"));  // real templates' chains are short
+  }
+  CHECK_THAT(parse_error("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}"), Contains("nested too deep"));
+  CHECK_THAT(parse_error("{{ " + std::string(100000, '-') + "1 }}"), Contains("nested too deep"));
+  const std::string deep = "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}";
+  for (const std::string& use : {"{{ ns.x }}", "{{ ns.x|tojson }}", "{{ ns.x == ns.x }}", "{{ ns.x < ns.x }}"})
+    CHECK_THAT(parse_error(deep + use), Contains("a value nested more than 512 levels deep"));
 }

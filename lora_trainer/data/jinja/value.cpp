@@ -242,6 +242,29 @@ std::string str_repr(const std::string& s) {  // Python's repr of a str
 
 std::string repr(const Value& v);
 
+namespace {
+
+// repr, equal, less and to_json recurse into lists and dicts: a value nested deeper than this (a list
+// built around itself in a loop, or one holding itself) is an error, not a stack overflow.
+constexpr int kMaxValueDepth = 512;
+struct Recursion {
+  Recursion() {
+    if (++level() > kMaxValueDepth) {
+      --level();
+      fail("a value nested more than " + std::to_string(kMaxValueDepth) + " levels deep, or holding itself");
+    }
+  }
+  ~Recursion() { --level(); }
+  Recursion(const Recursion&) = delete;
+  Recursion& operator=(const Recursion&) = delete;
+  static int& level() {
+    thread_local int n = 0;
+    return n;
+  }
+};
+
+}  // namespace
+
 // str(v), as {{ v }} prints it.
 std::string to_str(const Value& v) {
   switch (v.kind) {
@@ -256,6 +279,7 @@ std::string to_str(const Value& v) {
 }
 
 std::string repr(const Value& v) {
+  Recursion guard;
   switch (v.kind) {
     case Value::Kind::String: return str_repr(v.s);
     case Value::Kind::List: case Value::Kind::Tuple: {
@@ -284,6 +308,7 @@ bool equal(const Value& a, const Value& b) {
     return a.integer_value() == b.integer_value();
   }
   if (a.kind != b.kind) return false;
+  Recursion guard;
   switch (a.kind) {
     case Value::Kind::Undefined: case Value::Kind::None: return true;
     case Value::Kind::String: return a.s == b.s;
@@ -311,6 +336,7 @@ bool less(const Value& a, const Value& b) {
   }
   if (a.is_string() && b.is_string()) return a.s < b.s;  // UTF-8 byte order is code point order
   if (a.is_sequence() && b.is_sequence()) {
+    Recursion guard;
     const size_t n = std::min(a.list->size(), b.list->size());
     for (size_t k = 0; k < n; ++k) {
       if (less((*a.list)[k], (*b.list)[k])) return true;
@@ -397,6 +423,7 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
 }
 
 void to_json(std::string& out, const Value& v, const JsonStyle& st, int depth) {
+  Recursion guard;
   auto newline = [&](int d) {
     if (st.indent < 0) return;
     out += '\n';
