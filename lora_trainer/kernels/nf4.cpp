@@ -158,7 +158,11 @@ torch::Tensor nf4_absmax(const Nf4Tensor& q) {
   const uint8_t* ac = q.absmax_codes.data_ptr<uint8_t>();
   const float* as = q.absmax_scales.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  for (int64_t b = 0; b < q.blocks(); ++b) o[b] = map[ac[b]] * as[b / kNf4AbsmaxBlockSize] + q.absmax_offset;
+  for (int64_t b = 0; b < q.blocks(); ++b) {
+    // Rounded after the product and after the sum, never fused (the CUDA kernel's __fmul_rn, __fadd_rn).
+    volatile float scaled = map[ac[b]] * as[b / kNf4AbsmaxBlockSize];
+    o[b] = scaled + q.absmax_offset;
+  }
   return out;
 }
 

@@ -60,6 +60,17 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
 
+// A product or sum rounded on its own, never fused with the next operation (the volatile store keeps
+// the compiler from contracting a * b + c into a multiply-add, as nvcc's __fmul_rn / __fadd_rn do).
+inline float __fmul_rn(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+inline float __fadd_rn(float a, float b) {
+  volatile float r = a + b;
+  return r;
+}
+
 namespace cuda_on_cpu {
 
 // A reusable barrier for a fixed number of threads (std::barrier is C++20).
