@@ -360,6 +360,7 @@ MixtureSampler::MixtureSampler(DataCatalog& catalog, std::vector<Sampling> sampl
     cumulative_.push_back(acc);
     datasets_.back()->require_samples(Split::Train, T_);
     rows_per_sample_ = datasets_.front()->rows_per_sample();
+    packed_ = packed_ || datasets_.back()->packed();
     if (datasets_.back()->rows_per_sample() != rows_per_sample_)
       throw UserError("the mixture of " + samplings_.front().name + " (" + style_name(samplings_.front().style) + ") and " +
                       s.name + " (" + style_name(s.style) + ") mixes preference pairs with single rows; a stage's "
@@ -368,12 +369,21 @@ MixtureSampler::MixtureSampler(DataCatalog& catalog, std::vector<Sampling> sampl
   for (auto& c : cumulative_) c /= acc;
 }
 
-Batch MixtureSampler::rows(uint64_t first, int64_t count) const {
-  auto inputs = torch::empty({count, rows_per_sample_ * T_}, torch::kLong);
-  auto targets = torch::empty({count, rows_per_sample_ * T_}, torch::kLong);
+Batch Batch::blank(int64_t count, int64_t width, bool packed) {
   Batch b;
-  if (std::any_of(datasets_.begin(), datasets_.end(), [](const Dataset* d) { return d->packed(); }))
-    b.segments = torch::zeros({count, rows_per_sample_ * T_}, torch::kLong);
+  b.inputs = torch::empty({count, width}, torch::kLong);
+  b.targets = torch::empty({count, width}, torch::kLong);
+  if (packed) b.segments = torch::zeros({count, width}, torch::kLong);
+  return b;
+}
+
+void Batch::sample_into(int64_t r, const Dataset& ds, Split split, uint64_t index, int64_t T) {
+  ds.sample(split, index, T, inputs[r].data_ptr<int64_t>(), targets[r].data_ptr<int64_t>(),
+            segments.defined() ? segments[r].data_ptr<int64_t>() : nullptr);
+}
+
+Batch MixtureSampler::rows(uint64_t first, int64_t count) const {
+  Batch b = Batch::blank(count, rows_per_sample_ * T_, packed_);
   for (int64_t r = 0; r < count; ++r) {
     uint64_t g = first + static_cast<uint64_t>(r);
     uint64_t h1 = mix64(mix64(seed_ ^ mix64(stream_ + 0x51ED)) ^ g);
@@ -382,12 +392,9 @@ Batch MixtureSampler::rows(uint64_t first, int64_t count) const {
     size_t d = 0;
     while (d + 1 < cumulative_.size() && u >= cumulative_[d]) ++d;
     const Dataset& ds = *datasets_[d];
-    ds.sample(Split::Train, h2 % ds.num_samples(Split::Train, T_), T_, inputs[r].data_ptr<int64_t>(),
-              targets[r].data_ptr<int64_t>(), b.segments.defined() ? b.segments[r].data_ptr<int64_t>() : nullptr);
+    b.sample_into(r, ds, Split::Train, h2 % ds.num_samples(Split::Train, T_), T_);
     b.source.push_back(static_cast<int>(d));
   }
-  b.inputs = inputs;
-  b.targets = targets;
   return b;
 }
 
@@ -436,15 +443,11 @@ std::vector<int64_t> largest_remainder(const std::vector<double>& weights, int64
 }
 
 Batch validation_rows(const Dataset& ds, int64_t T, uint64_t first, int64_t count) {
-  Batch b;
-  b.inputs = torch::empty({count, ds.rows_per_sample() * T}, torch::kLong);
-  b.targets = torch::empty({count, ds.rows_per_sample() * T}, torch::kLong);
-  if (ds.packed()) b.segments = torch::zeros({count, ds.rows_per_sample() * T}, torch::kLong);
+  Batch b = Batch::blank(count, ds.rows_per_sample() * T, ds.packed());
   uint64_t n = ds.num_samples(Split::Val, T);
   for (int64_t r = 0; r < count; ++r) {
     uint64_t idx = n ? (first + static_cast<uint64_t>(r)) % n : 0;
-    ds.sample(Split::Val, idx, T, b.inputs[r].data_ptr<int64_t>(), b.targets[r].data_ptr<int64_t>(),
-              ds.packed() ? b.segments[r].data_ptr<int64_t>() : nullptr);
+    b.sample_into(r, ds, Split::Val, idx, T);
     b.source.push_back(0);
   }
   return b;

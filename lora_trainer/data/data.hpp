@@ -171,6 +171,20 @@ struct Batch {
   torch::Tensor inputs;   // (B, W) int64, W = rows_per_sample * T (T, or 2T for preference pairs)
   torch::Tensor targets;  // (B, W) int64, -1 where ignored
   torch::Tensor segments;  // (B, W) int64 where a dataset of the batch is packed (Dataset::sample), else undefined
+
+  // `count` rows of `width` positions for sample_into to fill; segments (zeros) where `packed`.
+  static Batch blank(int64_t count, int64_t width, bool packed);
+  // Writes sample `index` of `ds`'s `split` into row r (and its segments where the batch has them).
+  void sample_into(int64_t r, const Dataset& ds, Split split, uint64_t index, int64_t T);
+  // `f` of each tensor the batch has (a slice of rows, a copy on the device); `source` is not carried.
+  template <class F>
+  Batch map(F f) const {
+    Batch out;
+    out.inputs = f(inputs);
+    out.targets = f(targets);
+    if (segments.defined()) out.segments = f(segments);
+    return out;
+  }
   std::vector<int> source;  // index into the stage's samplings, per row
 };
 
@@ -202,6 +216,7 @@ class MixtureSampler {
   std::vector<const Dataset*> datasets_;
   std::vector<double> cumulative_;
   int64_t T_, rows_per_sample_ = 1;
+  bool packed_ = false;  // a dataset of the mixture is packed: the batches carry segments
   uint64_t seed_, stream_, cursor_ = 0;
 };
 

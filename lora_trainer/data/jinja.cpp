@@ -764,21 +764,20 @@ class Parser {
     ExprPtr e = parse_math1();
     Deepen chain(*this);
     while (true) {
-      chain.link();  // one too many on the last pass: harmless
       const Token& t = peek();
-      if (t.kind == Token::Kind::Op && (t.text == "==" || t.text == "!=" || t.text == "<" || t.text == ">" || t.text == "<=" || t.text == ">=")) {
-        const std::string op = next().text;
-        e = make_binary(op, std::move(e), parse_math1());
-      } else if (at_name("in")) {
-        next();
-        e = make_binary("in", std::move(e), parse_math1());
-      } else if (at_name("not") && peek(1).kind == Token::Kind::Name && peek(1).text == "in") {
-        next();
-        next();
-        e = make_binary("not in", std::move(e), parse_math1());
-      } else {
+      std::string op;
+      if (t.kind == Token::Kind::Op && (t.text == "==" || t.text == "!=" || t.text == "<" || t.text == ">" || t.text == "<=" || t.text == ">="))
+        op = t.text;
+      else if (at_name("in"))
+        op = "in";
+      else if (at_name("not") && peek(1).kind == Token::Kind::Name && peek(1).text == "in")
+        op = "not in";
+      else
         return e;
-      }
+      chain.link();
+      next();
+      if (op == "not in") next();
+      e = make_binary(op, std::move(e), parse_math1());
     }
   }
   ExprPtr parse_math1() { return left_assoc({"+", "-"}, false, [&] { return parse_concat(); }); }

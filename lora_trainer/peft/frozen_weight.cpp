@@ -101,13 +101,24 @@ struct FrozenLinearBiasFn : public torch::autograd::Function<FrozenLinearBiasFn>
   }
 };
 
+// Whether W must be cast to x's dtype for the product (autocast casts both itself).
+bool needs_cast(const torch::Tensor& x, const torch::Tensor& W) {
+  return W.scalar_type() != x.scalar_type() && !compat::autocast_enabled(x.device().type());
+}
+
+// x W^T (+ b) for a frozen W, computed as it is (autograd records it where no cast is needed; a cast
+// product records nothing): what frozen_linear computes without its own autograd function.
+torch::Tensor frozen_product(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b, int64_t block_bytes) {
+  if (!needs_cast(x, W)) return torch::linear(x, weight_for(W, x), weight_for(b, x));
+  return cast_linear(x, W, b, block_bytes);
+}
+
 }  // namespace
 
 torch::Tensor frozen_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b, int64_t block_bytes) {
   const bool frozen = !W.requires_grad() && !(b.defined() && b.requires_grad());
-  if (!frozen || W.scalar_type() == x.scalar_type() || compat::autocast_enabled(x.device().type()))
-    return torch::linear(x, weight_for(W, x), weight_for(b, x));
-  if (!torch::GradMode::is_enabled() || !x.requires_grad()) return cast_linear(x, W, b, block_bytes);  // no graph
+  if (!frozen) return torch::linear(x, weight_for(W, x), weight_for(b, x));
+  if (!needs_cast(x, W) || !torch::GradMode::is_enabled() || !x.requires_grad()) return frozen_product(x, W, b, block_bytes);
   return b.defined() ? FrozenLinearBiasFn::apply(x, W, b, block_bytes) : FrozenLinearFn::apply(x, W, block_bytes);
 }
 
@@ -128,15 +139,10 @@ class Bf16Weight : public FrozenWeight {
   torch::Tensor weight_;
 };
 
-// x W^T (+ b) for a W made by `storage` in each pass: the forward computes what frozen_linear computes
-// for a stored bf16 W (the same kernels, so the same numbers) and the backward makes W again for x's
-// gradient. The storage is the layer's and outlives the step's graph; it goes through saved_data as its
-// address.
-torch::Tensor made_weight_product(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b) {
-  if (W.scalar_type() == x.scalar_type() || compat::autocast_enabled(x.device().type()))
-    return torch::linear(x, weight_for(W, x), weight_for(b, x));
-  return cast_linear(x, W, b, kFrozenCastBlockBytes);
-}
+// x W^T (+ b) for a W made by `storage` in each pass: the forward computes frozen_product, what
+// frozen_linear computes for a stored bf16 W (the same kernels, so the same numbers), and the backward
+// makes W again for x's gradient. The storage is the layer's and outlives the step's graph; it goes
+// through saved_data as its address.
 
 torch::autograd::variable_list made_weight_backward(torch::autograd::AutogradContext* ctx, const torch::autograd::variable_list& grad,
                                                     size_t inputs) {
@@ -154,7 +160,7 @@ struct MadeWeightFn : public torch::autograd::Function<MadeWeightFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t storage) {
     ctx->saved_data["storage"] = storage;
     ctx->saved_data["x_dtype"] = x.scalar_type();
-    return made_weight_product(x, reinterpret_cast<const FrozenWeight*>(storage)->for_matmul(x), torch::Tensor());
+    return frozen_product(x, reinterpret_cast<const FrozenWeight*>(storage)->for_matmul(x), torch::Tensor(), kFrozenCastBlockBytes);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
     return made_weight_backward(ctx, grad, 2);
@@ -166,7 +172,7 @@ struct MadeWeightBiasFn : public torch::autograd::Function<MadeWeightBiasFn> {
                                int64_t storage) {
     ctx->saved_data["storage"] = storage;
     ctx->saved_data["x_dtype"] = x.scalar_type();
-    return made_weight_product(x, reinterpret_cast<const FrozenWeight*>(storage)->for_matmul(x), b);
+    return frozen_product(x, reinterpret_cast<const FrozenWeight*>(storage)->for_matmul(x), b, kFrozenCastBlockBytes);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
     return made_weight_backward(ctx, grad, 3);
@@ -188,7 +194,7 @@ class Nf4Weight : public FrozenWeight {
                                 ? at::autocast::cached_cast(compat::autocast_dtype(device), x_in, device)
                                 : x_in;
     const auto self = reinterpret_cast<int64_t>(static_cast<const FrozenWeight*>(this));
-    if (!torch::GradMode::is_enabled() || !x.requires_grad()) return made_weight_product(x, for_matmul(x), b);
+    if (!torch::GradMode::is_enabled() || !x.requires_grad()) return frozen_product(x, for_matmul(x), b, kFrozenCastBlockBytes);
     return b.defined() ? MadeWeightBiasFn::apply(x, b, self) : MadeWeightFn::apply(x, self);
   }
   int64_t bytes() const override { return q_.bytes(); }

@@ -21,8 +21,8 @@ std::vector<DatasetEval> held_out_loss(CausalLM& model, const std::vector<Sampli
       int64_t n = std::min(shape.micro_batch, rows - first);
       Batch b = validation_rows(ds, shape.block_size, static_cast<uint64_t>(first), n);
       AutocastGuard autocast(rt);
-      auto loss_sum = model->loss_sum(rt.to_device(b.inputs), rt.to_device(b.targets),
-                                      b.segments.defined() ? rt.to_device(b.segments) : torch::Tensor());
+      const Batch on = b.map([&](const torch::Tensor& t) { return rt.to_device(t); });
+      auto loss_sum = model->loss_sum(on.inputs, on.targets, on.segments);
       loss_sum_total += loss_sum.item<double>();
       tokens += static_cast<double>(count_targets(b.targets));
     }

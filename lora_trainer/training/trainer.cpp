@@ -223,21 +223,13 @@ MixtureSampler& Trainer::sampler(int stage) {
   return *s;
 }
 
-Batch Trainer::micro_batch_on_device(const Batch& batch, int64_t first) const {
-  Batch micro;
-  auto rows = [&](const torch::Tensor& t) { return rt_.to_device(t.slice(0, first, first + micro_batch_)); };
-  micro.inputs = rows(batch.inputs);
-  micro.targets = rows(batch.targets);
-  if (batch.segments.defined()) micro.segments = rows(batch.segments);
-  return micro;
-}
-
 double Trainer::forward_backward(const Batch& batch, StepLoss& loss) {
   loss.begin_step(batch, step_ + 1);
   optimizer_->zero_grad();
   torch::Tensor loss_total;  // f64 on the device: read once a step, not once a micro-batch
   for (int64_t first = 0; first < rank_rows_; first += micro_batch_) {
-    auto part = loss.forward_backward(micro_batch_on_device(batch, first)).to(torch::kFloat64);
+    const Batch micro = batch.map([&](const torch::Tensor& t) { return rt_.to_device(t.slice(0, first, first + micro_batch_)); });
+    auto part = loss.forward_backward(micro).to(torch::kFloat64);
     loss_total = loss_total.defined() ? loss_total + part : part;
   }
   loss.end_step();

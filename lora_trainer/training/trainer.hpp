@@ -272,8 +272,6 @@ class Trainer : public RestorableJob {
   // `loss` (forward and backward of its part of the step's mean; gradients accumulate). Returns this
   // rank's part of the step's mean loss.
   double forward_backward(const Batch& batch, StepLoss& loss);
-  // Rows [first, first + micro_batch) of `batch` on the device.
-  Batch micro_batch_on_device(const Batch& batch, int64_t first) const;
   // The phase the step about to be taken belongs to.
   Phase phase_of_next_step() const;
   // Reads the stop flag; with several ranks, sums the gradients, `loss` and the flag over the ranks.
