@@ -24,6 +24,9 @@
 #                    of that shape (e.g. tinyllama-1.1b) on the GPU, after the tests: peak GPU memory and
 #                    host RSS of a LoRA job from the model directory, load and step time, resume; into
 #                    scale.json (its logs under \$TMPDIR). Default: none
+#   --qlora SHAPE    also QLoRA's benchmark (scripts/qlora_bench.py) on that shape on the GPU: the same LoRA
+#                    job on a bf16 and an NF4 base side by side (frozen base bytes, peak GPU memory, step
+#                    time, resume), into qlora.json. Default: none
 #   --ab KEY=VALUE   the setting of the second lora_trainer benchmark, side by side with the first in
 #                    the summary (default runtime/loss=libtorch: LibTorch's loss against this project's
 #                    CUDA loss kernels, the default since they were timed); --ab none skips it
@@ -47,7 +50,7 @@ CALLER_PWD="$PWD"
 cd "$ROOT" || exit 1
 
 OUTDIR=""
-RUN_TESTS=1 RUN_BENCH=1 RUN_REF=1 RUN_HF=1 CLEAN=0 ONLY_PREFIX=0 AB="runtime/loss=libtorch" SCALE=none
+RUN_TESTS=1 RUN_BENCH=1 RUN_REF=1 RUN_HF=1 CLEAN=0 ONLY_PREFIX=0 AB="runtime/loss=libtorch" SCALE=none QLORA=none
 STEPS=10 WARMUP=3 BUDGET=530 JOBS="$(nproc)"
 CONFIG="configs/bench_gpt2_124m.json"
 while (($#)); do
@@ -60,6 +63,7 @@ while (($#)); do
     --no-hf) RUN_HF=0 ;;
     --ab) AB="$2"; shift ;;
     --scale) SCALE="$2"; shift ;;
+    --qlora) QLORA="$2"; shift ;;
     --steps) STEPS="$2"; shift ;;
     --warmup) WARMUP="$2"; shift ;;
     --config) CONFIG="$2"; shift ;;
@@ -73,6 +77,7 @@ while (($#)); do
   shift
 done
 SCALE_RESERVE=0; [[ "$SCALE" != none ]] && SCALE_RESERVE=90
+[[ "$QLORA" != none ]] && SCALE_RESERVE=$((SCALE_RESERVE + 150))
 OUTDIR="${OUTDIR:-${OUT:-$ROOT/gpu-out}}"
 [[ "$OUTDIR" = /* ]] || OUTDIR="$CALLER_PWD/$OUTDIR"
 [[ "$CONFIG" = /* || -f "$ROOT/$CONFIG" || ! -f "$CALLER_PWD/$CONFIG" ]] || CONFIG="$CALLER_PWD/$CONFIG"
@@ -86,7 +91,7 @@ ARCH_DIR=x86_64-linux-gnu
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 
 # Everything printed goes to OUT_DIR/run.log too. An earlier run's files go first (no stale figures).
-rm -f "$OUTDIR"/{build.log,ctest.log,bench.json,reference.json,hf_peft.json,bench_ab.json,summary.txt,scale.json}
+rm -f "$OUTDIR"/{build.log,ctest.log,bench.json,reference.json,hf_peft.json,bench_ab.json,summary.txt,scale.json,qlora.json}
 : > "$OUTDIR/run.log"
 exec > >(tee -a "$OUTDIR/run.log") 2>&1
 
@@ -353,6 +358,14 @@ if [[ "$SCALE" != none ]]; then
       --work "${TMPDIR:-/tmp}/lt-gpu-check-scale" --out "$OUTDIR/scale.json" --skip import,copies,export -- "runtime/device=$DEVICE"
   else
     record scale "skipped (no build)"
+  fi
+fi
+if [[ "$QLORA" != none ]]; then
+  if ((BUILD_OK)); then
+    run_stage qlora 240 "$((RUN_BENCH ? 150 : 0))" "$PY" scripts/qlora_bench.py --shape "$QLORA" --binary "$BUILD/lora_trainer" \
+      --work "${TMPDIR:-/tmp}/lt-gpu-check-scale" --out "$OUTDIR/qlora.json" -- "runtime/device=$DEVICE"
+  else
+    record qlora "skipped (no build)"
   fi
 fi
 

@@ -9,7 +9,8 @@ process, wall time from here):
   read      reading the weight files once (the floor a load is compared with)
   import    `import-hf` (the source's dtype kept): peak RSS, time, checkpoint size
   lora      `run --restore HF_DIR`, a lora/train job without phase one: --steps steps of
-            --batch rows x --block tokens: peak RSS, load time, step time, LoRA checkpoint size
+            --batch rows x --block tokens: peak RSS, load time, step time, LoRA checkpoint size, the
+            frozen base's bytes as stored (the transition event's frozen_bytes)
   resume    `restore` from that job's first checkpoint (reads the base it refers to and checks its
             digest) to the end: peak RSS, time
   export    `export --format hf` of the job's final checkpoint (adapters merged into the bf16 base, written
@@ -123,7 +124,10 @@ def main():
     steps = [json.loads(l) for l in open(os.path.join(out, "runs", "general", "default", "lora", "metrics.jsonl"))]
     step_s = [a.batch * a.block / e["tok_per_s"] for e in steps if e.get("event") == "train" and e.get("tok_per_s")]
     gpu = [e["gpu_peak_gb"] for e in steps if e.get("event") == "train" and "gpu_peak_gb" in e]
-    r["lora"] = {"seconds": s, "peak_rss": rss, "exit": rc, "load_line": loaded[0] if loaded else "",
+    transition = next((e for e in steps if e.get("event") == "transition"), {})
+    r["lora"] = {"frozen_bytes": transition.get("frozen_bytes"), "frozen_params": transition.get("frozen_params"),
+                 "quantized_params": transition.get("quantized_params"),
+                 "seconds": s, "peak_rss": rss, "exit": rc, "load_line": loaded[0] if loaded else "",
                  "load_s": float(loaded[0].split(" in ")[1].split(" s")[0]) if loaded else None,
                  "step_s": step_s, "gpu_peak_bytes": max(gpu) * 1e9 if gpu else None, "checkpoint_bytes": dir_bytes(os.path.join(jobdir, "final", str(tokens)))}
 

@@ -42,9 +42,12 @@ std::string state_kind_name(StateKind kind);
 
 // The prefixes of the tensor names in state.h5 that a trainer reads back by part: the model's
 // parameters, the adapters' included ("params/h.0.attn.c_attn.weight", "params/h.0.attn.c_attn.lora_A")
-// and the moving average of the trained tensors ("ema/<name>", optimization/ema/decay).
+// the moving average of the trained tensors ("ema/<name>", optimization/ema/decay), and a QLoRA base's
+// NF4 storage in place of its quantized parameters ("nf4/<weight>.codes", ".absmax_codes",
+// ".absmax_scales", ".absmax_offset": kernels/nf4.hpp's Nf4Tensor) when the checkpoint copies its base.
 inline const std::string kParamsPrefix = "params/";
 inline const std::string kEmaPrefix = "ema/";
+inline const std::string kNf4Prefix = "nf4/";
 
 // params/* of a checkpoint's tensors without the prefix, in order, split into the model's own and the
 // adapters' (lora.hpp's is_adapter_param: "<layer>.lora_A", "<embedding>.trainable_tokens_delta").

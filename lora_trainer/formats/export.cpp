@@ -1,5 +1,7 @@
 #include "lora_trainer/formats/export.hpp"
 
+#include "lora_trainer/kernels/nf4.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -99,6 +101,57 @@ std::string read_referenced_base(const CheckpointMeta& ck, const std::string& ba
   return read_frozen_base(ref, ck.dir, base, options.family, base_params(*model), take);
 }
 
+namespace {
+
+// A QLoRA checkpoint's NF4 weights as the values its products used, dequant(quant(W)) in bf16: from its
+// nf4/<name>.* when it copies its base, else quantized again from the referenced base's values (`all`
+// holds them as params/<name>); with `base_values` false only their shapes.
+void dequantize_base(const CheckpointMeta& ck, NamedTensors& all, bool base_values) {
+  if (!ck.lora || ck.lora->quantized.empty()) return;
+  std::map<std::string, torch::Tensor> nf4;
+  for (const auto& [n, t] : all)
+    if (n.rfind(kNf4Prefix, 0) == 0) nf4[n.substr(kNf4Prefix.size())] = t;
+  all.erase(std::remove_if(all.begin(), all.end(), [](const auto& t) { return t.first.rfind(kNf4Prefix, 0) == 0; }), all.end());
+  std::map<std::string, torch::Tensor*> params;
+  for (auto& [n, t] : all)
+    if (n.rfind(kParamsPrefix, 0) == 0) params[n.substr(kParamsPrefix.size())] = &t;
+  for (const auto& [name, shape] : ck.lora->quantized) {
+    auto stored = params.find(name);
+    if (!base_values) {
+      if (stored == params.end()) all.emplace_back(kParamsPrefix + name, torch::empty(shape, torch::kBFloat16));
+      continue;
+    }
+    if (stored != params.end()) {  // the referenced base's values
+      *stored->second = dequantize_nf4(quantize_nf4(stored->second->to(torch::kBFloat16)), torch::kBFloat16);
+      continue;
+    }
+    Nf4Tensor q;
+    q.shape = shape;
+    q.numel = 1;
+    for (int64_t d : shape) q.numel *= d;
+    auto field = [&](const char* f) {
+      auto it = nf4.find(name + "." + f);
+      if (it == nf4.end())
+        throw UserError(ck.dir + ": its metadata lists " + name + " as stored in NF4 (lora.quantized) but it holds no " +
+                        kNf4Prefix + name + "." + f + "; is the checkpoint complete? " + use_another_checkpoint(ck.job_name));
+      return it->second;
+    };
+    q.codes = field("codes");
+    q.absmax_codes = field("absmax_codes");
+    q.absmax_scales = field("absmax_scales");
+    q.absmax_offset = field("absmax_offset");
+    const int64_t blocks = q.blocks(), scales = (blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize;
+    if (q.codes.numel() != (q.numel + 1) / 2 || q.absmax_codes.numel() != blocks || q.absmax_scales.numel() != scales ||
+        q.absmax_offset.numel() != 1 || q.codes.scalar_type() != torch::kUInt8 || q.absmax_codes.scalar_type() != torch::kUInt8 ||
+        q.absmax_scales.scalar_type() != torch::kFloat32 || q.absmax_offset.scalar_type() != torch::kFloat32)
+      throw UserError(ck.dir + ": the NF4 storage of " + name + " (" + kNf4Prefix + name + ".*) does not fit its shape " +
+                      shape_text(shape) + " in lora.quantized; the checkpoint is damaged. " + use_another_checkpoint(ck.job_name));
+    all.emplace_back(kParamsPrefix + name, dequantize_nf4(q, torch::kBFloat16));
+  }
+}
+
+}  // namespace
+
 NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema, const std::string& base, bool base_values) {
   const std::string& checkpoint = ck.dir;
   NamedTensors all = read_checkpoint_tensors(ck);
@@ -109,6 +162,9 @@ NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema, const std::s
       const FrozenBaseRef ref = FrozenBaseRef::from_json(ck.raw["frozen_base"], ck.dir);
       for (const auto& [n, shape] : ref.tensors) all.emplace_back(kParamsPrefix + n, torch::empty(shape, torch::kBFloat16));
     }
+  }
+  if (ck.raw.contains("frozen_base") || (ck.lora && !ck.lora->quantized.empty())) {
+    dequantize_base(ck, all, base_values);
     std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   }
   if (!use_ema) return all;

@@ -1,11 +1,10 @@
 #include "lora_trainer/formats/frozen_base.hpp"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <functional>
 
+#include "lora_trainer/core/checksum.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/formats/base_weights.hpp"
 
@@ -19,10 +18,8 @@ namespace {
 // A digest accumulated tensor by tensor, in name order.
 class Digest {
  public:
-  void add(const std::string& name, const torch::Tensor& t) {
-    const torch::Tensor c = t.detach().to(torch::kCPU, torch::kBFloat16).contiguous();
-    uLong crc = crc32_z(0L, Z_NULL, 0);
-    if (c.numel() > 0) crc = crc32_z(crc, static_cast<const Bytef*>(c.data_ptr()), static_cast<z_size_t>(c.numel() * 2));
+  void add(const std::string& name, const torch::Tensor& t) { add(name, bf16_crc32(t)); }
+  void add(const std::string& name, uint32_t crc) {
     const std::string entry = name + ":" + std::to_string(crc) + ";";
     h_ = fnv1a64(entry.data(), entry.size(), h_);
   }
@@ -69,16 +66,20 @@ FrozenBaseRef FrozenBaseRef::from_json(const json& j, const std::string& dir) {
   return r;
 }
 
-std::string frozen_base_digest(const NamedTensors& tensors) {
+std::string frozen_base_digest(const NamedTensors& tensors, const std::map<std::string, uint32_t>& crcs) {
   NamedTensors sorted = tensors;
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   Digest d;
-  for (const auto& [n, t] : sorted) d.add(n, t);
+  for (const auto& [n, t] : sorted) {
+    auto known = crcs.find(n);
+    if (known != crcs.end()) d.add(n, known->second);
+    else d.add(n, t);
+  }
   return d.hex();
 }
 
 FrozenBaseRef make_frozen_base_ref(const std::string& source, const std::string& format, const NamedTensors& frozen,
-                                   const std::string& job_dir) {
+                                   const std::string& job_dir, const std::map<std::string, uint32_t>& crcs) {
   FrozenBaseRef r;
   r.path = fs::absolute(source).lexically_normal().string();
   // From a checkpoint of the job (<job_dir>/<suffix>, the suffix one or two levels deep): recorded from
@@ -90,7 +91,7 @@ FrozenBaseRef make_frozen_base_ref(const std::string& source, const std::string&
     r.tensors[n] = t.sizes().vec();
     r.bytes += static_cast<uint64_t>(t.numel()) * 2;
   }
-  r.digest = frozen_base_digest(frozen);
+  r.digest = frozen_base_digest(frozen, crcs);
   return r;
 }
 

@@ -41,13 +41,15 @@ struct FrozenBaseRef {
 };
 
 // FNV-1a (64-bit) over each tensor's name and the CRC-32 of its bf16 bytes, in name order, as 16 hex
-// digits. The tensors may be of any dtype and device; they are taken as bf16.
-std::string frozen_base_digest(const NamedTensors& tensors);
+// digits. The tensors may be of any dtype and device; they are taken as bf16. `crcs` gives the CRC of
+// those whose bf16 values are no longer in memory (an NF4 base keeps the CRC of the values it quantized:
+// peft/frozen_weight.hpp); their tensors then only give the shape.
+std::string frozen_base_digest(const NamedTensors& tensors, const std::map<std::string, uint32_t>& crcs = {});
 
 // The reference to a base at `source` (an HF model directory or a checkpoint) for the frozen tensors
-// `frozen` (bf16, as they are in memory), saved in checkpoints under `job_dir`.
+// `frozen` (bf16, as they are in memory, or with their CRC in `crcs`), saved in checkpoints under `job_dir`.
 FrozenBaseRef make_frozen_base_ref(const std::string& source, const std::string& format, const NamedTensors& frozen,
-                                   const std::string& job_dir);
+                                   const std::string& job_dir, const std::map<std::string, uint32_t>& crcs = {});
 
 // Where a checkpoint's frozen base is: `moved_to` when given (training/frozen_base_path, export --base),
 // else the recorded path relative to the checkpoint when that exists, else the absolute one; a UserError

@@ -18,6 +18,8 @@ json LoraMetadata::to_json() const {
             {"modules_to_save_lr_ratio", modules_to_save_lr_ratio},
             {"trainable_tokens", json(trainable_tokens)},  // {} for none
             {"adapters_from", adapters_from},
+            {"quantize_base", quantize_base},
+            {"quantized", json(quantized)},
             {"base", base}};
   if (boundary_step) j["boundary_step"] = *boundary_step;
   if (in_lora_phase) j["in_lora_phase"] = *in_lora_phase;
@@ -50,8 +52,13 @@ LoraMetadata LoraMetadata::from_json(const json& l, const std::string& file) {
     const json tokens = l.value("trainable_tokens", json::object());
     for (const auto& [name, ids] : tokens.items()) m.trainable_tokens[name] = ids.get<std::vector<int64_t>>();
     m.adapters_from = l.value("adapters_from", std::string());
+    m.quantize_base = l.value("quantize_base", std::string("none"));
+    const json quantized = l.value("quantized", json::object());
+    for (const auto& [name, shape] : quantized.items()) m.quantized[name] = shape.get<std::vector<int64_t>>();
     m.base = l.value("base", json());
   });
+  if (m.quantize_base != "none" && m.quantize_base != "nf4")
+    throw UserError(file + ": lora.quantize_base is \"" + m.quantize_base + "\"; this version knows \"none\" and \"nf4\"" + tail);
   if (m.trainable_tokens.size() > 1)
     throw UserError(file + ": lora.trainable_tokens names " + std::to_string(m.trainable_tokens.size()) +
                     " embeddings; a model has one token embedding" + tail);

@@ -4,6 +4,8 @@
 // unfiltered, so its bytes lie in one range of the file that HDF5 never parses.
 #include "lora_trainer/formats/state_h5.hpp"
 
+#include "lora_trainer/core/checksum.hpp"
+
 #include <fcntl.h>
 #include <sys/statvfs.h>
 #include <hdf5.h>
@@ -122,12 +124,7 @@ std::string hex32(uLong crc) {
 }
 
 // CRC-32 (zlib's) of a contiguous CPU tensor's bytes, as 8 hex digits.
-std::string crc32_hex(const torch::Tensor& t) {
-  uLong crc = crc32_z(0L, Z_NULL, 0);
-  if (t.numel() > 0)
-    crc = crc32_z(crc, static_cast<const Bytef*>(t.data_ptr()), static_cast<z_size_t>(t.numel() * t.element_size()));
-  return hex32(crc);
-}
+std::string crc32_hex(const torch::Tensor& t) { return hex32(tensor_crc32(t)); }
 
 // A write that failed: on a full file system (HDF5 does not pass errno on), say so, with the space
 // free and the space the tensors need; otherwise the failure as it is.

@@ -1,10 +1,20 @@
 #include "lora_trainer/kernels/nf4.hpp"
 
+#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <mutex>
+
+#ifdef LT_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "lora_trainer/kernels/nf4_cuda.hpp"
+#endif
 
 namespace lt {
 
@@ -97,11 +107,17 @@ uint8_t dynamic_map_code(float x) {
 
 int64_t Nf4Tensor::bytes() const {
   auto size = [](const torch::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; };
-  return size(codes) + size(absmax) + size(absmax_codes) + size(absmax_scales) + (double_quantized() ? 4 : 0);
+  return size(codes) + size(absmax) + size(absmax_codes) + size(absmax_scales) + size(absmax_offset);
+}
+
+Nf4Tensor Nf4Tensor::to(const torch::Device& device) const {
+  Nf4Tensor q = *this;
+  for (torch::Tensor* t : {&q.codes, &q.absmax, &q.absmax_codes, &q.absmax_scales, &q.absmax_offset})
+    if (t->defined()) *t = t->to(device);
+  return q;
 }
 
 Nf4Tensor quantize_nf4(const torch::Tensor& W, bool double_quant) {
-  TORCH_CHECK(W.device().is_cpu(), "quantize_nf4: the weight must be on the CPU");
   TORCH_CHECK(W.is_floating_point(), "quantize_nf4: the weight must be floating point, got ", W.scalar_type());
   Nf4Tensor q;
   q.shape = W.sizes().vec();
@@ -113,26 +129,33 @@ Nf4Tensor quantize_nf4(const torch::Tensor& W, bool double_quant) {
   float* am = absmax.data_ptr<float>();
   for (int64_t first = 0; first < q.numel; first += kChunkElements) {  // a multiple of the block size and of 2
     const int64_t n = std::min(kChunkElements, q.numel - first);
-    const auto chunk = flat.slice(0, first, first + n).to(torch::kFloat32).contiguous();
+    const auto chunk = flat.slice(0, first, first + n).to(torch::kCPU, torch::kFloat32).contiguous();
     const float* x = chunk.data_ptr<float>();
-    for (int64_t b0 = 0; b0 < n; b0 += kNf4BlockSize) {
-      const int64_t b1 = std::min(n, b0 + kNf4BlockSize);
-      float m = 0.0f;
-      for (int64_t i = b0; i < b1; ++i) m = std::max(m, std::fabs(x[i]));
-      am[(first + b0) / kNf4BlockSize] = m;
-      const float r = 1.0f / m;  // bitsandbytes multiplies by the reciprocal
-      for (int64_t i = b0; i < b1; ++i) {
-        const int64_t e = first + i;
-        const uint8_t c = nf4_code(x[i] * r);
-        codes[e / 2] |= static_cast<uint8_t>(e % 2 == 0 ? c << 4 : c);
+    // Blocks of 64 values are 32 whole bytes of codes: each thread writes its own.
+    at::parallel_for(0, (n + kNf4BlockSize - 1) / kNf4BlockSize, 256, [&](int64_t first_block, int64_t end_block) {
+      for (int64_t blk = first_block; blk < end_block; ++blk) {
+        const int64_t b0 = blk * kNf4BlockSize, b1 = std::min(n, b0 + kNf4BlockSize);
+        float m = 0.0f;
+        for (int64_t i = b0; i < b1; ++i) m = std::max(m, std::fabs(x[i]));
+        am[(first + b0) / kNf4BlockSize] = m;
+        const float r = 1.0f / m;  // bitsandbytes multiplies by the reciprocal
+        for (int64_t i = b0; i < b1; ++i) {
+          const int64_t e = first + i;
+          const uint8_t c = nf4_code(x[i] * r);
+          codes[e / 2] |= static_cast<uint8_t>(e % 2 == 0 ? c << 4 : c);
+        }
       }
-    }
+    });
   }
   if (!double_quant) {
     q.absmax = absmax;
     return q;
   }
-  q.absmax_offset = absmax.mean().item<float>();
+  // The mean in a fixed order (a double sum, rounded once): the same offset whatever the thread count,
+  // so a base quantized again on restore, on another machine, gets the same bits.
+  double sum = 0.0;
+  for (int64_t b = 0; b < q.blocks(); ++b) sum += am[b];
+  q.absmax_offset = torch::full({1}, static_cast<float>(sum / static_cast<double>(q.blocks())), torch::kFloat32);
   const auto centred = (absmax - q.absmax_offset).contiguous();
   const float* a = centred.data_ptr<float>();
   const int64_t blocks = q.blocks(), scales = (blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize;
@@ -151,8 +174,31 @@ Nf4Tensor quantize_nf4(const torch::Tensor& W, bool double_quant) {
   return q;
 }
 
+namespace {
+
+// The tables on a device, copied there once.
+const torch::Tensor& table_on(const float* values, int64_t n, const torch::Device& device) {
+  static std::mutex mutex;
+  static std::map<std::pair<const float*, std::string>, torch::Tensor> tables;
+  std::lock_guard<std::mutex> lock(mutex);
+  torch::Tensor& t = tables[{values, device.str()}];
+  if (!t.defined()) t = torch::from_blob(const_cast<float*>(values), {n}, torch::kFloat32).to(device);
+  return t;
+}
+
+// map[code] * scale + offset, each rounded on its own (as the loop and the kernel), in tensor operations.
+torch::Tensor absmax_ops(const Nf4Tensor& q) {
+  const auto map = table_on(dynamic_map_values().data(), 256, q.device());
+  const auto scales = q.absmax_scales.repeat_interleave(kNf4AbsmaxBlockSize).narrow(0, 0, q.blocks());
+  return map.index_select(0, q.absmax_codes.to(torch::kLong)).mul(scales).add(q.absmax_offset);
+}
+
+}  // namespace
+
 torch::Tensor nf4_absmax(const Nf4Tensor& q) {
   if (!q.double_quantized()) return q.absmax;
+  if (!q.device().is_cpu()) return absmax_ops(q);
+  const float offset = q.absmax_offset.item<float>();
   auto out = torch::empty({q.blocks()}, torch::kFloat32);
   const auto& map = dynamic_map_values();
   const uint8_t* ac = q.absmax_codes.data_ptr<uint8_t>();
@@ -161,12 +207,46 @@ torch::Tensor nf4_absmax(const Nf4Tensor& q) {
   for (int64_t b = 0; b < q.blocks(); ++b) {
     // Rounded after the product and after the sum, never fused (the CUDA kernel's __fmul_rn, __fadd_rn).
     volatile float scaled = map[ac[b]] * as[b / kNf4AbsmaxBlockSize];
-    o[b] = scaled + q.absmax_offset;
+    o[b] = scaled + offset;
   }
   return out;
 }
 
+torch::Tensor dequantize_nf4_ops(const Nf4Tensor& q, torch::ScalarType dtype) {
+  const auto nf4 = table_on(nf4_values().data(), 16, q.device());
+  const auto codes = q.codes.to(torch::kLong);
+  // Element 2i is byte i's high nibble, 2i + 1 its low one.
+  const auto pairs = torch::stack({codes.bitwise_right_shift(4), codes.bitwise_and(15)}, 1).view({-1});
+  const int64_t padded = q.blocks() * kNf4BlockSize;
+  auto values = nf4.index_select(0, pairs);
+  values = values.numel() < padded ? torch::cat({values, values.new_zeros({padded - values.numel()})}) : values.narrow(0, 0, padded);
+  const auto absmax = nf4_absmax(q).view({-1, 1});
+  return values.view({-1, kNf4BlockSize}).mul(absmax).view({-1}).narrow(0, 0, q.numel).to(dtype).view(q.shape);
+}
+
+bool nf4_cuda_kernel_built() {
+#ifdef LT_WITH_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
 torch::Tensor dequantize_nf4(const Nf4Tensor& q, torch::ScalarType dtype) {
+#ifdef LT_WITH_CUDA_KERNELS
+  if (q.device().is_cuda() && q.double_quantized() && dtype == torch::kBFloat16) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    auto out = torch::empty(q.shape, q.codes.options().dtype(torch::kBFloat16));
+    const char* error = nf4_cuda::dequantize_bf16(
+        q.codes.data_ptr<uint8_t>(), q.absmax_codes.data_ptr<uint8_t>(), q.absmax_scales.data_ptr<float>(),
+        table_on(dynamic_map_values().data(), 256, q.device()).data_ptr<float>(),
+        table_on(nf4_values().data(), 16, q.device()).data_ptr<float>(), q.absmax_offset.data_ptr<float>(), q.numel,
+        reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()), c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(error == nullptr, "dequantize_nf4: the CUDA kernel failed: ", error);
+    return out;
+  }
+#endif
+  if (!q.device().is_cpu()) return dequantize_nf4_ops(q, dtype);
   const auto absmax = nf4_absmax(q).contiguous();
   const float* am = absmax.data_ptr<float>();
   const uint8_t* codes = q.codes.data_ptr<uint8_t>();
@@ -178,14 +258,16 @@ torch::Tensor dequantize_nf4(const Nf4Tensor& q, torch::ScalarType dtype) {
   std::vector<float> buffer(static_cast<size_t>(std::min(kChunkElements, q.numel)));
   for (int64_t first = 0; first < q.numel; first += kChunkElements) {
     const int64_t n = std::min(kChunkElements, q.numel - first);
-    for (int64_t b0 = 0; b0 < n; b0 += kNf4BlockSize) {  // blocks of 64 start at even elements
-      const int64_t b1 = std::min(n, b0 + kNf4BlockSize);
-      const float m = am[(first + b0) / kNf4BlockSize];
-      for (int64_t i = b0; i < b1; ++i) {
-        const int64_t e = first + i;
-        buffer[i] = pairs[codes[e / 2]][e % 2] * m;
+    at::parallel_for(0, (n + kNf4BlockSize - 1) / kNf4BlockSize, 256, [&](int64_t first_block, int64_t end_block) {
+      for (int64_t blk = first_block; blk < end_block; ++blk) {  // blocks of 64 start at even elements
+        const int64_t b0 = blk * kNf4BlockSize, b1 = std::min(n, b0 + kNf4BlockSize);
+        const float m = am[(first + b0) / kNf4BlockSize];
+        for (int64_t i = b0; i < b1; ++i) {
+          const int64_t e = first + i;
+          buffer[i] = pairs[codes[e / 2]][e % 2] * m;
+        }
       }
-    }
+    });
     auto f32 = torch::from_blob(buffer.data(), {n}, torch::kFloat32);
     out.slice(0, first, first + n).copy_(f32);  // rounded once to dtype
   }

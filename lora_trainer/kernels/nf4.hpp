@@ -11,12 +11,14 @@
 //              Two codes a byte, element 2i in the high nibble of byte i (an odd count leaves the last
 //              low nibble 0).
 //   double quantization (QLoRA's, bitsandbytes' compress_statistics): the absmax values minus their
-//              mean (offset, f32) are quantized in blocks of 256 with bitsandbytes' signed dynamic
+//              mean (offset, f32; summed in double in a fixed order, so it does not depend on threads) are quantized in blocks of 256 with bitsandbytes' signed dynamic
 //              8-bit map: per block the absmax of (absmax - offset), and each value times its
 //              reciprocal mapped to the nearest map entry (binary search, ties to the searched pivot
 //              as bitsandbytes' dQuantize). About 0.127 bits an element instead of 0.5.
 //   dequantize NF4[code] * absmax in f32 (absmax = map[absmax code] * block scale + offset with double
-//              quantization), rounded once to the output dtype.
+//              quantization), rounded once to the output dtype: on the CPU a loop over the codes, on CUDA
+//              (a build with the project's kernels) nf4_cuda.cu's kernel, elsewhere the same arithmetic
+//              in tensor operations (dequantize_nf4_ops); the three give the same bits.
 //
 // The quantization runs over the weight in chunks of rows, so a 128256 x 4096 matrix never needs an f32
 // copy of itself.
@@ -50,18 +52,25 @@ struct Nf4Tensor {
   torch::Tensor absmax;         // f32 (blocks), without double quantization; undefined with it
   torch::Tensor absmax_codes;   // uint8 (blocks), with double quantization
   torch::Tensor absmax_scales;  // f32 (ceil(blocks / 256)), with double quantization
-  float absmax_offset = 0.0f;   // with double quantization: the mean of the absmax values
+  torch::Tensor absmax_offset;  // f32 (1), with double quantization: the mean of the absmax values
   bool double_quantized() const { return absmax_codes.defined(); }
   int64_t blocks() const { return (numel + kNf4BlockSize - 1) / kNf4BlockSize; }
   // Bytes held: codes and scales.
   int64_t bytes() const;
+  // The same storage on `device` (codes and scales copied; the shape kept).
+  Nf4Tensor to(const torch::Device& device) const;
+  torch::Device device() const { return codes.device(); }
 };
 
-// W (any float dtype, on the CPU) as NF4.
+// W (any float dtype, on any device) as NF4, on the CPU (a chunk of rows copied at a time).
 Nf4Tensor quantize_nf4(const torch::Tensor& W, bool double_quant = true);
-// The per-block absmax, f32 (blocks).
+// The per-block absmax, f32 (blocks), on the storage's device.
 torch::Tensor nf4_absmax(const Nf4Tensor& q);
-// The weight back, computed in f32 and rounded once to `dtype`, on the CPU.
+// The weight back, computed in f32 and rounded once to `dtype`, on the storage's device.
 torch::Tensor dequantize_nf4(const Nf4Tensor& q, torch::ScalarType dtype = torch::kBFloat16);
+// The same in tensor operations (any device): what dequantize_nf4 runs where it has no kernel.
+torch::Tensor dequantize_nf4_ops(const Nf4Tensor& q, torch::ScalarType dtype = torch::kBFloat16);
+// Whether this build dequantizes on CUDA with its own kernel (LT_WITH_CUDA_KERNELS).
+bool nf4_cuda_kernel_built();
 
 }  // namespace lt

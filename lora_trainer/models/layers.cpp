@@ -33,7 +33,12 @@ void LinearImpl::set_lora(torch::Tensor A, torch::Tensor B, double scale, torch:
   lora_scale_ = scale;
 }
 
-void LinearImpl::freeze_weight(FrozenFormat format) { frozen_ = lt::freeze_weight(weight, format); }
+void LinearImpl::freeze_weight(FrozenFormat format) {
+  if (frozen_ && frozen_->format() == format) return;
+  TORCH_CHECK(!frozen_ || frozen_->format() == FrozenFormat::Bf16, "freeze_weight: a weight stored as ",
+              to_string(frozen_->format()), " cannot be stored as ", to_string(format), " (its values are gone)");
+  frozen_ = lt::freeze_weight(weight, format);
+}
 
 TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t num_embeddings, int64_t dim)
     : torch::nn::EmbeddingImpl(num_embeddings, dim) {

@@ -95,6 +95,9 @@ class CausalLMImpl : public torch::nn::Module {
   virtual void init_weights(torch::Generator gen) = 0;
   // The parameters that are looked up rather than multiplied (excluded from FLOP counts).
   virtual bool is_lookup(const std::string& param_name) const = 0;
+  // Whether the parameter belongs to one of the transformer blocks (not the embeddings, the final norm
+  // or the output head): what a QLoRA base quantizes.
+  virtual bool in_blocks(const std::string& param_name) const = 0;
   const ModelOptions& options() const { return opts_; }
 
  protected:

@@ -1,9 +1,12 @@
 #include "lora_trainer/peft/frozen_weight.hpp"
 
+#include "lora_trainer/core/checksum.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
 #include "lora_trainer/kernels/nf4.hpp"
 
 namespace lt {
+
+const char* to_string(FrozenFormat format) { return format == FrozenFormat::Nf4 ? "nf4" : "bf16"; }
 
 torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x) {
   if (!W.defined() || W.scalar_type() == x.scalar_type()) return W;
@@ -134,6 +137,12 @@ class Bf16Weight : public FrozenWeight {
   explicit Bf16Weight(torch::Tensor weight) : weight_(std::move(weight)) {}
   torch::Tensor for_matmul(const torch::Tensor&) const override { return weight_; }
   int64_t bytes() const override { return weight_.numel() * weight_.element_size(); }
+  FrozenFormat format() const override { return FrozenFormat::Bf16; }
+  std::vector<int64_t> shape() const override { return weight_.sizes().vec(); }
+  void assign(const torch::Tensor& W) override {
+    torch::NoGradGuard no_grad;
+    weight_.copy_(W);
+  }
 
  private:
   torch::Tensor weight_;
@@ -179,12 +188,14 @@ struct MadeWeightBiasFn : public torch::autograd::Function<MadeWeightBiasFn> {
   }
 };
 
-// QLoRA's storage: NF4 blocks with double quantization (kernels/nf4.hpp), on the CPU.
+// QLoRA's storage: NF4 blocks with double quantization (kernels/nf4.hpp), on the weight's device
+// (moved to x's if a product runs elsewhere).
 class Nf4Weight : public FrozenWeight {
  public:
-  explicit Nf4Weight(const torch::Tensor& weight) : q_(quantize_nf4(weight.detach().cpu(), /*double_quant=*/true)) {}
+  explicit Nf4Weight(const torch::Tensor& weight) { assign(weight); }
   torch::Tensor for_matmul(const torch::Tensor& x) const override {
-    return dequantize_nf4(q_, torch::kBFloat16).to(x.device());
+    if (q_.device() != x.device()) q_ = q_.to(x.device());
+    return dequantize_nf4(q_, torch::kBFloat16);
   }
   torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& b) const override {
     // Under autocast, x cast as autocast's linear casts it (its cache included), outside the function:
@@ -198,9 +209,25 @@ class Nf4Weight : public FrozenWeight {
     return b.defined() ? MadeWeightBiasFn::apply(x, b, self) : MadeWeightFn::apply(x, self);
   }
   int64_t bytes() const override { return q_.bytes(); }
+  FrozenFormat format() const override { return FrozenFormat::Nf4; }
+  std::vector<int64_t> shape() const override { return q_.shape; }
+  void assign(const torch::Tensor& W) override {
+    TORCH_CHECK(q_.shape.empty() || W.sizes().vec() == q_.shape, "Nf4Weight::assign: a weight of another shape");
+    const torch::Tensor bf16 = W.detach().to(torch::kBFloat16);
+    crc_ = bf16_crc32(bf16);
+    q_ = quantize_nf4(bf16, /*double_quant=*/true).to(W.device());
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> state() const override {
+    return {{"codes", q_.codes}, {"absmax_codes", q_.absmax_codes}, {"absmax_scales", q_.absmax_scales},
+            {"absmax_offset", q_.absmax_offset}};
+  }
+  // A checkpoint's codes loaded in place leave crc_ that of the values the template quantized; the
+  // trainer only reads it for a base it refers to, which a restore assigns.
+  std::optional<uint32_t> values_crc() const override { return crc_; }
 
  private:
-  Nf4Tensor q_;
+  mutable Nf4Tensor q_;
+  uint32_t crc_ = 0;
 };
 
 }  // namespace
@@ -213,7 +240,7 @@ std::shared_ptr<FrozenWeight> freeze_weight(torch::Tensor weight, FrozenFormat f
       return std::make_shared<Bf16Weight>(std::move(weight));
     case FrozenFormat::Nf4: {
       auto storage = std::make_shared<Nf4Weight>(weight);
-      weight.set_data(torch::empty({0}, weight.options().dtype(torch::kBFloat16)));
+      weight.set_data(torch::zeros({1}, weight.options().dtype(torch::kBFloat16)).expand(weight.sizes()));
       weight.requires_grad_(false);
       return storage;
     }

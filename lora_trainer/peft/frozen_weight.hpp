@@ -6,15 +6,20 @@
 // Storages:
 //   bf16  the layer's own `weight` parameter cast to bf16 in place, so a checkpoint keeps it as
 //         params/<name> like any parameter.
-//   nf4   QLoRA's 4-bit NormalFloat blocks (kernels/nf4.hpp, double quantization): the weight is
-//         quantized once and its parameter emptied (0 elements, bf16); each product dequantizes W to
-//         bf16 for itself alone, in the forward and again in the backward (x's gradient), so no bf16
-//         copy outlives its product. Its products are bit for bit those of a bf16 base holding
-//         dequant(quant(W)). Dequantized on the CPU (a CUDA kernel is to come) and moved to x's device.
-//         Not yet a job setting (issue 32).
+//   nf4   QLoRA's 4-bit NormalFloat blocks (kernels/nf4.hpp, double quantization) of the weight's bf16
+//         values (optimization/lora/quantize_base=nf4): quantized once, and the parameter becomes a
+//         stand-in of the weight's shape and dtype with no storage of its own (one bf16 zero, expanded:
+//         its shape and numel are the weight's for everything that counts or names parameters; writing
+//         into it fails). Each product dequantizes W to bf16 for itself alone, in the forward and again
+//         in the backward (x's gradient), so no bf16 copy outlives its product; on the device of x (the
+//         CUDA kernel there). Its products are bit for bit those of a bf16 base holding dequant(quant(W)).
+//         It keeps the CRC of the bf16 values it quantized, for the frozen base's digest.
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include <torch/torch.h>
@@ -23,6 +28,7 @@ namespace lt {
 
 // The storages a frozen base can take.
 enum class FrozenFormat { Bf16, Nf4 };
+const char* to_string(FrozenFormat format);
 
 class FrozenWeight {
  public:
@@ -35,6 +41,18 @@ class FrozenWeight {
   virtual torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& b) const;
   // Bytes the storage holds.
   virtual int64_t bytes() const = 0;
+  virtual FrozenFormat format() const = 0;
+  // W's shape.
+  virtual std::vector<int64_t> shape() const = 0;
+  // Stores W (bf16 values of this shape) in place of what is stored: bf16 copies it into the parameter,
+  // nf4 quantizes it (a restore reading a base that a checkpoint refers to).
+  virtual void assign(const torch::Tensor& W) = 0;
+  // The tensors that keep W where the parameter does not (a checkpoint saves and loads them in place),
+  // by a field name: none for bf16 (the parameter holds it); nf4: its codes and scales (Nf4Tensor's
+  // "codes", "absmax_codes", "absmax_scales", "absmax_offset"; a checkpoint names them nf4/<weight>.<field>).
+  virtual std::vector<std::pair<std::string, torch::Tensor>> state() const { return {}; }
+  // The CRC-32 of the bf16 values of W when they are not in memory (nf4: those it quantized), else none.
+  virtual std::optional<uint32_t> values_crc() const { return std::nullopt; }
 };
 
 // y = x W^T (+ b) where W and b may be a frozen weight and bias in another dtype than x (a bf16 base
@@ -52,7 +70,8 @@ torch::Tensor frozen_linear(const torch::Tensor& x, const torch::Tensor& W, cons
 
 // Freezes `weight` (a layer's registered parameter) in `format`: no gradient, and for bf16 the tensor
 // itself cast to bf16 in place (its name and identity stay: the checkpoint and the optimizer's
-// bookkeeping see the same parameter); for nf4 the tensor quantized and then emptied in place.
+// bookkeeping see the same parameter); for nf4 its bf16 values quantized, and the tensor made the
+// stand-in above in place.
 std::shared_ptr<FrozenWeight> freeze_weight(torch::Tensor weight, FrozenFormat format);
 
 // W as it should enter a matmul with x: unchanged under autocast (which casts both), else cast to x's

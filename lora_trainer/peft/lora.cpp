@@ -328,13 +328,13 @@ LoraParams lora_params_of(torch::nn::Module& root) {
   return out;
 }
 
-void freeze_base(torch::nn::Module& root, const std::vector<std::string>& keep, FrozenFormat format) {
+void freeze_base(torch::nn::Module& root, const std::vector<std::string>& keep, const FrozenFormatOf& format_of) {
   auto kept = [&](const std::string& name) { return std::find(keep.begin(), keep.end(), name) != keep.end(); };
   std::vector<std::string> through_layer;  // the weights a layer's FrozenWeight stores
   for_each_adaptable(root, [&](const std::string& module_name, LoraAdaptable& layer) {
     const std::string weight = module_name.empty() ? "weight" : module_name + ".weight";
     if (kept(weight)) return;
-    layer.freeze_weight(format);
+    layer.freeze_weight(format_of(weight));
     through_layer.push_back(weight);
   });
   for (auto& item : root.named_parameters()) {
@@ -345,6 +345,15 @@ void freeze_base(torch::nn::Module& root, const std::vector<std::string>& keep, 
       p.set_data(p.detach().to(torch::kBFloat16));  // as Module::to casts a parameter
     p.requires_grad_(false);
   }
+}
+
+std::map<std::string, std::shared_ptr<FrozenWeight>> frozen_storages(torch::nn::Module& root) {
+  std::map<std::string, std::shared_ptr<FrozenWeight>> out;
+  for_each_adaptable(root, [&](const std::string& module_name, LoraAdaptable& layer) {
+    auto storage = layer.frozen();
+    if (storage && storage->format() != FrozenFormat::Bf16) out[module_name.empty() ? "weight" : module_name + ".weight"] = storage;
+  });
+  return out;
 }
 
 void detach_lora(torch::nn::Module& root) {

@@ -23,6 +23,9 @@
 // config key. Adapters that contradict their own rank (a bad file) are a UserError.
 #pragma once
 
+#include <functional>
+#include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -54,8 +57,11 @@ class LoraAdaptable {
   // The tensors become the layer's parameters lora_A, lora_B, lora_magnitude (the same tensors, not
   // copies). Undefined A and B remove the adapter.
   virtual void set_lora(torch::Tensor A, torch::Tensor B, double scale, torch::Tensor magnitude) = 0;
-  // Freezes `weight` in `format`: from now on the layer's matmul takes it from its FrozenWeight.
+  // Freezes `weight` in `format`: from now on the layer's matmul takes it from its FrozenWeight. A
+  // weight already frozen in that format stays as it is.
   virtual void freeze_weight(FrozenFormat format) = 0;
+  // The storage of the frozen weight; null while it trains.
+  virtual std::shared_ptr<FrozenWeight> frozen() const = 0;
   // Off: the layer computes with its base weight alone (no DoRA rescale either), its adapter kept
   // attached (AdaptersOff).
   virtual void enable_lora(bool on) = 0;
@@ -192,9 +198,15 @@ double lora_plus_lr_scale(const std::string& name, double lr_ratio);
 LoraParams lora_params_of(torch::nn::Module& root);
 
 // Freezes the base of `root` for the LoRA phase: every parameter except the adapters and those named in
-// `keep` (modules_to_save) stops taking gradients and is stored in `format`: each adaptable layer's
-// weight through its FrozenWeight, every other parameter (norms, embeddings) cast to bf16 in place.
-void freeze_base(torch::nn::Module& root, const std::vector<std::string>& keep, FrozenFormat format);
+// `keep` (modules_to_save) stops taking gradients; each adaptable layer's weight is stored through its
+// FrozenWeight in the format `format_of` gives for the weight's name (bf16, or nf4 for a QLoRA base's
+// block layers), every other parameter (norms, embeddings) cast to bf16 in place.
+using FrozenFormatOf = std::function<FrozenFormat(const std::string& weight)>;
+void freeze_base(torch::nn::Module& root, const std::vector<std::string>& keep, const FrozenFormatOf& format_of);
+
+// The frozen weights of `root`'s adaptable layers that are stored otherwise than in their parameter
+// (nf4), by weight name.
+std::map<std::string, std::shared_ptr<FrozenWeight>> frozen_storages(torch::nn::Module& root);
 
 // Number of trainable adapter values.
 int64_t count_lora_params(const LoraParams& lora);

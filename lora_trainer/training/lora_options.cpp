@@ -70,6 +70,13 @@ static const OptionGroup<LoraOptions>& lora_options() {
                "directory (adapter_config.json + adapter_model.safetensors) with the same targets, rank and scale. Applied at "
                "the transition; \"\" = drawn by optimization/lora/init",
                &O::init_from)
+          .add("optimization/lora/quantize_base", OptType::String, "none",
+               "QLoRA: \"nf4\" stores the frozen linear weights of the blocks as 4-bit NormalFloat, exactly as bitsandbytes "
+               "(blocks of 64, double-quantized scales: about 0.52 bytes a parameter instead of 2), each dequantized to bf16 "
+               "for its matmul; the embeddings, norms and output head stay bf16. Quantized when the job loads its base (no "
+               "pre-LoRA stages) or at the transition. \"none\": the whole base in bf16",
+               [](O& o, const json& v) { o.quantize_base = v.get<std::string>() == "nf4" ? FrozenFormat::Nf4 : FrozenFormat::Bf16; },
+               check_one_of({"none", "nf4"}))
           .add("optimization/lora/rslora", OptType::Bool, false,
                "rank-stabilised LoRA: scale the adapters by alpha/sqrt(r) instead of alpha/r (PEFT's use_rslora)",
                &O::rslora)

@@ -42,6 +42,9 @@ struct LoraOptions {
   // (frozen_base.hpp); training/frozen_base_path: where the base they refer to is now, when it moved.
   bool save_frozen_base{};
   std::string frozen_base_path;
+  // optimization/lora/quantize_base: how the frozen linear weights of the blocks are stored (bf16, or
+  // QLoRA's nf4); the embeddings, norms and output head stay bf16.
+  FrozenFormat quantize_base = FrozenFormat::Bf16;
   static LoraOptions from_config(const Config& cfg);
 };
 

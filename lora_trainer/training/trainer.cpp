@@ -106,10 +106,14 @@ void Trainer::settle_random_weights() {
 void Trainer::settle_weights_for_load() {
   if (!weights_pending_) return;
   const NamedTensors params = base_params(*model_);
+  const std::set<std::string> quantized = quantized_weights();  // NF4 in the template: a stand-in, no storage
   for (size_t i = 0; i < params.size(); ++i) {
     torch::Tensor p = params[i].second;
-    p.set_data(torch::empty(p.sizes(), p.options().device(rt_.device).dtype(frozen_from_start(i, params[i].first)
-                                                                                ? torch::kBFloat16 : torch::kFloat32)));
+    const auto options = p.options().device(rt_.device);
+    if (quantized.count(params[i].first))
+      p.set_data(torch::zeros({1}, options.dtype(torch::kBFloat16)).expand(p.sizes()));
+    else
+      p.set_data(torch::empty(p.sizes(), options.dtype(frozen_from_start(i, params[i].first) ? torch::kBFloat16 : torch::kFloat32)));
   }
   model_->to(rt_.device);  // the buffers
   weights_pending_ = false;

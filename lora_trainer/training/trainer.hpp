@@ -42,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -319,8 +320,11 @@ class Trainer : public RestorableJob {
     std::string base_note;  // where a restore read the base from, printed when the job runs
   };
   LoraSelection select_lora_params() const;
+  // The base weights the LoRA phase stores as NF4 (optimization/lora/quantize_base=nf4): the adaptable
+  // (linear) weights of the blocks but the modules_to_save; none without it.
+  std::set<std::string> quantized_weights() const;
   // transition_to_lora's change of state alone: freezes the base as bf16 (no gradients, no optimizer
-  // state) except the modules_to_save, creates adapters for param_filter's targets with
+  // state) except the modules_to_save, the quantized_weights as NF4, creates adapters for param_filter's targets with
   // inject_lora_params (on the trainer's device, deterministic from the seed), attaches them, and
   // rebuilds the optimizer over the adapters and the modules_to_save. A restore of a LoRA state calls it
   // to build the template its tensors load into.
@@ -340,6 +344,8 @@ class Trainer : public RestorableJob {
   // The LoRA phase's frozen base parameters (the base's but the modules_to_save), by name, in model
   // order; empty outside the LoRA phase.
   NamedTensors frozen_tensors();
+  // The CRC of the bf16 values of the frozen weights stored as NF4 (frozen_base_digest's `crcs`).
+  std::map<std::string, uint32_t> frozen_crcs();
   // At the transition: the reference this job's checkpoints record for the frozen base (the job's own
   // pre_lora_checkpoint, or the base it loaded), unless logging/save_frozen_base asks for copies or
   // there is nothing to refer to.
@@ -347,7 +353,7 @@ class Trainer : public RestorableJob {
   // A LoRA state's side of a restore: the frozen base from the place its checkpoint refers to, its
   // digest checked (training/frozen_base_path when it moved), or nothing when the checkpoint holds it.
   void load_frozen_base(const CheckpointMeta& ck);
-  // Without the params/* of the frozen base when this job's checkpoints refer to it (a save), or when
+  // Without the params/* (and nf4/*) of the frozen base when this job's checkpoints refer to it (a save), or when
   // `ck` does (the tensors a restore loads from it).
   void drop_frozen_base(NamedTensors& tensors, bool referenced);
   // The checkpoint's `lora` block, and what the trainer takes back from it after a full restore.

@@ -79,6 +79,8 @@ json Trainer::lora_metadata() const {
   m.modules_to_save_lr_ratio = lora_->options.modules_to_save_lr_ratio;
   m.trainable_tokens = token_rows_of(lora_->token_rows);
   m.adapters_from = lora_->adapters_from;
+  m.quantize_base = lora_->options.quantize_base == FrozenFormat::Nf4 ? "nf4" : "none";
+  for (const auto& [name, storage] : frozen_storages(*model_)) m.quantized[name] = storage->shape();
   m.base = lora_->base;
   return m.to_json();
 }
@@ -109,6 +111,25 @@ NamedTensors Trainer::frozen_tensors() {
   return out;
 }
 
+std::map<std::string, uint32_t> Trainer::frozen_crcs() {
+  std::map<std::string, uint32_t> out;
+  for (const auto& [name, storage] : frozen_storages(*model_))
+    if (auto crc = storage->values_crc()) out[name] = *crc;
+  return out;
+}
+
+std::set<std::string> Trainer::quantized_weights() const {
+  std::set<std::string> out;
+  if (!lora_ || lora_->options.quantize_base != FrozenFormat::Nf4) return out;
+  const NamedTensors params = base_params(*model_);
+  std::set<std::string> saved;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (i < lora_->selection.saved.size() && lora_->selection.saved[i]) saved.insert(params[i].first);
+  for (const auto& name : adaptable_weights(*model_))
+    if (model_->in_blocks(name) && !saved.count(name)) out.insert(name);
+  return out;
+}
+
 void Trainer::refer_to_frozen_base() {
   lora_->frozen_base.reset();
   if (lora_->options.save_frozen_base) return;
@@ -128,7 +149,7 @@ void Trainer::refer_to_frozen_base() {
                                           : "there is no checkpoint or model directory of it to refer to");
     return;
   }
-  lora_->frozen_base = make_frozen_base_ref(source, format, frozen_tensors(), job_dir());
+  lora_->frozen_base = make_frozen_base_ref(source, format, frozen_tensors(), job_dir(), frozen_crcs());
 }
 
 void Trainer::load_frozen_base(const CheckpointMeta& ck) {
@@ -139,6 +160,7 @@ void Trainer::load_frozen_base(const CheckpointMeta& ck) {
   FrozenBaseRef ref = FrozenBaseRef::from_json(ck.raw["frozen_base"], ck.dir);
   std::map<std::string, torch::Tensor> frozen;
   for (auto& [name, p] : frozen_tensors()) frozen[name] = p;
+  const auto storages = frozen_storages(*model_);  // NF4 weights: quantized again from the base's values
   std::vector<std::string> problems;
   for (const auto& [name, shape] : ref.tensors)
     if (!frozen.count(name)) problems.push_back(name);
@@ -152,7 +174,11 @@ void Trainer::load_frozen_base(const CheckpointMeta& ck) {
   torch::NoGradGuard ng;
   const std::string where = read_frozen_base(ref, ck.dir, lora_->options.frozen_base_path, model_->options().family,
                                              base_params(*model_),
-                                             [&](const std::string& name, const torch::Tensor& t) { frozen.at(name).copy_(t); });
+                                             [&](const std::string& name, const torch::Tensor& t) {
+                                               auto storage = storages.find(name);
+                                               if (storage != storages.end()) storage->second->assign(t.to(rt_.device));
+                                               else frozen.at(name).copy_(t);
+                                             });
   // Said when the job runs (run()): `eval` and `sample` print their results alone.
   char note[160];
   std::snprintf(note, sizeof note, " (%.2f GB in bf16, digest %s verified, %.1f s)", ref.bytes / 1e9, ref.digest.c_str(),
@@ -166,9 +192,14 @@ void Trainer::load_frozen_base(const CheckpointMeta& ck) {
 void Trainer::drop_frozen_base(NamedTensors& tensors, bool referenced) {
   if (!referenced) return;
   std::set<std::string> frozen;
-  for (const auto& [name, p] : frozen_tensors()) frozen.insert(kParamsPrefix + name);
-  tensors.erase(std::remove_if(tensors.begin(), tensors.end(), [&](const auto& t) { return frozen.count(t.first) > 0; }),
-                tensors.end());
+  for (const auto& [name, p] : frozen_tensors()) frozen.insert(name);
+  auto is_frozen = [&](const std::string& t) {
+    if (t.rfind(kParamsPrefix, 0) == 0) return frozen.count(t.substr(kParamsPrefix.size())) > 0;
+    if (t.rfind(kNf4Prefix, 0) != 0) return false;
+    const std::string rest = t.substr(kNf4Prefix.size());  // <weight>.<field>
+    return frozen.count(rest.substr(0, rest.rfind('.'))) > 0;
+  };
+  tensors.erase(std::remove_if(tensors.begin(), tensors.end(), [&](const auto& t) { return is_frozen(t.first); }), tensors.end());
 }
 
 void Trainer::load_initial_adapters() {
@@ -217,13 +248,22 @@ void Trainer::freeze_base_and_inject() {
     if (params[i].first == embedding)  // the rows start from their f32 values, before the freeze
       lora_->token_rows = make_trainable_tokens(embedding, params[i].second, lora_->options.token_ids);
   }
-  // The base: bf16, no gradients, and (below) no optimizer state; the modules_to_save stay f32 and train.
-  freeze_base(*model_, lora_->saved, FrozenFormat::Bf16);
+  // The base: bf16 (the blocks' linear weights NF4 with quantize_base=nf4), no gradients, and (below) no
+  // optimizer state; the modules_to_save stay f32 and train.
+  const std::set<std::string> quantized = quantized_weights();
+  freeze_base(*model_, lora_->saved, [&](const std::string& w) { return quantized.count(w) ? FrozenFormat::Nf4 : FrozenFormat::Bf16; });
 
-  // The adapters become parameters of their layers; from here on they are found by name.
+  // The adapters become parameters of their layers; from here on they are found by name. DoRA's
+  // magnitudes start at the row norms of the W the products use: an NF4 weight's dequantized values.
+  NamedTensors weights = params;
+  if (lora_->options.dora) {
+    const auto storages = frozen_storages(*model_);
+    for (auto& [name, W] : weights)
+      if (storages.count(name)) W = storages.at(name)->for_matmul(W);
+  }
   auto gen = at::detail::createCPUGenerator(mix64(opts_.seed ^ 0x4C6F5241ULL));  // "LoRA"
   LoraParams fresh = with_lora_keys([&] {
-    return inject_lora_params(params, lora_->selection.targets, lora_->options.rank, gen, lora_->options.init, lora_->options.dora);
+    return inject_lora_params(weights, lora_->selection.targets, lora_->options.rank, gen, lora_->options.init, lora_->options.dora);
   });
   for (auto& [name, t] : fresh.named()) t.requires_grad_(true);
   attach_lora(*model_, fresh, lora_->options.alpha, lora_->options.rank, lora_->options.rslora);
@@ -290,16 +330,31 @@ void Trainer::log_transition() {
                   (long long)m, lora_->options.lr_ratio);
     recipe += text;
   }
+  // The frozen base's bytes as stored: 2 a parameter in bf16, NF4's codes and scales.
+  const auto storages = frozen_storages(*model_);
+  int64_t base_bytes = 0, quantized = 0;
+  for (const auto& [name, p] : frozen_tensors()) {
+    auto storage = storages.find(name);
+    base_bytes += storage != storages.end() ? storage->second->bytes() : p.numel() * 2;
+    if (storage != storages.end()) quantized += p.numel();
+  }
+  char base_text[160];
+  if (quantized > 0)
+    std::snprintf(base_text, sizeof base_text, "%lld of them NF4: %.3f GB, %.3f bytes a parameter", (long long)quantized,
+                  base_bytes / 1e9, static_cast<double>(base_bytes) / std::max<int64_t>(1, frozen));
+  else
+    std::snprintf(base_text, sizeof base_text, "bf16: %.3f GB", base_bytes / 1e9);
   std::printf("transition to LoRA at step %lld (%lld tokens): %zu adapted weights, rank %lld, alpha %g, init %s%s; "
-              "trainable %lld (%.2f%%: %lld in adapters%s), frozen %lld (bf16)\n",
+              "trainable %lld (%.2f%%: %lld in adapters%s), frozen %lld (%s)\n",
               (long long)step_, (long long)tokens_, lora_->adapters.names.size(), (long long)lora_->options.rank, lora_->options.alpha,
               to_string(lora_->options.init), recipe.c_str(), (long long)trainable,
               100.0 * trainable / std::max<int64_t>(1, frozen + trainable), (long long)adapters, saved_text.c_str(),
-              (long long)frozen);
+              (long long)frozen, base_text);
   std::fflush(stdout);
   log_event({{"event", "transition"}, {"step", step_}, {"tokens", tokens_}, {"trainable_params", trainable},
              {"adapter_params", adapters}, {"saved_params", saved_numel}, {"token_params", token_numel},
-             {"frozen_params", frozen}, {"adapted", lora_->adapters.names}, {"modules_to_save", lora_->saved},
+             {"frozen_params", frozen}, {"frozen_bytes", base_bytes}, {"quantized_params", quantized},
+             {"adapted", lora_->adapters.names}, {"modules_to_save", lora_->saved},
              {"trainable_tokens", json(token_rows_of(lora_->token_rows))}});
 }
 
@@ -313,6 +368,12 @@ static void check_same_recipe(const CheckpointMeta& ck, const LoraOptions& ours)
                     "optimization/lora/rank=" + std::to_string(ours.rank) + ". Set it as the job that saved the "
                     "checkpoint had it; if its adapters are not of rank " + std::to_string(theirs.rank) + ", its metadata "
                     "is damaged: " + use_another_checkpoint(ck.job_name));
+  const std::string quantize = ours.quantize_base == FrozenFormat::Nf4 ? "nf4" : "none";
+  if (theirs.quantize_base != quantize)
+    throw UserError(ck.dir + " trained its adapters on a " + (theirs.quantize_base == "nf4" ? "4-bit NF4" : "bf16") +
+                    " base (lora.quantize_base \"" + theirs.quantize_base + "\"); this job has optimization/lora/quantize_base=" +
+                    quantize + ". Set it as the job that saved the checkpoint had it (to go on from its adapters on the other "
+                    "base, start a new job with optimization/lora/init_from=" + ck.dir + ")");
   if (theirs.dora != ours.dora)
     throw UserError(ck.dir + (theirs.dora ? " trained DoRA adapters (a magnitude per output feature)" : " trained plain LoRA "
                     "adapters, without DoRA's magnitudes") + "; this job has optimization/lora/dora=" +

@@ -67,7 +67,12 @@ std::string parameters_text(const json& transition) {
   if (tk > 0)
     for (auto& [name, ids] : token_rows.items())
       r << " + " << tk << " in the trainable token rows of " << name << ": " << ids.dump();
-  std::snprintf(line, sizeof line, "), %lld frozen (bf16 base)\n", (long long)fr);
+  const int64_t quantized = transition.value("quantized_params", int64_t(0));
+  if (quantized > 0)
+    std::snprintf(line, sizeof line, "), %lld frozen (%lld of them NF4: a %.3f GB base)\n", (long long)fr, (long long)quantized,
+                  transition.value("frozen_bytes", int64_t(0)) / 1e9);
+  else
+    std::snprintf(line, sizeof line, "), %lld frozen (bf16 base)\n", (long long)fr);
   r << line;
   return r.str();
 }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "lora_trainer/formats/checkpoint.hpp"
@@ -17,8 +18,17 @@ namespace lt {
 
 NamedTensors Trainer::state_tensors() {
   NamedTensors out;
-  // Every parameter of the model, the adapters' included (the LoRA phase's "<layer>.lora_A", ...).
-  for (auto& [name, t] : named_params(*model_)) out.emplace_back(kParamsPrefix + name, t);
+  // Every parameter of the model, the adapters' included (the LoRA phase's "<layer>.lora_A", ...); a
+  // weight stored as NF4 by its codes and scales (nf4/<name>.<field>) instead of its stand-in.
+  const auto storages = frozen_storages(*model_);
+  for (auto& [name, t] : named_params(*model_)) {
+    auto storage = storages.find(name);
+    if (storage == storages.end()) {
+      out.emplace_back(kParamsPrefix + name, t);
+      continue;
+    }
+    for (auto& [field, v] : storage->second->state()) out.emplace_back(kNf4Prefix + name + "." + field, v);
+  }
   for (auto& kv : optimizer_->state()) out.push_back(kv);
   if (ema_)
     for (auto& kv : ema_->state()) out.push_back(kv);
@@ -181,8 +191,15 @@ void Trainer::load_weights_from(const CheckpointMeta& ck) {
 void Trainer::load_weights_from(const BaseWeights& src) {
   torch::NoGradGuard ng;
   const double t0 = now_seconds();
-  int64_t frozen = 0;
+  int64_t frozen = 0, quantized = 0;
   const NamedTensors params = base_params(*model_);
+  // A QLoRA job without phase one quantizes its base's block weights as they come, one at a time: the
+  // whole base is never in memory in bf16 (quantized_weights()).
+  const std::set<std::string> to_quantize = boundary_step_ == 0 ? quantized_weights() : std::set<std::string>();
+  std::map<std::string, LoraAdaptable*> layers;
+  if (!to_quantize.empty())
+    for (const auto& item : model_->named_modules())
+      if (auto* layer = dynamic_cast<LoraAdaptable*>(item.value().get())) layers[item.key() + ".weight"] = layer;
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string& name = params[i].first;
     torch::Tensor p = params[i].second;
@@ -190,6 +207,12 @@ void Trainer::load_weights_from(const BaseWeights& src) {
     // A frozen weight stored in bf16 stays bf16; one stored wider is float32 until the transition
     // rounds it (so that `eval` of a float32 model measures it as it is).
     const torch::Tensor t = src.read(name);
+    if (to_quantize.count(name) && layers.count(name)) {
+      p.set_data(t.to(rt_.device, torch::kBFloat16));
+      layers.at(name)->freeze_weight(FrozenFormat::Nf4);  // its bf16 values quantized, the parameter a stand-in
+      ++quantized;
+      continue;
+    }
     const bool bf16 = frozen_from_start(i, name) && t.scalar_type() == torch::kBFloat16;
     frozen += bf16 ? 1 : 0;
     p.set_data(t.to(rt_.device, bf16 ? torch::kBFloat16 : torch::kFloat32));
@@ -198,9 +221,11 @@ void Trainer::load_weights_from(const BaseWeights& src) {
   weights_pending_ = false;
   base_model_ = src.base_model();
   if (is_main())  // stderr, as every line of a restore: `eval --json` prints its JSON alone on stdout
-    std::fprintf(stderr, "loaded %s: %.2f GB of %s weights in %.1f s%s\n", src.path().c_str(), src.bytes() / 1e9,
+    std::fprintf(stderr, "loaded %s: %.2f GB of %s weights in %.1f s%s%s\n", src.path().c_str(), src.bytes() / 1e9,
                  src.dtype().c_str(), now_seconds() - t0,
-                 frozen > 0 ? "; the weights the LoRA phase freezes are kept in bf16 from the start" : "");
+                 frozen > 0 ? "; the weights the LoRA phase freezes are kept in bf16 from the start" : "",
+                 quantized > 0 ? ("; " + std::to_string(quantized) + " linear weights of the blocks quantized to NF4 as they "
+                                  "came (optimization/lora/quantize_base)").c_str() : "");
 }
 
 void Trainer::restore_from_model_dir(const std::string& dir) {

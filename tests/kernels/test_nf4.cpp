@@ -149,3 +149,19 @@ TEST_CASE("NF4 quantizes in chunks: a weight larger than a chunk gets the codes 
   CHECK(torch::equal(dequantize_nf4(whole, torch::kFloat32),
                      torch::cat({dequantize_nf4(top, torch::kFloat32), dequantize_nf4(bottom, torch::kFloat32)})));
 }
+
+TEST_CASE("NF4 dequantization in tensor operations (where no kernel runs) gives the loop's bits", "[nf4]") {
+  auto gen = at::detail::createCPUGenerator(8);
+  for (int64_t n : {int64_t(1), int64_t(63), int64_t(65), int64_t(64 * 256 + 3), int64_t(64 * 600)}) {
+    for (bool dq : {false, true}) {
+      INFO(n << " values, double quantization " << dq);
+      const auto W = torch::randn({n}, gen, torch::kFloat32).to(torch::kBFloat16);
+      const Nf4Tensor q = quantize_nf4(W, dq);
+      for (auto dtype : {torch::kBFloat16, torch::kFloat32}) {
+        const auto loop = dequantize_nf4(q, dtype), ops = dequantize_nf4_ops(q, dtype);
+        CHECK(ops.sizes() == W.sizes());
+        CHECK(torch::equal(loop, ops));
+      }
+    }
+  }
+}

@@ -167,7 +167,7 @@ TEST_CASE("freeze_base: the base stops learning and is stored bf16 (the layers' 
   GPT m = tiny_gpt();
   auto base = named_params(*m);
   auto lora = inject_lora_params(base, param_filter(base, {"c_fc"}), 4, at::detail::createCPUGenerator(1));
-  freeze_base(*m, {"ln_f.weight"}, FrozenFormat::Bf16);
+  freeze_base(*m, {"ln_f.weight"}, [](const std::string&) { return FrozenFormat::Bf16; });
   for (auto& t : lora.A) t.requires_grad_(true);
   attach_lora(*m, lora, 8.0, 4);
   for (const auto& [name, p] : named_params(*m)) {

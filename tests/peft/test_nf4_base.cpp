@@ -56,7 +56,12 @@ TEST_CASE("an NF4-frozen layer computes bit for bit what a bf16 layer holding de
   ref->freeze_weight(FrozenFormat::Bf16);
   nf4->bias.requires_grad_(false);
   ref->bias.requires_grad_(false);
-  CHECK(nf4->weight.numel() == 0);  // the weight itself is gone; the codes and scales stay
+  // The weight itself is gone (a stand-in of its shape over one bf16 zero, which no write can change);
+  // the codes and scales stay.
+  CHECK(nf4->weight.sizes() == W.sizes());
+  CHECK(nf4->weight.storage().nbytes() == 2);
+  CHECK_THROWS(nf4->weight.detach().copy_(W));
+  CHECK(nf4->frozen()->bytes() < W.numel() * 0.53);
   CHECK(torch::equal(nf4->base_weight(x), ref->weight));
 
   for (bool bf16 : {false, true}) {

@@ -44,8 +44,8 @@ TEST_CASE("NF4 dequantization kernel on the CPU: every value where the layout pu
     const float offset = 0.0371f;
     std::vector<__nv_bfloat16> out(static_cast<size_t>(n) + 1, __nv_bfloat16{0xABCD});  // one past the end stays
     const unsigned grid = static_cast<unsigned>((bytes + lt::nf4_cuda::kThreads - 1) / lt::nf4_cuda::kThreads);
-    cuda_on_cpu::launch(grid, lt::nf4_cuda::kThreads, lt::nf4_cuda::dequantize_bf16, codes.data(), absmax_codes.data(),
-                        absmax_scales.data(), map.data(), kNf4, offset, n, out.data());
+    cuda_on_cpu::launch(grid, lt::nf4_cuda::kThreads, lt::nf4_cuda::dequantize_bf16_kernel, codes.data(), absmax_codes.data(),
+                        absmax_scales.data(), map.data(), kNf4, &offset, n, out.data());
     int wrong = 0;
     for (int64_t e = 0; e < n; ++e) {
       const uint8_t byte = codes[static_cast<size_t>(e / 2)];

@@ -1,0 +1,16 @@
+// CRC-32 (zlib's) of a tensor's bytes: the per-tensor checksums of checkpoints (state_h5) and the
+// digest of a frozen base (frozen_base.hpp), which is over bf16 values whatever the tensor's dtype.
+#pragma once
+
+#include <cstdint>
+
+#include <torch/torch.h>
+
+namespace lt {
+
+// Of a contiguous CPU tensor's bytes as they are.
+uint32_t tensor_crc32(const torch::Tensor& t);
+// Of the tensor's values as bf16 (any dtype and device; copied to a contiguous CPU bf16 tensor first).
+uint32_t bf16_crc32(const torch::Tensor& t);
+
+}  // namespace lt
