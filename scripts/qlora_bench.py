@@ -51,6 +51,9 @@ def main():
     b, q = results["bf16"], results["nf4"]
     rows = [("frozen base as stored", lambda r: gb(r["lora"]["frozen_bytes"]) +
              (f" ({r['lora']['frozen_bytes'] / r['lora']['frozen_params']:.3f} B/param)" if r["lora"]["frozen_params"] else "")),
+            ("the quantized weights alone", lambda r: (
+                f"{(r['lora']['frozen_bytes'] - 2 * (r['lora']['frozen_params'] - r['lora']['quantized_params'])) / r['lora']['quantized_params']:.3f} B/param"
+                if r["lora"].get("quantized_params") else "-")),
             ("LoRA job, peak RSS", lambda r: gb(r["lora"]["peak_rss"])),
             ("LoRA job, peak GPU memory", lambda r: gb(r["lora"]["gpu_peak_bytes"])),
             ("loading the base", lambda r: f"{r['lora']['load_s']} s"),
