@@ -117,12 +117,20 @@ Nf4Tensor Nf4Tensor::to(const torch::Device& device) const {
   return q;
 }
 
-Nf4Tensor quantize_nf4(const torch::Tensor& W, bool double_quant) {
-  TORCH_CHECK(W.is_floating_point(), "quantize_nf4: the weight must be floating point, got ", W.scalar_type());
-  Nf4Tensor q;
-  q.shape = W.sizes().vec();
-  q.numel = W.numel();
-  const auto flat = W.contiguous().view({-1});
+namespace {
+
+// The tables on a device, copied there once.
+const torch::Tensor& table_on(const float* values, int64_t n, const torch::Device& device) {
+  static std::mutex mutex;
+  static std::map<std::pair<const float*, std::string>, torch::Tensor> tables;
+  std::lock_guard<std::mutex> lock(mutex);
+  torch::Tensor& t = tables[{values, device.str()}];
+  if (!t.defined()) t = torch::from_blob(const_cast<float*>(values), {n}, torch::kFloat32).to(device);
+  return t;
+}
+
+// W's codes (q.codes) and each block's absmax (returned, f32) by the loop, on the CPU.
+torch::Tensor codes_by_loop(const torch::Tensor& flat, Nf4Tensor& q) {
   q.codes = torch::zeros({(q.numel + 1) / 2}, torch::kUInt8);
   auto absmax = torch::empty({q.blocks()}, torch::kFloat32);
   uint8_t* codes = q.codes.data_ptr<uint8_t>();
@@ -147,12 +155,41 @@ Nf4Tensor quantize_nf4(const torch::Tensor& W, bool double_quant) {
       }
     });
   }
-  if (!double_quant) {
-    q.absmax = absmax;
-    return q;
+  return absmax;
+}
+
+// The same in tensor operations on flat's device: the absmax, the reciprocal's product and the
+// comparisons with the thresholds are exact IEEE operations on every device, so the codes are the loop's.
+torch::Tensor codes_by_ops(const torch::Tensor& flat, Nf4Tensor& q) {
+  const auto device = flat.device();
+  q.codes = torch::empty({(q.numel + 1) / 2}, flat.options().dtype(torch::kUInt8));
+  auto absmax = torch::empty({q.blocks()}, flat.options().dtype(torch::kFloat32));
+  const auto thresholds = table_on(kNf4Thresholds.data(), static_cast<int64_t>(kNf4Thresholds.size()), device);
+  constexpr int64_t kOpsChunk = int64_t(1) << 24;  // elements a step: a 64 MiB f32 copy at most
+  for (int64_t first = 0; first < q.numel; first += kOpsChunk) {
+    const int64_t n = std::min(kOpsChunk, q.numel - first), blocks = (n + kNf4BlockSize - 1) / kNf4BlockSize;
+    auto x = flat.slice(0, first, first + n).to(torch::kFloat32);
+    if (blocks * kNf4BlockSize > n) x = torch::cat({x, x.new_zeros({blocks * kNf4BlockSize - n})});
+    x = x.view({blocks, kNf4BlockSize});
+    const auto m = x.abs().amax(1);
+    absmax.narrow(0, first / kNf4BlockSize, blocks).copy_(m);
+    const auto scaled = x.mul(torch::reciprocal(m).unsqueeze(1)).view({-1});
+    // The number of thresholds below each value; NaN (an all-zero block: 0 * inf) gets code 0.
+    auto c = torch::bucketize(scaled, thresholds, /*out_int32=*/true, /*right=*/false);
+    c.masked_fill_(scaled.isnan(), 0);
+    c.narrow(0, n, blocks * kNf4BlockSize - n).zero_();  // past the end: the low nibble of an odd count is 0
+    const auto pairs = c.view({-1, 2});
+    const auto packed = pairs.select(1, 0).bitwise_left_shift(4).bitwise_or(pairs.select(1, 1)).to(torch::kUInt8);
+    q.codes.narrow(0, first / 2, (n + 1) / 2).copy_(packed.narrow(0, 0, (n + 1) / 2));
   }
-  // The mean in a fixed order (a double sum, rounded once): the same offset whatever the thread count,
-  // so a base quantized again on restore, on another machine, gets the same bits.
+  return absmax;
+}
+
+// QLoRA's double quantization of `absmax` (f32, on the CPU) into q, on the CPU.
+void double_quantize(Nf4Tensor& q, const torch::Tensor& absmax) {
+  const float* am = absmax.data_ptr<float>();
+  // The mean in a fixed order (a double sum, rounded once): the same offset whatever the thread count or
+  // device, so a base quantized again on restore, on another machine, gets the same bits.
   double sum = 0.0;
   for (int64_t b = 0; b < q.blocks(); ++b) sum += am[b];
   q.absmax_offset = torch::full({1}, static_cast<float>(sum / static_cast<double>(q.blocks())), torch::kFloat32);
@@ -171,20 +208,30 @@ Nf4Tensor quantize_nf4(const torch::Tensor& W, bool double_quant) {
     const float r = 1.0f / m;
     for (int64_t i = b0; i < b1; ++i) ac[i] = dynamic_map_code(a[i] * r);
   }
-  return q;
 }
+
+Nf4Tensor quantize(const torch::Tensor& W, bool double_quant, bool by_ops) {
+  TORCH_CHECK(W.is_floating_point(), "quantize_nf4: the weight must be floating point, got ", W.scalar_type());
+  Nf4Tensor q;
+  q.shape = W.sizes().vec();
+  q.numel = W.numel();
+  const auto flat = W.contiguous().view({-1});
+  const torch::Tensor absmax = by_ops ? codes_by_ops(flat, q) : codes_by_loop(flat, q);
+  if (!double_quant) {
+    q.absmax = absmax;
+    return q;
+  }
+  double_quantize(q, absmax.to(torch::kCPU).contiguous());  // ceil(numel / 64) values: small beside W
+  return q.to(W.device());
+}
+
+}  // namespace
+
+Nf4Tensor quantize_nf4(const torch::Tensor& W, bool double_quant) { return quantize(W, double_quant, !W.device().is_cpu()); }
+
+Nf4Tensor quantize_nf4_ops(const torch::Tensor& W, bool double_quant) { return quantize(W, double_quant, true); }
 
 namespace {
-
-// The tables on a device, copied there once.
-const torch::Tensor& table_on(const float* values, int64_t n, const torch::Device& device) {
-  static std::mutex mutex;
-  static std::map<std::pair<const float*, std::string>, torch::Tensor> tables;
-  std::lock_guard<std::mutex> lock(mutex);
-  torch::Tensor& t = tables[{values, device.str()}];
-  if (!t.defined()) t = torch::from_blob(const_cast<float*>(values), {n}, torch::kFloat32).to(device);
-  return t;
-}
 
 // map[code] * scale + offset, each rounded on its own (as the loop and the kernel), in tensor operations.
 torch::Tensor absmax_ops(const Nf4Tensor& q) {

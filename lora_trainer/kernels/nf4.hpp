@@ -62,8 +62,11 @@ struct Nf4Tensor {
   torch::Device device() const { return codes.device(); }
 };
 
-// W (any float dtype, on any device) as NF4, on the CPU (a chunk of rows copied at a time).
+// W (any float dtype, on any device) as NF4, on W's device: a loop over chunks on the CPU, tensor
+// operations elsewhere (quantize_nf4_ops); the double quantization of the absmax values on the CPU.
 Nf4Tensor quantize_nf4(const torch::Tensor& W, bool double_quant = true);
+// The same in tensor operations on any device: what quantize_nf4 runs on a GPU; the same bits.
+Nf4Tensor quantize_nf4_ops(const torch::Tensor& W, bool double_quant = true);
 // The per-block absmax, f32 (blocks), on the storage's device.
 torch::Tensor nf4_absmax(const Nf4Tensor& q);
 // The weight back, computed in f32 and rounded once to `dtype`, on the storage's device.

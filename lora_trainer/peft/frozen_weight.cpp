@@ -192,7 +192,21 @@ struct MadeWeightBiasFn : public torch::autograd::Function<MadeWeightBiasFn> {
 // (moved to x's if a product runs elsewhere).
 class Nf4Weight : public FrozenWeight {
  public:
-  explicit Nf4Weight(const torch::Tensor& weight) { assign(weight); }
+  explicit Nf4Weight(const torch::Tensor& weight) {
+    if (!is_frozen_stand_in(weight)) {
+      assign(weight);
+      return;
+    }
+    // A template's: the storage of its shape, zeros, until a restore fills it.
+    q_.shape = weight.sizes().vec();
+    q_.numel = weight.numel();
+    const auto bytes = weight.options().dtype(torch::kUInt8);
+    const int64_t scales = (q_.blocks() + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize;
+    q_.codes = torch::zeros({(q_.numel + 1) / 2}, bytes);
+    q_.absmax_codes = torch::zeros({q_.blocks()}, bytes);
+    q_.absmax_scales = torch::zeros({scales}, bytes.dtype(torch::kFloat32));
+    q_.absmax_offset = torch::zeros({1}, bytes.dtype(torch::kFloat32));
+  }
   torch::Tensor for_matmul(const torch::Tensor& x) const override {
     if (q_.device() != x.device()) q_ = q_.to(x.device());
     return dequantize_nf4(q_, torch::kBFloat16);
@@ -221,16 +235,27 @@ class Nf4Weight : public FrozenWeight {
     return {{"codes", q_.codes}, {"absmax_codes", q_.absmax_codes}, {"absmax_scales", q_.absmax_scales},
             {"absmax_offset", q_.absmax_offset}};
   }
-  // A checkpoint's codes loaded in place leave crc_ that of the values the template quantized; the
-  // trainer only reads it for a base it refers to, which a restore assigns.
+  // None for a template's storage until a restore assigns its values (a checkpoint's codes loaded in
+  // place leave it so: such a job copies its base into its checkpoints, it refers to none).
   std::optional<uint32_t> values_crc() const override { return crc_; }
 
  private:
   mutable Nf4Tensor q_;
-  uint32_t crc_ = 0;
+  std::optional<uint32_t> crc_;
 };
 
 }  // namespace
+
+torch::Tensor frozen_stand_in(at::IntArrayRef shape, const torch::Device& device) {
+  return torch::zeros({1}, torch::TensorOptions().dtype(torch::kBFloat16).device(device)).expand(shape);
+}
+
+bool is_frozen_stand_in(const torch::Tensor& t) {
+  if (t.numel() <= 1) return false;
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.stride(d) != 0) return false;
+  return true;
+}
 
 std::shared_ptr<FrozenWeight> freeze_weight(torch::Tensor weight, FrozenFormat format) {
   switch (format) {
@@ -240,7 +265,7 @@ std::shared_ptr<FrozenWeight> freeze_weight(torch::Tensor weight, FrozenFormat f
       return std::make_shared<Bf16Weight>(std::move(weight));
     case FrozenFormat::Nf4: {
       auto storage = std::make_shared<Nf4Weight>(weight);
-      weight.set_data(torch::zeros({1}, weight.options().dtype(torch::kBFloat16)).expand(weight.sizes()));
+      weight.set_data(frozen_stand_in(weight.sizes(), weight.device()));
       weight.requires_grad_(false);
       return storage;
     }

@@ -74,6 +74,12 @@ torch::Tensor frozen_linear(const torch::Tensor& x, const torch::Tensor& W, cons
 // stand-in above in place.
 std::shared_ptr<FrozenWeight> freeze_weight(torch::Tensor weight, FrozenFormat format);
 
+// A frozen weight's stand-in (nf4): one bf16 zero expanded to `shape`, on `device`; and whether `t` is
+// one. A template for a restore may be built on stand-ins: freezing one as nf4 allocates the storage
+// without quantizing anything, for the restore to fill (FrozenWeight::assign, or the checkpoint's codes).
+torch::Tensor frozen_stand_in(at::IntArrayRef shape, const torch::Device& device);
+bool is_frozen_stand_in(const torch::Tensor& t);
+
 // W as it should enter a matmul with x: unchanged under autocast (which casts both), else cast to x's
 // dtype, so a bf16-frozen weight works in an f32 forward too.
 torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x);

@@ -111,7 +111,7 @@ void Trainer::settle_weights_for_load() {
     torch::Tensor p = params[i].second;
     const auto options = p.options().device(rt_.device);
     if (quantized.count(params[i].first))
-      p.set_data(torch::zeros({1}, options.dtype(torch::kBFloat16)).expand(p.sizes()));
+      p.set_data(frozen_stand_in(p.sizes(), rt_.device));
     else
       p.set_data(torch::empty(p.sizes(), options.dtype(frozen_from_start(i, params[i].first) ? torch::kBFloat16 : torch::kFloat32)));
   }

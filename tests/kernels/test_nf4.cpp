@@ -150,6 +150,26 @@ TEST_CASE("NF4 quantizes in chunks: a weight larger than a chunk gets the codes 
                      torch::cat({dequantize_nf4(top, torch::kFloat32), dequantize_nf4(bottom, torch::kFloat32)})));
 }
 
+TEST_CASE("NF4 quantization in tensor operations (on a GPU) gives the loop's codes and scales", "[nf4]") {
+  auto gen = at::detail::createCPUGenerator(9);
+  for (int64_t n : {int64_t(1), int64_t(2), int64_t(63), int64_t(65), int64_t(64 * 256 + 3), int64_t(64 * 600)}) {
+    for (bool dq : {false, true}) {
+      INFO(n << " values, double quantization " << dq);
+      auto W = torch::randn({n}, gen, torch::kFloat32).to(torch::kBFloat16);
+      if (n > 128) W.narrow(0, 64, 64).zero_();  // an all-zero block
+      const Nf4Tensor loop = quantize_nf4(W, dq), ops = quantize_nf4_ops(W, dq);
+      CHECK(torch::equal(loop.codes, ops.codes));
+      if (dq) {
+        CHECK(torch::equal(loop.absmax_codes, ops.absmax_codes));
+        CHECK(torch::equal(loop.absmax_scales, ops.absmax_scales));
+        CHECK(torch::equal(loop.absmax_offset, ops.absmax_offset));
+      } else {
+        CHECK(torch::equal(loop.absmax, ops.absmax));
+      }
+    }
+  }
+}
+
 TEST_CASE("NF4 dequantization in tensor operations (where no kernel runs) gives the loop's bits", "[nf4]") {
   auto gen = at::detail::createCPUGenerator(8);
   for (int64_t n : {int64_t(1), int64_t(63), int64_t(65), int64_t(64 * 256 + 3), int64_t(64 * 600)}) {

@@ -123,7 +123,7 @@ TEST_CASE("QLoRA resumes bit-identically: checkpoints that refer to the pre_lora
   }
 }
 
-TEST_CASE("QLoRA's settings: a checkpoint of one base format is refused by a job of the other, naming the key; an unknown "
+TEST_CASE("QLoRA's settings: a checkpoint of one base format is refused by a job of the other, naming the key, and an unknown "
           "format is refused", "[qlora][lora]") {
   test::TwoDatasets d;
   {
