@@ -10,7 +10,8 @@ namespace lt {
 
 // Of a contiguous CPU tensor's bytes as they are.
 uint32_t tensor_crc32(const torch::Tensor& t);
-// Of the tensor's values as bf16 (any dtype and device; copied to a contiguous CPU bf16 tensor first).
+// Of the tensor's values as bf16, in row-major order (any dtype and device: a CPU bf16 tensor as it is,
+// any other copied to the CPU as bf16 a slice of 2^20 values at a time).
 uint32_t bf16_crc32(const torch::Tensor& t);
 
 }  // namespace lt
