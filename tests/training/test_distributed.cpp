@@ -188,6 +188,21 @@ TEST_CASE("distributed: DoRA magnitudes train on 2 ranks with their moments shar
   CHECK(meta["lora"]["dora"] == true);
 }
 
+TEST_CASE("distributed: a QLoRA base on 2 ranks, each rank quantizing the same codes, sharded and unsharded bit-identical",
+          "[distributed][qlora]") {
+  test::TempDir dir;
+  const std::string cfg = lora_config(dir, {"optimization/lora/quantize_base=nf4", "logging/save_frozen_base=true"});
+  const ShardedRuns runs = sharded_matches_plain(dir, cfg);
+  CHECK_THAT(runs.plain_out, Contains("of them NF4"));
+  for (const auto& [ckpt, a] : runs.digests) {
+    INFO(ckpt);
+    CHECK(a.count("nf4/h.0.attn.c_attn.weight.codes") == 1);  // the checkpoint copies the NF4 base
+    CHECK(a.count("params/h.0.attn.c_attn.weight") == 0);
+  }
+  auto meta = read_checkpoint_metadata(job_dir(dir, "sharded", "job") + "/final/4096");
+  CHECK(meta["lora"]["quantize_base"] == "nf4");
+}
+
 TEST_CASE("distributed: checkpoints of 2 ranks restore on 1 rank and those of 1 rank on 2", "[distributed]") {
   test::TempDir dir;
   const std::string cfg = lora_config(dir);
