@@ -86,18 +86,23 @@ TEST_CASE("QLoRA: the adapters train as on a bf16 base holding dequant(quant(W))
 }
 
 TEST_CASE("QLoRA resumes bit-identically: checkpoints that refer to the pre_lora_checkpoint (quantized again on restore) "
-          "or copy the base as NF4 (logging/save_frozen_base), with activation checkpointing and DoRA", "[qlora][lora]") {
+          "or copy the base as NF4 (logging/save_frozen_base), with activation checkpointing and DoRA, with modules_to_save",
+          "[qlora][lora]") {
   for (const auto& extra : std::vector<std::vector<std::string>>{
            {},
            {"logging/save_frozen_base=true"},
-           {"training/activation_checkpointing=true", "optimization/lora/dora=true"}}) {
+           {"training/activation_checkpointing=true", "optimization/lora/dora=true"},
+           {"optimization/lora/target_modules=[\"c_attn\", \"c_proj\"]", "optimization/lora/modules_to_save=[\"mlp.c_fc\"]"}}) {
     INFO(json(extra).dump());
     test::TwoDatasets d;
     auto [straight, resumed] = test::check_resume_mid_phase2_and_final(d, with(kNf4, extra));
     const std::string fin = d.dir / "out/checkpoints/general/default/straight/final/1280";
     const json meta = read_checkpoint_metadata(fin);
     CHECK(meta["lora"]["quantize_base"] == "nf4");
-    CHECK(meta["lora"]["quantized"].size() == kBlockLinear.size());
+    // A block linear weight that trains in full (modules_to_save) stays f32: not quantized.
+    const bool saved = extra.size() == 2 && extra[1].find("modules_to_save") != std::string::npos;
+    CHECK(meta["lora"]["quantized"].size() == kBlockLinear.size() - (saved ? 2 : 0));
+    CHECK(meta["lora"]["quantized"].contains("h.0.mlp.c_fc.weight") == !saved);
     CHECK(meta["lora"]["quantized"]["h.0.attn.c_attn.weight"] == json::array({96, 32}));
     const auto names = stored_names(fin);
     CHECK(names.count("params/h.0.attn.c_attn.weight") == 0);
@@ -116,10 +121,10 @@ TEST_CASE("QLoRA resumes bit-identically: checkpoints that refer to the pre_lora
     std::map<std::string, torch::Tensor> pre_params;
     for (const auto& [n, t] : read_checkpoint_tensors(pre)) pre_params[n] = t;
     for (const auto& [n, t] : exported)
-      if (n == "params/h.1.mlp.c_fc.weight") CHECK(torch::equal(t, nf4_round_trip(pre_params.at(n))));
+      if (n == "params/h.1.attn.c_attn.weight") CHECK(torch::equal(t, nf4_round_trip(pre_params.at(n))));
     CHECK(std::none_of(exported.begin(), exported.end(), [](const auto& np) { return np.first.rfind("nf4/", 0) == 0; }));
     const MergedWeights merged = merged_weights(fin);
-    CHECK(merged.merged == static_cast<int>(kBlockLinear.size()));
+    CHECK(merged.merged == static_cast<int>(kBlockLinear.size()) - (saved ? 2 : 0));
   }
 }
 
