@@ -48,7 +48,7 @@ constexpr std::array<float, 15> kNf4Thresholds = {
     -0.13791173323988914f, -0.045525018125772476f, 0.03979014977812767f, 0.1202552504837513f,  0.2035212516784668f,
     0.2920137718319893f,   0.3893125355243683f,   0.5016634166240692f,  0.6427869200706482f,  0.8614784181118011f};
 
-constexpr int64_t kChunkElements = int64_t(1) << 20;  // quantize and dequantize this many elements at a time
+constexpr int64_t kChunkElements = int64_t(1) << 20;  // quantize this many elements at a time
 
 }  // namespace
 
@@ -259,6 +259,40 @@ torch::Tensor nf4_absmax(const Nf4Tensor& q) {
   return out;
 }
 
+namespace {
+
+// The loop on the CPU: per block of 64 values its 16 possible values NF4[k] * absmax (f32, each product
+// rounded once to T), then two table lookups a byte. The same products, so the same bits, as computing
+// each value on its own; blocks over the threads.
+template <class T>
+torch::Tensor dequantize_blocks(const Nf4Tensor& q) {
+  const auto absmax = nf4_absmax(q).contiguous();
+  const float* am = absmax.data_ptr<float>();
+  const uint8_t* codes = q.codes.data_ptr<uint8_t>();
+  const auto& nf4 = nf4_values();
+  auto out = torch::empty({q.numel}, torch::CppTypeToScalarType<T>::value);
+  T* o = out.template data_ptr<T>();
+  at::parallel_for(0, q.blocks(), 1024, [&](int64_t first_block, int64_t end_block) {
+    T lut[16];
+    for (int64_t blk = first_block; blk < end_block; ++blk) {
+      const float m = am[blk];
+      for (int k = 0; k < 16; ++k) lut[k] = static_cast<T>(nf4[k] * m);
+      const int64_t e0 = blk * kNf4BlockSize, e1 = std::min(q.numel, e0 + kNf4BlockSize);
+      const int64_t pairs = (e1 - e0) / 2;  // whole bytes; blocks start at even elements
+      const uint8_t* c = codes + e0 / 2;
+      T* dst = o + e0;
+      for (int64_t j = 0; j < pairs; ++j) {
+        dst[2 * j] = lut[c[j] >> 4];
+        dst[2 * j + 1] = lut[c[j] & 15];
+      }
+      if ((e1 - e0) % 2) dst[2 * pairs] = lut[c[pairs] >> 4];  // an odd count's last value
+    }
+  });
+  return out.view(q.shape);
+}
+
+}  // namespace
+
 torch::Tensor dequantize_nf4_ops(const Nf4Tensor& q, torch::ScalarType dtype) {
   const auto nf4 = table_on(nf4_values().data(), 16, q.device());
   const auto codes = q.codes.to(torch::kLong);
@@ -294,31 +328,10 @@ torch::Tensor dequantize_nf4(const Nf4Tensor& q, torch::ScalarType dtype) {
   }
 #endif
   if (!q.device().is_cpu()) return dequantize_nf4_ops(q, dtype);
-  const auto absmax = nf4_absmax(q).contiguous();
-  const float* am = absmax.data_ptr<float>();
-  const uint8_t* codes = q.codes.data_ptr<uint8_t>();
-  const auto& nf4 = nf4_values();
-  // Each byte's two values, high nibble first.
-  std::array<std::array<float, 2>, 256> pairs{};
-  for (int b = 0; b < 256; ++b) pairs[b] = {nf4[b >> 4], nf4[b & 15]};
-  auto out = torch::empty({q.numel}, dtype);
-  std::vector<float> buffer(static_cast<size_t>(std::min(kChunkElements, q.numel)));
-  for (int64_t first = 0; first < q.numel; first += kChunkElements) {
-    const int64_t n = std::min(kChunkElements, q.numel - first);
-    at::parallel_for(0, (n + kNf4BlockSize - 1) / kNf4BlockSize, 256, [&](int64_t first_block, int64_t end_block) {
-      for (int64_t blk = first_block; blk < end_block; ++blk) {  // blocks of 64 start at even elements
-        const int64_t b0 = blk * kNf4BlockSize, b1 = std::min(n, b0 + kNf4BlockSize);
-        const float m = am[(first + b0) / kNf4BlockSize];
-        for (int64_t i = b0; i < b1; ++i) {
-          const int64_t e = first + i;
-          buffer[i] = pairs[codes[e / 2]][e % 2] * m;
-        }
-      }
-    });
-    auto f32 = torch::from_blob(buffer.data(), {n}, torch::kFloat32);
-    out.slice(0, first, first + n).copy_(f32);  // rounded once to dtype
-  }
-  return out.view(q.shape);
+  if (dtype == torch::kBFloat16) return dequantize_blocks<c10::BFloat16>(q);
+  if (dtype == torch::kFloat32) return dequantize_blocks<float>(q);
+  return dequantize_blocks<float>(q).to(dtype);  // rounded once, from f32
 }
 
 }  // namespace lt
+
