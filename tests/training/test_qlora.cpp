@@ -9,6 +9,7 @@
 #include "lora_fixtures.hpp"
 #include "lora_trainer/formats/export.hpp"
 #include "lora_trainer/formats/hf_families.hpp"
+#include "lora_trainer/formats/huggingface.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
 #include "lora_trainer/kernels/nf4.hpp"
 
@@ -125,6 +126,18 @@ TEST_CASE("QLoRA resumes bit-identically: checkpoints that refer to the pre_lora
     CHECK(std::none_of(exported.begin(), exported.end(), [](const auto& np) { return np.first.rfind("nf4/", 0) == 0; }));
     const MergedWeights merged = merged_weights(fin);
     CHECK(merged.merged == static_cast<int>(kBlockLinear.size()) - (saved ? 2 : 0));
+    // The PEFT export is the ordinary adapter: A and B as trained (PEFT's (r, in) and (out, r)).
+    const std::string peft = d.dir / "peft";
+    export_peft(fin, peft);
+    std::map<std::string, torch::Tensor> adapter;
+    for (const auto& [n, t] : read_safetensors(peft + "/adapter_model.safetensors")) adapter[n] = t;
+    int compared = 0;
+    for (const auto& [n, t] : straight->lora_params().named())
+      if (n == "h.1.attn.c_attn.lora_A") {
+        CHECK(torch::equal(adapter.at("base_model.model.transformer.h.1.attn.c_attn.lora_A.weight"), t.detach().cpu().t()));
+        ++compared;
+      }
+    CHECK(compared == 1);
   }
 }
 
