@@ -125,27 +125,18 @@ void dequantize_base(const CheckpointMeta& ck, NamedTensors& all, bool base_valu
       *stored->second = dequantize_nf4(quantize_nf4(stored->second->to(torch::kBFloat16)), torch::kBFloat16);
       continue;
     }
-    Nf4Tensor q;
-    q.shape = shape;
-    q.numel = 1;
-    for (int64_t d : shape) q.numel *= d;
-    auto field = [&](const char* f) {
+    // The stored fields in place of a zero storage of the recorded shape, each of its size and dtype.
+    Nf4Tensor q = Nf4Tensor::zeros(shape, torch::kCPU);
+    for (auto [f, t] : q.fields()) {
       auto it = nf4.find(name + "." + f);
       if (it == nf4.end())
         throw UserError(ck.dir + ": its metadata lists " + name + " as stored in NF4 (lora.quantized) but it holds no " +
                         kNf4Prefix + name + "." + f + "; is the checkpoint complete? " + use_another_checkpoint(ck.job_name));
-      return it->second;
-    };
-    q.codes = field("codes");
-    q.absmax_codes = field("absmax_codes");
-    q.absmax_scales = field("absmax_scales");
-    q.absmax_offset = field("absmax_offset");
-    const int64_t blocks = q.blocks(), scales = (blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize;
-    if (q.codes.numel() != (q.numel + 1) / 2 || q.absmax_codes.numel() != blocks || q.absmax_scales.numel() != scales ||
-        q.absmax_offset.numel() != 1 || q.codes.scalar_type() != torch::kUInt8 || q.absmax_codes.scalar_type() != torch::kUInt8 ||
-        q.absmax_scales.scalar_type() != torch::kFloat32 || q.absmax_offset.scalar_type() != torch::kFloat32)
-      throw UserError(ck.dir + ": the NF4 storage of " + name + " (" + kNf4Prefix + name + ".*) does not fit its shape " +
-                      shape_text(shape) + " in lora.quantized; the checkpoint is damaged. " + use_another_checkpoint(ck.job_name));
+      if (it->second.sizes() != t->sizes() || it->second.scalar_type() != t->scalar_type())
+        throw UserError(ck.dir + ": the NF4 storage of " + name + " (" + kNf4Prefix + name + "." + f + ") does not fit its shape " +
+                        shape_text(shape) + " in lora.quantized; the checkpoint is damaged. " + use_another_checkpoint(ck.job_name));
+      *t = it->second;
+    }
     all.emplace_back(kParamsPrefix + name, dequantize_nf4(q, torch::kBFloat16));
   }
 }

@@ -110,6 +110,23 @@ int64_t Nf4Tensor::bytes() const {
   return size(codes) + size(absmax) + size(absmax_codes) + size(absmax_scales) + size(absmax_offset);
 }
 
+Nf4Tensor Nf4Tensor::zeros(const std::vector<int64_t>& shape, const torch::Device& device) {
+  Nf4Tensor q;
+  q.shape = shape;
+  q.numel = 1;
+  for (int64_t d : shape) q.numel *= d;
+  const auto bytes = torch::TensorOptions().dtype(torch::kUInt8).device(device), f32 = bytes.dtype(torch::kFloat32);
+  q.codes = torch::zeros({(q.numel + 1) / 2}, bytes);
+  q.absmax_codes = torch::zeros({q.blocks()}, bytes);
+  q.absmax_scales = torch::zeros({(q.blocks() + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize}, f32);
+  q.absmax_offset = torch::zeros({1}, f32);
+  return q;
+}
+
+std::vector<std::pair<const char*, torch::Tensor*>> Nf4Tensor::fields() {
+  return {{"codes", &codes}, {"absmax_codes", &absmax_codes}, {"absmax_scales", &absmax_scales}, {"absmax_offset", &absmax_offset}};
+}
+
 Nf4Tensor Nf4Tensor::to(const torch::Device& device) const {
   Nf4Tensor q = *this;
   for (torch::Tensor* t : {&q.codes, &q.absmax, &q.absmax_codes, &q.absmax_scales, &q.absmax_offset})
@@ -303,14 +320,6 @@ torch::Tensor dequantize_nf4_ops(const Nf4Tensor& q, torch::ScalarType dtype) {
   values = values.numel() < padded ? torch::cat({values, values.new_zeros({padded - values.numel()})}) : values.narrow(0, 0, padded);
   const auto absmax = nf4_absmax(q).view({-1, 1});
   return values.view({-1, kNf4BlockSize}).mul(absmax).view({-1}).narrow(0, 0, q.numel).to(dtype).view(q.shape);
-}
-
-bool nf4_cuda_kernel_built() {
-#ifdef LT_WITH_CUDA_KERNELS
-  return true;
-#else
-  return false;
-#endif
 }
 
 torch::Tensor dequantize_nf4(const Nf4Tensor& q, torch::ScalarType dtype) {

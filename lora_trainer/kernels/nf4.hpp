@@ -11,8 +11,8 @@
 //              Two codes a byte, element 2i in the high nibble of byte i (an odd count leaves the last
 //              low nibble 0).
 //   double quantization (QLoRA's, bitsandbytes' compress_statistics): the absmax values minus their
-//              mean (offset, f32; summed in double in a fixed order, so it does not depend on threads) are quantized in blocks of 256 with bitsandbytes' signed dynamic
-//              8-bit map: per block the absmax of (absmax - offset), and each value times its
+//              mean (offset, f32; summed in double in a fixed order, so it does not depend on threads)
+//              are quantized in blocks of 256 with bitsandbytes' signed dynamic 8-bit map: per block the absmax of (absmax - offset), and each value times its
 //              reciprocal mapped to the nearest map entry (binary search, ties to the searched pivot
 //              as bitsandbytes' dQuantize). About 0.127 bits an element instead of 0.5.
 //   dequantize NF4[code] * absmax in f32 (absmax = map[absmax code] * block scale + offset with double
@@ -26,6 +26,7 @@
 
 #include <array>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -59,6 +60,12 @@ struct Nf4Tensor {
   int64_t bytes() const;
   // The same storage on `device` (codes and scales copied; the shape kept).
   Nf4Tensor to(const torch::Device& device) const;
+  // A double-quantized storage of `shape` on `device`, every code and scale zero: the layout (each
+  // tensor's size and dtype) a weight of that shape has.
+  static Nf4Tensor zeros(const std::vector<int64_t>& shape, const torch::Device& device);
+  // A double-quantized storage's tensors by field name: "codes", "absmax_codes", "absmax_scales",
+  // "absmax_offset" (what a checkpoint stores as nf4/<weight>.<field>).
+  std::vector<std::pair<const char*, torch::Tensor*>> fields();
   torch::Device device() const { return codes.device(); }
 };
 
@@ -73,7 +80,5 @@ torch::Tensor nf4_absmax(const Nf4Tensor& q);
 torch::Tensor dequantize_nf4(const Nf4Tensor& q, torch::ScalarType dtype = torch::kBFloat16);
 // The same in tensor operations (any device): what dequantize_nf4 runs where it has no kernel.
 torch::Tensor dequantize_nf4_ops(const Nf4Tensor& q, torch::ScalarType dtype = torch::kBFloat16);
-// Whether this build dequantizes on CUDA with its own kernel (LT_WITH_CUDA_KERNELS).
-bool nf4_cuda_kernel_built();
 
 }  // namespace lt

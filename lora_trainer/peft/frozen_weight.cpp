@@ -197,15 +197,7 @@ class Nf4Weight : public FrozenWeight {
       assign(weight);
       return;
     }
-    // A template's: the storage of its shape, zeros, until a restore fills it.
-    q_.shape = weight.sizes().vec();
-    q_.numel = weight.numel();
-    const auto bytes = weight.options().dtype(torch::kUInt8);
-    const int64_t scales = (q_.blocks() + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize;
-    q_.codes = torch::zeros({(q_.numel + 1) / 2}, bytes);
-    q_.absmax_codes = torch::zeros({q_.blocks()}, bytes);
-    q_.absmax_scales = torch::zeros({scales}, bytes.dtype(torch::kFloat32));
-    q_.absmax_offset = torch::zeros({1}, bytes.dtype(torch::kFloat32));
+    q_ = Nf4Tensor::zeros(weight.sizes().vec(), weight.device());  // a template's, until a restore fills it
   }
   torch::Tensor for_matmul(const torch::Tensor& x) const override {
     if (q_.device() != x.device()) q_ = q_.to(x.device());
@@ -232,8 +224,9 @@ class Nf4Weight : public FrozenWeight {
     q_ = quantize_nf4(bf16, /*double_quant=*/true).to(W.device());
   }
   std::vector<std::pair<std::string, torch::Tensor>> state() const override {
-    return {{"codes", q_.codes}, {"absmax_codes", q_.absmax_codes}, {"absmax_scales", q_.absmax_scales},
-            {"absmax_offset", q_.absmax_offset}};
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (auto [field, t] : q_.fields()) out.emplace_back(field, *t);
+    return out;
   }
   // None for a template's storage until a restore assigns its values (a checkpoint's codes loaded in
   // place leave it so: such a job copies its base into its checkpoints, it refers to none).

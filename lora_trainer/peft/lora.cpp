@@ -266,11 +266,18 @@ static void for_each_adaptable(torch::nn::Module& root,
   }
 }
 
+// The name of the weight of the adaptable module `module_name`.
+static std::string weight_of(const std::string& module_name) { return module_name.empty() ? "weight" : module_name + ".weight"; }
+
 std::vector<std::string> adaptable_weights(torch::nn::Module& root) {
   std::vector<std::string> out;
-  for_each_adaptable(root, [&](const std::string& module_name, LoraAdaptable&) {
-    out.push_back(module_name.empty() ? "weight" : module_name + ".weight");
-  });
+  for_each_adaptable(root, [&](const std::string& module_name, LoraAdaptable&) { out.push_back(weight_of(module_name)); });
+  return out;
+}
+
+std::map<std::string, LoraAdaptable*> adaptable_layers(torch::nn::Module& root) {
+  std::map<std::string, LoraAdaptable*> out;
+  for_each_adaptable(root, [&](const std::string& module_name, LoraAdaptable& layer) { out[weight_of(module_name)] = &layer; });
   return out;
 }
 
@@ -294,7 +301,7 @@ void check_lora_targets(torch::nn::Module& root, const NamedTensors& params, con
 void attach_lora(torch::nn::Module& root, const LoraParams& lora, double alpha, int64_t rank, bool rslora) {
   std::vector<bool> attached(lora.names.size(), false);
   for_each_adaptable(root, [&](const std::string& module_name, LoraAdaptable& layer) {
-    std::string weight_name = module_name.empty() ? "weight" : module_name + ".weight";
+    std::string weight_name = weight_of(module_name);
     for (size_t i = 0; i < lora.names.size(); ++i) {
       if (lora.names[i] == weight_name) {
         layer.set_lora(lora.A[i], lora.B[i], lora_scale(alpha, rank, rslora),
@@ -332,7 +339,7 @@ void freeze_base(torch::nn::Module& root, const std::vector<std::string>& keep, 
   auto kept = [&](const std::string& name) { return std::find(keep.begin(), keep.end(), name) != keep.end(); };
   std::vector<std::string> through_layer;  // the weights a layer's FrozenWeight stores
   for_each_adaptable(root, [&](const std::string& module_name, LoraAdaptable& layer) {
-    const std::string weight = module_name.empty() ? "weight" : module_name + ".weight";
+    const std::string weight = weight_of(module_name);
     if (kept(weight)) return;
     layer.freeze_weight(format_of(weight));
     through_layer.push_back(weight);
@@ -351,7 +358,7 @@ std::map<std::string, std::shared_ptr<FrozenWeight>> frozen_storages(torch::nn::
   std::map<std::string, std::shared_ptr<FrozenWeight>> out;
   for_each_adaptable(root, [&](const std::string& module_name, LoraAdaptable& layer) {
     auto storage = layer.frozen();
-    if (storage && storage->format() != FrozenFormat::Bf16) out[module_name.empty() ? "weight" : module_name + ".weight"] = storage;
+    if (storage && storage->format() != FrozenFormat::Bf16) out[weight_of(module_name)] = storage;
   });
   return out;
 }

@@ -213,6 +213,8 @@ int64_t count_lora_params(const LoraParams& lora);
 
 // Names of the weights in `root` that can take an adapter (owned by a LoraAdaptable layer).
 std::vector<std::string> adaptable_weights(torch::nn::Module& root);
+// The same layers by their weight's name.
+std::map<std::string, LoraAdaptable*> adaptable_layers(torch::nn::Module& root);
 
 // LoraSettingError unless every name is an adaptable weight, and rank fits each of them.
 void check_lora_targets(torch::nn::Module& root, const NamedTensors& params, const std::vector<bool>& mask,

@@ -75,7 +75,9 @@ static const OptionGroup<LoraOptions>& lora_options() {
                "(blocks of 64, double-quantized scales: about 0.52 bytes a parameter instead of 2), each dequantized to bf16 "
                "for its matmul; the embeddings, norms and output head stay bf16. Quantized when the job loads its base (no "
                "pre-LoRA stages) or at the transition. \"none\": the whole base in bf16",
-               [](O& o, const json& v) { o.quantize_base = v.get<std::string>() == "nf4" ? FrozenFormat::Nf4 : FrozenFormat::Bf16; },
+               [](O& o, const json& v) {
+                 o.quantize_base = v.get<std::string>() == quantize_base_name(FrozenFormat::Nf4) ? FrozenFormat::Nf4 : FrozenFormat::Bf16;
+               },
                check_one_of({"none", "nf4"}))
           .add("optimization/lora/rslora", OptType::Bool, false,
                "rank-stabilised LoRA: scale the adapters by alpha/sqrt(r) instead of alpha/r (PEFT's use_rslora)",
@@ -101,6 +103,8 @@ static const OptionGroup<LoraOptions>& lora_options() {
                &O::weight_decay, check_nonnegative());
   return g;
 }
+
+const char* quantize_base_name(FrozenFormat format) { return format == FrozenFormat::Nf4 ? "nf4" : "none"; }
 
 void add_lora_options(ConfigSchema& s) { lora_options().declare(s); }
 

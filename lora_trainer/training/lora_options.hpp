@@ -50,6 +50,10 @@ struct LoraOptions {
 
 void add_lora_options(ConfigSchema& s);
 
+// optimization/lora/quantize_base's value for a base format, as the config and the checkpoint's
+// lora.quantize_base name it: "none" (bf16) or "nf4".
+const char* quantize_base_name(FrozenFormat format);
+
 // lora.cpp knows its settings, not the config: its errors get their key (optimization/lora/...) here.
 template <class F>
 auto with_lora_keys(F&& f) -> decltype(f()) {

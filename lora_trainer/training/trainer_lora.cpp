@@ -79,7 +79,7 @@ json Trainer::lora_metadata() const {
   m.modules_to_save_lr_ratio = lora_->options.modules_to_save_lr_ratio;
   m.trainable_tokens = token_rows_of(lora_->token_rows);
   m.adapters_from = lora_->adapters_from;
-  m.quantize_base = lora_->options.quantize_base == FrozenFormat::Nf4 ? "nf4" : "none";
+  m.quantize_base = quantize_base_name(lora_->options.quantize_base);
   for (const auto& [name, storage] : frozen_storages(*model_)) m.quantized[name] = storage->shape();
   m.base = lora_->base;
   return m.to_json();
@@ -368,7 +368,7 @@ static void check_same_recipe(const CheckpointMeta& ck, const LoraOptions& ours)
                     "optimization/lora/rank=" + std::to_string(ours.rank) + ". Set it as the job that saved the "
                     "checkpoint had it; if its adapters are not of rank " + std::to_string(theirs.rank) + ", its metadata "
                     "is damaged: " + use_another_checkpoint(ck.job_name));
-  const std::string quantize = ours.quantize_base == FrozenFormat::Nf4 ? "nf4" : "none";
+  const std::string quantize = quantize_base_name(ours.quantize_base);
   if (theirs.quantize_base != quantize)
     throw UserError(ck.dir + " trained its adapters on a " + (theirs.quantize_base == "nf4" ? "4-bit NF4" : "bf16") +
                     " base (lora.quantize_base \"" + theirs.quantize_base + "\"); this job has optimization/lora/quantize_base=" +

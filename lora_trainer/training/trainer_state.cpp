@@ -196,10 +196,7 @@ void Trainer::load_weights_from(const BaseWeights& src) {
   // A QLoRA job without phase one quantizes its base's block weights as they come, one at a time: the
   // whole base is never in memory in bf16 (quantized_weights()).
   const std::set<std::string> to_quantize = boundary_step_ == 0 ? quantized_weights() : std::set<std::string>();
-  std::map<std::string, LoraAdaptable*> layers;
-  if (!to_quantize.empty())
-    for (const auto& item : model_->named_modules())
-      if (auto* layer = dynamic_cast<LoraAdaptable*>(item.value().get())) layers[item.key() + ".weight"] = layer;
+  const std::map<std::string, LoraAdaptable*> layers = to_quantize.empty() ? std::map<std::string, LoraAdaptable*>() : adaptable_layers(*model_);
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string& name = params[i].first;
     torch::Tensor p = params[i].second;
