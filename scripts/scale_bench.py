@@ -20,7 +20,9 @@ process, wall time from here):
 and prints them beside the base's bf16 bytes, and writes them as JSON to --out. On a CUDA build with a
 GPU, pass runtime/device=cuda after `--` to run the jobs there: the LoRA job's peak GPU memory (its step
 lines' gpu_peak_gb) is then reported too. --skip import,copies,export leaves those stages out (a GPU run
-needs none of them: they run on the CPU, and the copies' size does not depend on the device). Record the
+needs none of them: they run on the CPU, and the copies' size does not depend on the device). --nproc N
+runs the `lora` stage as N data-parallel ranks on this machine (`run --nproc N`), and reports each rank's
+peak RSS as the launcher prints it (with `-- distributed/shard_params=lora`: the base sharded). Record the
 figures in docs/performance.md with the CPU model (lscpu).
 """
 import argparse
@@ -68,6 +70,7 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--block", type=int, default=128)
     ap.add_argument("--skip", default="", help="stages to leave out, comma-separated: import, copies, export")
+    ap.add_argument("--nproc", type=int, default=1, help="ranks of the lora stage (run --nproc N; default 1)")
     ap.add_argument("overrides", nargs="*", help="key=value settings for the jobs (after --)")
     a = ap.parse_args()
     B = a.binary
@@ -118,7 +121,8 @@ def main():
         s, rss, rc = measure([B, "import-hf", model, imported], os.path.join(logs, "import.log"))
         r["import"] = {"seconds": s, "peak_rss": rss, "checkpoint_bytes": dir_bytes(imported), "exit": rc}
 
-    s, rss, rc = measure([B, "run", "lora", cfg, out, "--restore", model] + job, os.path.join(logs, "lora.log"))
+    ranks = ["--nproc", str(a.nproc)] if a.nproc > 1 else []
+    s, rss, rc = measure([B, "run", "lora", cfg, out, "--restore", model] + ranks + job, os.path.join(logs, "lora.log"))
     jobdir = os.path.join(out, "checkpoints", "general", "default", "lora")
     loaded = grep(os.path.join(logs, "lora.log"), "loaded ")
     steps = [json.loads(l) for l in open(os.path.join(out, "runs", "general", "default", "lora", "metrics.jsonl"))]
@@ -130,6 +134,12 @@ def main():
                  "seconds": s, "peak_rss": rss, "exit": rc, "load_line": loaded[0] if loaded else "",
                  "load_s": float(loaded[0].split(" in ")[1].split(" s")[0]) if loaded else None,
                  "step_s": step_s, "gpu_peak_bytes": max(gpu) * 1e9 if gpu else None, "checkpoint_bytes": dir_bytes(os.path.join(jobdir, "final", str(tokens)))}
+    if a.nproc > 1:  # the launcher's own RSS says nothing: each rank's, as it prints them ("0: 1.23 GB, 1: ...")
+        peaks = grep(os.path.join(logs, "lora.log"), "peak resident memory per rank: ")
+        r["lora"]["ranks"] = a.nproc
+        r["lora"]["rank_peak_rss"] = [float(x.split(": ")[1].split(" GB")[0]) * 1e9 for x in peaks[0].split("rank: ")[1].split(", ")] if peaks else []
+        if r["lora"]["rank_peak_rss"]:
+            r["lora"]["peak_rss"] = max(r["lora"]["rank_peak_rss"])
 
     first = f"ntoks/{a.batch * a.block}"
     s, rss, rc = measure([B, "restore", "resumed", os.path.join(jobdir, first), out], os.path.join(logs, "resume.log"))
@@ -162,6 +172,9 @@ def main():
           f"{L['load_s']} s, steps {', '.join(f'{t:.1f}' for t in L['step_s'])} s ({a.batch} x {a.block} tokens), "
           f"LoRA checkpoint {L['checkpoint_bytes'] / 1e6:.1f} MB ({100 * L['checkpoint_bytes'] / base:.1f}% of the base)"
           + (f", peak GPU memory {gb(L['gpu_peak_bytes'])} ({x(L['gpu_peak_bytes'])})" if L["gpu_peak_bytes"] else ""))
+    if L.get("ranks"):
+        print(f"    on {L['ranks']} ranks: peak RSS per rank {', '.join(gb(b) for b in L['rank_peak_rss'])}; frozen base as "
+              f"rank 0 stores it {gb(L['frozen_bytes'] or 0)}")
     print(f"  resume from ntoks/{a.batch * a.block}  {r['resume']['seconds']:.1f} s, peak RSS {gb(r['resume']['peak_rss'])} "
           f"({x(r['resume']['peak_rss'])})")
     if "export" in r:

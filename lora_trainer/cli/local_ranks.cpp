@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -91,6 +92,7 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
 
   auto signals = std::make_unique<SignalGuard>(lt_launcher_on_signal);  // forwarded to the ranks until they end
   int running = nproc, first_failure = -1, result = 0;
+  std::vector<long> peak_kb(static_cast<size_t>(nproc), 0);  // each rank's peak resident memory
   double kill_at = 0;  // after a failure: when the ranks still running are killed
   bool killed = false;
   while (running > 0) {
@@ -99,13 +101,15 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
         if (p > 0) kill(p, sig);
     }
     int status = 0;
-    pid_t done = waitpid(-1, &status, WNOHANG);
+    struct rusage usage {};
+    pid_t done = wait4(-1, &status, WNOHANG, &usage);
     if (done > 0) {
       int rank = -1;
       for (size_t i = 0; i < pids.size(); ++i)
         if (pids[i] == done) rank = static_cast<int>(i), pids[i] = -1;
       if (rank < 0) continue;
       --running;
+      peak_kb[static_cast<size_t>(rank)] = usage.ru_maxrss;
       const int code = exit_code_of(status);
       if (code == 0) continue;
       std::fprintf(stderr, "rank %d %s%s\n", rank, describe_status(status).c_str(),
@@ -130,6 +134,15 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   signals.reset();
+  if (first_failure < 0) {
+    std::string peaks;
+    for (size_t i = 0; i < peak_kb.size(); ++i) {
+      char text[48];
+      std::snprintf(text, sizeof text, "%s%zu: %.2f GB", i ? ", " : "", i, peak_kb[i] * 1024.0 / 1e9);
+      peaks += text;
+    }
+    std::fprintf(stderr, "peak resident memory per rank: %s\n", peaks.c_str());
+  }
   if (first_failure >= 0)
     std::fprintf(stderr, "error: rank %d of %d failed (exit status %d)%s\n", first_failure, nproc, result,
                  result == kExitLostRank ? ": a rank lost contact with another" : "");

@@ -17,7 +17,8 @@ constexpr int kExitLostRank = 3;
 // a rank fails, the others get `grace_s` to exit on their own (their collectives fail) and are then
 // killed. Returns 0 when every rank succeeded, else the exit status of the rank that failed first
 // (128 + the signal for a rank killed by one), preferring a cause over kExitLostRank (a rank that only
-// lost contact with a failed peer).
+// lost contact with a failed peer). When all succeeded it prints each rank's peak resident memory
+// (the kernel's rusage of that process).
 int run_local_ranks(int nproc, const std::vector<std::string>& args, double grace_s);
 
 // A TCP port on 127.0.0.1 that nothing listens on at the moment of asking.

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <map>
 
 #include <torch/torch.h>
@@ -31,7 +32,13 @@ static const OptionGroup<DistributedOptions>& distributed_options() {
                "the moments of its share of the parameters): none, lora (the adapters' in the LoRA phase) or all "
                "(phase 1 too)",
                [](O& o, const json& v) { o.shard_optimizer = parse_shard_mode(v.get<std::string>()); },
-               check_one_of(shard_mode_names()));
+               check_one_of(shard_mode_names()))
+          .add("distributed/shard_params", OptType::String, "none",
+               "with several ranks, which parameters are split across ranks instead of each rank holding them all: "
+               "none, or lora (the LoRA phase's frozen base: each rank keeps 1/N of every block's linear weights, "
+               "gathered block by block around each forward and again in the backward, which recomputes the block)",
+               [](O& o, const json& v) { o.shard_params = parse_shard_mode(v.get<std::string>()); },
+               check_one_of({"none", "lora"}));
   return g;
 }
 
@@ -76,6 +83,18 @@ struct Distributed::Group {
     if (nccl) return (void)nccl->allreduce(t, o)->wait(timeout);
 #endif
     gloo->allreduce(t, o)->wait(timeout);
+  }
+  // Starts the list allgather (the one form LibTorch 1.13's Gloo has) and returns how to wait for it.
+  std::function<void()> allgather(std::vector<at::Tensor> out, std::vector<at::Tensor> in) {
+    std::vector<std::vector<at::Tensor>> outs{std::move(out)};
+#ifdef LT_WITH_NCCL
+    if (nccl) {
+      auto work = nccl->allgather(outs, in, c10d::AllgatherOptions());
+      return [work, outs, in, t = timeout] { work->wait(t); };
+    }
+#endif
+    auto work = gloo->allgather(outs, in, c10d::AllgatherOptions());
+    return [work, outs, in, t = timeout] { work->wait(t); };
   }
   void broadcast(std::vector<at::Tensor>& t) {
     c10d::BroadcastOptions o;
@@ -268,6 +287,70 @@ void Distributed::barrier(const std::string& what) {
   const double started = now_seconds();
   try {
     group_->barrier();
+  } catch (const std::exception& e) {
+    fail(what, e, started);
+  }
+}
+
+namespace {
+
+class PendingGather : public Distributed::Gather {
+ public:
+  PendingGather(std::function<void()> wait, at::Tensor wire, at::Tensor full, std::function<void(const std::exception&)> fail)
+      : wait_(std::move(wait)), wire_(std::move(wire)), full_(std::move(full)), fail_(std::move(fail)) {}
+  ~PendingGather() override {
+    if (!wait_) return;
+    try {  // a gather abandoned (an exception elsewhere) is still waited for: its buffers are in use
+      wait_();
+    } catch (...) {
+    }
+  }
+  void wait() override {
+    if (!wait_) return;
+    auto wait = std::move(wait_);
+    wait_ = nullptr;
+    try {
+      wait();
+      if (!wire_.is_same(full_)) full_.copy_(wire_);
+    } catch (const std::exception& e) {
+      fail_(e);
+    }
+  }
+
+ private:
+  std::function<void()> wait_;
+  at::Tensor wire_, full_;
+  std::function<void(const std::exception&)> fail_;
+};
+
+class DoneGather : public Distributed::Gather {
+ public:
+  void wait() override {}
+};
+
+}  // namespace
+
+std::unique_ptr<Distributed::Gather> Distributed::all_gather_async(const at::Tensor& shard, const at::Tensor& full,
+                                                                   const std::string& what) {
+  TORCH_CHECK(shard.scalar_type() == at::kByte && full.scalar_type() == at::kByte && shard.is_contiguous() &&
+                  full.is_contiguous() && full.numel() == shard.numel() * world_,
+              "all_gather_async: ", what, ": uint8 shards of one size and a buffer of world_size() of them");
+  torch::NoGradGuard ng;
+  if (!active()) {
+    full.copy_(shard);
+    return std::make_unique<DoneGather>();
+  }
+  const double started = now_seconds();
+  try {
+    const c10::Device wire_device = group_->wire_device();
+    at::Tensor in = shard.device() == wire_device ? shard : shard.to(wire_device);
+    at::Tensor wire = full.device() == wire_device ? full : torch::empty_like(full, full.options().device(wire_device));
+    const int64_t n = shard.numel();
+    std::vector<at::Tensor> out;
+    for (int r = 0; r < world_; ++r) out.push_back(wire.narrow(0, r * n, n));
+    auto wait = group_->allgather(std::move(out), {in});
+    return std::make_unique<PendingGather>(std::move(wait), wire, full,
+                                           [this, what, started](const std::exception& e) { fail(what, e, started); });
   } catch (const std::exception& e) {
     fail(what, e, started);
   }

@@ -40,6 +40,9 @@ std::vector<std::string> shard_mode_names();  // every name, for a config check
 struct DistributedOptions {
   double timeout_s = 300.0;                   // distributed/timeout_s
   ShardMode shard_optimizer = ShardMode::Lora;  // distributed/shard_optimizer
+  // distributed/shard_params: none, or lora (the LoRA phase's frozen base: the blocks' linear weights
+  // kept 1/N a rank and gathered block by block around each forward; peft/block_shard.hpp).
+  ShardMode shard_params = ShardMode::None;
   static DistributedOptions from_config(const Config& cfg);
 };
 void add_distributed_options(ConfigSchema& s);
@@ -71,6 +74,19 @@ class Distributed {
   // Rank 0's value of `flag`, on every rank (for decisions that read files rank 0 writes).
   bool broadcast_flag(bool flag, const std::string& what);
   void barrier(const std::string& what);
+
+  // A gather under way (all_gather_async): wait() returns once its output holds every rank's bytes,
+  // or throws DistributedError as the other collectives do.
+  class Gather {
+   public:
+    virtual ~Gather() = default;
+    virtual void wait() = 0;
+  };
+  // Starts concatenating every rank's `shard` (uint8, contiguous, the same size on every rank) in rank
+  // order into `full` (uint8, world_size() times that size, on shard's device) and returns at once:
+  // the backend's threads move the bytes while this one computes. Every rank must start the same
+  // gathers in the same order. One process: a copy.
+  std::unique_ptr<Gather> all_gather_async(const at::Tensor& shard, const at::Tensor& full, const std::string& what);
 
  private:
   struct Group;

@@ -70,8 +70,9 @@ class ReplayForward {
 class CheckpointBackward : public torch::autograd::Node {
  public:
   CheckpointBackward(BlockForward forward, const torch::Tensor& x, std::vector<torch::Tensor> tensors, torch::Tensor rng,
-                     AutocastState autocast)
+                     AutocastState autocast, BlockShard* shard)
       : forward_(std::move(forward)),
+        shard_(shard),
         x_(x.detach()),  // shares x's version counter: an in-place change before the backward is caught
         x_version_(x._version()),
         x_requires_grad_(x.requires_grad()),
@@ -88,6 +89,7 @@ class CheckpointBackward : public torch::autograd::Node {
     variable_list out(1 + tensors_.size());
     if (!grads[0].defined()) return out;
     torch::Tensor x = x_.detach().requires_grad_(x_requires_grad_);
+    BlockGathered gathered(shard_, BlockGathered::Direction::Backward);  // for the recompute and its gradients
     torch::Tensor y;
     {
       ReplayForward replay(x.device(), rng_, autocast_);
@@ -114,6 +116,7 @@ class CheckpointBackward : public torch::autograd::Node {
 
  private:
   BlockForward forward_;
+  BlockShard* shard_;  // the model's, which outlives the step's graph
   torch::Tensor x_;
   int64_t x_version_;
   bool x_requires_grad_;
@@ -132,19 +135,25 @@ std::vector<torch::Tensor> grad_tensors(torch::nn::Module& block) {
   return out;
 }
 
-torch::Tensor checkpointed(bool enabled, torch::nn::Module& block, const BlockForward& forward, const torch::Tensor& x) {
-  if (!enabled || !torch::GradMode::is_enabled()) return forward(x);
+torch::Tensor checkpointed(bool enabled, torch::nn::Module& block, const BlockForward& forward, const torch::Tensor& x,
+                           BlockShard* shard) {
+  auto plain = [&] {
+    BlockGathered gathered(shard, BlockGathered::Direction::Forward);
+    return forward(x);
+  };
+  if (!(enabled || shard) || !torch::GradMode::is_enabled()) return plain();
   std::vector<torch::Tensor> tensors = grad_tensors(block);
-  if (!x.requires_grad() && tensors.empty()) return forward(x);  // nothing to differentiate
+  if (!x.requires_grad() && tensors.empty()) return plain();  // nothing to differentiate
   torch::Tensor rng = rng_state(x.device());
   const AutocastState autocast = AutocastState::current(x.device().type());
   torch::Tensor y;
   {
     torch::NoGradGuard no_grad;
     NoAutocastCache no_cache;
+    BlockGathered gathered(shard, BlockGathered::Direction::Forward);
     y = forward(x);
   }
-  auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(forward, x, tensors, std::move(rng), autocast),
+  auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(forward, x, tensors, std::move(rng), autocast, shard),
                                                   torch::autograd::deleteNode);
   node->set_next_edges(torch::autograd::collect_next_edges(x, tensors));
   torch::autograd::set_history(y, node);

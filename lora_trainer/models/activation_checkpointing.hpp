@@ -18,11 +18,18 @@
 // give the weights no gradient (tested); off in the forward, such casts never enter the cache, nor do
 // bf16 copies of the weights stay in it for the step.
 // The results are bit-identical to the plain path (tests/models/test_activation_checkpointing.cpp).
+//
+// A block whose frozen weights are sharded across ranks (peft/block_shard.hpp) is gathered around each
+// of its forwards, and always checkpointed when it needs a backward: its gathered weights are dropped
+// after the forward, so the backward gathers them again and recomputes. The forward prefetches the
+// next block's weights, the backward the previous block's.
 #pragma once
 
 #include <functional>
 
 #include <torch/torch.h>
+
+#include "lora_trainer/peft/block_shard.hpp"
 
 namespace lt {
 
@@ -32,7 +39,9 @@ using BlockForward = std::function<torch::Tensor(const torch::Tensor&)>;
 // grad mode on, its activations are recomputed in the backward; otherwise forward(x) as it is.
 // `forward` is called again in the backward: what it captures must still be alive then (capture by
 // value). Only `block`'s parameters and adapters receive gradients through a checkpointed forward.
-torch::Tensor checkpointed(bool enabled, torch::nn::Module& block, const BlockForward& forward, const torch::Tensor& x);
+// `shard`: the block's sharded frozen weights, or null.
+torch::Tensor checkpointed(bool enabled, torch::nn::Module& block, const BlockForward& forward, const torch::Tensor& x,
+                           BlockShard* shard = nullptr);
 
 // The tensors inside `block` that require a gradient: its parameters (the adapters of its layers
 // among them), in module order.

@@ -83,9 +83,10 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, const torch::Tensor& seg
   const SequenceLayout layout(segments, T, idx.device());
   auto x = (wte(idx).to(torch::kFloat32) + wpe(layout.positions).to(torch::kFloat32));  // (B, T, C)
   if (opts_.dropout > 0 && is_training()) x = torch::dropout(x, opts_.dropout, true);
-  for (const auto& block : *h) {
+  for (size_t i = 0; i < h->size(); ++i) {
+    const auto block = h->ptr(i);
     auto forward = [block, mask = layout.mask](const torch::Tensor& in) { return block->as<Block>()->forward(in, mask); };
-    x = checkpointed(opts_.activation_checkpointing, *block, forward, x);
+    x = checkpointed(opts_.activation_checkpointing, *block, forward, x, block_shard(i));
   }
   return ln_f(x);
 }

@@ -62,7 +62,7 @@ class GPTImpl : public CausalLMImpl {
   // GPT-2 initialisation (normal 0.02; residual projections 0.02 / sqrt(2 n_layer)), from `gen`.
   void init_weights(torch::Generator gen) override;
   bool is_lookup(const std::string& name) const override { return name == "wpe.weight"; }
-  bool in_blocks(const std::string& name) const override { return name.rfind("h.", 0) == 0; }
+  int64_t block_of(const std::string& name) const override { return block_number(name, "h."); }
 
   TokenEmbedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};

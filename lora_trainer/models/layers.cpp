@@ -35,8 +35,9 @@ void LinearImpl::set_lora(torch::Tensor A, torch::Tensor B, double scale, torch:
 
 void LinearImpl::freeze_weight(FrozenFormat format) {
   if (frozen_ && frozen_->format() == format) return;
-  TORCH_CHECK(!frozen_ || frozen_->format() == FrozenFormat::Bf16, "freeze_weight: a weight stored as ",
-              to_string(frozen_->format()), " cannot be stored as ", to_string(format), " (its values are gone)");
+  TORCH_CHECK(!frozen_ || (frozen_->format() == FrozenFormat::Bf16 && !frozen_->sharded()), "freeze_weight: a weight stored as ",
+              to_string(frozen_->format()), frozen_->sharded() ? " (sharded)" : "", " cannot be stored as ", to_string(format),
+              " (its values are gone)");
   frozen_ = lt::freeze_weight(weight, format);
 }
 

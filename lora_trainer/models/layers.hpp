@@ -21,6 +21,7 @@ class LinearImpl : public torch::nn::Module, public LoraAdaptable {
   void enable_lora(bool on) override { lora_on_ = on; }
   void freeze_weight(FrozenFormat format) override;
   std::shared_ptr<FrozenWeight> frozen() const override { return frozen_; }
+  void set_frozen(std::shared_ptr<FrozenWeight> storage) override { frozen_ = std::move(storage); }
   // W for the matmul with x: the stored one from its FrozenWeight once frozen (bf16: lora_linear's
   // frozen_linear casts it), else the parameter itself.
   torch::Tensor base_weight(const torch::Tensor& x) const;

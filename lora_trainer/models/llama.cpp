@@ -94,11 +94,12 @@ torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, const torch::Tensor& s
   const RopeTables rope = rope_tables(layout.positions, opts_.head_dim(), opts_.rope_theta, opts_.rope_scaling);
   auto x = model->embed_tokens(idx).to(torch::kFloat32);  // (B, T, C)
   if (opts_.dropout > 0 && is_training()) x = torch::dropout(x, opts_.dropout, true);
-  for (const auto& layer : *model->layers) {
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    const auto layer = model->layers->ptr(i);
     auto forward = [layer, rope, mask = layout.mask](const torch::Tensor& in) {
       return layer->as<LlamaDecoderLayer>()->forward(in, rope, mask);
     };
-    x = checkpointed(opts_.activation_checkpointing, *layer, forward, x);
+    x = checkpointed(opts_.activation_checkpointing, *layer, forward, x, block_shard(i));
   }
   return model->norm(x);
 }

@@ -80,7 +80,7 @@ class LlamaImpl : public CausalLMImpl {
   // HF's initialisation: normal(0, 0.02) for every matrix, zero biases, unit norms.
   void init_weights(torch::Generator gen) override;
   bool is_lookup(const std::string& name) const override;
-  bool in_blocks(const std::string& name) const override { return name.rfind("model.layers.", 0) == 0; }
+  int64_t block_of(const std::string& name) const override { return block_number(name, "model.layers."); }
 
   LlamaBody model{nullptr};
   Linear lm_head{nullptr};  // null when tied to model.embed_tokens

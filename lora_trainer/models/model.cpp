@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 
 #include "lora_trainer/core/config.hpp"
@@ -186,6 +187,20 @@ CausalLM make_model(const ModelOptions& o) {
     case ModelFamily::Llama: return Llama(o).ptr();
   }
   throw std::logic_error("make_model: unknown family");
+}
+
+void CausalLMImpl::set_block_shards(std::vector<std::shared_ptr<BlockShard>> shards) {
+  TORCH_CHECK(shards.empty() || static_cast<int64_t>(shards.size()) == opts_.n_layer, "set_block_shards: ", shards.size(),
+              " shards for ", opts_.n_layer, " blocks");
+  block_shards_ = std::move(shards);
+}
+
+int64_t CausalLMImpl::block_number(const std::string& name, const std::string& prefix) {
+  if (name.rfind(prefix, 0) != 0) return -1;
+  size_t end = prefix.size();
+  while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+  if (end == prefix.size() || end >= name.size() || name[end] != '.') return -1;
+  return std::stoll(name.substr(prefix.size(), end - prefix.size()));
 }
 
 int64_t count_targets(const torch::Tensor& targets) { return targets.ge(0).sum().item<int64_t>(); }

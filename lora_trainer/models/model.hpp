@@ -95,14 +95,27 @@ class CausalLMImpl : public torch::nn::Module {
   virtual void init_weights(torch::Generator gen) = 0;
   // The parameters that are looked up rather than multiplied (excluded from FLOP counts).
   virtual bool is_lookup(const std::string& param_name) const = 0;
-  // Whether the parameter belongs to one of the transformer blocks (not the embeddings, the final norm
-  // or the output head): what a QLoRA base quantizes.
-  virtual bool in_blocks(const std::string& param_name) const = 0;
+  // The transformer block (0 .. n_layer - 1) a parameter belongs to, or -1 for the embeddings, the
+  // final norm and the output head.
+  virtual int64_t block_of(const std::string& param_name) const = 0;
+  // Whether it belongs to one of the blocks: what a QLoRA base quantizes, a sharded base shards.
+  bool in_blocks(const std::string& param_name) const { return block_of(param_name) >= 0; }
   const ModelOptions& options() const { return opts_; }
+  // distributed/shard_params: each block's sharded frozen weights (block_shard.hpp), gathered around its
+  // forwards; one a block, in order, or none.
+  void set_block_shards(std::vector<std::shared_ptr<BlockShard>> shards);
+  const std::vector<std::shared_ptr<BlockShard>>& block_shards() const { return block_shards_; }
 
  protected:
   explicit CausalLMImpl(ModelOptions o) : opts_(std::move(o)) {}
+  // Block i's shard, or null.
+  BlockShard* block_shard(size_t i) const { return i < block_shards_.size() ? block_shards_[i].get() : nullptr; }
+  // The block number of a parameter named <prefix><number>.<rest>, else -1.
+  static int64_t block_number(const std::string& param_name, const std::string& prefix);
   ModelOptions opts_;
+
+ private:
+  std::vector<std::shared_ptr<BlockShard>> block_shards_;
 };
 using CausalLM = std::shared_ptr<CausalLMImpl>;
 

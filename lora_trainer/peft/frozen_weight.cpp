@@ -3,6 +3,7 @@
 #include "lora_trainer/core/checksum.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
 #include "lora_trainer/kernels/nf4.hpp"
+#include "lora_trainer/peft/block_shard.hpp"
 
 namespace lt {
 
@@ -143,6 +144,7 @@ class Bf16Weight : public FrozenWeight {
     torch::NoGradGuard no_grad;
     weight_.copy_(W);
   }
+  bool held_by_parameter() const override { return true; }
 
  private:
   torch::Tensor weight_;
@@ -188,6 +190,20 @@ struct MadeWeightBiasFn : public torch::autograd::Function<MadeWeightBiasFn> {
   }
 };
 
+// x W^T (+ b) for a storage that makes W for each product (nf4): W made in the forward and again in
+// the backward.
+torch::Tensor made_linear(const FrozenWeight& storage, const torch::Tensor& x_in, const torch::Tensor& b) {
+  // Under autocast, x cast as autocast's linear casts it (its cache included), outside the function:
+  // the graph then sums x's gradients where a bf16 base's graph sums them, in the same dtype.
+  const auto device = x_in.device().type();
+  const torch::Tensor x = compat::autocast_enabled(device) && x_in.is_floating_point()
+                              ? at::autocast::cached_cast(compat::autocast_dtype(device), x_in, device)
+                              : x_in;
+  const auto self = reinterpret_cast<int64_t>(&storage);
+  if (!torch::GradMode::is_enabled() || !x.requires_grad()) return frozen_product(x, storage.for_matmul(x), b, kFrozenCastBlockBytes);
+  return b.defined() ? MadeWeightBiasFn::apply(x, b, self) : MadeWeightFn::apply(x, self);
+}
+
 // QLoRA's storage: NF4 blocks with double quantization (kernels/nf4.hpp), on the weight's device
 // (moved to x's if a product runs elsewhere).
 class Nf4Weight : public FrozenWeight {
@@ -203,17 +219,7 @@ class Nf4Weight : public FrozenWeight {
     if (q_.device() != x.device()) q_ = q_.to(x.device());
     return dequantize_nf4(q_, torch::kBFloat16);
   }
-  torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& b) const override {
-    // Under autocast, x cast as autocast's linear casts it (its cache included), outside the function:
-    // the graph then sums x's gradients where a bf16 base's graph sums them, in the same dtype.
-    const auto device = x_in.device().type();
-    const torch::Tensor x = compat::autocast_enabled(device) && x_in.is_floating_point()
-                                ? at::autocast::cached_cast(compat::autocast_dtype(device), x_in, device)
-                                : x_in;
-    const auto self = reinterpret_cast<int64_t>(static_cast<const FrozenWeight*>(this));
-    if (!torch::GradMode::is_enabled() || !x.requires_grad()) return frozen_product(x, for_matmul(x), b, kFrozenCastBlockBytes);
-    return b.defined() ? MadeWeightBiasFn::apply(x, b, self) : MadeWeightFn::apply(x, self);
-  }
+  torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& b) const override { return made_linear(*this, x, b); }
   int64_t bytes() const override { return q_.bytes(); }
   FrozenFormat format() const override { return FrozenFormat::Nf4; }
   std::vector<int64_t> shape() const override { return q_.shape; }
@@ -237,7 +243,94 @@ class Nf4Weight : public FrozenWeight {
   std::optional<uint32_t> crc_;
 };
 
+// A bf16 or nf4 storage kept 1/N a rank in its block's BlockShard (the header's "sharded").
+class ShardedWeight : public FrozenWeight {
+ public:
+  ShardedWeight(const std::shared_ptr<FrozenWeight>& from, const torch::Tensor& weight, std::shared_ptr<BlockShard> block)
+      : block_(std::move(block)), format_(from->format()), shape_(from->shape()), crc_(from->values_crc()) {
+    if (format_ == FrozenFormat::Bf16) {
+      first_ = block_->add(torch::kBFloat16, shape_);
+      // W's values, unless the parameter is a template's stand-in.
+      if (!is_frozen_stand_in(weight)) {
+        pending_.push_back(weight.detach());
+        crc_ = bf16_crc32(weight.detach());
+      }
+      return;
+    }
+    Nf4Tensor layout = Nf4Tensor::zeros(shape_, torch::kCPU);
+    for (auto [field, t] : layout.fields()) {
+      const int64_t i = block_->add(t->scalar_type(), t->sizes().vec());
+      if (first_ < 0) first_ = i;
+    }
+    if (from->values_crc())  // a storage that holds values (not a template's zeros)
+      for (auto& [field, t] : from->state()) pending_.push_back(t);
+  }
+  void finish() {
+    for (size_t k = 0; k < pending_.size(); ++k) block_->write(first_ + static_cast<int64_t>(k), pending_[k]);
+    pending_.clear();
+  }
+
+  torch::Tensor for_matmul(const torch::Tensor& x) const override {
+    BlockGathered gathered(block_.get(), BlockGathered::Direction::None);
+    if (format_ == FrozenFormat::Bf16) {
+      torch::Tensor W = block_->tensor(first_);
+      return W.device() == x.device() ? W : W.to(x.device());
+    }
+    Nf4Tensor q = Nf4Tensor::zeros(shape_, torch::kCPU);
+    int64_t i = first_;
+    for (auto [field, t] : q.fields()) *t = block_->tensor(i++);
+    if (q.device() != x.device()) q = q.to(x.device());
+    return dequantize_nf4(q, torch::kBFloat16);
+  }
+  torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& b) const override {
+    if (format_ == FrozenFormat::Nf4) return made_linear(*this, x, b);
+    BlockGathered gathered(block_.get(), BlockGathered::Direction::None);
+    return frozen_linear(x, for_matmul(x), b);
+  }
+  int64_t bytes() const override {
+    // This rank's share of the block, in proportion to W's part of it.
+    int64_t own = 0;
+    const int64_t n = format_ == FrozenFormat::Bf16 ? 1 : 4;
+    for (int64_t i = first_; i < first_ + n; ++i) own += block_->tensor_bytes(i);
+    return own * block_->shard_bytes() / std::max<int64_t>(1, block_->full_bytes());
+  }
+  FrozenFormat format() const override { return format_; }
+  std::vector<int64_t> shape() const override { return shape_; }
+  void assign(const torch::Tensor& W) override {
+    TORCH_CHECK(W.sizes().vec() == shape_, "ShardedWeight::assign: a weight of another shape");
+    const torch::Tensor bf16 = W.detach().to(torch::kBFloat16);
+    crc_ = bf16_crc32(bf16);
+    if (format_ == FrozenFormat::Bf16) {
+      block_->write(first_, bf16);
+      return;
+    }
+    Nf4Tensor q = quantize_nf4(bf16, /*double_quant=*/true);
+    int64_t i = first_;
+    for (auto [field, t] : q.fields()) block_->write(i++, *t);
+  }
+  std::optional<uint32_t> values_crc() const override { return crc_; }
+  bool sharded() const override { return true; }
+
+ private:
+  std::shared_ptr<BlockShard> block_;
+  FrozenFormat format_;
+  std::vector<int64_t> shape_;
+  std::optional<uint32_t> crc_;
+  int64_t first_ = -1;                 // the index of its first tensor in the block
+  std::vector<torch::Tensor> pending_;  // the values to store once the block is sealed
+};
+
 }  // namespace
+
+std::shared_ptr<FrozenWeight> shard_weight(const std::shared_ptr<FrozenWeight>& storage, torch::Tensor weight,
+                                           const std::shared_ptr<BlockShard>& block) {
+  TORCH_CHECK(!storage->sharded(), "shard_weight: already sharded");
+  auto sharded = std::make_shared<ShardedWeight>(storage, weight, block);
+  weight.set_data(frozen_stand_in(weight.sizes(), weight.device()));
+  return sharded;
+}
+
+void finish_sharding(FrozenWeight& sharded) { dynamic_cast<ShardedWeight&>(sharded).finish(); }
 
 torch::Tensor frozen_stand_in(at::IntArrayRef shape, const torch::Device& device) {
   return torch::zeros({1}, torch::TensorOptions().dtype(torch::kBFloat16).device(device)).expand(shape);

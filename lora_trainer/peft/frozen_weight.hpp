@@ -14,6 +14,12 @@
 //         in the backward (x's gradient), so no bf16 copy outlives its product; on the device of x (the
 //         CUDA kernel there). Its products are bit for bit those of a bf16 base holding dequant(quant(W)).
 //         It keeps the CRC of the bf16 values it quantized, for the frozen base's digest.
+//   sharded  either of the two kept 1/N a rank (distributed/shard_params=lora, block_shard.hpp): the
+//         tensors that keep W (the bf16 W, or NF4's codes and scales) are part of their block's
+//         BlockShard, and whole only while the block is gathered; the parameter is a stand-in as for
+//         nf4. W's products are those of the storage it shards (bf16's, or nf4's dequantized per
+//         product), bit for bit. Used outside its block's forward (DoRA's norms at the transition), it
+//         gathers the block for itself: a collective, so every rank must ask alike.
 #pragma once
 
 #include <memory>
@@ -53,7 +59,20 @@ class FrozenWeight {
   virtual std::vector<std::pair<std::string, torch::Tensor>> state() const { return {}; }
   // The CRC-32 of the bf16 values of W when they are not in memory (nf4: those it quantized), else none.
   virtual std::optional<uint32_t> values_crc() const { return std::nullopt; }
+  // Whether the layer's parameter itself holds W (bf16); else it is a stand-in and W is here.
+  virtual bool held_by_parameter() const { return false; }
+  // Whether W is kept 1/N a rank (sharded).
+  virtual bool sharded() const { return false; }
 };
+
+class BlockShard;
+// `storage` (of the layer parameter `weight`) as a sharded storage of the same format, its tensors
+// added to `block`'s layout; the parameter becomes a stand-in. Call finish_sharding on each such
+// storage once `block` is sealed: it stores what this rank keeps of W's values (zeros when the storage
+// was a restore's template holding none).
+std::shared_ptr<FrozenWeight> shard_weight(const std::shared_ptr<FrozenWeight>& storage, torch::Tensor weight,
+                                           const std::shared_ptr<BlockShard>& block);
+void finish_sharding(FrozenWeight& sharded);
 
 // y = x W^T (+ b) where W and b may be a frozen weight and bias in another dtype than x (a bf16 base
 // in an f32 forward): they are cast for the product, and autograd keeps W as stored, not the cast

@@ -358,8 +358,35 @@ std::map<std::string, std::shared_ptr<FrozenWeight>> frozen_storages(torch::nn::
   std::map<std::string, std::shared_ptr<FrozenWeight>> out;
   for_each_adaptable(root, [&](const std::string& module_name, LoraAdaptable& layer) {
     auto storage = layer.frozen();
-    if (storage && storage->format() != FrozenFormat::Bf16) out[weight_of(module_name)] = storage;
+    if (storage && !storage->held_by_parameter()) out[weight_of(module_name)] = storage;
   });
+  return out;
+}
+
+std::vector<std::shared_ptr<BlockShard>> shard_frozen_weights(torch::nn::Module& root,
+                                                              const std::vector<std::vector<std::string>>& blocks,
+                                                              Distributed& dist, const torch::Device& device) {
+  const auto layers = adaptable_layers(root);
+  std::map<std::string, torch::Tensor> params;
+  for (auto& p : root.named_parameters()) params[p.key()] = p.value();
+  std::vector<std::shared_ptr<BlockShard>> out;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    auto block = std::make_shared<BlockShard>(dist, device, "block " + std::to_string(b));
+    std::vector<std::shared_ptr<FrozenWeight>> sharded;
+    for (const auto& name : blocks[b]) {
+      LoraAdaptable* layer = layers.at(name);
+      TORCH_CHECK(layer->frozen(), "shard_frozen_weights: ", name, " is not frozen");
+      sharded.push_back(shard_weight(layer->frozen(), params.at(name), block));
+      layer->set_frozen(sharded.back());
+    }
+    block->seal();
+    for (auto& s : sharded) finish_sharding(*s);
+    if (!out.empty()) {
+      out.back()->next = block.get();
+      block->previous = out.back().get();
+    }
+    out.push_back(block);
+  }
   return out;
 }
 

@@ -34,6 +34,7 @@
 #include <torch/torch.h>
 
 #include "lora_trainer/core/named_tensors.hpp"
+#include "lora_trainer/peft/block_shard.hpp"
 #include "lora_trainer/peft/frozen_weight.hpp"
 
 namespace lt {
@@ -62,6 +63,8 @@ class LoraAdaptable {
   virtual void freeze_weight(FrozenFormat format) = 0;
   // The storage of the frozen weight; null while it trains.
   virtual std::shared_ptr<FrozenWeight> frozen() const = 0;
+  // Replaces the storage of the frozen weight by another of the same W (shard_frozen_weights).
+  virtual void set_frozen(std::shared_ptr<FrozenWeight> storage) = 0;
   // Off: the layer computes with its base weight alone (no DoRA rescale either), its adapter kept
   // attached (AdaptersOff).
   virtual void enable_lora(bool on) = 0;
@@ -205,8 +208,17 @@ using FrozenFormatOf = std::function<FrozenFormat(const std::string& weight)>;
 void freeze_base(torch::nn::Module& root, const std::vector<std::string>& keep, const FrozenFormatOf& format_of);
 
 // The frozen weights of `root`'s adaptable layers that are stored otherwise than in their parameter
-// (nf4), by weight name.
+// (nf4, sharded), by weight name.
 std::map<std::string, std::shared_ptr<FrozenWeight>> frozen_storages(torch::nn::Module& root);
+
+// distributed/shard_params=lora: the frozen storages of the weights in `blocks` (weight names, one list
+// per transformer block, in the model's order) become sharded storages, one BlockShard a block
+// (block_shard.hpp), linked for prefetching; each weight must be frozen already. What each rank keeps of
+// W's values is stored from the storages' values (a template's zeros where they hold none). Returns the
+// blocks' shards, in order, for the model's forward to gather.
+std::vector<std::shared_ptr<BlockShard>> shard_frozen_weights(torch::nn::Module& root,
+                                                              const std::vector<std::vector<std::string>>& blocks,
+                                                              Distributed& dist, const torch::Device& device);
 
 // Number of trainable adapter values.
 int64_t count_lora_params(const LoraParams& lora);

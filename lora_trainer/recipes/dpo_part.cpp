@@ -162,12 +162,11 @@ std::vector<DatasetEval> DpoPart::measure(const std::vector<Sampling>& datasets,
     if (datasets[static_cast<size_t>(d)].style != DatasetStyle::CONTRASTIVE) continue;
     const Dataset& ds = trainer_.open_dataset(datasets[static_cast<size_t>(d)]);
     DpoStats stats;
-    int64_t k = 0;
-    for (int64_t first = 0; first < rows; first += micro, ++k) {
-      if (k % dist.world_size() != dist.rank()) continue;
-      Batch b = validation_rows(ds, trainer_.block_size(), static_cast<uint64_t>(first), std::min(micro, rows - first));
-      stats.add(pair_terms(trainer_.runtime().to_device(b.inputs), trainer_.runtime().to_device(b.targets)));
-    }
+    for_rank_micro_batches(rows, micro, dist, !model->block_shards().empty(), [&](int64_t first, int64_t n, bool counted) {
+      Batch b = validation_rows(ds, trainer_.block_size(), static_cast<uint64_t>(first), n);
+      const auto terms = pair_terms(trainer_.runtime().to_device(b.inputs), trainer_.runtime().to_device(b.targets));
+      if (counted) stats.add(terms);
+    });
     sums[d] = stats.to_tensor();
   }
   dist.all_reduce_sum({sums}, "the validation DPO sums");

@@ -15,17 +15,15 @@ std::vector<DatasetEval> held_out_loss(CausalLM& model, const std::vector<Sampli
   for (size_t d = 0; d < datasets.size(); ++d) {
     const Dataset& ds = open(datasets[d]);
     double loss_sum_total = 0, tokens = 0;
-    int64_t k = 0;
-    for (int64_t first = 0; first < rows; first += shape.micro_batch, ++k) {
-      if (k % dist.world_size() != dist.rank()) continue;
-      int64_t n = std::min(shape.micro_batch, rows - first);
+    for_rank_micro_batches(rows, shape.micro_batch, dist, !model->block_shards().empty(), [&](int64_t first, int64_t n, bool counted) {
       Batch b = validation_rows(ds, shape.block_size, static_cast<uint64_t>(first), n);
       AutocastGuard autocast(rt);
       const Batch on = b.map([&](const torch::Tensor& t) { return rt.to_device(t); });
       auto loss_sum = model->loss_sum(on.inputs, on.targets, on.segments);
+      if (!counted) return;
       loss_sum_total += loss_sum.item<double>();
       tokens += static_cast<double>(count_targets(b.targets));
-    }
+    });
     sums[static_cast<int64_t>(d)][0] = loss_sum_total;
     sums[static_cast<int64_t>(d)][1] = tokens;
   }
@@ -40,6 +38,17 @@ std::vector<DatasetEval> held_out_loss(CausalLM& model, const std::vector<Sampli
   }
   if (was_training) model->train();
   return out;
+}
+
+void for_rank_micro_batches(int64_t rows, int64_t micro, const Distributed& dist, bool lockstep,
+                            const std::function<void(int64_t first, int64_t n, bool counted)>& fn) {
+  const int64_t ranks = dist.world_size(), batches = (rows + micro - 1) / micro;
+  const int64_t rounds = (batches + ranks - 1) / ranks;
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t k = round * ranks + dist.rank();
+    if (k < batches) fn(k * micro, std::min(micro, rows - k * micro), true);
+    else if (lockstep) fn(0, std::min(micro, rows), false);
+  }
 }
 
 ValResult validation_score(std::vector<DatasetEval> per_dataset, const std::vector<Sampling>& scored) {

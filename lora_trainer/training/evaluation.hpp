@@ -46,6 +46,14 @@ std::vector<DatasetEval> held_out_loss(CausalLM& model, const std::vector<Sampli
                                        const std::function<const Dataset&(const Sampling&)>& open, EvalShape shape,
                                        const Runtime& rt, Distributed& dist);
 
+// This rank's share of `rows` rows in micro-batches of `micro`: fn(first, n, counted) for micro-batch k
+// = first / micro when k % ranks is this rank, in order. With `lockstep` (a model whose blocks gather
+// their weights from every rank: each forward is a collective) every rank runs as many micro-batches: one
+// without its own in the last round runs the first one again, with counted = false (its result not to
+// be counted).
+void for_rank_micro_batches(int64_t rows, int64_t micro, const Distributed& dist, bool lockstep,
+                            const std::function<void(int64_t first, int64_t n, bool counted)>& fn);
+
 // The validation result of `per_dataset`: its `loss` is token-weighted over those of `scored`'s datasets
 // (same name and style) that it holds.
 ValResult validation_score(std::vector<DatasetEval> per_dataset, const std::vector<Sampling>& scored);

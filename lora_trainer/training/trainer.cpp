@@ -106,11 +106,12 @@ void Trainer::settle_random_weights() {
 void Trainer::settle_weights_for_load() {
   if (!weights_pending_) return;
   const NamedTensors params = base_params(*model_);
-  const std::set<std::string> quantized = quantized_weights();  // NF4 in the template: a stand-in, no storage
+  // NF4 or sharded in the template: a stand-in, no storage.
+  const std::set<std::string> quantized = quantized_weights(), sharded = sharded_weights();
   for (size_t i = 0; i < params.size(); ++i) {
     torch::Tensor p = params[i].second;
     const auto options = p.options().device(rt_.device);
-    if (quantized.count(params[i].first))
+    if (quantized.count(params[i].first) || sharded.count(params[i].first))
       p.set_data(frozen_stand_in(p.sizes(), rt_.device));
     else
       p.set_data(torch::empty(p.sizes(), options.dtype(frozen_from_start(i, params[i].first) ? torch::kBFloat16 : torch::kFloat32)));

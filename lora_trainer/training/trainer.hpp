@@ -323,6 +323,16 @@ class Trainer : public RestorableJob {
   // The base weights the LoRA phase stores as NF4 (optimization/lora/quantize_base=nf4): the adaptable
   // (linear) weights of the blocks but the modules_to_save; none without it.
   std::set<std::string> quantized_weights() const;
+  // The adaptable (linear) weights of the blocks but the modules_to_save: what a QLoRA base quantizes
+  // and a sharded base shards.
+  std::set<std::string> frozen_block_weights() const;
+  // Whether the LoRA phase's frozen base is sharded across the ranks (distributed/shard_params=lora with
+  // several ranks), and which weights: frozen_block_weights() then, else none.
+  bool shards_base() const;
+  std::set<std::string> sharded_weights() const;
+  // Puts the sharded_weights (frozen already) into one BlockShard a block, gathered by the model around
+  // each block's forward (block_shard.hpp); once, when shards_base().
+  void shard_base();
   // transition_to_lora's change of state alone: freezes the base as bf16 (no gradients, no optimizer
   // state) except the modules_to_save, the quantized_weights as NF4, creates adapters for param_filter's targets with
   // inject_lora_params (on the trainer's device, deterministic from the seed), attaches them, and

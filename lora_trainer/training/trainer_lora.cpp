@@ -2,6 +2,7 @@
 // freeze the base, inject the adapters, train only those), its block of the checkpoint metadata and its
 // side of a restore. The trainer's loop is in trainer.cpp; the report of a LoRA job in trainer_report.cpp.
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -80,7 +81,8 @@ json Trainer::lora_metadata() const {
   m.trainable_tokens = token_rows_of(lora_->token_rows);
   m.adapters_from = lora_->adapters_from;
   m.quantize_base = quantize_base_name(lora_->options.quantize_base);
-  for (const auto& [name, storage] : frozen_storages(*model_)) m.quantized[name] = storage->shape();
+  for (const auto& [name, storage] : frozen_storages(*model_))
+    if (storage->format() == FrozenFormat::Nf4) m.quantized[name] = storage->shape();
   m.base = lora_->base;
   return m.to_json();
 }
@@ -118,9 +120,9 @@ std::map<std::string, uint32_t> Trainer::frozen_crcs() {
   return out;
 }
 
-std::set<std::string> Trainer::quantized_weights() const {
+std::set<std::string> Trainer::frozen_block_weights() const {
   std::set<std::string> out;
-  if (!lora_ || lora_->options.quantize_base != FrozenFormat::Nf4) return out;
+  if (!lora_) return out;
   const NamedTensors params = base_params(*model_);
   std::set<std::string> saved;
   for (size_t i = 0; i < params.size(); ++i)
@@ -128,6 +130,23 @@ std::set<std::string> Trainer::quantized_weights() const {
   for (const auto& name : adaptable_weights(*model_))
     if (model_->in_blocks(name) && !saved.count(name)) out.insert(name);
   return out;
+}
+
+std::set<std::string> Trainer::quantized_weights() const {
+  if (!lora_ || lora_->options.quantize_base != FrozenFormat::Nf4) return {};
+  return frozen_block_weights();
+}
+
+bool Trainer::shards_base() const { return lora_ && dist_.active() && opts_.shard_params == ShardMode::Lora; }
+
+std::set<std::string> Trainer::sharded_weights() const { return shards_base() ? frozen_block_weights() : std::set<std::string>(); }
+
+void Trainer::shard_base() {
+  if (!shards_base() || !model_->block_shards().empty()) return;
+  std::vector<std::vector<std::string>> blocks(static_cast<size_t>(model_->options().n_layer));
+  for (const auto& name : adaptable_weights(*model_))  // model order
+    if (sharded_weights().count(name)) blocks.at(static_cast<size_t>(model_->block_of(name))).push_back(name);
+  model_->set_block_shards(shard_frozen_weights(*model_, blocks, dist_, rt_.device));
 }
 
 void Trainer::refer_to_frozen_base() {
@@ -142,6 +161,11 @@ void Trainer::refer_to_frozen_base() {
   }
   // Rank 0 saved the boundary checkpoint; every rank sees the same file system (as for `latest`).
   const bool there = !source.empty() && (format == "hf" ? is_hf_model_dir(source) : is_checkpoint(source));
+  if (!there && shards_base())
+    throw UserError("job " + spec_.name + ": distributed/shard_params=lora keeps 1/N of the frozen base on each rank, so its "
+                    "checkpoints must refer to a file that holds the base, and there is none (" +
+                    (source.empty() ? std::string("a random base") : source + " is gone") +
+                    "). Give the job its base with --restore, or set distributed/shard_params=none");
   if (!there) {
     if (is_main())
       std::printf("note: the LoRA-phase checkpoints of job %s hold a copy of the frozen base: %s\n", spec_.name.c_str(),
@@ -272,6 +296,7 @@ void Trainer::freeze_base_and_inject() {
     attach_token_rows(*model_, lora_->token_rows);
   }
   lora_->adapters = lora_params_of(*model_);
+  shard_base();  // with distributed/shard_params=lora (a job without phase one sharded its base as it loaded it)
   lora_->entered = true;  // before the optimizer: its sharding depends on the phase
   build_lora_optimizer();
 }
@@ -330,20 +355,29 @@ void Trainer::log_transition() {
                   (long long)m, lora_->options.lr_ratio);
     recipe += text;
   }
-  // The frozen base's bytes as stored: 2 a parameter in bf16, NF4's codes and scales.
+  // The frozen base's bytes as this rank stores them: 2 a parameter in bf16, NF4's codes and scales, of
+  // a sharded weight this rank's share.
   const auto storages = frozen_storages(*model_);
-  int64_t base_bytes = 0, quantized = 0;
+  int64_t base_bytes = 0, quantized = 0, sharded = 0;
   for (const auto& [name, p] : frozen_tensors()) {
     auto storage = storages.find(name);
     base_bytes += storage != storages.end() ? storage->second->bytes() : p.numel() * 2;
-    if (storage != storages.end()) quantized += p.numel();
+    if (storage == storages.end()) continue;
+    if (storage->second->format() == FrozenFormat::Nf4) quantized += p.numel();
+    if (storage->second->sharded()) sharded += p.numel();
   }
-  char base_text[160];
+  char base_text[320];
   if (quantized > 0)
     std::snprintf(base_text, sizeof base_text, "%lld of them NF4: %.3f GB, %.3f bytes a parameter", (long long)quantized,
                   base_bytes / 1e9, static_cast<double>(base_bytes) / std::max<int64_t>(1, frozen));
   else
     std::snprintf(base_text, sizeof base_text, "bf16: %.3f GB", base_bytes / 1e9);
+  if (sharded > 0) {
+    char text[200];
+    std::snprintf(text, sizeof text, " on each of %d ranks: %lld of them, the blocks' linear weights, sharded (distributed/shard_params)",
+                  dist_.world_size(), (long long)sharded);
+    std::strncat(base_text, text, sizeof base_text - std::strlen(base_text) - 1);
+  }
   std::printf("transition to LoRA at step %lld (%lld tokens): %zu adapted weights, rank %lld, alpha %g, init %s%s; "
               "trainable %lld (%.2f%%: %lld in adapters%s), frozen %lld (%s)\n",
               (long long)step_, (long long)tokens_, lora_->adapters.names.size(), (long long)lora_->options.rank, lora_->options.alpha,
@@ -415,6 +449,10 @@ bool Trainer::restore_lora_template(const CheckpointMeta& ck) {
       throw UserError(dir + "/metadata.json: a LoRA state without its \"lora\" block (rank, alpha, targets): the "
                       "checkpoint is damaged or hand-edited; " + use_another_checkpoint(ck.job_name));
     check_same_recipe(ck, lora_->options);
+    if (shards_base() && !ck.raw.contains("frozen_base"))
+      throw UserError(dir + " holds its own copy of the frozen base (it was saved with logging/save_frozen_base=true, or "
+                      "its base had no file to refer to); a job with distributed/shard_params=lora reads its base from the "
+                      "file its checkpoints refer to, one tensor at a time. Continue it with distributed/shard_params=none");
     settle_weights_for_load();  // not drawn: the load overwrites every tensor
     if (!lora_->entered) freeze_base_and_inject();  // the LoRA template; the load overwrites it
     check_same_selection(ck, lora_->saved, token_rows_of(lora_->token_rows));
@@ -439,6 +477,14 @@ void Trainer::check_lora_can_start() {
                       "training/allow_random_base=true");
     lora_->base = "random";
   }
+  if (shards_base() && lora_->options.save_frozen_base)
+    throw UserError("logging/save_frozen_base=true and distributed/shard_params=lora do not go together: each rank keeps "
+                    "1/N of the frozen base, and its checkpoints refer to the file that holds it. Set one of them back "
+                    "(logging/save_frozen_base=false, or distributed/shard_params=none)");
+  if (shards_base() && lora_->base == "random" && !lora_->entered)
+    throw UserError("job " + spec_.name + ": distributed/shard_params=lora needs a base in a file (its checkpoints refer to "
+                    "it, each rank keeping 1/N of it), and this job's is randomly initialised (training/allow_random_base). "
+                    "Give it one with --restore, or set distributed/shard_params=none");
   if (!lora_->entered && !lora_->options.init_from.empty()) {
     // The adapters' source is read at the transition, maybe hours from now: check it fits before training.
     read_adapter_source(lora_->options.init_from, model_->options().family, lora_->selection.target_names, lora_->options.rank,

@@ -196,7 +196,19 @@ void Trainer::load_weights_from(const BaseWeights& src) {
   // A QLoRA job without phase one quantizes its base's block weights as they come, one at a time: the
   // whole base is never in memory in bf16 (quantized_weights()).
   const std::set<std::string> to_quantize = boundary_step_ == 0 ? quantized_weights() : std::set<std::string>();
-  const std::map<std::string, LoraAdaptable*> layers = to_quantize.empty() ? std::map<std::string, LoraAdaptable*>() : adaptable_layers(*model_);
+  const std::map<std::string, LoraAdaptable*> layers = adaptable_layers(*model_);
+  // A sharded base (distributed/shard_params=lora) without phase one is sharded before it loads: its
+  // block weights frozen as stand-ins, in one BlockShard a block, and each rank stores of each weight as
+  // it comes only what it keeps (NF4 quantized first). No rank ever holds the whole base.
+  const std::set<std::string> to_shard = boundary_step_ == 0 && model_->block_shards().empty() ? sharded_weights() : std::set<std::string>();
+  for (const auto& name : to_shard) {
+    torch::Tensor p;
+    for (auto& [n, t] : params)
+      if (n == name) p = t;
+    p.set_data(frozen_stand_in(p.sizes(), rt_.device));
+    layers.at(name)->freeze_weight(to_quantize.count(name) ? FrozenFormat::Nf4 : FrozenFormat::Bf16);
+  }
+  shard_base();
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string& name = params[i].first;
     torch::Tensor p = params[i].second;
@@ -204,6 +216,11 @@ void Trainer::load_weights_from(const BaseWeights& src) {
     // A frozen weight stored in bf16 stays bf16; one stored wider is float32 until the transition
     // rounds it (so that `eval` of a float32 model measures it as it is).
     const torch::Tensor t = src.read(name);
+    if (to_shard.count(name)) {
+      layers.at(name)->frozen()->assign(t.to(rt_.device));
+      (to_quantize.count(name) ? quantized : frozen) += 1;
+      continue;
+    }
     if (to_quantize.count(name) && layers.count(name)) {
       p.set_data(t.to(rt_.device, torch::kBFloat16));
       layers.at(name)->freeze_weight(FrozenFormat::Nf4);  // its bf16 values quantized, the parameter a stand-in
@@ -218,11 +235,13 @@ void Trainer::load_weights_from(const BaseWeights& src) {
   weights_pending_ = false;
   base_model_ = src.base_model();
   if (is_main())  // stderr, as every line of a restore: `eval --json` prints its JSON alone on stdout
-    std::fprintf(stderr, "loaded %s: %.2f GB of %s weights in %.1f s%s%s\n", src.path().c_str(), src.bytes() / 1e9,
+    std::fprintf(stderr, "loaded %s: %.2f GB of %s weights in %.1f s%s%s%s\n", src.path().c_str(), src.bytes() / 1e9,
                  src.dtype().c_str(), now_seconds() - t0,
                  frozen > 0 ? "; the weights the LoRA phase freezes are kept in bf16 from the start" : "",
                  quantized > 0 ? ("; " + std::to_string(quantized) + " linear weights of the blocks quantized to NF4 as they "
-                                  "came (optimization/lora/quantize_base)").c_str() : "");
+                                  "came (optimization/lora/quantize_base)").c_str() : "",
+                 to_shard.empty() ? "" : ("; the blocks' " + std::to_string(to_shard.size()) + " linear weights sharded across the " +
+                                          std::to_string(dist_.world_size()) + " ranks as they came (distributed/shard_params)").c_str());
 }
 
 void Trainer::restore_from_model_dir(const std::string& dir) {

@@ -107,7 +107,9 @@ void add_trainer_options(ConfigSchema& s) {
 
 TrainingOptions TrainingOptions::from_config(const Config& cfg) {
   TrainingOptions o = training_options().read(cfg);
-  o.shard_optimizer = DistributedOptions::from_config(cfg).shard_optimizer;
+  const DistributedOptions distributed = DistributedOptions::from_config(cfg);
+  o.shard_optimizer = distributed.shard_optimizer;
+  o.shard_params = distributed.shard_params;
   return o;
 }
 

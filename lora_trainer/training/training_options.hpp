@@ -47,6 +47,7 @@ struct TrainingOptions {
   bool pack = false;                // data/pack
   OptimizerOptions optimizer;       // optimization/* and training/{schedule, warmup_pct, decay_pct}
   ShardMode shard_optimizer{};      // distributed/shard_optimizer
+  ShardMode shard_params{};         // distributed/shard_params
   OnNonfinite on_nonfinite{};       // training/on_nonfinite
   bool validation{};                // training/validation
   int64_t validation_steps{};       // training/validation_steps: rows per dataset
