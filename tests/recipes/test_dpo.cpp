@@ -211,7 +211,7 @@ TEST_CASE("dpo/train refuses what it cannot train (text datasets, no base, modul
   CHECK_THROWS_WITH(plain.run(), Contains("\"prefs\" is contrastive") && Contains("`dpo/train`"));
 }
 
-TEST_CASE("dpo/train through the launcher: tokenize pairs, --restore a base, 2 ranks take the steps of 1", "[dpo][distributed]") {
+TEST_CASE("dpo/train through the launcher: tokenize pairs, --restore a base, 2 ranks take the steps of 1, the base sharded or not", "[dpo][distributed][shard]") {
   test::TempDir dir;
   write_file_atomic(dir / "prefs.jsonl", toy_records(40));
   auto tok = test::launch({"tokenize", "--format", "pairs", "--tokenizer", "byte", "--name", "prefs", "--data-dir",
@@ -275,4 +275,26 @@ TEST_CASE("dpo/train through the launcher: tokenize pairs, --restore a base, 2 r
   }
   CHECK(train1.front()["loss"].get<double>() == Approx(std::log(2.0)).epsilon(1e-12));  // from the base, adapters at 0
   CHECK(val1.back()["reward_margin"]["prefs"].get<double>() > 0);
+
+  // The base sharded across the 2 ranks (distributed/shard_params=lora): the policy's and the
+  // reference's forwards gather it, the validation's too (its 2 micro-batches of pairs split 1 + 1, the
+  // ranks in lockstep); every figure is the unsharded 2 ranks' bit for bit.
+  auto sharded = test::launch({"run", "dpo", dir / "dpo.json", dir / "sharded", "--restore", base, "--nproc", "2",
+                               "distributed/shard_params=lora"});
+  INFO(sharded.out);
+  REQUIRE(sharded.code == 0);
+  CHECK_THAT(sharded.out, Contains("sharded (distributed/shard_params)"));
+  std::vector<nlohmann::json> train3, val3;
+  split("sharded", train3, val3);
+  REQUIRE(train3.size() == 6);
+  REQUIRE(val3.size() == 2);
+  for (size_t i = 0; i < 6; ++i)
+    for (const char* k : {"loss", "reward_margin", "accuracy", "grad_norm"}) {
+      INFO("step " << i + 1 << " " << k);
+      CHECK(train2[i][k] == train3[i][k]);
+    }
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(val2[i]["loss"] == val3[i]["loss"]);
+    CHECK(val2[i]["reward_margin"] == val3[i]["reward_margin"]);
+  }
 }
