@@ -5,14 +5,16 @@
 
 #include <cmath>
 
-#include "fixtures.hpp"
-#include "launch.hpp"
+#include "distributed_fixtures.hpp"
 #include "lora_trainer/cli/local_ranks.hpp"
 
 using namespace lt;
 using lt::test::Contains;
 using test::launch;
 using test::Result;
+using test::job_dir;
+using test::Losses;
+using test::losses_of;
 
 namespace {
 
@@ -23,25 +25,11 @@ constexpr double kRankTolerance = 2e-5;
 // A LoRA job on byte tokens in f32: 8 full steps, then 8 LoRA steps, 8 rows a step in micro-batches
 // of 2 (4 per rank with 2 ranks), a checkpoint every 4 steps.
 std::string lora_config(const test::TempDir& dir, const std::vector<std::string>& extra = {}) {
-  test::make_byte_dataset(dir / "data", "prose", 1);
-  test::make_byte_dataset(dir / "data", "more", 2);
-  std::vector<std::string> args = {"configure", "lora/train", dir / "lora.json"};
-  for (const auto& o : test::tiny_overrides(dir / "data")) args.push_back(o);
-  for (const auto& o : {"training/batch_size=8", "training/per_device_batch_size=2", "runtime/precision=f32",
-                        "runtime/threads=1", "training/pre_lora_tokens=[2048]", "training/post_lora_tokens=[2048]",
-                        R"(training/pre_lora_dataset=[[{"name":"prose","rate":1}]])",
-                        R"(training/post_lora_dataset=[[{"name":"more","rate":1}]])", "optimization/lora/rank=4",
-                        "logging/report_interval=1", "logging/validation_interval=4", "logging/checkpoint_interval=4",
-                        "training/validation_steps=8", "distributed/timeout_s=20"})
-    args.push_back(o);
-  for (const auto& o : extra) args.push_back(o);
-  Result r = launch(args);
-  REQUIRE(r.code == 0);
-  return dir / "lora.json";
-}
-
-std::string job_dir(const test::TempDir& dir, const std::string& out, const std::string& name) {
-  return dir / (out + "/checkpoints/general/default/" + name);
+  return test::distributed_lora_config(dir,
+                                       {"training/batch_size=8", "training/per_device_batch_size=2", "training/pre_lora_tokens=[2048]",
+                                        "training/post_lora_tokens=[2048]", "logging/validation_interval=4",
+                                        "logging/checkpoint_interval=4", "training/validation_steps=8"},
+                                       extra);
 }
 
 // `cfg` run as job "job" on 2 ranks with the optimizer state unsharded (under "two") and sharded with the
@@ -65,22 +53,6 @@ ShardedRuns sharded_matches_plain(const test::TempDir& dir, const std::string& c
     out.digests[ckpt] = a;
   }
   return out;
-}
-
-// step -> loss of the "train" lines, and (step, dataset) -> loss of the "val" lines.
-struct Losses {
-  std::map<int64_t, double> train;
-  std::map<std::pair<int64_t, std::string>, double> val;
-};
-
-Losses losses_of(const test::TempDir& dir, const std::string& out, const std::string& name) {
-  Losses l;
-  for (const auto& e : test::read_metrics_lines(dir / (out + "/runs/general/default/" + name))) {
-    if (e["event"] == "train") l.train[e["step"].get<int64_t>()] = e["loss"].get<double>();
-    if (e["event"] == "val")
-      for (auto& [ds, v] : e["per_dataset"].items()) l.val[{e["step"].get<int64_t>(), ds}] = v.get<double>();
-  }
-  return l;
 }
 
 template <class Key>

@@ -1,0 +1,57 @@
+// Shared helpers of the data-parallel tests (test_distributed.cpp, test_sharded_base.cpp): a LoRA job
+// on byte tokens in f32 configured for several ranks, where its run's outputs are, and its losses.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "catch.hpp"
+#include "fixtures.hpp"
+#include "launch.hpp"
+
+namespace lt::test {
+
+// `configure lora/train DIR/lora.json` with the datasets "prose" (phase 1) and "more" (the LoRA phase),
+// tiny_overrides, f32, one thread, rank 4, a line a step, a 20 s collective timeout, then `settings`
+// and `extra`; returns the config's path.
+inline std::string distributed_lora_config(const TempDir& dir, const std::vector<std::string>& settings,
+                                           const std::vector<std::string>& extra = {}) {
+  make_byte_dataset(dir / "data", "prose", 1);
+  make_byte_dataset(dir / "data", "more", 2);
+  std::vector<std::string> args = {"configure", "lora/train", dir / "lora.json"};
+  for (const auto& o : tiny_overrides(dir / "data")) args.push_back(o);
+  for (const auto& o : {"runtime/precision=f32", "runtime/threads=1", R"(training/pre_lora_dataset=[[{"name":"prose","rate":1}]])",
+                        R"(training/post_lora_dataset=[[{"name":"more","rate":1}]])", "optimization/lora/rank=4",
+                        "logging/report_interval=1", "distributed/timeout_s=20"})
+    args.push_back(o);
+  args.insert(args.end(), settings.begin(), settings.end());
+  args.insert(args.end(), extra.begin(), extra.end());
+  Result r = launch(args);
+  REQUIRE(r.code == 0);
+  return dir / "lora.json";
+}
+
+// The checkpoints of job `name` run with OUT_DIR dir/out.
+inline std::string job_dir(const TempDir& dir, const std::string& out, const std::string& name = "job") {
+  return dir / (out + "/checkpoints/general/default/" + name);
+}
+
+// step -> loss of the "train" lines, and (step, dataset) -> loss of the "val" lines.
+struct Losses {
+  std::map<int64_t, double> train;
+  std::map<std::pair<int64_t, std::string>, double> val;
+};
+
+inline Losses losses_of(const TempDir& dir, const std::string& out, const std::string& name = "job") {
+  Losses l;
+  for (const auto& e : read_metrics_lines(dir / (out + "/runs/general/default/" + name))) {
+    if (e["event"] == "train") l.train[e["step"].get<int64_t>()] = e["loss"].get<double>();
+    if (e["event"] == "val")
+      for (auto& [ds, v] : e["per_dataset"].items()) l.val[{e["step"].get<int64_t>(), ds}] = v.get<double>();
+  }
+  return l;
+}
+
+}  // namespace lt::test
