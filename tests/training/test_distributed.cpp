@@ -15,12 +15,9 @@ using test::Result;
 using test::job_dir;
 using test::Losses;
 using test::losses_of;
+using test::kRankTolerance;
 
 namespace {
-
-// Per-step losses of 1 and 2 ranks agree to this relative tolerance: the same f32 arithmetic except
-// the order in which the micro-batch gradients are summed.
-constexpr double kRankTolerance = 2e-5;
 
 // A LoRA job on byte tokens in f32: 8 full steps, then 8 LoRA steps, 8 rows a step in micro-batches
 // of 2 (4 per rank with 2 ranks), a checkpoint every 4 steps.

@@ -17,11 +17,9 @@ using test::Result;
 using test::job_dir;
 using test::Losses;
 using test::losses_of;
+using test::kRankTolerance;
 
 namespace {
-
-// 1, 2 and 3 ranks differ by the order of the micro-batch gradients' sums only.
-constexpr double kRankTolerance = 2e-5;
 
 // A LoRA job on byte tokens in f32: 4 full steps, then 8 LoRA steps of 12 rows (micro-batches of 2: 6
 // a rank on 2 ranks, 4 on 3), a checkpoint every 2 steps; validation every 4 steps on 8 rows, which 3
