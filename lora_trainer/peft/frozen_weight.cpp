@@ -1,5 +1,7 @@
 #include "lora_trainer/peft/frozen_weight.hpp"
 
+#include <c10/util/accumulate.h>
+
 #include "lora_trainer/core/checksum.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
 #include "lora_trainer/kernels/nf4.hpp"
@@ -276,7 +278,9 @@ class ShardedWeight : public FrozenWeight {
       torch::Tensor W = block_->tensor(first_);
       return W.device() == x.device() ? W : W.to(x.device());
     }
-    Nf4Tensor q = Nf4Tensor::zeros(shape_, torch::kCPU);
+    Nf4Tensor q;  // views of the gathered bytes, in fields() order (as the constructor laid them out)
+    q.shape = shape_;
+    q.numel = c10::multiply_integers(shape_);
     int64_t i = first_;
     for (auto [field, t] : q.fields()) *t = block_->tensor(i++);
     if (q.device() != x.device()) q = q.to(x.device());

@@ -144,8 +144,9 @@ std::set<std::string> Trainer::sharded_weights() const { return shards_base() ? 
 void Trainer::shard_base() {
   if (!shards_base() || !model_->block_shards().empty()) return;
   std::vector<std::vector<std::string>> blocks(static_cast<size_t>(model_->options().n_layer));
+  const std::set<std::string> sharded = sharded_weights();
   for (const auto& name : adaptable_weights(*model_))  // model order
-    if (sharded_weights().count(name)) blocks.at(static_cast<size_t>(model_->block_of(name))).push_back(name);
+    if (sharded.count(name)) blocks.at(static_cast<size_t>(model_->block_of(name))).push_back(name);
   model_->set_block_shards(shard_frozen_weights(*model_, blocks, dist_, rt_.device));
 }
 
