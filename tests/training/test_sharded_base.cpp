@@ -171,3 +171,35 @@ TEST_CASE("sharded base: what it cannot do is refused with exit 2 before trainin
     CHECK_THAT(r.out, Contains("distributed/shard_params"));
   }
 }
+
+TEST_CASE("sharded base: a continual LoRA benchmark on 2 ranks, its boundary evaluations in lockstep, bit for bit as unsharded",
+          "[distributed][shard][benchmark]") {
+  test::TempDir dir;
+  test::make_byte_dataset(dir / "data", "prose", 1);
+  test::make_byte_dataset(dir / "data", "more", 2);
+  std::vector<std::string> args = {"configure", "continual/train/benchmark_lora", dir / "bench.json"};
+  for (const auto& o : test::tiny_overrides(dir / "data")) args.push_back(o);
+  // 3 micro-batches of boundary rows over 2 ranks: one rank runs one of them twice, uncounted.
+  for (const auto& o : {"runtime/precision=f32", "runtime/threads=1", "training/batch_size=8", "training/per_device_batch_size=2",
+                        "optimization/lora/rank=4", "logging/report_interval=1", "distributed/timeout_s=20",
+                        "eval/boundary_rows=6", "training/pre_lora_tokens=[1024]", "training/post_lora_tokens=[1024,1024]",
+                        R"(training/pre_lora_dataset=[[{"name":"prose","rate":1}]])",
+                        R"(training/post_lora_dataset=[[{"name":"more","rate":1}],[{"name":"prose","rate":1}]])"})
+    args.push_back(o);
+  REQUIRE(launch(args).code == 0);
+  run_ok({"run", "bench", dir / "bench.json", dir / "plain", "--nproc", "2"});
+  const Result s = run_ok({"run", "bench", dir / "bench.json", dir / "sharded", "--nproc", "2", "distributed/shard_params=lora"});
+  CHECK_THAT(s.out, Contains("sharded (distributed/shard_params)"));
+  auto events = [&](const std::string& out, const char* kind) {
+    std::vector<nlohmann::json> found;
+    for (const auto& e : test::read_metrics_lines(dir / (out + "/runs/general/default/bench")))
+      if (e["event"] == kind) found.push_back(e["loss"]);
+    return found;
+  };
+  CHECK(events("plain", "train").size() == 12);
+  CHECK(events("plain", "train") == events("sharded", "train"));
+  CHECK(events("plain", "boundary").size() == 3);
+  CHECK(events("plain", "boundary") == events("sharded", "boundary"));
+  CHECK(read_file(dir / "plain/runs/general/default/bench/forgetting.txt") ==
+        read_file(dir / "sharded/runs/general/default/bench/forgetting.txt"));
+}
