@@ -25,7 +25,7 @@ TEST_CASE("a BlockShard gives back each tensor it was given, whatever its dtype,
   CHECK(block.shard_bytes() % 64 == 0);
   CHECK(block.full_bytes() >= 30 + 7 + 4 + 264);
   CHECK_FALSE(block.gathered());
-  CHECK_THROWS_WITH(block.tensor(0), Catch::Contains("block 0 is not gathered"));
+  CHECK_THROWS_WITH(block.tensor(0), lt::test::Contains("block 0 is not gathered"));
   {
     BlockGathered gathered(&block, BlockGathered::Direction::Forward);
     CHECK(block.gathered());
