@@ -493,6 +493,12 @@ double Trainer::current_lr() const {
 
 void Trainer::check_can_start() {
   if (lora_) check_lora_can_start();
+  if (opts_.shard_params != ShardMode::None && !shards_base() && is_main()) {
+    std::printf("note: distributed/shard_params=%s has no effect in this run: %s\n", shard_mode_name(opts_.shard_params).c_str(),
+                !lora_ ? "the job has no LoRA phase, whose frozen base it shards"
+                       : "it runs as one process, and the frozen base is split across ranks");
+    std::fflush(stdout);
+  }
 }
 
 void Trainer::report_finished() {

@@ -165,6 +165,11 @@ TEST_CASE("sharded base: what it cannot do is refused with exit 2 before trainin
     CHECK_THAT(r.out, Contains("holds its own copy of the frozen base"));
     CHECK_FALSE(std::filesystem::exists(dir / "c/checkpoints/general/default/job/latest"));
   }
+  SECTION("one process: nothing to shard, said, and the job runs") {
+    Result r = launch({"run", "job", cfg, dir / "e", "distributed/shard_params=lora"});
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Contains("note: distributed/shard_params=lora has no effect in this run: it runs as one process"));
+  }
   SECTION("a value it does not know") {
     Result r = launch({"run", "job", cfg, dir / "d", "--nproc", "2", "distributed/shard_params=all"});
     CHECK(r.code == 2);
