@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <c10/util/accumulate.h>
+
 namespace lt {
 
 namespace {
@@ -21,16 +23,11 @@ torch::Tensor bytes_of(const torch::Tensor& t) {
 BlockShard::BlockShard(Distributed& dist, torch::Device device, std::string what)
     : dist_(dist), device_(device), what_(std::move(what)), rank_(dist.rank()), world_(dist.world_size()) {}
 
-BlockShard::~BlockShard() {
-  if (pending_) pending_.reset();  // waits for a gather still under way (its buffers are in use)
-}
-
 int64_t BlockShard::add(c10::ScalarType dtype, std::vector<int64_t> shape) {
   TORCH_CHECK(!shard_.defined(), "BlockShard::add after seal");
   Entry e;
   e.dtype = dtype;
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
+  const int64_t numel = c10::multiply_integers(shape);
   e.shape = std::move(shape);
   e.offset = round_up(used_bytes_, kAlign);
   e.bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));

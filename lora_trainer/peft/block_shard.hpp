@@ -32,7 +32,6 @@ class BlockShard {
  public:
   // `what` names the block in errors ("block 3"); the shard lives on `device`.
   BlockShard(Distributed& dist, torch::Device device, std::string what);
-  ~BlockShard();
   BlockShard(const BlockShard&) = delete;
   BlockShard& operator=(const BlockShard&) = delete;
 
@@ -76,7 +75,7 @@ class BlockShard {
   torch::Tensor shard_;  // uint8 (shard_bytes_)
   torch::Tensor full_;   // uint8 (full_bytes()) while gathered
   torch::Tensor pending_full_;
-  std::unique_ptr<Distributed::Gather> pending_;
+  std::unique_ptr<Distributed::Gather> pending_;  // destroyed first: it waits for a gather under way
   int users_ = 0;
 };
 

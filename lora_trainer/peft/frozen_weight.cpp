@@ -252,6 +252,7 @@ class ShardedWeight : public FrozenWeight {
       : block_(std::move(block)), format_(from->format()), shape_(from->shape()), crc_(from->values_crc()) {
     if (format_ == FrozenFormat::Bf16) {
       first_ = block_->add(torch::kBFloat16, shape_);
+      count_ = 1;
       // W's values, unless the parameter is a template's stand-in.
       if (!is_frozen_stand_in(weight)) {
         pending_.push_back(weight.detach());
@@ -263,6 +264,7 @@ class ShardedWeight : public FrozenWeight {
     for (auto [field, t] : layout.fields()) {
       const int64_t i = block_->add(t->scalar_type(), t->sizes().vec());
       if (first_ < 0) first_ = i;
+      ++count_;
     }
     if (from->values_crc())  // a storage that holds values (not a template's zeros)
       for (auto& [field, t] : from->state()) pending_.push_back(t);
@@ -287,15 +289,13 @@ class ShardedWeight : public FrozenWeight {
     return dequantize_nf4(q, torch::kBFloat16);
   }
   torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& b) const override {
-    if (format_ == FrozenFormat::Nf4) return made_linear(*this, x, b);
-    BlockGathered gathered(block_.get(), BlockGathered::Direction::None);
-    return frozen_linear(x, for_matmul(x), b);
+    // bf16: W is a view of the gathered bytes, which it keeps alive for the product and its backward.
+    return format_ == FrozenFormat::Nf4 ? made_linear(*this, x, b) : frozen_linear(x, for_matmul(x), b);
   }
   int64_t bytes() const override {
     // This rank's share of the block, in proportion to W's part of it.
     int64_t own = 0;
-    const int64_t n = format_ == FrozenFormat::Bf16 ? 1 : 4;
-    for (int64_t i = first_; i < first_ + n; ++i) own += block_->tensor_bytes(i);
+    for (int64_t i = first_; i < first_ + count_; ++i) own += block_->tensor_bytes(i);
     return own * block_->shard_bytes() / std::max<int64_t>(1, block_->full_bytes());
   }
   FrozenFormat format() const override { return format_; }
@@ -321,6 +321,7 @@ class ShardedWeight : public FrozenWeight {
   std::vector<int64_t> shape_;
   std::optional<uint32_t> crc_;
   int64_t first_ = -1;                 // the index of its first tensor in the block
+  int64_t count_ = 0;                  // and how many it has there (bf16: W; nf4: Nf4Tensor::fields())
   std::vector<torch::Tensor> pending_;  // the values to store once the block is sealed
 };
 

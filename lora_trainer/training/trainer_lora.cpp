@@ -2,7 +2,6 @@
 // freeze the base, inject the adapters, train only those), its block of the checkpoint metadata and its
 // side of a restore. The trainer's loop is in trainer.cpp; the report of a LoRA job in trainer_report.cpp.
 #include <algorithm>
-#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -367,24 +366,21 @@ void Trainer::log_transition() {
     if (storage->second->format() == FrozenFormat::Nf4) quantized += p.numel();
     if (storage->second->sharded()) sharded += p.numel();
   }
-  char base_text[320];
+  char base_text[160];
   if (quantized > 0)
     std::snprintf(base_text, sizeof base_text, "%lld of them NF4: %.3f GB, %.3f bytes a parameter", (long long)quantized,
                   base_bytes / 1e9, static_cast<double>(base_bytes) / std::max<int64_t>(1, frozen));
   else
     std::snprintf(base_text, sizeof base_text, "bf16: %.3f GB", base_bytes / 1e9);
-  if (sharded > 0) {
-    char text[200];
-    std::snprintf(text, sizeof text, " on each of %d ranks: %lld of them, the blocks' linear weights, sharded (distributed/shard_params)",
-                  dist_.world_size(), (long long)sharded);
-    std::strncat(base_text, text, sizeof base_text - std::strlen(base_text) - 1);
-  }
+  const std::string base_where = sharded == 0 ? "" : " on each of " + std::to_string(dist_.world_size()) + " ranks: " +
+                                                       std::to_string(sharded) + " of them, the blocks' linear weights, sharded "
+                                                       "(distributed/shard_params)";
   std::printf("transition to LoRA at step %lld (%lld tokens): %zu adapted weights, rank %lld, alpha %g, init %s%s; "
-              "trainable %lld (%.2f%%: %lld in adapters%s), frozen %lld (%s)\n",
+              "trainable %lld (%.2f%%: %lld in adapters%s), frozen %lld (%s%s)\n",
               (long long)step_, (long long)tokens_, lora_->adapters.names.size(), (long long)lora_->options.rank, lora_->options.alpha,
               to_string(lora_->options.init), recipe.c_str(), (long long)trainable,
               100.0 * trainable / std::max<int64_t>(1, frozen + trainable), (long long)adapters, saved_text.c_str(),
-              (long long)frozen, base_text);
+              (long long)frozen, base_text, base_where.c_str());
   std::fflush(stdout);
   log_event({{"event", "transition"}, {"step", step_}, {"tokens", tokens_}, {"trainable_params", trainable},
              {"adapter_params", adapters}, {"saved_params", saved_numel}, {"token_params", token_numel},

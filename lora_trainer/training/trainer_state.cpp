@@ -201,10 +201,8 @@ void Trainer::load_weights_from(const BaseWeights& src) {
   // block weights frozen as stand-ins, in one BlockShard a block, and each rank stores of each weight as
   // it comes only what it keeps (NF4 quantized first). No rank ever holds the whole base.
   const std::set<std::string> to_shard = boundary_step_ == 0 && model_->block_shards().empty() ? sharded_weights() : std::set<std::string>();
-  for (const auto& name : to_shard) {
-    torch::Tensor p;
-    for (auto& [n, t] : params)
-      if (n == name) p = t;
+  for (const auto& [name, p] : params) {
+    if (!to_shard.count(name)) continue;
     p.set_data(frozen_stand_in(p.sizes(), rt_.device));
     layers.at(name)->freeze_weight(to_quantize.count(name) ? FrozenFormat::Nf4 : FrozenFormat::Bf16);
   }
