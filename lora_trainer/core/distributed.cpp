@@ -35,10 +35,12 @@ static const OptionGroup<DistributedOptions>& distributed_options() {
                check_one_of(shard_mode_names()))
           .add("distributed/shard_params", OptType::String, "none",
                "with several ranks, which parameters are split across ranks instead of each rank holding them all: "
-               "none, or lora (the LoRA phase's frozen base: each rank keeps 1/N of every block's linear weights, "
-               "gathered block by block around each forward and again in the backward, which recomputes the block)",
+               "none; lora (the LoRA phase's frozen base: each rank keeps 1/N of every block's linear weights, "
+               "gathered block by block around each forward and again in the backward, which recomputes the block); "
+               "or all (phase 1's too: each rank keeps 1/N of every block's parameters, their gradients and moments, "
+               "ZeRO-3; then the frozen base as with lora)",
                [](O& o, const json& v) { o.shard_params = parse_shard_mode(v.get<std::string>()); },
-               check_one_of({"none", "lora"}));
+               check_one_of(shard_mode_names()));
   return g;
 }
 

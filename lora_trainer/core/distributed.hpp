@@ -40,8 +40,9 @@ std::vector<std::string> shard_mode_names();  // every name, for a config check
 struct DistributedOptions {
   double timeout_s = 300.0;                   // distributed/timeout_s
   ShardMode shard_optimizer = ShardMode::Lora;  // distributed/shard_optimizer
-  // distributed/shard_params: none, or lora (the LoRA phase's frozen base: the blocks' linear weights
-  // kept 1/N a rank and gathered block by block around each forward; peft/block_shard.hpp).
+  // distributed/shard_params: none; lora (the LoRA phase's frozen base: the blocks' linear weights
+  // kept 1/N a rank and gathered block by block around each forward; peft/block_shard.hpp); or all
+  // (phase 1's block parameters too, with their gradients and moments: training/sharded_params.hpp).
   ShardMode shard_params = ShardMode::None;
   static DistributedOptions from_config(const Config& cfg);
 };

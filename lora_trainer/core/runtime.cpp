@@ -88,6 +88,15 @@ static void keep_freed_memory() {
 
 void return_freed_tensors() { mallopt(M_MMAP_THRESHOLD, 1 << 20); }
 
+void release_freed_memory() { malloc_trim(0); }
+
+MappedLargeAllocations::MappedLargeAllocations() { mallopt(M_MMAP_THRESHOLD, 1 << 20); }
+
+MappedLargeAllocations::~MappedLargeAllocations() {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);  // keep_freed_memory's
+  malloc_trim(0);
+}
+
 Runtime Runtime::from_config(const Config& cfg) {
   keep_freed_memory();
   Runtime rt;

@@ -50,6 +50,20 @@ void add_runtime_options(ConfigSchema& s);
 // model peaked at 1.95 GB instead of about its largest tensor. Training keeps freed memory instead
 // (Runtime::from_config; docs/performance.md, "The allocator").
 void return_freed_tensors();
+// Hands the freed pages inside the heap back to the system (malloc_trim): after a large structure was
+// freed for good (a model's whole parameters once they are sharded), so the peak resident memory is the
+// state's, not the state's plus what it was built from.
+void release_freed_memory();
+// For a scope that allocates and frees large buffers among other allocations (a sharded save gathers a
+// block at a time while HDF5 allocates its own): glibc maps and unmaps each large allocation there
+// instead of keeping freed ones in a heap that the others fragment; the step's setting comes back after.
+class MappedLargeAllocations {
+ public:
+  MappedLargeAllocations();
+  ~MappedLargeAllocations();
+  MappedLargeAllocations(const MappedLargeAllocations&) = delete;
+  MappedLargeAllocations& operator=(const MappedLargeAllocations&) = delete;
+};
 
 // True when this CPU has native bf16 matrix instructions (AMX-BF16 or AVX512-BF16).
 bool cpu_has_fast_bf16();

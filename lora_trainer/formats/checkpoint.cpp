@@ -388,7 +388,7 @@ torch::Tensor CheckpointReader::read(const std::string& name, int* verified) con
 }
 
 void load_checkpoint_into(const CheckpointMeta& ck, const NamedTensors& into,
-                          const std::vector<std::string>& prefixes) {
+                          const std::vector<std::string>& prefixes, const TensorWriter& write) {
   const std::string& dir = ck.dir;
   auto selected = [&](const std::string& name) {
     if (prefixes.empty()) return true;
@@ -427,8 +427,11 @@ void load_checkpoint_into(const CheckpointMeta& ck, const NamedTensors& into,
     throw UserError(msg);
   }
   torch::NoGradGuard ng;
-  for (const auto& [name, target] : into)
-    if (selected(name)) target.copy_(reader.read(name));
+  for (const auto& [name, target] : into) {
+    if (!selected(name)) continue;
+    const torch::Tensor value = reader.read(name);
+    if (!write || !write(name, value)) target.copy_(value);
+  }
 }
 
 nlohmann::json inspect_checkpoint(const std::string& dir) {

@@ -13,6 +13,7 @@
 // checkpoints/README.md describes the layout for users.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -125,8 +126,12 @@ std::string verify_checkpoint(const std::string& dir);
 // on any device), one tensor at a time: the names, shapes and dtypes are all compared before anything
 // is copied. Only names starting with one of `prefixes` are compared (all when empty). Every
 // mismatch is listed in one UserError.
+// `write` (when given) is offered each tensor as it is read and may take it instead of the copy into
+// `into` (returning true): a sharded state keeps only its part of a tensor, its target a stand-in of
+// the whole tensor's shape and dtype for the comparison.
+using TensorWriter = std::function<bool(const std::string& name, const torch::Tensor& value)>;
 void load_checkpoint_into(const CheckpointMeta& ck, const NamedTensors& into,
-                          const std::vector<std::string>& prefixes = {});
+                          const std::vector<std::string>& prefixes = {}, const TensorWriter& write = nullptr);
 void load_checkpoint_into(const std::string& dir, const NamedTensors& into,
                           const std::vector<std::string>& prefixes = {});
 

@@ -1,5 +1,7 @@
 #include "lora_trainer/models/activation_checkpointing.hpp"
 
+#include <algorithm>
+
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
@@ -70,9 +72,10 @@ class ReplayForward {
 class CheckpointBackward : public torch::autograd::Node {
  public:
   CheckpointBackward(BlockForward forward, const torch::Tensor& x, std::vector<torch::Tensor> tensors, torch::Tensor rng,
-                     AutocastState autocast, BlockShard* shard)
+                     AutocastState autocast, BlockShard* shard, bool trains_shard)
       : forward_(std::move(forward)),
         shard_(shard),
+        trains_shard_(trains_shard),
         x_(x.detach()),  // shares x's version counter: an in-place change before the backward is caught
         x_version_(x._version()),
         x_requires_grad_(x.requires_grad()),
@@ -99,11 +102,14 @@ class CheckpointBackward : public torch::autograd::Node {
     variable_list wrt;
     if (x_requires_grad_) wrt.push_back(x);
     wrt.insert(wrt.end(), tensors_.begin(), tensors_.end());
+    if (trains_shard_) wrt.insert(wrt.end(), shard_->bound().begin(), shard_->bound().end());
     variable_list g = torch::autograd::grad({y}, wrt, {grads[0]}, /*retain_graph=*/false, /*create_graph=*/false,
                                             /*allow_unused=*/true);
     size_t next = 0;
     if (x_requires_grad_) out[0] = g[next++];
     for (size_t i = 0; i < tensors_.size(); ++i) out[1 + i] = g[next++];
+    // The sharded parameters' gradients are summed over the ranks now, and each rank keeps its slice.
+    if (trains_shard_) shard_->reduce_gradients(variable_list(g.begin() + static_cast<std::ptrdiff_t>(next), g.end()));
     return out;
   }
 
@@ -117,6 +123,7 @@ class CheckpointBackward : public torch::autograd::Node {
  private:
   BlockForward forward_;
   BlockShard* shard_;  // the model's, which outlives the step's graph
+  bool trains_shard_;  // its bound (trained) parameters take their gradients here, not through edges
   torch::Tensor x_;
   int64_t x_version_;
   bool x_requires_grad_;
@@ -143,7 +150,13 @@ torch::Tensor checkpointed(bool enabled, torch::nn::Module& block, const BlockFo
   };
   if (!(enabled || shard) || !torch::GradMode::is_enabled()) return plain();
   std::vector<torch::Tensor> tensors = grad_tensors(block);
-  if (!x.requires_grad() && tensors.empty()) return plain();  // nothing to differentiate
+  // Parameters bound to the shard (trained, sharded: phase 1's ZeRO-3) are stand-ins outside the
+  // gather: the node takes their gradients itself and hands them to the shard, no edge to them.
+  const bool trains_shard = shard && !shard->bound().empty() && shard->bound().front().requires_grad();
+  if (trains_shard)
+    tensors.erase(std::remove_if(tensors.begin(), tensors.end(), [&](const torch::Tensor& t) { return shard->binds(t); }),
+                  tensors.end());
+  if (!x.requires_grad() && tensors.empty() && !trains_shard) return plain();  // nothing to differentiate
   torch::Tensor rng = rng_state(x.device());
   const AutocastState autocast = AutocastState::current(x.device().type());
   torch::Tensor y;
@@ -153,7 +166,7 @@ torch::Tensor checkpointed(bool enabled, torch::nn::Module& block, const BlockFo
     BlockGathered gathered(shard, BlockGathered::Direction::Forward);
     y = forward(x);
   }
-  auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(forward, x, tensors, std::move(rng), autocast, shard),
+  auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(forward, x, tensors, std::move(rng), autocast, shard, trains_shard),
                                                   torch::autograd::deleteNode);
   node->set_next_edges(torch::autograd::collect_next_edges(x, tensors));
   torch::autograd::set_history(y, node);

@@ -18,6 +18,11 @@ torch::Tensor bytes_of(const torch::Tensor& t) {
   return flat.numel() == 0 ? torch::empty({0}, flat.options().dtype(torch::kUInt8)) : flat.view(torch::kUInt8);
 }
 
+// What a bound parameter is while its block is not gathered: its shape and dtype, no storage.
+torch::Tensor stand_in(const torch::Tensor& like) {
+  return torch::zeros({1}, like.options()).expand(like.sizes());
+}
+
 }  // namespace
 
 BlockShard::BlockShard(Distributed& dist, torch::Device device, std::string what)
@@ -40,6 +45,91 @@ void BlockShard::seal() {
   TORCH_CHECK(!shard_.defined(), "BlockShard::seal twice");
   shard_bytes_ = round_up(std::max<int64_t>(1, (used_bytes_ + world_ - 1) / world_), kAlign);
   shard_ = torch::zeros({shard_bytes_}, torch::TensorOptions().dtype(torch::kUInt8).device(device_));
+  for (Entry& e : entries_) {
+    e.lo = std::max<int64_t>(e.offset, rank_ * shard_bytes_);
+    e.hi = std::max(e.lo, std::min<int64_t>(e.offset + e.bytes, (rank_ + 1) * shard_bytes_));
+  }
+  if (bound_.empty()) return;
+  torch::NoGradGuard ng;
+  for (size_t k = 0; k < bound_.size(); ++k) {
+    write(bound_index_[k], bound_[k].detach());
+    bound_[k].set_data(stand_in(bound_[k]));
+    pieces_.push_back(slice_of(shard_, entries_[static_cast<size_t>(bound_index_[k])]));
+  }
+}
+
+int64_t BlockShard::bind(const torch::Tensor& param) {
+  TORCH_CHECK(param.scalar_type() == torch::kFloat32, "BlockShard::bind: ", what_, ": trained parameters are float32, not ",
+              param.scalar_type());
+  const int64_t i = add(param.scalar_type(), param.sizes().vec());
+  bound_.push_back(param);
+  bound_index_.push_back(i);
+  return i;
+}
+
+bool BlockShard::binds(const torch::Tensor& t) const {
+  return std::any_of(bound_.begin(), bound_.end(), [&](const torch::Tensor& p) { return p.is_same(t); });
+}
+
+torch::Tensor BlockShard::slice_of(const torch::Tensor& shard_buffer, const Entry& e) const {
+  return shard_buffer.narrow(0, e.hi > e.lo ? e.lo - rank_ * shard_bytes_ : 0, e.hi - e.lo).view(e.dtype);
+}
+
+torch::Tensor BlockShard::local_part(int64_t i, const torch::Tensor& full) const {
+  const Entry& e = entries_.at(static_cast<size_t>(i));
+  const int64_t size = static_cast<int64_t>(c10::elementSize(e.dtype));
+  return full.contiguous().reshape({-1}).narrow(0, (e.lo - e.offset) / size * (e.hi > e.lo), (e.hi - e.lo) / size);
+}
+
+void BlockShard::reduce_gradients(const std::vector<torch::Tensor>& grads) {
+  TORCH_CHECK(grads.size() == bound_.size(), "BlockShard::reduce_gradients: ", grads.size(), " gradients for ",
+              bound_.size(), " parameters");
+  torch::NoGradGuard ng;
+  torch::Tensor full = torch::zeros({full_bytes()}, shard_.options());
+  for (size_t k = 0; k < grads.size(); ++k) {
+    if (!grads[k].defined()) continue;
+    const Entry& e = entries_[static_cast<size_t>(bound_index_[k])];
+    full.narrow(0, e.offset, e.bytes).view(e.dtype).copy_(grads[k].reshape({-1}));
+  }
+  dist_.all_reduce_sum({full.view(torch::kFloat32)}, "summing the gradients of " + what_);
+  if (!pieces_.empty() && !pieces_.front().grad().defined()) {  // the optimizer cleared them: a new step
+    if (!grad_shard_.defined()) grad_shard_ = torch::empty_like(shard_);  // at the first backward
+    grad_shard_.zero_();
+    for (size_t k = 0; k < pieces_.size(); ++k)
+      pieces_[k].mutable_grad() = slice_of(grad_shard_, entries_[static_cast<size_t>(bound_index_[k])]);
+  }
+  grad_shard_.view(torch::kFloat32).add_(full.narrow(0, rank_ * shard_bytes_, shard_bytes_).view(torch::kFloat32));
+}
+
+std::vector<torch::Tensor> BlockShard::gather_pieces(const std::vector<torch::Tensor>& pieces, const std::string& what) {
+  TORCH_CHECK(pieces.size() == bound_.size(), "BlockShard::gather_pieces: ", pieces.size(), " pieces for ", bound_.size(),
+              " parameters");
+  torch::NoGradGuard ng;
+  torch::Tensor mine = torch::zeros_like(shard_);
+  for (size_t k = 0; k < pieces.size(); ++k)
+    slice_of(mine, entries_[static_cast<size_t>(bound_index_[k])]).copy_(pieces[k]);
+  torch::Tensor full = torch::empty({full_bytes()}, shard_.options());
+  dist_.all_gather_async(mine, full, what)->wait();
+  std::vector<torch::Tensor> out;
+  for (int64_t i : bound_index_) {
+    const Entry& e = entries_[static_cast<size_t>(i)];
+    out.push_back(full.narrow(0, e.offset, e.bytes).view(e.dtype).view(e.shape));
+  }
+  return out;
+}
+
+void BlockShard::unbind(const std::function<c10::ScalarType(size_t)>& dtype_of) {
+  torch::NoGradGuard ng;
+  acquire();
+  std::vector<torch::Tensor> params = std::move(bound_);
+  bound_.clear();  // release() leaves them as they are now
+  for (size_t k = 0; k < params.size(); ++k)
+    params[k].set_data(tensor(bound_index_[k]).to(dtype_of(k), /*non_blocking=*/false, /*copy=*/true));
+  release();
+  bound_index_.clear();
+  pieces_.clear();
+  grad_shard_ = torch::Tensor();
+  shard_ = torch::zeros({0}, shard_.options());
 }
 
 void BlockShard::write(int64_t i, const torch::Tensor& value) {
@@ -49,12 +139,9 @@ void BlockShard::write(int64_t i, const torch::Tensor& value) {
               ": tensor ", i, " is ", e.dtype, " ", c10::IntArrayRef(e.shape), ", not ", value.scalar_type(), " ",
               value.sizes());
   torch::NoGradGuard ng;
-  // This rank's bytes [lo, hi) of the buffer meet the tensor's [offset, offset + bytes).
-  const int64_t lo = std::max<int64_t>(e.offset, rank_ * shard_bytes_);
-  const int64_t hi = std::min<int64_t>(e.offset + e.bytes, (rank_ + 1) * shard_bytes_);
-  if (hi <= lo) return;
+  if (e.hi <= e.lo) return;  // none of the tensor's bytes are this rank's
   const torch::Tensor bytes = bytes_of(value);
-  shard_.narrow(0, lo - rank_ * shard_bytes_, hi - lo).copy_(bytes.narrow(0, lo - e.offset, hi - lo));
+  shard_.narrow(0, e.lo - rank_ * shard_bytes_, e.hi - e.lo).copy_(bytes.narrow(0, e.lo - e.offset, e.hi - e.lo));
 }
 
 torch::Tensor BlockShard::tensor(int64_t i) const {
@@ -67,7 +154,7 @@ torch::Tensor BlockShard::tensor(int64_t i) const {
 void BlockShard::prefetch() {
   if (full_.defined() || pending_) return;
   pending_full_ = torch::empty({full_bytes()}, shard_.options());
-  pending_ = dist_.all_gather_async(shard_, pending_full_, "gathering the frozen weights of " + what_);
+  pending_ = dist_.all_gather_async(shard_, pending_full_, (bound_.empty() ? "gathering the frozen weights of " : "gathering the parameters of ") + what_);
 }
 
 void BlockShard::acquire() {
@@ -76,11 +163,18 @@ void BlockShard::acquire() {
   auto pending = std::move(pending_);
   pending->wait();
   full_ = std::move(pending_full_);
+  bind_views();
+}
+
+void BlockShard::bind_views() {
+  for (size_t k = 0; k < bound_.size(); ++k) bound_[k].set_data(tensor(bound_index_[k]));
 }
 
 void BlockShard::release() {
   TORCH_CHECK(users_ > 0, "BlockShard::release without acquire");
-  if (--users_ == 0) full_ = torch::Tensor();
+  if (--users_ > 0) return;
+  for (auto& p : bound_) p.set_data(stand_in(p));
+  full_ = torch::Tensor();
 }
 
 BlockGathered::BlockGathered(BlockShard* block, Direction prefetch) : block_(block) {

@@ -15,9 +15,19 @@
 // Every rank must acquire and prefetch the same blocks in the same order (they are collectives): the
 // model's loop over its blocks does, as long as every rank runs the same forwards (the evaluation gives
 // ranks without a batch left one to run).
+//
+// Trained parameters (distributed/shard_params=all, phase 1: ZeRO-3) are bound to the block instead:
+// bind() lays out a parameter, seal() moves its values into the shards and leaves the parameter a
+// stand-in of its shape (no storage). While the block is gathered each bound parameter's data is its
+// view of the buffer, so the block's forward reads its parameters as ever; on release they are stand-ins
+// again. What the optimizer steps is this rank's piece of each bound parameter (piece(): a 1-D view of
+// the shard, the elements of the parameter that fall in it), whose gradient is the matching view of a
+// gradient shard: reduce_gradients() takes a backward's full gradients of the bound parameters, sums
+// them over the ranks and adds this rank's slice to the pieces' gradients.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +56,26 @@ class BlockShard {
   // Tensor i, whole: a view of the gathered buffer (acquired only).
   torch::Tensor tensor(int64_t i) const;
 
+  // Trained parameters (see above). bind() before seal(); returns the parameter's index.
+  int64_t bind(const torch::Tensor& param);
+  const std::vector<torch::Tensor>& bound() const { return bound_; }  // the parameters, in bind order
+  bool binds(const torch::Tensor& t) const;
+  // Bound parameter k's piece on this rank (1-D, maybe empty), the same tensor every call; its .grad()
+  // is set by reduce_gradients.
+  const torch::Tensor& piece(size_t k) const { return pieces_.at(k); }
+  // The elements of tensor i's value `full` that this rank keeps (1-D, piece-sized).
+  torch::Tensor local_part(int64_t i, const torch::Tensor& full) const;
+  // Sums the bound parameters' gradients `grads` (full shapes, bind order; undefined: zeros) over the
+  // ranks (a collective) and adds this rank's slice to each piece's gradient (zeroed first when the
+  // optimizer has cleared it).
+  void reduce_gradients(const std::vector<torch::Tensor>& grads);
+  // Every rank's `pieces` (piece-sized, bind order: a piece's moments or average) assembled into the
+  // whole tensors, on every rank (a collective).
+  std::vector<torch::Tensor> gather_pieces(const std::vector<torch::Tensor>& pieces, const std::string& what);
+  // Gathers the block and leaves each bound parameter its whole value (cast to dtype_of(k): a copy), no
+  // longer bound: the end of phase 1. The shard is empty after it.
+  void unbind(const std::function<c10::ScalarType(size_t)>& dtype_of);
+
   void acquire();
   void release();
   void prefetch();
@@ -65,7 +95,15 @@ class BlockShard {
     c10::ScalarType dtype;
     std::vector<int64_t> shape;
     int64_t offset = 0, bytes = 0;
+    // The bytes [lo, hi) of the buffer that are both this entry's and this rank's (lo == hi: none).
+    int64_t lo = 0, hi = 0;
   };
+  torch::Tensor slice_of(const torch::Tensor& shard_buffer, const Entry& e) const;  // as the entry's dtype
+  void bind_views();  // bound parameters: their views of the gathered buffer
+  std::vector<torch::Tensor> bound_;
+  std::vector<int64_t> bound_index_;  // entry of each
+  std::vector<torch::Tensor> pieces_;
+  torch::Tensor grad_shard_;  // uint8 (shard_bytes_), the pieces' gradients
   Distributed& dist_;
   torch::Device device_;
   std::string what_;

@@ -24,6 +24,8 @@ static const char* const kDivergenceAdvice =
     "Lower optimization/lr (or optimization/lora/lr in the LoRA phase), raise training/warmup_pct, or check the data, "
     "then run the same command again (it continues from the job's `latest` checkpoint, when there is one)";
 
+const char* divergence_advice() { return kDivergenceAdvice; }
+
 const std::vector<std::string>& on_nonfinite_names() {
   static const std::vector<std::string> names = {"stop", "skip"};  // in OnNonfinite's order
   return names;

@@ -51,5 +51,7 @@ class DivergenceGuard {
 // Throws TrainingDiverged naming the first floating-point tensor of `tensors` that holds NaN or
 // infinite values (after step `step` of job `job`), saying that `what` was not saved.
 void check_finite(const NamedTensors& tensors, int64_t step, const std::string& job, const std::string& what);
+// What to do after a divergence: the sentence every message that stops a run for one ends with.
+const char* divergence_advice();
 
 }  // namespace lt

@@ -167,6 +167,25 @@ double clip_grad_norm(const NamedTensors& params, double max_norm) {
   return norm;
 }
 
+double clip_grad_norm(const NamedTensors& params, double max_norm, const std::vector<bool>& piece,
+                      const std::function<double(double)>& sum_pieces) {
+  torch::NoGradGuard ng;
+  std::vector<torch::Tensor> grads, whole_sq, piece_sq;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const torch::Tensor& g = params[i].second.grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    (piece.at(i) ? piece_sq : whole_sq).push_back(g.to(torch::kFloat32).pow(2).sum());
+  }
+  auto total = [](const std::vector<torch::Tensor>& sq) { return sq.empty() ? 0.0 : torch::stack(sq).sum().item<double>(); };
+  const double norm = std::sqrt(total(whole_sq) + sum_pieces(total(piece_sq)));  // every rank takes part in the sum
+  if (max_norm > 0 && norm > max_norm) {
+    const double scale = max_norm / (norm + 1e-6);
+    for (auto& g : grads) g.mul_(scale);
+  }
+  return norm;
+}
+
 static const std::pair<ScheduleKind, const char*> kScheduleKinds[] = {
     {ScheduleKind::Constant, "constant"}, {ScheduleKind::Wsd, "wsd"}, {ScheduleKind::Cosine, "cosine"}};
 

@@ -5,6 +5,7 @@
 // `optim/exp_avg/<name>` and `optim/exp_avg_sq/<name>` and loading checks that the names match.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,11 @@ class AdamW {
 
 // Scales all gradients so that their global L2 norm is at most max_norm; returns the norm before.
 double clip_grad_norm(const NamedTensors& params, double max_norm);
+// The same when some of the gradients (piece[i]) are each rank's own piece of a sharded parameter:
+// `sum_pieces` turns this rank's sum of their squares into every rank's (a sum over the ranks); the
+// others are whole on every rank and counted once.
+double clip_grad_norm(const NamedTensors& params, double max_norm, const std::vector<bool>& piece,
+                      const std::function<double(double)>& sum_pieces);
 
 // The shape of a learning-rate schedule; its name in configs is "constant", "wsd" or "cosine".
 enum class ScheduleKind { Constant, Wsd, Cosine };

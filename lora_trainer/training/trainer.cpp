@@ -76,9 +76,15 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
       throw UserError("optimization/param_groups: \"" + rule.match + "\" matches no parameter of this model (nor an "
                       "adapter's lora_A/lora_B/lora_magnitude); names look like " + names.front() + ", " + names[names.size() / 2]);
   }
-  // Phase one's optimizer over every parameter; none for a job that starts with adapters (the
-  // transition builds the LoRA phase's): its moments would be twice the base's size, in float32.
-  build_optimizer(starts_with_adapters ? NamedTensors() : named_params(*model_), opts_.optimizer.adamw.weight_decay);
+  // distributed/shard_params=all: phase one's block parameters kept 1/N a rank from here on.
+  if (opts_.shard_params == ShardMode::All && dist_.active() && !starts_with_adapters)
+    sharded_params_ = std::make_unique<ShardedParams>(model_, dist_, rt_.device);
+  // Phase one's optimizer over every parameter (this rank's pieces of the sharded ones); none for a job
+  // that starts with adapters (the transition builds the LoRA phase's): its moments would be twice the
+  // base's size, in float32.
+  NamedTensors phase_one;
+  if (!starts_with_adapters) phase_one = sharded_params_ ? sharded_params_->pieces_of(named_params(*model_)) : named_params(*model_);
+  build_optimizer(std::move(phase_one), opts_.optimizer.adamw.weight_decay);
   full_stages_ = static_cast<int>(plan.full_stages);
   boundary_step_ = full_stages_ > 0 ? stages_[static_cast<size_t>(full_stages_ - 1)].end_step : 0;
   schedule_ = full_schedule(boundary_step_);  // phase 1's schedule ends at the boundary
@@ -137,6 +143,10 @@ void Trainer::build_optimizer(NamedTensors params, double weight_decay, std::vec
     if (rule_of.back() >= 0) lr_scale[i] *= rules[static_cast<size_t>(rule_of.back())].lr_ratio;
   }
   optimizer_ = std::make_unique<AdamW>(std::move(params), o, std::move(lr_scale));
+  if (sharded_params_)  // a piece is 1-D: it decays as the matrix it is part of
+    for (size_t i = 0; i < optimizer_->params().size(); ++i)
+      if (sharded_params_->contains(optimizer_->params()[i].first))
+        optimizer_->set_decay(i, sharded_params_->shape(optimizer_->params()[i].first).size() >= 2);
   for (size_t i = 0; i < rule_of.size(); ++i)
     if (rule_of[i] >= 0 && rules[static_cast<size_t>(rule_of[i])].weight_decay >= 0)
       optimizer_->set_decay(i, rules[static_cast<size_t>(rule_of[i])].weight_decay == 1);
@@ -168,6 +178,7 @@ void Trainer::log_param_groups(const std::vector<int>& rule_of) const {
 }
 
 bool Trainer::shard_optimizer_state() const {
+  if (sharded_params_ && !in_lora_phase()) return false;  // the pieces' moments are this rank's already
   const ShardMode mode = opts_.shard_optimizer;
   return in_lora_phase() ? mode != ShardMode::None : mode == ShardMode::All;
 }
@@ -263,6 +274,7 @@ double Trainer::sum_over_ranks(double loss) {
   // whether any rank was asked to stop (so all stop after the same step).
   std::vector<torch::Tensor> sums;
   for (const auto& [name, p] : trainable()) {
+    if (sharded_params_ && sharded_params_->contains(name)) continue;  // summed in the backward, block by block
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
     sums.push_back(p.grad());
   }
@@ -272,6 +284,17 @@ double Trainer::sum_over_ranks(double loss) {
   auto host = extra.cpu();
   stopping_ = host[1].item<float>() > 0;
   return host[0].item<double>();
+}
+
+double Trainer::clip_gradients() {
+  if (!sharded_params_) return clip_grad_norm(trainable(), opts_.optimizer.grad_clip);
+  std::vector<bool> piece;
+  for (const auto& [name, p] : trainable()) piece.push_back(sharded_params_->contains(name));
+  return clip_grad_norm(trainable(), opts_.optimizer.grad_clip, piece, [&](double pieces_sq) {
+    auto t = torch::tensor({pieces_sq}, torch::kFloat64);
+    dist_.all_reduce_sum({t}, "the gradient norm of step " + std::to_string(step_ + 1));
+    return t.item<double>();
+  });
 }
 
 StepResult Trainer::train_step() {
@@ -288,7 +311,7 @@ StepResult Trainer::train_step() {
                               : sampler(current_stage()).next_share(batch_size_, first, rank_rows_);
   const double loss = sum_over_ranks(forward_backward(batch, *phase.loss));
   StepResult r;
-  r.grad_norm = clip_grad_norm(trainable(), opts_.optimizer.grad_clip);
+  r.grad_norm = clip_gradients();
   r.lr = current_lr();
   r.loss = loss;
   // Every rank sees the same global loss and norm, so all take the same branch.
@@ -445,6 +468,14 @@ void Trainer::run() {
               dist_.active() ? (" per rank, " + std::to_string(dist_.world_size()) + " ranks (" +
                                 std::to_string(rank_rows_) + " rows each a step)").c_str() : "",
               (long long)step_, (long long)total_steps_, (long long)tokens_per_step());
+  if (sharded_params_ && is_main()) {
+    int64_t whole = 0;
+    for (const auto& [name, p] : base_params(*model_))
+      if (sharded_params_->contains(name)) whole += p.numel() * static_cast<int64_t>(sizeof(float));
+    std::printf("phase 1's block parameters sharded across %d ranks (distributed/shard_params=%s): %.3f GB of their %.3f GB "
+                "on each, and as much again of gradients and twice of moments; gathered a block at a time\n",
+                dist_.world_size(), shard_mode_name(opts_.shard_params).c_str(), sharded_params_->shard_bytes() / 1e9, whole / 1e9);
+  }
   std::fflush(stdout);
   check_datasets();  // a missing dataset is found now, not at its stage
   metrics_.truncate_after(step_);  // a resumed run drops the lines of steps it will redo
@@ -493,10 +524,11 @@ double Trainer::current_lr() const {
 
 void Trainer::check_can_start() {
   if (lora_) check_lora_can_start();
-  if (opts_.shard_params != ShardMode::None && !shards_base() && is_main()) {
+  if (opts_.shard_params != ShardMode::None && !shards_base() && !sharded_params_ && is_main()) {
     std::printf("note: distributed/shard_params=%s has no effect in this run: %s\n", shard_mode_name(opts_.shard_params).c_str(),
-                !lora_ ? "the job has no LoRA phase, whose frozen base it shards"
-                       : "it runs as one process, and the frozen base is split across ranks");
+                dist_.active() ? "the job has no LoRA phase, whose frozen base it shards (distributed/shard_params=all "
+                                 "shards the parameters phase 1 trains too)"
+                               : "it runs as one process, and the parameters are split across ranks");
     std::fflush(stdout);
   }
 }

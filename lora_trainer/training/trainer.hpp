@@ -59,6 +59,7 @@
 #include "lora_trainer/models/model.hpp"
 #include "lora_trainer/training/optim.hpp"
 #include "lora_trainer/training/plan.hpp"
+#include "lora_trainer/training/sharded_params.hpp"
 #include "lora_trainer/training/lora_options.hpp"
 #include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/core/runtime.hpp"
@@ -181,7 +182,9 @@ class Trainer : public RestorableJob {
   void log_event(const nlohmann::json& event) const { metrics_.event(event); }
 
   // Every tensor a checkpoint of this state holds, by name (with a sharded optimizer, the moments held
-  // by other ranks are zeros here; save() gathers them). No collectives: restoring reads into these.
+  // by other ranks are zeros here; save() gathers them; with phase 1's parameters sharded, their values,
+  // moments and averages are stand-ins of the whole tensors' shapes: save() gathers them, a restore
+  // keeps its part). No collectives: restoring reads into these.
   NamedTensors state_tensors();
   StateKind state_kind() const { return in_lora_phase() ? StateKind::Lora : StateKind::Plain; }
 
@@ -280,6 +283,18 @@ class Trainer : public RestorableJob {
   double sum_over_ranks(double loss);
   // After a sharded optimizer step: every rank gets each parameter from the rank that updated it.
   void sync_sharded_params();
+  // The global gradient norm (clipped to optimization/grad_clip), phase 1's sharded pieces' squares
+  // summed over the ranks.
+  double clip_gradients();
+  // state_tensors() as this rank holds them: a sharded parameter's piece, its moments' and average's
+  // pieces, under the whole tensors' names.
+  NamedTensors local_state_tensors();
+  // The sharded parameter a state tensor's name is of ("params/", "optim/exp_avg/", "optim/exp_avg_sq/"
+  // or "ema/" and a name sharded_params_ holds), or "".
+  std::string sharded_param_of(const std::string& state_name) const;
+  // save() with phase 1's parameters sharded: every rank gathers the sharded tensors block by block, in
+  // the order rank 0 writes them.
+  void save_sharded(const std::string& dir, const NamedTensors& whole, const NamedTensors& local, const std::string& suffix);
   // The periodic validation's line and event, and the `best` checkpoint when the score improved.
   void validate_and_keep_best(bool stage_end);
   // Saves the periodic checkpoint when one is due or a signal asked to stop; true when the run stops.
@@ -326,8 +341,8 @@ class Trainer : public RestorableJob {
   // The adaptable (linear) weights of the blocks but the modules_to_save: what a QLoRA base quantizes
   // and a sharded base shards.
   std::set<std::string> frozen_block_weights() const;
-  // Whether the LoRA phase's frozen base is sharded across the ranks (distributed/shard_params=lora with
-  // several ranks), and which weights: frozen_block_weights() then, else none.
+  // Whether the LoRA phase's frozen base is sharded across the ranks (distributed/shard_params=lora or
+  // all, with several ranks), and which weights: frozen_block_weights() then, else none.
   bool shards_base() const;
   std::set<std::string> sharded_weights() const;
   // Puts the sharded_weights (frozen already) into one BlockShard a block, gathered by the model around
@@ -381,6 +396,9 @@ class Trainer : public RestorableJob {
   Runtime rt_;
   CausalLM model_;
   mutable NextTokenLoss next_token_loss_{model_, rt_, dist_};  // mutable: the phases of a const plan name it
+  // distributed/shard_params=all with several ranks, in phase 1: the blocks' parameters kept 1/N a rank
+  // (the optimizer steps their pieces); null otherwise, and from the LoRA transition on.
+  std::unique_ptr<ShardedParams> sharded_params_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Ema> ema_;  // with optimization/ema/decay > 0: the average of optimizer_'s parameters
   std::vector<std::unique_ptr<TrainerPart>> parts_;  // the recipes' parts, in the order added

@@ -136,7 +136,7 @@ std::set<std::string> Trainer::quantized_weights() const {
   return frozen_block_weights();
 }
 
-bool Trainer::shards_base() const { return lora_ && dist_.active() && opts_.shard_params == ShardMode::Lora; }
+bool Trainer::shards_base() const { return lora_ && dist_.active() && opts_.shard_params != ShardMode::None; }
 
 std::set<std::string> Trainer::sharded_weights() const { return shards_base() ? frozen_block_weights() : std::set<std::string>(); }
 
@@ -162,7 +162,8 @@ void Trainer::refer_to_frozen_base() {
   // Rank 0 saved the boundary checkpoint; every rank sees the same file system (as for `latest`).
   const bool there = !source.empty() && (format == "hf" ? is_hf_model_dir(source) : is_checkpoint(source));
   if (!there && shards_base())
-    throw UserError("job " + spec_.name + ": distributed/shard_params=lora keeps 1/N of the frozen base on each rank, so its "
+    throw UserError("job " + spec_.name + ": distributed/shard_params=" + shard_mode_name(opts_.shard_params) +
+                    " keeps 1/N of the frozen base on each rank, so its "
                     "checkpoints must refer to a file that holds the base, and there is none (" +
                     (source.empty() ? std::string("a random base") : source + " is gone") +
                     "). Give the job its base with --restore, or set distributed/shard_params=none");
@@ -263,6 +264,17 @@ void Trainer::load_initial_adapters() {
 void Trainer::freeze_base_and_inject() {
   TORCH_CHECK(!lora_->entered, "transition_to_lora: already in the LoRA phase");
   settle_random_weights();  // a job stepped without a base: the family's init, as a random base gets
+  if (sharded_params_) {
+    // Phase 1's sharded parameters whole again, block by block: directly in bf16 those the LoRA phase
+    // freezes (the rounding the freeze makes; NF4 quantizes bf16 values too), float32 the modules_to_save.
+    optimizer_.reset();  // the pieces' moments go first
+    std::set<std::string> saved;
+    const NamedTensors all = base_params(*model_);
+    for (size_t i = 0; i < all.size(); ++i)
+      if (lora_->selection.saved[i]) saved.insert(all[i].first);
+    sharded_params_->unshard([&](const std::string& name) { return saved.count(name) ? torch::kFloat32 : torch::kBFloat16; });
+    sharded_params_.reset();
+  }
   const NamedTensors params = base_params(*model_);
   const std::string& embedding = lora_->selection.token_embedding;
   lora_->token_rows = TrainableTokens();
@@ -296,7 +308,7 @@ void Trainer::freeze_base_and_inject() {
     attach_token_rows(*model_, lora_->token_rows);
   }
   lora_->adapters = lora_params_of(*model_);
-  shard_base();  // with distributed/shard_params=lora (a job without phase one sharded its base as it loaded it)
+  shard_base();  // with distributed/shard_params=lora or all (a job without phase one sharded its base as it loaded it)
   lora_->entered = true;  // before the optimizer: its sharding depends on the phase
   build_lora_optimizer();
 }
@@ -448,8 +460,9 @@ bool Trainer::restore_lora_template(const CheckpointMeta& ck) {
     check_same_recipe(ck, lora_->options);
     if (shards_base() && !ck.raw.contains("frozen_base"))
       throw UserError(dir + " holds its own copy of the frozen base (it was saved with logging/save_frozen_base=true, or "
-                      "its base had no file to refer to); a job with distributed/shard_params=lora reads its base from the "
-                      "file its checkpoints refer to, one tensor at a time. Continue it with distributed/shard_params=none");
+                      "its base had no file to refer to); a job with distributed/shard_params=" + shard_mode_name(opts_.shard_params) +
+                      " reads its base from the file its checkpoints refer to, one tensor at a time. Continue it with "
+                      "distributed/shard_params=none");
     settle_weights_for_load();  // not drawn: the load overwrites every tensor
     if (!lora_->entered) freeze_base_and_inject();  // the LoRA template; the load overwrites it
     check_same_selection(ck, lora_->saved, token_rows_of(lora_->token_rows));
@@ -475,11 +488,13 @@ void Trainer::check_lora_can_start() {
     lora_->base = "random";
   }
   if (shards_base() && lora_->options.save_frozen_base)
-    throw UserError("logging/save_frozen_base=true and distributed/shard_params=lora do not go together: each rank keeps "
+    throw UserError("logging/save_frozen_base=true and distributed/shard_params=" + shard_mode_name(opts_.shard_params) +
+                    " do not go together: each rank keeps "
                     "1/N of the frozen base, and its checkpoints refer to the file that holds it. Set one of them back "
                     "(logging/save_frozen_base=false, or distributed/shard_params=none)");
   if (shards_base() && lora_->base == "random" && !lora_->entered)
-    throw UserError("job " + spec_.name + ": distributed/shard_params=lora needs a base in a file (its checkpoints refer to "
+    throw UserError("job " + spec_.name + ": distributed/shard_params=" + shard_mode_name(opts_.shard_params) +
+                    " needs a base in a file (its checkpoints refer to "
                     "it, each rank keeping 1/N of it), and this job's is randomly initialised (training/allow_random_base). "
                     "Give it one with --restore, or set distributed/shard_params=none");
   if (!lora_->entered && !lora_->options.init_from.empty()) {

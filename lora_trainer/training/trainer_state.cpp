@@ -17,6 +17,25 @@ namespace fs = std::filesystem;
 namespace lt {
 
 NamedTensors Trainer::state_tensors() {
+  NamedTensors out = local_state_tensors();
+  if (!sharded_params_) return out;
+  for (auto& [name, t] : out) {
+    const std::string param = sharded_param_of(name);
+    if (!param.empty())  // the whole tensor's shape and dtype, no storage: save() gathers it, a restore keeps its part
+      t = torch::zeros({1}, t.options()).expand(sharded_params_->shape(param));
+  }
+  return out;
+}
+
+std::string Trainer::sharded_param_of(const std::string& state_name) const {
+  if (!sharded_params_) return "";
+  for (const std::string& prefix : {kParamsPrefix, std::string("optim/exp_avg/"), std::string("optim/exp_avg_sq/"), kEmaPrefix})
+    if (state_name.rfind(prefix, 0) == 0 && sharded_params_->contains(state_name.substr(prefix.size())))
+      return state_name.substr(prefix.size());
+  return "";
+}
+
+NamedTensors Trainer::local_state_tensors() {
   NamedTensors out;
   // Every parameter of the model, the adapters' included (the LoRA phase's "<layer>.lora_A", ...); a
   // weight stored as NF4 by its codes and scales (nf4/<name>.<field>) instead of its stand-in.
@@ -24,7 +43,7 @@ NamedTensors Trainer::state_tensors() {
   for (auto& [name, t] : named_params(*model_)) {
     auto storage = storages.find(name);
     if (storage == storages.end()) {
-      out.emplace_back(kParamsPrefix + name, t);
+      out.emplace_back(kParamsPrefix + name, sharded_params_ && sharded_params_->contains(name) ? sharded_params_->piece(name) : t);
       continue;
     }
     for (auto& [field, v] : storage->second->state()) out.emplace_back(kNf4Prefix + name + "." + field, v);
@@ -72,6 +91,12 @@ json Trainer::checkpoint_metadata() const {
 
 void Trainer::save(const std::string& suffix, bool update_latest) {
   std::string dir = (fs::path(job_dir()) / suffix).string();
+  if (sharded_params_) {
+    save_sharded(dir, state_tensors(), local_state_tensors(), suffix);
+    if (update_latest && is_main()) write_latest(job_dir(), suffix);
+    dist_.barrier("saving checkpoint " + suffix);
+    return;
+  }
   NamedTensors tensors = state_tensors();
   drop_frozen_base(tensors, in_lora_phase() && lora_->frozen_base.has_value());  // referred to, not copied
   if (optimizer_->sharded()) {  // the whole state: each rank contributes its share of the moments, zeros elsewhere
@@ -86,6 +111,55 @@ void Trainer::save(const std::string& suffix, bool update_latest) {
     if (update_latest) write_latest(job_dir(), suffix);
   }
   dist_.barrier("saving checkpoint " + suffix);  // the others go on once it is complete
+}
+
+void Trainer::save_sharded(const std::string& dir, const NamedTensors& whole, const NamedTensors& local,
+                           const std::string& suffix) {
+  // Every rank checks what it holds; all decide alike on the sum of their findings.
+  std::exception_ptr found;
+  try {
+    check_finite(local, step_, spec_.name, "checkpoint " + suffix);
+  } catch (const TrainingDiverged&) {
+    found = std::current_exception();
+  }
+  auto flags = torch::tensor({found ? int64_t(1) : int64_t(0)}, torch::kLong);
+  dist_.all_reduce_sum({flags}, "checking the sharded state for checkpoint " + suffix);
+  if (found) std::rethrow_exception(found);
+  if (flags.item<int64_t>() > 0)
+    throw TrainingDiverged("training diverged: after step " + std::to_string(step_) + " of job " + spec_.name + ", another rank's "
+                           "part of the parameters holds NaN or infinite values (that rank names the tensor), so checkpoint " +
+                           suffix + " was not saved. " + divergence_advice());
+  std::map<std::string, torch::Tensor> by_name(local.begin(), local.end());
+  // One block's sharded tensors of one kind (its parameters, or one of their moments, or their average)
+  // gathered at a time, in the order of the names, which keeps each block's tensors of a kind together.
+  std::string gathered_key;
+  std::map<std::string, torch::Tensor> gathered;
+  TensorStream stream;
+  for (const auto& [name, t] : whole) {
+    stream.names.push_back(name);
+    stream.bytes += static_cast<uint64_t>(t.numel()) * t.element_size();
+  }
+  stream.get = [&](size_t i) -> torch::Tensor {
+    const std::string& name = whole[i].first;
+    const std::string param = sharded_param_of(name);
+    if (param.empty()) return local[i].second;
+    const std::string prefix = name.substr(0, name.size() - param.size());
+    const std::string key = prefix + std::to_string(sharded_params_->block_of(param));
+    if (key != gathered_key) {
+      gathered.clear();  // the last block's buffers go before the next block's come
+      gathered = sharded_params_->gather_block(param, [&](const std::string& p) { return by_name.at(prefix + p); },
+                                               "gathering " + prefix + " of block " + std::to_string(sharded_params_->block_of(param)) +
+                                                   " for checkpoint " + suffix);
+      gathered_key = key;
+    }
+    return gathered.at(param);
+  };
+  MappedLargeAllocations mapped;  // each gathered block's memory returned when the next comes
+  if (is_main()) {
+    save_checkpoint(dir, stream, checkpoint_metadata());
+  } else {
+    for (size_t i = 0; i < stream.names.size(); ++i) stream.get(i);  // the same gathers, in rank 0's order
+  }
 }
 
 // The shapes say nothing about these: weights trained with one GELU, head count, norm epsilon or
@@ -149,7 +223,19 @@ void Trainer::restore_state(const CheckpointMeta& ck) {
   std::set<std::string> prefixes;  // without an EMA here: every kind of tensor but the saved average
   if (!ema_ && ema_saved)
     for (const auto& [n, t] : into) prefixes.insert(n.substr(0, n.find('/') + 1));
-  load_checkpoint_into(ck, into, std::vector<std::string>(prefixes.begin(), prefixes.end()));
+  // With phase 1's parameters sharded, this rank keeps its part of each of their tensors.
+  const NamedTensors local = sharded_params_ ? local_state_tensors() : NamedTensors();
+  const std::map<std::string, torch::Tensor> local_by_name(local.begin(), local.end());
+  TensorWriter keep_part = nullptr;
+  if (sharded_params_)
+    keep_part = [&](const std::string& name, const torch::Tensor& value) {
+      const std::string param = sharded_param_of(name);
+      if (param.empty()) return false;
+      torch::NoGradGuard ng;
+      local_by_name.at(name).copy_(sharded_params_->local_part(param, value));
+      return true;
+    };
+  load_checkpoint_into(ck, into, std::vector<std::string>(prefixes.begin(), prefixes.end()), keep_part);
   if (ema_ && !ema_saved) {
     ema_->reset();
     std::fprintf(stderr, "note: %s has no EMA (its run had optimization/ema/decay 0); the average starts here\n", dir.c_str());
@@ -217,6 +303,10 @@ void Trainer::load_weights_from(const BaseWeights& src) {
     if (to_shard.count(name)) {
       layers.at(name)->frozen()->assign(t.to(rt_.device));
       (to_quantize.count(name) ? quantized : frozen) += 1;
+      continue;
+    }
+    if (sharded_params_ && sharded_params_->contains(name)) {  // phase 1's, sharded: this rank's part
+      sharded_params_->piece(name).copy_(sharded_params_->local_part(name, t.to(torch::kFloat32)));
       continue;
     }
     if (to_quantize.count(name) && layers.count(name)) {

@@ -171,7 +171,7 @@ TEST_CASE("sharded base: what it cannot do is refused with exit 2 before trainin
     CHECK_THAT(r.out, Contains("note: distributed/shard_params=lora has no effect in this run: it runs as one process"));
   }
   SECTION("a value it does not know") {
-    Result r = launch({"run", "job", cfg, dir / "d", "--nproc", "2", "distributed/shard_params=all"});
+    Result r = launch({"run", "job", cfg, dir / "d", "--nproc", "2", "distributed/shard_params=everything"});
     CHECK(r.code == 2);
     CHECK_THAT(r.out, Contains("distributed/shard_params"));
   }
