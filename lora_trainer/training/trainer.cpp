@@ -472,9 +472,9 @@ void Trainer::run() {
     int64_t whole = 0;
     for (const auto& [name, p] : base_params(*model_))
       if (sharded_params_->contains(name)) whole += p.numel() * static_cast<int64_t>(sizeof(float));
-    std::printf("phase 1's block parameters sharded across %d ranks (distributed/shard_params=%s): %.3f GB of their %.3f GB "
+    std::printf("phase 1's block parameters sharded across %d ranks (distributed/shard_params=%s): %.1f MB of their %.1f MB "
                 "on each, and as much again of gradients and twice of moments; gathered a block at a time\n",
-                dist_.world_size(), shard_mode_name(opts_.shard_params).c_str(), sharded_params_->shard_bytes() / 1e9, whole / 1e9);
+                dist_.world_size(), shard_mode_name(opts_.shard_params).c_str(), sharded_params_->shard_bytes() / 1e6, whole / 1e6);
   }
   std::fflush(stdout);
   check_datasets();  // a missing dataset is found now, not at its stage

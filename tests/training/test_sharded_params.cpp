@@ -144,3 +144,35 @@ TEST_CASE("sharded parameters: a train job (no LoRA phase) shards what it trains
   CHECK(da.count("ema/h.0.attn.c_attn.weight") == 1);
   CHECK(da == test::state_digests(job_dir(dir, "sharded") + "/final/1536"));
 }
+
+TEST_CASE("sharded parameters: a continual benchmark trains every stage sharded, its boundary evaluations in lockstep",
+          "[distributed][shard][benchmark]") {
+  test::TempDir dir;
+  test::make_byte_dataset(dir / "data", "prose", 1);
+  test::make_byte_dataset(dir / "data", "more", 2);
+  std::vector<std::string> args = {"configure", "continual/train/benchmark", dir / "bench.json"};
+  for (const auto& o : test::tiny_overrides(dir / "data")) args.push_back(o);
+  // Two full-parameter stages (the optimizer rebuilt over the pieces at the second); 3 micro-batches of
+  // boundary rows over 2 ranks: one rank runs one of them twice, uncounted.
+  for (const auto& o : {"runtime/precision=f32", "runtime/threads=1", "training/batch_size=8", "training/per_device_batch_size=-1",
+                        "optimization/grad_clip=0", "logging/report_interval=1", "distributed/timeout_s=20",
+                        "eval/boundary_rows=6", "training/tokens=[768,768]",
+                        R"(training/dataset=[[{"name":"prose","rate":1}],[{"name":"more","rate":1}]])"})
+    args.push_back(o);
+  REQUIRE(launch(args).code == 0);
+  run_ok({"run", "bench", dir / "bench.json", dir / "plain", "--nproc", "2"});
+  const Result s = run_ok({"run", "bench", dir / "bench.json", dir / "sharded", "--nproc", "2", "distributed/shard_params=all"});
+  CHECK_THAT(s.out, Contains("phase 1's block parameters sharded across 2 ranks"));
+  auto events = [&](const std::string& out, const char* kind) {
+    std::vector<nlohmann::json> found;
+    for (const auto& e : test::read_metrics_lines(dir / (out + "/runs/general/default/bench")))
+      if (e["event"] == kind) found.push_back(e["loss"]);
+    return found;
+  };
+  CHECK(events("plain", "train").size() == 6);
+  CHECK(events("plain", "train") == events("sharded", "train"));
+  CHECK(events("plain", "boundary").size() == 2);
+  CHECK(events("plain", "boundary") == events("sharded", "boundary"));
+  CHECK(read_file(dir / "plain/runs/general/default/bench/forgetting.txt") ==
+        read_file(dir / "sharded/runs/general/default/bench/forgetting.txt"));
+}
