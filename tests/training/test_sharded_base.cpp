@@ -13,6 +13,7 @@
 using namespace lt;
 using lt::test::Contains;
 using test::launch;
+using test::run_ok;
 using test::Result;
 using test::job_dir;
 using test::Losses;
@@ -30,13 +31,6 @@ std::string config(const test::TempDir& dir, const std::vector<std::string>& ext
                                         "training/post_lora_tokens=[3072]", "logging/validation_interval=4",
                                         "logging/checkpoint_interval=2", "training/validation_steps=8"},
                                        extra);
-}
-
-Result run_ok(const std::vector<std::string>& args) {
-  Result r = launch(args);
-  INFO(r.out);
-  REQUIRE(r.code == 0);
-  return r;
 }
 
 // `cfg` on `ranks` ranks unsharded (under "plain<ranks>") and with the base sharded (under
@@ -180,27 +174,17 @@ TEST_CASE("sharded base: what it cannot do is refused with exit 2 before trainin
 TEST_CASE("sharded base: a continual LoRA benchmark on 2 ranks, its boundary evaluations in lockstep, bit for bit as unsharded",
           "[distributed][shard][benchmark]") {
   test::TempDir dir;
-  test::make_byte_dataset(dir / "data", "prose", 1);
-  test::make_byte_dataset(dir / "data", "more", 2);
-  std::vector<std::string> args = {"configure", "continual/train/benchmark_lora", dir / "bench.json"};
-  for (const auto& o : test::tiny_overrides(dir / "data")) args.push_back(o);
   // 3 micro-batches of boundary rows over 2 ranks: one rank runs one of them twice, uncounted.
-  for (const auto& o : {"runtime/precision=f32", "runtime/threads=1", "training/batch_size=8", "training/per_device_batch_size=2",
-                        "optimization/lora/rank=4", "logging/report_interval=1", "distributed/timeout_s=20",
-                        "eval/boundary_rows=6", "training/pre_lora_tokens=[1024]", "training/post_lora_tokens=[1024,1024]",
-                        R"(training/pre_lora_dataset=[[{"name":"prose","rate":1}]])",
-                        R"(training/post_lora_dataset=[[{"name":"more","rate":1}],[{"name":"prose","rate":1}]])"})
-    args.push_back(o);
-  REQUIRE(launch(args).code == 0);
-  run_ok({"run", "bench", dir / "bench.json", dir / "plain", "--nproc", "2"});
-  const Result s = run_ok({"run", "bench", dir / "bench.json", dir / "sharded", "--nproc", "2", "distributed/shard_params=lora"});
+  const std::string cfg = test::distributed_config(
+      dir, "continual/train/benchmark_lora", "bench.json",
+      {"training/batch_size=8", "training/per_device_batch_size=2", "optimization/lora/rank=4", "eval/boundary_rows=6",
+       "training/pre_lora_tokens=[1024]", "training/post_lora_tokens=[1024,1024]",
+       R"(training/pre_lora_dataset=[[{"name":"prose","rate":1}]])",
+       R"(training/post_lora_dataset=[[{"name":"more","rate":1}],[{"name":"prose","rate":1}]])"});
+  run_ok({"run", "bench", cfg, dir / "plain", "--nproc", "2"});
+  const Result s = run_ok({"run", "bench", cfg, dir / "sharded", "--nproc", "2", "distributed/shard_params=lora"});
   CHECK_THAT(s.out, Contains("sharded (distributed/shard_params)"));
-  auto events = [&](const std::string& out, const char* kind) {
-    std::vector<nlohmann::json> found;
-    for (const auto& e : test::read_metrics_lines(dir / (out + "/runs/general/default/bench")))
-      if (e["event"] == kind) found.push_back(e["loss"]);
-    return found;
-  };
+  auto events = [&](const std::string& out, const char* kind) { return test::event_losses(dir, out, kind, "bench"); };
   CHECK(events("plain", "train").size() == 12);
   CHECK(events("plain", "train") == events("sharded", "train"));
   CHECK(events("plain", "boundary").size() == 3);

@@ -16,7 +16,7 @@
 
 using namespace lt;
 using lt::test::Contains;
-using test::launch;
+using test::run_ok;
 using test::Result;
 using test::job_dir;
 using test::Losses;
@@ -34,11 +34,13 @@ std::string config(const test::TempDir& dir, const std::vector<std::string>& ext
                                        extra);
 }
 
-Result run_ok(const std::vector<std::string>& args) {
-  Result r = launch(args);
-  INFO(r.out);
-  REQUIRE(r.code == 0);
-  return r;
+// `cfg` as job `name` on 2 ranks unsharded (OUT_DIR dir/plain) and with distributed/shard_params=all
+// (dir/sharded), which says what it shards and nothing about having no effect.
+void run_plain_and_sharded(const test::TempDir& dir, const std::string& cfg, const std::string& name = "job") {
+  run_ok({"run", name, cfg, dir / "plain", "--nproc", "2"});
+  const Result s = run_ok({"run", name, cfg, dir / "sharded", "--nproc", "2", "distributed/shard_params=all"});
+  CHECK_THAT(s.out, Contains("phase 1's block parameters sharded across 2 ranks"));
+  CHECK_THAT(s.out, !Contains("has no effect"));
 }
 
 void check_close(const std::map<int64_t, double>& got, const std::map<int64_t, double>& ref) {
@@ -53,11 +55,7 @@ void check_close(const std::map<int64_t, double>& got, const std::map<int64_t, d
 TEST_CASE("sharded parameters: phase 1 and the LoRA phase on 2 ranks, bit for bit as unsharded", "[distributed][shard]") {
   test::TempDir dir;
   // One micro-batch a rank (6 rows), no clipping: the sums are the unsharded run's.
-  const std::string cfg = config(dir, {"training/per_device_batch_size=-1", "optimization/grad_clip=0"});
-  run_ok({"run", "job", cfg, dir / "plain", "--nproc", "2"});
-  const Result s = run_ok({"run", "job", cfg, dir / "sharded", "--nproc", "2", "distributed/shard_params=all"});
-  CHECK_THAT(s.out, Contains("phase 1's block parameters sharded across 2 ranks"));
-  CHECK_THAT(s.out, !Contains("has no effect"));
+  run_plain_and_sharded(dir, config(dir, {"training/per_device_batch_size=-1", "optimization/grad_clip=0"}));
   const Losses a = losses_of(dir, "plain"), b = losses_of(dir, "sharded");
   CHECK(a.train.size() == 12);
   CHECK(a.train == b.train);
@@ -122,20 +120,11 @@ TEST_CASE("sharded parameters: a resume is bit-identical, and a checkpoint conti
 
 TEST_CASE("sharded parameters: a train job (no LoRA phase) shards what it trains, bit for bit as unsharded", "[distributed][shard]") {
   test::TempDir dir;
-  test::make_byte_dataset(dir / "data", "prose", 1);
-  std::vector<std::string> args = {"configure", "train", dir / "train.json"};
-  for (const auto& o : test::tiny_overrides(dir / "data")) args.push_back(o);
-  for (const auto& o : {"runtime/precision=f32", "runtime/threads=1", R"(training/dataset=[{"name":"prose","rate":1}])",
-                        "training/tokens=1536", "training/batch_size=12", "training/per_device_batch_size=-1",
-                        "optimization/grad_clip=0", "logging/report_interval=1", "logging/checkpoint_interval=2",
-                        "optimization/ema/decay=0.9", "distributed/timeout_s=20"})
-    args.push_back(o);
-  REQUIRE(launch(args).code == 0);
-  const std::string cfg = dir / "train.json";
-  run_ok({"run", "job", cfg, dir / "plain", "--nproc", "2"});
-  const Result s = run_ok({"run", "job", cfg, dir / "sharded", "--nproc", "2", "distributed/shard_params=all"});
-  CHECK_THAT(s.out, Contains("phase 1's block parameters sharded across 2 ranks"));
-  CHECK_THAT(s.out, !Contains("has no effect"));
+  run_plain_and_sharded(dir, test::distributed_config(dir, "train", "train.json",
+                                                      {R"(training/dataset=[{"name":"prose","rate":1}])", "training/tokens=1536",
+                                                       "training/batch_size=12", "training/per_device_batch_size=-1",
+                                                       "optimization/grad_clip=0", "logging/checkpoint_interval=2",
+                                                       "optimization/ema/decay=0.9"}));
   const Losses a = losses_of(dir, "plain"), b = losses_of(dir, "sharded");
   CHECK(a.train.size() == 4);
   CHECK(a.train == b.train);
@@ -148,27 +137,15 @@ TEST_CASE("sharded parameters: a train job (no LoRA phase) shards what it trains
 TEST_CASE("sharded parameters: a continual benchmark trains every stage sharded, its boundary evaluations in lockstep",
           "[distributed][shard][benchmark]") {
   test::TempDir dir;
-  test::make_byte_dataset(dir / "data", "prose", 1);
-  test::make_byte_dataset(dir / "data", "more", 2);
-  std::vector<std::string> args = {"configure", "continual/train/benchmark", dir / "bench.json"};
-  for (const auto& o : test::tiny_overrides(dir / "data")) args.push_back(o);
   // Two full-parameter stages (the optimizer rebuilt over the pieces at the second); 3 micro-batches of
   // boundary rows over 2 ranks: one rank runs one of them twice, uncounted.
-  for (const auto& o : {"runtime/precision=f32", "runtime/threads=1", "training/batch_size=8", "training/per_device_batch_size=-1",
-                        "optimization/grad_clip=0", "logging/report_interval=1", "distributed/timeout_s=20",
-                        "eval/boundary_rows=6", "training/tokens=[768,768]",
-                        R"(training/dataset=[[{"name":"prose","rate":1}],[{"name":"more","rate":1}]])"})
-    args.push_back(o);
-  REQUIRE(launch(args).code == 0);
-  run_ok({"run", "bench", dir / "bench.json", dir / "plain", "--nproc", "2"});
-  const Result s = run_ok({"run", "bench", dir / "bench.json", dir / "sharded", "--nproc", "2", "distributed/shard_params=all"});
-  CHECK_THAT(s.out, Contains("phase 1's block parameters sharded across 2 ranks"));
-  auto events = [&](const std::string& out, const char* kind) {
-    std::vector<nlohmann::json> found;
-    for (const auto& e : test::read_metrics_lines(dir / (out + "/runs/general/default/bench")))
-      if (e["event"] == kind) found.push_back(e["loss"]);
-    return found;
-  };
+  run_plain_and_sharded(dir,
+                        test::distributed_config(dir, "continual/train/benchmark", "bench.json",
+                                                 {"training/batch_size=8", "training/per_device_batch_size=-1",
+                                                  "optimization/grad_clip=0", "eval/boundary_rows=6", "training/tokens=[768,768]",
+                                                  R"(training/dataset=[[{"name":"prose","rate":1}],[{"name":"more","rate":1}]])"}),
+                        "bench");
+  auto events = [&](const std::string& out, const char* kind) { return test::event_losses(dir, out, kind, "bench"); };
   CHECK(events("plain", "train").size() == 6);
   CHECK(events("plain", "train") == events("sharded", "train"));
   CHECK(events("plain", "boundary").size() == 2);
