@@ -35,8 +35,9 @@ DpoPart::DpoPart(Trainer& trainer, DpoOptions options, bool after_next_token_pha
 
 void DpoPart::copy_reference() {
   torch::NoGradGuard ng;
-  auto from = named_params(*trainer_.model()), to = named_params(*reference_);
-  for (size_t i = 0; i < from.size(); ++i) to[i].second.copy_(from[i].second);
+  const NamedTensors to = named_params(*reference_);
+  size_t i = 0;  // the same model: the same parameters in the same order
+  trainer_.visit_whole_params([&](const std::string&, const torch::Tensor& value) { to.at(i++).second.copy_(value); });
 }
 
 void DpoPart::plan(std::vector<Phase>& phases) {

@@ -144,8 +144,13 @@ class Trainer : public RestorableJob {
   int64_t block_size() const { return block_size_; }
   // The model (a job waiting for its base gets its random initialisation first: settle_random_weights).
   CausalLM& model();
-  // Trainable parameters in their fixed order (the optimizer's order).
+  // Trainable parameters in their fixed order (the optimizer's order; with phase 1's parameters
+  // sharded, this rank's pieces of them).
   const NamedTensors& trainable() const { return optimizer_->params(); }
+  // Calls visit(name, value) for each parameter of the model, in named_params' order, with its whole
+  // value: with phase 1's parameters sharded each block is gathered for it (a collective: every rank
+  // calls this at the same point), else the parameter itself.
+  void visit_whole_params(const std::function<void(const std::string&, const torch::Tensor&)>& visit);
 
   // Where the weights came from when imported (import-hf's base_model record: family, hf_dir, ...), else null.
   const nlohmann::json& base_model() const { return base_model_; }

@@ -89,6 +89,24 @@ json Trainer::checkpoint_metadata() const {
   return m;
 }
 
+void Trainer::visit_whole_params(const std::function<void(const std::string&, const torch::Tensor&)>& visit) {
+  size_t block = SIZE_MAX;
+  std::map<std::string, torch::Tensor> whole;  // the gathered block's
+  for (const auto& [name, p] : named_params(*model_)) {
+    if (!sharded_params_ || !sharded_params_->contains(name)) {
+      visit(name, p);
+      continue;
+    }
+    if (sharded_params_->block_of(name) != block) {
+      block = sharded_params_->block_of(name);
+      whole.clear();
+      whole = sharded_params_->gather_block(name, [&](const std::string& n) { return sharded_params_->piece(n); },
+                                            "gathering the parameters of block " + std::to_string(block));
+    }
+    visit(name, whole.at(name));
+  }
+}
+
 void Trainer::save(const std::string& suffix, bool update_latest) {
   std::string dir = (fs::path(job_dir()) / suffix).string();
   if (sharded_params_) {
