@@ -86,17 +86,20 @@ struct Distributed::Group {
 #endif
     gloo->allreduce(t, o)->wait(timeout);
   }
-  // Starts the list allgather (the one form LibTorch 1.13's Gloo has) and returns how to wait for it.
-  std::function<void()> allgather(std::vector<at::Tensor> out, std::vector<at::Tensor> in) {
-    std::vector<std::vector<at::Tensor>> outs{std::move(out)};
+  // Starts gathering every rank's `in` into `full` (`out`: its rank-sized views) and returns how to wait
+  // for it. NCCL has the flat form (_allgather_base: straight into `full`, no staging copy) in every
+  // LibTorch version; Gloo only the list form, which writes each rank's part into its view.
+  std::function<void()> allgather(at::Tensor full, std::vector<at::Tensor> out, at::Tensor in) {
 #ifdef LT_WITH_NCCL
     if (nccl) {
-      auto work = nccl->allgather(outs, in, c10d::AllgatherOptions());
-      return [work, outs, in, t = timeout] { work->wait(t); };
+      auto work = nccl->_allgather_base(full, in, c10d::AllgatherOptions());
+      return [work, full, in, t = timeout] { work->wait(t); };
     }
 #endif
-    auto work = gloo->allgather(outs, in, c10d::AllgatherOptions());
-    return [work, outs, in, t = timeout] { work->wait(t); };
+    std::vector<std::vector<at::Tensor>> outs{std::move(out)};
+    std::vector<at::Tensor> ins{std::move(in)};
+    auto work = gloo->allgather(outs, ins, c10d::AllgatherOptions());
+    return [work, outs, ins, t = timeout] { work->wait(t); };
   }
   void broadcast(std::vector<at::Tensor>& t) {
     c10d::BroadcastOptions o;
@@ -350,7 +353,7 @@ std::unique_ptr<Distributed::Gather> Distributed::all_gather_async(const at::Ten
     const int64_t n = shard.numel();
     std::vector<at::Tensor> out;
     for (int r = 0; r < world_; ++r) out.push_back(wire.narrow(0, r * n, n));
-    auto wait = group_->allgather(std::move(out), {in});
+    auto wait = group_->allgather(wire, std::move(out), in);
     return std::make_unique<PendingGather>(std::move(wait), wire, full,
                                            [this, what, started](const std::exception& e) { fail(what, e, started); });
   } catch (const std::exception& e) {
