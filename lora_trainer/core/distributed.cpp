@@ -75,6 +75,7 @@ struct Distributed::Group {
   std::chrono::milliseconds timeout{0};
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  bool gloo_flat = true;  // until Gloo refuses _allgather_base (LibTorch 1.13)
 #ifdef LT_WITH_NCCL
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;
 #endif
@@ -87,8 +88,10 @@ struct Distributed::Group {
     gloo->allreduce(t, o)->wait(timeout);
   }
   // Starts gathering every rank's `in` into `full` (`out`: its rank-sized views) and returns how to wait
-  // for it. NCCL has the flat form (_allgather_base: straight into `full`, no staging copy) in every
-  // LibTorch version; Gloo only the list form, which writes each rank's part into its view.
+  // for it. The flat form (_allgather_base: straight into `full`, no staging copy) where the backend has
+  // it: NCCL in every LibTorch version, Gloo in LibTorch 2.x; LibTorch 1.13's Gloo refuses it before
+  // sending anything (every rank alike), and then the list form, which writes each rank's part into its
+  // view, serves from there on.
   std::function<void()> allgather(at::Tensor full, std::vector<at::Tensor> out, at::Tensor in) {
 #ifdef LT_WITH_NCCL
     if (nccl) {
@@ -96,6 +99,14 @@ struct Distributed::Group {
       return [work, full, in, t = timeout] { work->wait(t); };
     }
 #endif
+    if (gloo_flat) {
+      try {
+        auto work = gloo->_allgather_base(full, in, c10d::AllgatherOptions());
+        return [work, full, in, t = timeout] { work->wait(t); };
+      } catch (const c10::Error&) {
+        gloo_flat = false;
+      }
+    }
     std::vector<std::vector<at::Tensor>> outs{std::move(out)};
     std::vector<at::Tensor> ins{std::move(in)};
     auto work = gloo->allgather(outs, ins, c10d::AllgatherOptions());
