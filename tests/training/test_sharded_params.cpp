@@ -132,6 +132,19 @@ TEST_CASE("sharded parameters: a train job (no LoRA phase) shards what it trains
   const auto da = test::state_digests(job_dir(dir, "plain") + "/final/1536");
   CHECK(da.count("ema/h.0.attn.c_attn.weight") == 1);
   CHECK(da == test::state_digests(job_dir(dir, "sharded") + "/final/1536"));
+
+  // A job started from weights (an export, as from a pretrained model): each rank stores its part of
+  // each weight as it is read; the run is the unsharded one's.
+  run_ok({"export", job_dir(dir, "plain") + "/final/1536", dir / "weights"});
+  const std::string cfg = dir / "train.json";
+  run_ok({"run", "job", cfg, dir / "from_plain", "--nproc", "2", "--restore", dir / "weights"});
+  run_ok({"run", "job", cfg, dir / "from_sharded", "--nproc", "2", "--restore", dir / "weights", "distributed/shard_params=all"});
+  const Losses c = losses_of(dir, "from_plain"), d = losses_of(dir, "from_sharded");
+  CHECK(c.train.size() == 4);
+  CHECK(c.train.at(1) < a.train.at(1) - 0.01);  // it starts from the trained weights, not a fresh init
+  CHECK(c.train == d.train);
+  CHECK(test::state_digests(job_dir(dir, "from_plain") + "/final/1536") ==
+        test::state_digests(job_dir(dir, "from_sharded") + "/final/1536"));
 }
 
 TEST_CASE("sharded parameters: a continual benchmark trains every stage sharded, its boundary evaluations in lockstep",
