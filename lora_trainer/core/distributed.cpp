@@ -89,7 +89,7 @@ struct Distributed::Group {
   }
   // Starts gathering every rank's `in` into `full` (`out`: its rank-sized views) and returns how to wait
   // for it. The flat form (_allgather_base: straight into `full`, no staging copy) where the backend has
-  // it: NCCL in every LibTorch version, Gloo in LibTorch 2.x; LibTorch 1.13's Gloo refuses it before
+  // it: NCCL in every LibTorch version, Gloo where its LibTorch implements it; LibTorch 1.13's Gloo refuses it before
   // sending anything (every rank alike), and then the list form, which writes each rank's part into its
   // view, serves from there on.
   std::function<void()> allgather(at::Tensor full, std::vector<at::Tensor> out, at::Tensor in) {
