@@ -193,6 +193,11 @@ void CausalLMImpl::set_block_shards(std::vector<std::shared_ptr<BlockShard>> sha
   TORCH_CHECK(shards.empty() || static_cast<int64_t>(shards.size()) == opts_.n_layer, "set_block_shards: ", shards.size(),
               " shards for ", opts_.n_layer, " blocks");
   block_shards_ = std::move(shards);
+  // Each block's neighbours in the model's order, whose gathers its forward and backward start early.
+  for (size_t i = 0; i < block_shards_.size(); ++i) {
+    block_shards_[i]->next = i + 1 < block_shards_.size() ? block_shards_[i + 1].get() : nullptr;
+    block_shards_[i]->previous = i > 0 ? block_shards_[i - 1].get() : nullptr;
+  }
 }
 
 int64_t CausalLMImpl::block_number(const std::string& name, const std::string& prefix) {

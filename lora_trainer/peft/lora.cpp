@@ -381,10 +381,6 @@ std::vector<std::shared_ptr<BlockShard>> shard_frozen_weights(torch::nn::Module&
     }
     block->seal();
     for (auto& s : sharded) finish_sharding(*s);
-    if (!out.empty()) {
-      out.back()->next = block.get();
-      block->previous = out.back().get();
-    }
     out.push_back(block);
   }
   return out;

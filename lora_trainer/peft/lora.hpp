@@ -213,9 +213,9 @@ std::map<std::string, std::shared_ptr<FrozenWeight>> frozen_storages(torch::nn::
 
 // distributed/shard_params=lora: the frozen storages of the weights in `blocks` (weight names, one list
 // per transformer block, in the model's order) become sharded storages, one BlockShard a block
-// (block_shard.hpp), linked for prefetching; each weight must be frozen already. What each rank keeps of
+// (block_shard.hpp); each weight must be frozen already. What each rank keeps of
 // W's values is stored from the storages' values (a template's zeros where they hold none). Returns the
-// blocks' shards, in order, for the model's forward to gather.
+// blocks' shards, in order, for the model's forward to gather (set_block_shards links them for prefetching).
 std::vector<std::shared_ptr<BlockShard>> shard_frozen_weights(torch::nn::Module& root,
                                                               const std::vector<std::vector<std::string>>& blocks,
                                                               Distributed& dist, const torch::Device& device);

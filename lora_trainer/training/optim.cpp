@@ -147,24 +147,17 @@ double clip_grad_norm(const NamedTensors& params, double max_norm) {
   for (const auto& p : params)
     if (p.second.grad().defined()) grads.push_back(p.second.grad());
   if (grads.empty()) return 0.0;
-  double norm;
 #if LT_TORCH_AT_LEAST(2, 0)
   if (grads.front().is_cuda()) {
     // CUDA: one multi-tensor kernel for the norms (as torch.nn.utils.clip_grad_norm_ does), and the
     // one read back of the step.
-    norm = at::stack(at::_foreach_norm(grads, 2)).to(torch::kFloat64).pow(2).sum().sqrt().item<double>();
+    const double norm = at::stack(at::_foreach_norm(grads, 2)).to(torch::kFloat64).pow(2).sum().sqrt().item<double>();
     if (max_norm > 0 && norm > max_norm) at::_foreach_mul_(grads, max_norm / (norm + 1e-6));
     return norm;
   }
 #endif
-  std::vector<torch::Tensor> sq;
-  for (const auto& g : grads) sq.push_back(g.to(torch::kFloat32).pow(2).sum());
-  norm = std::sqrt(torch::stack(sq).sum().item<double>());
-  if (max_norm > 0 && norm > max_norm) {
-    double scale = max_norm / (norm + 1e-6);
-    for (auto& g : grads) g.mul_(scale);
-  }
-  return norm;
+  // Every gradient whole on every rank: no pieces, whose sum (0.0) adds nothing.
+  return clip_grad_norm(params, max_norm, std::vector<bool>(params.size(), false), [](double none) { return none; });
 }
 
 double clip_grad_norm(const NamedTensors& params, double max_norm, const std::vector<bool>& piece,

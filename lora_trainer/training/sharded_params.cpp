@@ -17,11 +17,7 @@ ShardedParams::ShardedParams(CausalLM& model, Distributed& dist, const torch::De
     names_[block].push_back(name);
     shards_[block]->bind(p);
   }
-  for (size_t b = 0; b < shards_.size(); ++b) {
-    shards_[b]->seal();  // the values move into the shards
-    shards_[b]->next = b + 1 < shards_.size() ? shards_[b + 1].get() : nullptr;
-    shards_[b]->previous = b > 0 ? shards_[b - 1].get() : nullptr;
-  }
+  for (auto& shard : shards_) shard->seal();  // the values move into the shards
   model->set_block_shards(shards_);
   release_freed_memory();  // the whole parameters the shards were made from
 }
