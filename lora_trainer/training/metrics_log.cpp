@@ -14,8 +14,27 @@ using nlohmann::json;
 
 namespace lt {
 
-MetricsLog::MetricsLog(std::string run_dir, bool writer)
-    : path_((fs::path(run_dir) / "metrics.jsonl").string()), run_dir_(std::move(run_dir)), writer_(writer) {}
+MetricsLog::MetricsLog(std::string run_dir, bool writer, bool tensorboard)
+    : path_((fs::path(run_dir) / "metrics.jsonl").string()), run_dir_(std::move(run_dir)), writer_(writer) {
+  if (writer_ && tensorboard) tensorboard_ = std::make_unique<EventFileWriter>(run_dir_);
+}
+
+std::vector<ScalarValue> scalars_of(const json& e) {
+  std::vector<ScalarValue> out;
+  const std::string kind = e.value("event", std::string("event"));
+  for (const auto& [field, v] : e.items()) {
+    if (field == "event" || field == "step") continue;
+    if ((field == "tokens" || field == "stage") && kind != "train") continue;
+    if (v.is_number()) {
+      out.push_back({kind + "/" + field, v.get<float>()});
+    } else if (v.is_object()) {
+      const std::string group = kind == "val" && field == "per_dataset" ? "loss" : field;
+      for (const auto& [name, x] : v.items())
+        if (x.is_number()) out.push_back({kind + "/" + group + "/" + name, x.get<float>()});
+    }
+  }
+  return out;
+}
 
 void MetricsLog::write_config(const json& config) const {
   if (!writer_) return;
@@ -28,9 +47,12 @@ void MetricsLog::event(const json& e) const {
   fs::create_directories(run_dir_);
   std::ofstream out(path_, std::ios::app);
   out << e.dump() << "\n";
+  out.close();
+  if (tensorboard_) tensorboard_->add_scalars(e.value("step", int64_t(0)), scalars_of(e));
 }
 
 void MetricsLog::truncate_after(int64_t step) const {
+  if (tensorboard_) tensorboard_->truncate_after(step);
   if (!writer_ || !fs::exists(path_)) return;
   std::string kept;  // an event dumps back to the line it was read from; a torn last line is dropped
   for (const auto& e : read_metrics(run_dir_))

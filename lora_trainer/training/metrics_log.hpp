@@ -1,15 +1,20 @@
 // MetricsLog: a run's record, the files of its run directory and the progress lines printed with them.
 //
 // metrics.jsonl holds one JSON event a line ("train", "val", "transition", "boundary", "nonfinite",
-// ...; report.hpp's read_metrics reads them back), config.json the run's config. Only the writer (rank
-// 0, or the only process) writes files; every process prints its lines.
+// ...; report.hpp's read_metrics reads them back), config.json the run's config. With
+// logging/tensorboard, every event's numbers also go to a TensorBoard event file beside them, as the
+// scalars `<event>/<field>` (`<event>/<field>/<key>` for a field that maps names to numbers; scalars_of).
+// Only the writer (rank 0, or the only process) writes files; every process prints its lines.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "lora_trainer/formats/tensorboard.hpp"
 #include "lora_trainer/training/evaluation.hpp"
 
 namespace lt {
@@ -35,13 +40,14 @@ struct StepWindow {
 
 class MetricsLog {
  public:
-  MetricsLog(std::string run_dir, bool writer);
+  MetricsLog(std::string run_dir, bool writer, bool tensorboard = false);
 
   // Creates the run directory and writes config.json.
   void write_config(const nlohmann::json& config) const;
-  // Appends one event to metrics.jsonl.
+  // Appends one event to metrics.jsonl (and its numbers to the TensorBoard file).
   void event(const nlohmann::json& e) const;
-  // Drops the events of the steps after `step` (a resumed run redoes them), and a torn last line.
+  // Drops the events of the steps after `step` (a resumed run redoes them), and a torn last line, from
+  // both files.
   void truncate_after(int64_t step) const;
 
   // Prints the step line and logs the "train" event with the loss and the speed (`tokens_per_step`
@@ -54,6 +60,13 @@ class MetricsLog {
   std::string path_;  // metrics.jsonl
   std::string run_dir_;
   bool writer_;
+  std::unique_ptr<EventFileWriter> tensorboard_;  // null without logging/tensorboard, and on other ranks
 };
+
+// The TensorBoard scalars of an event: every number of it but its step, as `<event>/<field>`, a field
+// that maps names to numbers as `<event>/<field>/<name>` (the "val" event's per_dataset as
+// `val/loss/<name>`); `tokens` and `stage` only of the "train" event (the others repeat them); strings,
+// booleans and lists are left out.
+std::vector<ScalarValue> scalars_of(const nlohmann::json& event);
 
 }  // namespace lt

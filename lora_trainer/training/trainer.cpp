@@ -25,7 +25,7 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
     : RestorableJob(std::move(spec), std::move(cfg), std::move(out_dir)),
       opts_(TrainingOptions::from_config(cfg_)),
       dist_(distributed()),
-      metrics_(run_dir(), dist_.is_main()),
+      metrics_(run_dir(), dist_.is_main(), opts_.tensorboard),
       divergence_(opts_.on_nonfinite, spec_.name, job_dir()) {
   rt_ = Runtime::from_config(cfg_);
   batch_size_ = opts_.batch_size;

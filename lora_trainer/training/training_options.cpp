@@ -90,7 +90,12 @@ static const OptionGroup<TrainingOptions>& training_options() {
                "kept, and so is the one `latest` names",
                &O::keep_checkpoints, check_nonnegative())
           .add("logging/validation_interval", OptType::Int, 200, "steps between validations", &O::validation_interval,
-               check_positive());
+               check_positive())
+          .add("logging/tensorboard", OptType::Bool, true,
+               "write the numbers of metrics.jsonl's events (loss, lr, gradient norm, tokens/s, validation losses and "
+               "perplexities, the transition, DPO's figures) also as TensorBoard scalars, to an events.out.tfevents.* "
+               "file in the run directory (tensorboard --logdir OUT_DIR/runs)",
+               &O::tensorboard);
   return g;
 }
 

@@ -56,6 +56,7 @@ struct TrainingOptions {
   // logging/report_interval, logging/checkpoint_interval, logging/validation_interval (in steps).
   int64_t report_interval{}, checkpoint_interval{}, validation_interval{};
   int64_t keep_checkpoints{};  // logging/keep_checkpoints: the newest periodic checkpoints kept; 0 = all
+  bool tensorboard{};          // logging/tensorboard: a TensorBoard event file beside metrics.jsonl
   static TrainingOptions from_config(const Config& cfg);
 };
 
