@@ -19,7 +19,9 @@
 #   2. the packages the build needs, installed in the root only when missing.
 #   3. the tracked and untracked-not-ignored files (`git ls-files -co --exclude-standard`) plus the
 #      GPT-2 tokenizer files (datasets/tokenizer/gpt2, fetched on the host by
-#      datasets/fetch_tokenizer.sh when missing) are copied to /lt/src in the root.
+#      datasets/fetch_tokenizer.sh when missing) and, where the host has it, the llama.cpp of the GGUF
+#      tests (datasets/cache/llama_cpp/node_modules: scripts/fetch_llama_cpp.sh) are copied to /lt/src
+#      in the root.
 #   4. CMake + Ninja in /lt/build inside the root (never the host's build/), with ccache whose cache
 #      (/lt/ccache) persists in the root, then ctest over the whole suite.
 # proc, sys, dev and dev/shm are mounted into the root while it runs and always unmounted on exit.
@@ -317,7 +319,11 @@ main() {
       while IFS= read -r -d '' f; do [[ -e $f || -L $f ]] && printf '%s\0' "$f"; done >"$ROOT/lt/files.list"
     tr -cd '\0' <"$ROOT/lt/files.list" | wc -c
   )
-  (cd "$SRC" && tar --null -T "$ROOT/lt/files.list" -cf - datasets/tokenizer/gpt2) | tar -xmf - -C "$ROOT/lt/src.new"
+  # The llama.cpp of the GGUF tests (scripts/fetch_llama_cpp.sh) where the host has it: prebuilt, it runs
+  # on the root's Node.js too.
+  extra=(datasets/tokenizer/gpt2)
+  [[ -d $SRC/datasets/cache/llama_cpp/node_modules ]] && extra+=(datasets/cache/llama_cpp/node_modules)
+  (cd "$SRC" && tar --null -T "$ROOT/lt/files.list" -cf - "${extra[@]}") | tar -xmf - -C "$ROOT/lt/src.new"
   nchanged=0
   while IFS= read -r -d '' f; do
     if [[ -f $ROOT/lt/src/$f && ! -L $ROOT/lt/src.new/$f ]] && cmp -s "$ROOT/lt/src/$f" "$ROOT/lt/src.new/$f"; then
@@ -329,7 +335,7 @@ main() {
   rm -rf --one-file-system "$ROOT/lt/src"
   mv "$ROOT/lt/src.new" "$ROOT/lt/src"
   in_root bash /lt/src/datasets/fetch_tokenizer.sh >/dev/null || die "the tokenizer files did not verify in the root"
-  log "copied $nfiles files ($nchanged new or changed since the last check) + datasets/tokenizer/gpt2" \
+  log "copied $nfiles files ($nchanged new or changed since the last check) + ${extra[*]}" \
       "to $ROOT/lt/src in $((SECONDS - t)) s"
 
   # ---------------------------------------------------------------------------------------------------

@@ -124,6 +124,24 @@ std::vector<uint32_t> bytes_to_unicode() {
   return table;
 }
 
+std::string bytes_to_token(std::string_view bytes) {
+  static const std::vector<uint32_t> table = bytes_to_unicode();
+  std::string out;
+  for (unsigned char b : bytes) append_utf8(out, table[b]);
+  return out;
+}
+
+std::vector<std::string> merge_strings(const MergeTable& merges, const std::vector<std::string>& token_of) {
+  std::vector<std::pair<uint32_t, uint64_t>> by_rank;
+  by_rank.reserve(merges.size());
+  for (const auto& [key, m] : merges) by_rank.emplace_back(m.rank, key);
+  std::sort(by_rank.begin(), by_rank.end());
+  std::vector<std::string> out;
+  out.reserve(by_rank.size());
+  for (const auto& [rank, key] : by_rank) out.push_back(token_of.at(key >> 32) + " " + token_of.at(key & 0xffffffffu));
+  return out;
+}
+
 bool token_to_bytes(std::string_view token, const std::unordered_map<uint32_t, unsigned char>& cp_to_byte,
                     std::string* bytes) {
   bytes->clear();

@@ -60,6 +60,9 @@ class WordCache {
 // 68 bytes to U+0100.. in byte order, so every byte string is a printable token string.
 std::vector<uint32_t> bytes_to_unicode();
 
+// Bytes written through bytes_to_unicode(): the token string of a byte-level BPE vocabulary.
+std::string bytes_to_token(std::string_view bytes);
+
 // A token string written through bytes_to_unicode() back to its bytes; false if it is not one.
 bool token_to_bytes(std::string_view token, const std::unordered_map<uint32_t, unsigned char>& cp_to_byte,
                     std::string* bytes);
@@ -121,6 +124,8 @@ struct Merge {
   uint32_t result;
 };
 using MergeTable = std::unordered_map<uint64_t, Merge>;
+// The rules back as "left right" token strings in rank order (`token_of`: id -> its string).
+std::vector<std::string> merge_strings(const MergeTable& merges, const std::vector<std::string>& token_of);
 inline uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t{a} << 32) | b; }
 
 enum class MergeOrder {

