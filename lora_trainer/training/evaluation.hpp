@@ -15,6 +15,7 @@
 #include "lora_trainer/core/distributed.hpp"
 #include "lora_trainer/models/model.hpp"
 #include "lora_trainer/core/runtime.hpp"
+#include "lora_trainer/training/tasks.hpp"
 
 namespace lt {
 
@@ -32,6 +33,7 @@ struct ValResult {
   double loss = 0.0;  // token-weighted over the datasets of the stage just trained
   std::vector<DatasetEval> per_dataset;
   int64_t tokens = 0;
+  std::vector<TaskResult> tasks;  // eval/evaluations' "task:FILE" entries (not in the score)
 };
 
 // How the held-out rows are cut: micro-batches of `micro_batch` rows of `block_size` tokens.

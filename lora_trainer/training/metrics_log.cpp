@@ -96,6 +96,19 @@ void MetricsLog::log_validation(int64_t step, int64_t tokens, int stage, const V
     }
     per += buf;
   }
+  json task_accuracy = json::object(), task_accuracy_norm = json::object(), task_exact_match = json::object();
+  for (const auto& t : v.tasks) {
+    char buf[200];
+    if (t.generation) {
+      std::snprintf(buf, sizeof buf, " | task %s exact match %.3f", t.name.c_str(), t.exact_match);
+      task_exact_match[t.name] = t.exact_match;
+    } else {
+      std::snprintf(buf, sizeof buf, " | task %s accuracy %.3f (norm %.3f)", t.name.c_str(), t.accuracy, t.accuracy_norm);
+      task_accuracy[t.name] = t.accuracy;
+      task_accuracy_norm[t.name] = t.accuracy_norm;
+    }
+    per += buf;
+  }
   std::printf("  validation at step %lld (stage %d): loss %.4f |%s\n", (long long)step, stage, v.loss, per.c_str());
   std::fflush(stdout);
   json ev = {{"event", "val"}, {"step", step}, {"tokens", tokens}, {"stage", stage}, {"loss", v.loss},
@@ -104,6 +117,11 @@ void MetricsLog::log_validation(int64_t step, int64_t tokens, int stage, const V
     ev["reward_margin"] = margin_json;
     ev["accuracy"] = accuracy_json;
   }
+  if (!task_accuracy.empty()) {
+    ev["task_accuracy"] = task_accuracy;
+    ev["task_accuracy_norm"] = task_accuracy_norm;
+  }
+  if (!task_exact_match.empty()) ev["task_exact_match"] = task_exact_match;
   event(ev);
 }
 

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/data/tokenize.hpp"
 
 namespace lt {
 
@@ -403,8 +405,41 @@ ValResult Trainer::validate() {
   const Stage& scored = stages_[static_cast<size_t>(trained_stage())];
   const auto& evals = opts_.evaluations;
   bool perplexity = std::find(evals.begin(), evals.end(), "perplexity") != evals.end();
-  return validation_score(evaluate(perplexity ? plan_datasets() : scored.samplings, opts_.validation_steps),
-                          scored.samplings);
+  ValResult v = validation_score(evaluate(perplexity ? plan_datasets() : scored.samplings, opts_.validation_steps),
+                                 scored.samplings);
+  v.tasks = run_tasks(task_paths(evals));
+  return v;
+}
+
+void Trainer::check_tasks() {
+  for (const auto& path : task_paths(opts_.evaluations))
+    if (!tasks_.count(path)) tasks_.emplace(path, read_task(path));
+}
+
+std::vector<TaskResult> Trainer::run_tasks(const std::vector<std::string>& paths) {
+  std::vector<TaskResult> out;
+  if (paths.empty()) return out;
+  if (!task_tokenizer_) task_tokenizer_ = make_tokenizer(tokenizer_name());
+  auto ema = ema_weights();
+  for (const auto& path : paths) {
+    auto it = tasks_.find(path);
+    if (it == tasks_.end()) it = tasks_.emplace(path, read_task(path)).first;
+    out.push_back(run_task(model_, rt_, *task_tokenizer_, it->second));
+  }
+  return out;
+}
+
+std::string Trainer::tokenizer_name() const {
+  const std::string hf = base_model_.is_object() ? base_model_.value("hf_dir", std::string()) : std::string();
+  if (!hf.empty() && std::filesystem::exists(hf + "/tokenizer.json")) return "hf:" + hf;
+  for (const auto& smp : plan_datasets()) {
+    const std::string meta = (std::filesystem::path(opts_.data_dir) / smp.name / "meta.json").string();
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(meta, ec)) continue;
+    const nlohmann::json m = read_json_file(meta);
+    if (m.is_object() && m.value("tokenizer", nlohmann::json()).is_string()) return m["tokenizer"].get<std::string>();
+  }
+  return model_->options().vocab_size == 257 ? "byte" : "gpt2";
 }
 
 void Trainer::validate_and_keep_best(bool stage_end) {
@@ -478,6 +513,7 @@ void Trainer::run() {
   }
   std::fflush(stdout);
   check_datasets();  // a missing dataset is found now, not at its stage
+  check_tasks();     // and a missing or malformed task file
   metrics_.truncate_after(step_);  // a resumed run drops the lines of steps it will redo
   stop_requested = false;
   stopping_ = false;

@@ -130,6 +130,15 @@ class Trainer : public RestorableJob {
   ValResult validate();
   // Opens every dataset of the plan (UserError naming a missing one).
   void check_datasets();
+  // The tasks of eval/evaluations ("task:FILE"), read now (a UserError names a missing or bad file).
+  void check_tasks();
+  // Runs task files (eval --task, and validate()'s "task:FILE" evaluations) with tokenizer_name()'s
+  // tokenizer, on the EMA weights with eval/use_ema. Every rank runs every example.
+  std::vector<TaskResult> run_tasks(const std::vector<std::string>& paths);
+  // The tokenizer this model reads text with: an imported model's own tokenizer.json where its
+  // directory still has one; else the one the plan's first dataset was tokenized with (its meta.json);
+  // else byte for a vocabulary of 257, else gpt2.
+  std::string tokenizer_name() const;
   // Saves a checkpoint under job_dir()/suffix; `latest` follows unless told not to. With several
   // ranks every rank calls it: a sharded optimizer state is gathered, rank 0 writes, and all wait at a
   // barrier until the checkpoint is complete.
@@ -406,6 +415,8 @@ class Trainer : public RestorableJob {
   std::unique_ptr<ShardedParams> sharded_params_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Ema> ema_;  // with optimization/ema/decay > 0: the average of optimizer_'s parameters
+  std::map<std::string, Task> tasks_;        // read task files, by path
+  std::unique_ptr<Tokenizer> task_tokenizer_;  // tokenizer_name()'s, made when a task first runs
   std::vector<std::unique_ptr<TrainerPart>> parts_;  // the recipes' parts, in the order added
   std::unique_ptr<DataCatalog> catalog_;
   std::vector<Stage> stages_;

@@ -151,6 +151,29 @@ std::string dpo_text(const RunEvents& ev) {
   return r.str();
 }
 
+// Task figures (eval/evaluations "task:FILE") at the last validation before LoRA and the last one, a
+// line each: "task NAME accuracy" (and "acc_norm") or "task NAME exact match". "" when none were measured.
+std::string tasks_table(const json* before, const json* after, bool with_before) {
+  std::ostringstream r;
+  char line[256];
+  const std::vector<std::pair<const char*, const char*>> figures = {
+      {"task_accuracy", "accuracy"}, {"task_accuracy_norm", "acc_norm"}, {"task_exact_match", "exact match"}};
+  for (const auto& [key, what] : figures) {
+    if (!after || !after->contains(key)) continue;
+    for (auto& [name, unused] : (*after)[key].items()) {
+      std::snprintf(line, sizeof line, "task %s %s:", name.c_str(), what);
+      r << line;
+      if (with_before && before && before->contains(key) && (*before)[key].contains(name)) {
+        std::snprintf(line, sizeof line, " %.3f %s ->", metric_value((*before)[key][name]), label("before LoRA", before).c_str());
+        r << line;
+      }
+      std::snprintf(line, sizeof line, " %.3f %s\n", metric_value((*after)[key][name]), label("after LoRA", after).c_str());
+      r << line;
+    }
+  }
+  return r.str();
+}
+
 }  // namespace
 
 // The two phases' lines: their steps, tokens and speed (phase 1: skipped, with where the base came from).
@@ -197,6 +220,7 @@ std::string Trainer::report() {
   r << phases_text(ev.tps, ev.n_tps);
   if (ev.transition) r << parameters_text(*ev.transition);
   r << perplexity_table(ev.before, ev.after, boundary_step_ > 0);
+  r << tasks_table(ev.before, ev.after, boundary_step_ > 0);
   r << dpo_text(ev);
   if (!ev.before && !ev.after) r << "validation: none recorded (training/validation is off)\n";
   r << "unigram baseline perplexity (validation under the training split's token frequencies):";

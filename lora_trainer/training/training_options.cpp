@@ -1,5 +1,7 @@
 #include "lora_trainer/training/training_options.hpp"
 
+#include "lora_trainer/training/tasks.hpp"
+
 #include "lora_trainer/core/options.hpp"
 #include "lora_trainer/data/data.hpp"
 #include "lora_trainer/training/divergence.hpp"
@@ -67,8 +69,14 @@ static const OptionGroup<TrainingOptions>& training_options() {
                [](O& o, const json& v) { o.optimizer.grad_clip = v.get<double>(); }, check_nonnegative())
           .add("eval/evaluations", OptType::StringList, json::array({"perplexity"}),
                "evaluations at every validation and stage boundary: \"perplexity\" = held-out loss and perplexity of "
-               "every dataset of the plan ([] = only the datasets of the current stage)",
-               &O::evaluations, check_each_one_of({"perplexity"}))
+               "every dataset of the plan ([] = only the datasets of the current stage); \"task:FILE\" = the accuracy "
+               "(multiple choice) or exact match (generation) of a JSONL task file, as `eval --task FILE`",
+               &O::evaluations,
+               [](const json& v) {
+                 for (const auto& e : v)
+                   if (std::string p = evaluation_problem(e.get<std::string>()); !p.empty()) return p;
+                 return std::string();
+               })
           .add("eval/use_ema", OptType::Bool, false,
                "validation, eval and sample use the average of optimization/ema/decay instead of the trained weights "
                "(export takes --ema)",

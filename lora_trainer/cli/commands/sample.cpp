@@ -26,14 +26,7 @@ int sample(const SampleArgs& a) {
   Trainer* t = nullptr;
   auto job = load_for_reading(a.checkpoint, a.overrides, &t);
   std::string tokenizer_name = a.tokenizer;
-  if (tokenizer_name == "auto") {
-    // The imported model's own tokenizer.json where its directory still has one; else by vocabulary.
-    const nlohmann::json& base = t->base_model();
-    const std::string hf = base.is_object() ? base.value("hf_dir", std::string()) : std::string();
-    tokenizer_name = !hf.empty() && std::filesystem::exists(hf + "/tokenizer.json") ? "hf:" + hf
-                     : t->model()->options().vocab_size == 257                         ? "byte"
-                                                                                       : "gpt2";
-  }
+  if (tokenizer_name == "auto") tokenizer_name = t->tokenizer_name();
   auto tok = make_tokenizer(tokenizer_name);
   GenerateOptions o = a.gen;
   o.stop_id = tok->eot_id();
@@ -84,8 +77,9 @@ Command add_sample(CLI::App& app) {
   sub->add_option("--top-k", a->gen.top_k, "sample from the k most likely tokens; 0 = all")->capture_default_str()
       ->check(CLI::Range(int64_t(0), int64_t(1) << 31));
   sub->add_option("--seed", a->gen.seed, "random seed")->capture_default_str()->check(uint64_text());
-  sub->add_option("--tokenizer", a->tokenizer, "auto (an imported model's own tokenizer.json when its directory has one, else byte when "
-                  "the vocabulary is 257, else gpt2), gpt2, byte, or hf:DIR (a Hugging Face tokenizer.json in DIR)")
+  sub->add_option("--tokenizer", a->tokenizer, "auto (an imported model's own tokenizer.json when its directory has one, else the one the job's "
+                  "datasets were tokenized with, else byte when the vocabulary is 257, else gpt2), gpt2, byte, or hf:DIR "
+                  "(a Hugging Face tokenizer.json in DIR)")
       ->capture_default_str()->check(tokenizer_name({"auto", "gpt2", "byte"}));
   sub->add_option("overrides", a->overrides, "key=value settings over the saved config (e.g. runtime/threads=1)");
   return {sub, [a] { return sample(*a); }};
