@@ -89,7 +89,7 @@ TEST_CASE("tensorboard: CRC-32C, the record framing, and a cut last record", "[t
   w.add_scalars(3, {{"train/loss", 2.0f}});
   std::vector<int64_t> steps;
   CHECK(read_event_records(w.path(), &steps).size() == 4);
-  CHECK(steps == std::vector<int64_t>{0, 1, 2, 3});
+  CHECK((steps == std::vector<int64_t>{0, 1, 2, 3}));
 
   // A kill in the middle of a record: the next writer (the same file) drops the cut record.
   const std::string bytes = read_file(w.path());
@@ -101,11 +101,11 @@ TEST_CASE("tensorboard: CRC-32C, the record framing, and a cut last record", "[t
   again.truncate_after(1);
   steps.clear();
   CHECK(read_event_records(w.path(), &steps).size() == 2);
-  CHECK(steps == std::vector<int64_t>{0, 1});
+  CHECK((steps == std::vector<int64_t>{0, 1}));
   again.add_scalars(2, {{"train/loss", 2.3f}});
   steps.clear();
   CHECK(read_event_records(w.path(), &steps).size() == 3);
-  CHECK(steps == std::vector<int64_t>{0, 1, 2});
+  CHECK((steps == std::vector<int64_t>{0, 1, 2}));
   CHECK(event_files(dir.str()).size() == 1);
 
   // The writer's bytes decode with protobuf, as TensorBoard reads them.
@@ -128,7 +128,7 @@ TEST_CASE("tensorboard: a lora/train job's event file holds the numbers of its m
   const auto events = read_metrics_lines(run_dir);
   std::set<std::string> kinds;
   for (const auto& e : events) kinds.insert(e["event"].get<std::string>());
-  CHECK(kinds == std::set<std::string>{"train", "val", "transition"});
+  CHECK((kinds == std::set<std::string>{"train", "val", "transition"}));
   const auto before = decoded(files[0]);
   if (!before) return;
   require_same_numbers(*before, events);
