@@ -3,6 +3,9 @@
 #include "catch.hpp"
 
 #include <cmath>
+#include <filesystem>
+#include <set>
+#include <sstream>
 
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/recipes/dpo_part.hpp"
@@ -272,6 +275,28 @@ TEST_CASE("dpo/train through the launcher: tokenize pairs, --restore a base, 2 r
     CHECK(std::abs(val1[i]["loss"].get<double>() - val2[i]["loss"].get<double>()) <= 1e-4);
     CHECK(std::abs(val1[i]["reward_margin"]["prefs"].get<double>() - val2[i]["reward_margin"]["prefs"].get<double>()) <= 1e-4);
     CHECK(val1[i]["accuracy"]["prefs"] == val2[i]["accuracy"]["prefs"]);
+  }
+  // DPO's figures in the run's TensorBoard file, as protobuf decodes it (tests/tools/read_tfevents.py).
+  std::string events;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "one/runs/general/default/dpo"))
+    if (e.path().filename().string().find("tfevents") != std::string::npos) events = e.path().string();
+  REQUIRE(!events.empty());
+  const auto decoded = test::shell("/usr/bin/python3 " + test::quote(std::string(LT_SOURCE_DIR) + "/tests/tools/read_tfevents.py") +
+                                   " " + test::quote(events));
+  if (decoded.code == 3 || decoded.code == 127) {
+    WARN("skipped the TensorBoard check: " << decoded.out);
+  } else {
+    REQUIRE(decoded.code == 0);
+    std::set<std::string> tags;
+    std::istringstream lines(decoded.out);
+    for (std::string line; std::getline(lines, line);) {
+      const auto r = nlohmann::json::parse(line);
+      if (r.contains("scalars"))
+        for (const auto& [tag, v] : r["scalars"].items()) tags.insert(tag);
+    }
+    for (const char* tag : {"train/loss", "train/reward_margin", "train/accuracy", "val/loss/prefs", "val/reward_margin/prefs",
+                            "val/accuracy/prefs"})
+      CHECK(tags.count(tag) == 1);
   }
   CHECK(train1.front()["loss"].get<double>() == Approx(std::log(2.0)).epsilon(1e-12));  // from the base, adapters at 0
   CHECK(val1.back()["reward_margin"]["prefs"].get<double>() > 0);
