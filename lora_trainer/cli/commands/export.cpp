@@ -66,7 +66,8 @@ int export_checkpoint(const ExportArgs& a) {
 Command add_export(CLI::App& app) {
   auto a = std::make_shared<ExportArgs>();
   auto* sub = app.add_subcommand("export", "write a checkpoint's model elsewhere: by default a weights-only plain checkpoint "
-                                           "with the adapters merged in; or Hugging Face / PEFT files (docs/huggingface.md)");
+                                           "with the adapters merged in; or Hugging Face / PEFT files (docs/huggingface.md), or GGUF for llama.cpp "
+                                           "(docs/llama_cpp.md)");
   sub->add_option("CHECKPOINT", a->checkpoint, "checkpoint directory (plain or LoRA)")->required()->check(CLI::ExistingDirectory);
   sub->add_option("OUT", a->out, "directory to write (native: usable with `run ... --restore OUT`)")->required();
   sub->add_option("--format", a->format,
