@@ -169,9 +169,9 @@ HfTokenizer::HfTokenizer(const std::string& dir) : name_("hf:" + dir) {
     read_pre_tokenizer(member(j, "pre_tokenizer"), &byte_level);
     if (!byte_level) throw unsupported("a pre_tokenizer without ByteLevel (not a byte-level BPE)");
     read_decoder(member(j, "decoder"));
+    read_bos(j.value("post_processor", json()), dir);
   });
   read_eot(dir);
-  json_context(path_, [&] { read_bos(read_json_file(path_).value("post_processor", json()), dir); });
 }
 
 void HfTokenizer::read_bos(const json& post_processor, const std::string& dir) {
