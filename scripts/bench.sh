@@ -3,6 +3,10 @@
 # PyTorch reference (scripts/reference_gpt.py) on the same model, batch, threads and precision,
 # starting from the same weights; prints both and their ratio, and writes bench.json,
 # reference.json and bench-summary.json in OUT_DIR (default: the current directory).
+# The reference is the best plain script we know for the CPU: PEFT's unmerged adapters, the frozen base
+# in f32 where the run is f32, and glibc's allocator tuned as lora_trainer's runtime tunes it (so the
+# ratio measures the code, not the allocator). REFERENCE_ARGS adds options of reference_gpt.py (e.g.
+# "--lora merged" for the reference framework's way, "--adamw foreach").
 # Usage: scripts/bench.sh [CONFIG] [OUT_DIR] [key=value ...]   (CONFIG default: configs/demo.json)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,7 +19,9 @@ if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-torch >/dev/null
 fi
 "$ROOT/build/lora_trainer" bench "$CONFIG" --out "$OUT/bench.json" --weights-out "$OUT/bench-weights.pt" "$@"
-OMP_NUM_THREADS="$(nproc)" /usr/bin/python3 "$ROOT/scripts/reference_gpt.py" "$OUT/bench.json" --out "$OUT/reference.json"
+# shellcheck disable=SC2086
+MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824 OMP_NUM_THREADS="$(nproc)" \
+  /usr/bin/python3 "$ROOT/scripts/reference_gpt.py" "$OUT/bench.json" --out "$OUT/reference.json" ${REFERENCE_ARGS:-}
 /usr/bin/python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]

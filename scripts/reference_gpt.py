@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """The comparison a user would make: the same GPT and the same two-phase scheme written as an ordinary
 plain-PyTorch script (on the CPU: Debian's python3-torch, the same LibTorch 1.13 as lora_trainer), timed
-the same way. Phase 2 applies LoRA as the reference framework does: every step it forms
-W + (alpha/r) (A B)^T and runs the layer with the merged weight.
+the same way. Phase 2 applies LoRA either as the reference framework does (--lora merged: every step it
+forms W + (alpha/r) (A B)^T and runs the layer with the merged weight) or as a knowledgeable user writes it
+(--lora unmerged, the default: F.linear(x, W) + (alpha/r) (x A) B, as PEFT does).
 
 Usage: scripts/reference_gpt.py BENCH_JSON [--device cpu|cuda] [--steps N] [--warmup N] [--out FILE]
 BENCH_JSON is what `lora_trainer bench CONFIG --weights-out W.pt --out BENCH_JSON` wrote: the resolved
@@ -13,7 +14,10 @@ tolerance), then times phase 1 and phase 2 and writes its figures as JSON.
 What it uses, as a plain PyTorch user would write it:
 - --device cpu (the default): bf16 autocast on the CPU (when the bench ran in bf16), attention as an
   explicit masked softmax, torch.optim.AdamW with its defaults (on PyTorch 1.13's CPU: the per-tensor
-  loop); figures as before --device existed.
+  loop; --adamw foreach for the multi-tensor one). When the bench ran in f32 (a CPU without fast bf16),
+  the frozen base of phase 2 stays f32: the fastest a user can do there (lora_trainer keeps it bf16 and
+  casts per product). scripts/bench.sh runs it with glibc's allocator tuned as lora_trainer's runtime
+  tunes it (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_), so that the comparison is of the code.
 - --device cuda (PyTorch 2.x): the weights and batches on the GPU, torch.autocast("cuda",
   dtype=torch.bfloat16) over f32 weights, attention through F.scaled_dot_product_attention(
   is_causal=True) (flash / memory-efficient kernels) where PyTorch has it (--attention manual for the
@@ -40,7 +44,7 @@ def layer_norm(x, w, b):
 class GPT:
     """Parameters in a dict named as lora_trainer names them; a functional forward."""
 
-    def __init__(self, cfg, params, sdpa=False, pad_vocab=False):
+    def __init__(self, cfg, params, sdpa=False, pad_vocab=False, merged=False):
         a = cfg["architecture"]
         self.L, self.H, self.C, self.T = a["n_layers"], a["n_heads"], a["d_model"], a["block_size"]
         self.p = params
@@ -48,16 +52,24 @@ class GPT:
         self.scale = 0.0
         self.sdpa = sdpa  # F.scaled_dot_product_attention(is_causal=True) instead of the masked softmax
         self.pad_vocab = pad_vocab  # the head over V rounded up to 64 columns, as lora_trainer does on CUDA
+        self.merged = merged  # phase 2: merge the adapters into the weight every step (else beside it)
 
     def weight(self, name):
         w = self.p[name]
-        if name in self.lora:  # the reference framework's way: merge every step
+        if name in self.lora and self.merged:  # the reference framework's way: merge every step
             A, B = self.lora[name]
             w = w.float() + self.scale * (A @ B).t()
+        elif w.dtype != torch.float32 and not torch.is_autocast_enabled() and not torch.is_autocast_cpu_enabled():
+            w = w.float()
         return w
 
     def linear(self, x, prefix):
-        return F.linear(x, self.weight(prefix + ".weight"), self.p[prefix + ".bias"])
+        name = prefix + ".weight"
+        y = F.linear(x, self.weight(name), self.p[prefix + ".bias"])
+        if name in self.lora and not self.merged:  # PEFT's way: the adapters beside the frozen layer
+            A, B = self.lora[name]
+            y = y + self.scale * ((x @ A) @ B)
+        return y
 
     def loss(self, idx, targets):
         B, T = idx.shape
@@ -92,14 +104,14 @@ class GPT:
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
 
 
-def make_step(model, params, cfg, lr, weight_decay, device="cpu", fused=False):
+def make_step(model, params, cfg, lr, weight_decay, device="cpu", fused="default"):
     t = cfg["training"]
     o = cfg["optimization"]
     B = t["batch_size"]
     micro = B if t["per_device_batch_size"] < 0 else t["per_device_batch_size"]
     decay = [q for q in params if q.dim() >= 2]
     no_decay = [q for q in params if q.dim() < 2]
-    extra = {"fused": True} if fused else {}
+    extra = {"fused": True} if fused == "fused" else {"foreach": True} if fused == "foreach" else {}
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(o["beta1"], o["beta2"]), eps=o["eps"], **extra)
     V, T = cfg["architecture"]["vocab_size"], cfg["architecture"]["block_size"]
@@ -174,8 +186,11 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--attention", choices=["auto", "sdpa", "manual"], default="auto",
                     help="auto: F.scaled_dot_product_attention on CUDA where PyTorch has it, else the masked softmax")
-    ap.add_argument("--adamw", choices=["default", "fused"], default="default",
-                    help="torch.optim.AdamW as constructed by default, or with fused=True (CUDA)")
+    ap.add_argument("--adamw", choices=["default", "foreach", "fused"], default="default",
+                    help="torch.optim.AdamW as constructed by default, with foreach=True, or with fused=True (CUDA)")
+    ap.add_argument("--lora", choices=["merged", "unmerged"], default="unmerged",
+                    help="phase 2's adapters beside the frozen layer (PEFT's way, the default) or merged into its "
+                         "weight every step (the reference framework's way)")
     ap.add_argument("--pad-vocab", action="store_true",
                     help="the head over the vocabulary rounded up to a multiple of 64 (extra columns at -inf), "
                          "as lora_trainer does on CUDA: separates that change from the rest of the comparison")
@@ -200,7 +215,7 @@ def main():
     bf16 = bench["precision"].startswith("bf16")
     state = load_weights(check["weights"], device)
     params = {k: v.detach().clone().to(device).requires_grad_(True) for k, v in state.items() if not k.startswith("check/")}
-    model = GPT(cfg, params, sdpa=sdpa, pad_vocab=args.pad_vocab)
+    model = GPT(cfg, params, sdpa=sdpa, pad_vocab=args.pad_vocab, merged=args.lora == "merged")
 
     with torch.no_grad(), torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
         inputs, targets = state["check/inputs"].to(device), state["check/targets"].to(device)
@@ -212,11 +227,12 @@ def main():
 
     tps = cfg["training"]["batch_size"] * cfg["architecture"]["block_size"]
     result = {"first_batch_loss": ref_loss, "lora_trainer_first_batch_loss": check["loss"], "phases": []}
-    fused = args.adamw == "fused"
+    fused = args.adamw
     result.update({"device": torch.cuda.get_device_name(0) if device_type == "cuda" else "cpu", "torch": torch.__version__,
                    "attention": "F.scaled_dot_product_attention(is_causal=True)" if sdpa else "masked softmax",
                        "pad_vocab": args.pad_vocab,
-                   "adamw": "fused=True" if fused else "default"})
+                   "adamw": {"fused": "fused=True", "foreach": "foreach=True"}.get(fused, "default"),
+                   "lora": args.lora, "precision": "bf16 autocast" if bf16 else "f32"})
     if device_type == "cuda":
         result["gpu_bf16_matmul_peak_tflops"] = cuda_matmul_peak() / 1e12
         print(f"GPU bf16 matmul peak (8192^3): {result['gpu_bf16_matmul_peak_tflops']:.0f} TFLOP/s")
@@ -229,8 +245,8 @@ def main():
     # Phase 2: freeze the base as bf16, adapters on the targets, merged every step.
     lcfg = cfg["optimization"]["lora"]
     r, alpha = lcfg["rank"], lcfg["alpha"]
-    for k in params:
-        params[k] = params[k].detach().to(torch.bfloat16)
+    for k in params:  # f32 runs (no fast bf16) keep the base f32: casting per product would only cost time
+        params[k] = params[k].detach().to(torch.bfloat16 if bf16 else torch.float32)
     model.p = params
     model.scale = alpha / r
     adapters = []

@@ -183,7 +183,8 @@ nlohmann::json time_phase(const BenchOptions& o, Trainer& t, bool lora, double p
   std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
   const bool cuda_profile = o.cuda_profile == (lora ? "lora" : "full");
   for (int64_t i = 0; i < o.warmup_steps + o.steps; ++i) {
-    if (i == o.warmup_steps) cpu_peak = std::make_unique<CpuAllocatorPeak>();
+    // Both take the thread's PROFILER_STATE: the allocator's peak is not measured under --profile.
+    if (i == o.warmup_steps && o.profile.empty()) cpu_peak = std::make_unique<CpuAllocatorPeak>();
     if (i == o.warmup_steps && !o.profile.empty())  // the timed steps only (profiling slows them)
       profile = std::make_unique<torch::autograd::profiler::RecordProfile>(o.profile + (lora ? "-lora" : "-full") +
                                                                             ".trace.json");
