@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #ifdef LT_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -56,35 +57,55 @@ inline float exp_nonpositive(float x) {
   return p * __builtin_bit_cast(float, bits);
 }
 
+// A logit as f32, and an f32 gradient value in the logits' dtype (bf16 rounded to nearest even).
+inline float to_f32(uint16_t b) { return bf16_to_f32(b); }
+inline float to_f32(float f) { return f; }
+template <typename T>
+inline T from_f32(float f);
+template <>
+inline uint16_t from_f32<uint16_t>(float f) { return f32_to_bf16(f); }
+template <>
+inline float from_f32<float>(float f) { return f; }
+
 // log sum_j e^x[j] of one row, in f32.
-LT_ROW_KERNEL float row_logsumexp(const uint16_t* x, int64_t V) {
+template <typename T>
+LT_ROW_KERNEL float row_logsumexp(const T* x, int64_t V) {
   float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < V; ++j) m = std::max(m, bf16_to_f32(x[j]));
+  for (int64_t j = 0; j < V; ++j) m = std::max(m, to_f32(x[j]));
   float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-  for (int64_t j = 0; j < V; ++j) s += exp_nonpositive(bf16_to_f32(x[j]) - m);
+  for (int64_t j = 0; j < V; ++j) s += exp_nonpositive(to_f32(x[j]) - m);
   return m + std::log(s);
 }
 
-// out[j] = g * (softmax(x)[j] - [j == target]) in bf16.
-LT_ROW_KERNEL void row_grad(const uint16_t* x, int64_t V, float lse, float g, int64_t target, uint16_t* out) {
+// out[j] = g * (softmax(x)[j] - [j == target]), in the logits' dtype.
+template <typename T>
+LT_ROW_KERNEL void row_grad(const T* x, int64_t V, float lse, float g, int64_t target, T* out) {
 #pragma omp simd
-  for (int64_t j = 0; j < V; ++j) out[j] = f32_to_bf16(g * exp_nonpositive(bf16_to_f32(x[j]) - lse));
-  out[target] = f32_to_bf16(g * (exp_nonpositive(bf16_to_f32(x[target]) - lse) - 1.0f));
+  for (int64_t j = 0; j < V; ++j) out[j] = from_f32<T>(g * exp_nonpositive(to_f32(x[j]) - lse));
+  out[target] = from_f32<T>(g * (exp_nonpositive(to_f32(x[target]) - lse) - 1.0f));
 }
 
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropySum> {
+// The logits' values as T: bf16's bits as uint16_t, or f32.
+template <typename T>
+T* values(const torch::Tensor& t) {
+  if constexpr (std::is_same_v<T, float>) return t.data_ptr<float>();
+  else return reinterpret_cast<T*>(t.data_ptr<at::BFloat16>());
+}
+
+template <typename T>
+struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropySum<T>> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets) {
     auto x = logits.contiguous();
     auto t = targets.to(torch::kLong).contiguous();
     const int64_t N = x.size(0), V = x.size(1);
     auto lse = torch::empty({N}, torch::kFloat32);
     auto row_loss = torch::zeros({N}, torch::kFloat64);
-    const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+    const T* xp = values<T>(x);
     const int64_t* tp = t.data_ptr<int64_t>();
     float* lp = lse.data_ptr<float>();
     double* rp = row_loss.data_ptr<double>();
@@ -94,7 +115,7 @@ struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropy
       for (int64_t i = begin; i < end; ++i) {
         if (tp[i] < 0) continue;
         lp[i] = row_logsumexp(xp + i * V, V);
-        rp[i] = static_cast<double>(lp[i]) - static_cast<double>(bf16_to_f32(xp[i * V + tp[i]]));
+        rp[i] = static_cast<double>(lp[i]) - static_cast<double>(to_f32(xp[i * V + tp[i]]));
       }
     });
     ctx->save_for_backward({x, t, lse});
@@ -112,13 +133,13 @@ struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropy
     const int64_t N = x.size(0), V = x.size(1);
     const float g = grad_outputs[0].to(torch::kFloat32).item<float>();
     auto grad = torch::empty_like(x);
-    const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-    auto* gp = reinterpret_cast<uint16_t*>(grad.data_ptr<at::BFloat16>());
+    const T* xp = values<T>(x);
+    T* gp = values<T>(grad);
     const int64_t* tp = t.data_ptr<int64_t>();
     const float* lp = lse.data_ptr<float>();
     at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        if (tp[i] < 0) std::memset(gp + i * V, 0, static_cast<size_t>(V) * sizeof(uint16_t));
+        if (tp[i] < 0) std::memset(gp + i * V, 0, static_cast<size_t>(V) * sizeof(T));
         else row_grad(xp + i * V, V, lp[i], g, tp[i], gp + i * V);
       }
     });
@@ -181,15 +202,18 @@ bool cuda_loss_kernels_built() {
 torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets, bool fused) {
   TORCH_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
               "cross_entropy_sum: logits (N, V) and targets (N) expected");
+  if (fused && logits.device().is_cpu() && logits.scalar_type() == torch::kFloat32)
+    return FusedCrossEntropySum<float>::apply(logits, targets);
   if (fused && logits.scalar_type() == torch::kBFloat16) {
-    if (logits.device().is_cpu()) return FusedCrossEntropySum::apply(logits, targets);
+    if (logits.device().is_cpu()) return FusedCrossEntropySum<uint16_t>::apply(logits, targets);
 #ifdef LT_WITH_CUDA_KERNELS
     if (logits.is_cuda()) return CudaCrossEntropySum::apply(logits, targets);
 #endif
     TORCH_CHECK(!logits.is_cuda(), "cross_entropy_sum: this build has no CUDA kernels for the fused loss "
                 "(runtime/loss=fused needs a build configured with a CUDA compiler)");
   }
-  // LibTorch's: log_softmax over an f32 copy of the logits (what autocast and F.cross_entropy do),
+  // LibTorch's (bf16 logits without the fused kernels, f64, or runtime/loss=libtorch): log_softmax
+  // over an f32 copy of the logits (what autocast and F.cross_entropy do),
   // then nll_loss; its backward makes the f32 gradient and converts it to the logits' dtype.
   return at::nll_loss(at::log_softmax(logits, 1, torch::kFloat32), targets, /*weight=*/{}, at::Reduction::Sum,
                       /*ignore_index=*/-1);

@@ -6,6 +6,9 @@
 // of gigabytes on a GPU). The fused loss reads the bf16 logits directly, computes each row's
 // log-sum-exp in f32, keeps only the N row values for backward, and writes the gradient
 // softmax - onehot straight into a bf16 array. Arithmetic is in f32 throughout, as LibTorch's.
+// The same kernels take f32 logits on the CPU (the f32 runs of CPUs without fast bf16), with an f32
+// gradient: LibTorch's log_softmax keeps a second f32 array of N x V and passes over both again in
+// its backward.
 // The CPU's row kernels are in cross_entropy.cpp; the CUDA ones in cross_entropy_cuda.cu, built when
 // CMake finds a CUDA compiler (cuda_loss_kernels_built()).
 #pragma once
@@ -16,8 +19,8 @@ namespace lt {
 
 // Sum over the rows of `logits` (N, V) of -log softmax(logits)[target], with `targets` (N, int64)
 // equal to -1 for rows that do not count. Differentiable with respect to `logits`. With `fused`,
-// bf16 logits take the fused kernels (on CUDA, where this build has them: else it is an error);
-// everything else takes LibTorch's log_softmax + nll_loss in f32. A target >= V is an error on the
+// bf16 logits take the fused kernels (on CUDA, where this build has them: else it is an error), and
+// so do f32 logits on the CPU; everything else takes LibTorch's log_softmax + nll_loss in f32. A target >= V is an error on the
 // CPU; on CUDA, where checking would make the step wait for the GPU, the fused kernel makes that
 // row's loss NaN (LibTorch's own kernel stops the process with a device-side assertion).
 torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets, bool fused = true);

@@ -1,12 +1,36 @@
 #include "lora_trainer/training/optim.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 
+#include <ATen/Parallel.h>
+
 #include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/kernels/adamw.hpp"
 
 namespace lt {
+
+namespace {
+
+// The fused CPU kernels take f32 arrays of the same length, contiguous, on the CPU.
+bool plain_f32(const torch::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.layout() == torch::kStrided;
+}
+
+// Pieces of at most kChunk values that the threads share: large enough to keep a thread streaming,
+// small enough that a model's few large matrices spread over every thread.
+constexpr int64_t kChunk = int64_t(1) << 16;
+struct Chunk {
+  size_t tensor;
+  int64_t begin, end;
+};
+void add_chunks(std::vector<Chunk>& out, size_t tensor, int64_t n) {
+  for (int64_t b = 0; b < n; b += kChunk) out.push_back({tensor, b, std::min(n, b + kChunk)});
+}
+
+}  // namespace
 
 AdamW::AdamW(NamedTensors params, AdamWOptions opts, std::vector<double> lr_scale)
     : params_(std::move(params)), o_(opts), lr_scale_(std::move(lr_scale)) {
@@ -57,10 +81,44 @@ void AdamW::step(double lr) {
   const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t_));
   const double inv_sqrt_bc2 = 1.0 / std::sqrt(bc2);
+  // f32 parameters on the CPU: one pass over each (kernels/adamw.hpp), the threads sharing the chunks.
+  std::vector<AdamWScalars> scalars(params_.size());
+  std::vector<std::array<float*, 4>> data(params_.size());  // p, g, m, v
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& p = params_[i].second;
+    const auto& g = p.grad();
+    if (!g.defined() || !owns(i) || !plain_f32(p) || !plain_f32(g) || !plain_f32(m_[i]) || !plain_f32(v_[i]) ||
+        g.numel() != p.numel())
+      continue;
+    const double lr_i = lr * lr_scale_[i];
+    AdamWScalars& c = scalars[i];
+    c.decay = decay_[i] && o_.weight_decay != 0 ? static_cast<float>(1.0 - lr_i * o_.weight_decay) : 1.0f;
+    c.beta1 = static_cast<float>(o_.beta1);
+    c.beta2 = static_cast<float>(o_.beta2);
+    c.one_minus_beta1 = static_cast<float>(1.0 - o_.beta1);
+    c.one_minus_beta2 = static_cast<float>(1.0 - o_.beta2);
+    c.inv_sqrt_bc2 = static_cast<float>(inv_sqrt_bc2);
+    c.eps = static_cast<float>(o_.eps);
+    c.step_size = static_cast<float>(lr_i / bc1);
+    data[i] = {p.data_ptr<float>(), g.data_ptr<float>(), m_[i].data_ptr<float>(), v_[i].data_ptr<float>()};
+    add_chunks(chunks, i, p.numel());
+    p.unsafeGetTensorImpl()->bump_version();  // changed in place, as an in-place op would report
+  }
+  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t first, int64_t last) {
+    for (int64_t k = first; k < last; ++k) {
+      const Chunk& c = chunks[static_cast<size_t>(k)];
+      const auto& d = data[c.tensor];
+      adamw_update(d[0] + c.begin, d[1] + c.begin, d[2] + c.begin, d[3] + c.begin, c.end - c.begin, scalars[c.tensor]);
+    }
+  });
+  // Anything else (another dtype or device, a strided tensor): LibTorch's ops, tensor by tensor.
+  std::vector<bool> fused(params_.size(), false);
+  for (const Chunk& c : chunks) fused[c.tensor] = true;
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i].second;
     const auto& g = p.grad();
-    if (!g.defined() || !owns(i)) continue;
+    if (!g.defined() || !owns(i) || fused[i]) continue;
     const double lr_i = lr * lr_scale_[i];
     const double step_size = lr_i / bc1;
     if (decay_[i] && o_.weight_decay != 0) p.mul_(1.0 - lr_i * o_.weight_decay);
@@ -164,14 +222,32 @@ double clip_grad_norm(const NamedTensors& params, double max_norm, const std::ve
                       const std::function<double(double)>& sum_pieces) {
   torch::NoGradGuard ng;
   std::vector<torch::Tensor> grads, whole_sq, piece_sq;
+  // f32 gradients on the CPU: squares summed in one pass (kernels/adamw.hpp), in chunks the threads
+  // share, each chunk's sum kept and added in order (the same norm whatever the thread count).
+  std::vector<Chunk> chunks;
+  std::vector<const float*> data(params.size(), nullptr);
   for (size_t i = 0; i < params.size(); ++i) {
     const torch::Tensor& g = params[i].second.grad();
     if (!g.defined()) continue;
     grads.push_back(g);
-    (piece.at(i) ? piece_sq : whole_sq).push_back(g.to(torch::kFloat32).pow(2).sum());
+    if (plain_f32(g)) {
+      data[i] = g.data_ptr<float>();
+      add_chunks(chunks, i, g.numel());
+    }
+    else (piece.at(i) ? piece_sq : whole_sq).push_back(g.to(torch::kFloat32).pow(2).sum());
   }
+  std::vector<double> chunk_sq(chunks.size());
+  at::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t first, int64_t last) {
+    for (int64_t k = first; k < last; ++k) {
+      const Chunk& c = chunks[static_cast<size_t>(k)];
+      chunk_sq[static_cast<size_t>(k)] = sum_of_squares(data[c.tensor] + c.begin, c.end - c.begin);
+    }
+  });
+  double whole_sum = 0.0, piece_sum = 0.0;
+  for (size_t k = 0; k < chunks.size(); ++k) (piece.at(chunks[k].tensor) ? piece_sum : whole_sum) += chunk_sq[k];
   auto total = [](const std::vector<torch::Tensor>& sq) { return sq.empty() ? 0.0 : torch::stack(sq).sum().item<double>(); };
-  const double norm = std::sqrt(total(whole_sq) + sum_pieces(total(piece_sq)));  // every rank takes part in the sum
+  // Every rank takes part in the sum of the pieces.
+  const double norm = std::sqrt(whole_sum + total(whole_sq) + sum_pieces(piece_sum + total(piece_sq)));
   if (max_norm > 0 && norm > max_norm) {
     const double scale = max_norm / (norm + 1e-6);
     for (auto& g : grads) g.mul_(scale);

@@ -1,5 +1,6 @@
-// The fused bf16 cross-entropy computes what LibTorch's f32 cross_entropy computes on the same logits,
-// on the CPU and (where there is a CUDA device and the build has the kernels) on CUDA.
+// The fused cross-entropy computes what LibTorch's f32 cross_entropy computes on the same logits: bf16
+// logits on the CPU and (where there is a CUDA device and the build has the kernels) on CUDA, and f32
+// logits on the CPU (the f32 runs of CPUs without fast bf16).
 #include "catch.hpp"
 
 #include <ATen/Parallel.h>
@@ -80,6 +81,24 @@ TEST_CASE("fused cross-entropy: loss and gradient match LibTorch's f32 cross_ent
     CHECK(within_bf16(grad, ref_grad));  // the f32 gradient rounded to bf16
     // Padding rows get no gradient.
     for (int64_t i = 0; i < N; i += 5) CHECK(grad[i].abs().max().item<float>() == 0.0f);
+  }
+}
+
+TEST_CASE("fused cross-entropy of f32 logits: loss and f32 gradient match LibTorch's", "[loss]") {
+  for (auto [N, V, scale] : {std::tuple<int64_t, int64_t, double>{24, 50257, 2.0}, {37, 257, 1.0}, {9, 1001, 8.0}}) {
+    INFO("N " << N << " V " << V << " scale " << scale);
+    Case c = make_case(N, V, scale, static_cast<uint64_t>(V) + 1);
+    c.logits = c.logits.to(torch::kFloat32) + torch::rand({N, V}) * 0.01;  // values bf16 cannot hold
+    const double g = 1.0 / 300.0;
+    auto [ref_loss, ref_grad] = reference(c, g);
+    auto x = c.logits.detach().requires_grad_(true);
+    auto loss = cross_entropy_sum(x, c.targets, /*fused=*/true);
+    (loss * g).backward();
+    REQUIRE(x.grad().scalar_type() == torch::kFloat32);
+    CHECK(std::abs(loss.item<double>() - ref_loss) <= 1e-6 * std::abs(ref_loss));
+    const double worst = (x.grad() - ref_grad).abs().max().item<double>();
+    CHECK(worst <= 1e-6 * ref_grad.abs().max().item<double>());
+    for (int64_t i = 0; i < N; i += 5) CHECK(x.grad()[i].abs().max().item<float>() == 0.0f);
   }
 }
 

@@ -1,6 +1,8 @@
 // Optimizer and schedules: values at chosen steps, and AdamW equal to LibTorch's own.
 #include "catch.hpp"
 
+#include <ATen/Parallel.h>
+
 #include "lora_trainer/training/optim.hpp"
 
 using namespace lt;
@@ -52,6 +54,64 @@ TEST_CASE("AdamW matches torch::optim::AdamW step for step", "[optim]") {
   }
   CHECK(torch::allclose(ours, theirs, 1e-6, 1e-7));
   CHECK(opt.steps_taken() == 5);
+}
+
+TEST_CASE("AdamW's fused CPU pass: LibTorch's AdamW on large, small and strided parameters, whatever the threads", "[optim]") {
+  // A matrix of more than one chunk (2^16 values) and an odd tail, a vector, and a transposed
+  // (strided) matrix: the contiguous ones take the fused kernel, the strided one LibTorch's ops.
+  torch::manual_seed(3);
+  std::vector<torch::Tensor> start = {torch::randn({301, 299}), torch::randn({7}), torch::randn({9, 6}).t()};
+  auto run = [&](int threads) {
+    const int before = at::get_num_threads();
+    at::set_num_threads(threads);
+    torch::manual_seed(5);  // the same gradients for both runs
+    std::vector<torch::Tensor> ours, theirs;
+    NamedTensors named;
+    for (size_t i = 0; i < start.size(); ++i) {
+      ours.push_back(i == 2 ? start[i].t().clone().t().set_requires_grad(true)  // strided like start[2]
+                            : start[i].clone().set_requires_grad(true));
+      theirs.push_back(start[i].clone().set_requires_grad(true));
+      named.emplace_back("p" + std::to_string(i), ours.back());
+    }
+    REQUIRE_FALSE(ours[2].is_contiguous());
+    AdamW opt(named, AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+    torch::optim::AdamW ref(std::vector<torch::Tensor>{theirs[0], theirs[1], theirs[2]},
+                            torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1));
+    for (int step = 0; step < 4; ++step) {
+      for (size_t i = 0; i < start.size(); ++i) {
+        auto g = torch::randn(start[i].sizes()) * static_cast<double>(i + 1);
+        ours[i].mutable_grad() = i == 2 ? g.t().clone().t() : g;
+        theirs[i].mutable_grad() = g;
+      }
+      opt.step(1e-2);
+      ref.step();
+    }
+    // The vector decays in torch::optim::AdamW (one group) and not here: compared after its own update.
+    for (size_t i : {size_t(0), size_t(2)}) {
+      INFO("parameter " << i);
+      CHECK(torch::allclose(ours[i], theirs[i], 1e-5, 1e-6));
+    }
+    at::set_num_threads(before);
+    return ours;
+  };
+  auto one = run(1), two = run(2);
+  for (size_t i = 0; i < one.size(); ++i) CHECK(torch::equal(one[i], two[i]));  // the threads share chunks, nothing else
+}
+
+TEST_CASE("gradient norm: the fused sum of squares is LibTorch's norm, the same for any thread count", "[optim]") {
+  torch::manual_seed(4);
+  auto a = torch::zeros({700, 300}).set_requires_grad(true), b = torch::zeros({13}).set_requires_grad(true);
+  a.mutable_grad() = torch::randn({700, 300});
+  b.mutable_grad() = torch::randn({13}).to(torch::kFloat64);  // not f32: LibTorch's ops
+  const double want = std::sqrt(a.grad().to(torch::kFloat64).pow(2).sum().item<double>() + b.grad().pow(2).sum().item<double>());
+  const int before = at::get_num_threads();
+  at::set_num_threads(1);
+  const double one = clip_grad_norm({{"a", a}, {"b", b}}, 0.0);
+  at::set_num_threads(2);
+  const double two = clip_grad_norm({{"a", a}, {"b", b}}, 0.0);
+  at::set_num_threads(before);
+  CHECK(one == two);
+  CHECK(one == Approx(want).epsilon(1e-9));
 }
 
 TEST_CASE("weight decay skips vectors, and optimizer state is named", "[optim]") {
