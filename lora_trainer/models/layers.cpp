@@ -18,11 +18,32 @@ torch::Tensor LinearImpl::base_weight(const torch::Tensor& x) const {
   return frozen_ ? frozen_->for_matmul(x) : weight_for(weight, x);
 }
 
+torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) const {
+  return frozen_ ? frozen_->linear(x, bias) : lora_linear(x, base_weight(x), bias, {}, {}, 0.0);
+}
+
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  if (frozen_ && !(lora_on_ && lora_magnitude().defined()))  // the storage makes its product (DoRA needs W itself)
-    return lora_on_ ? add_lora(x, frozen_->linear(x, bias), lora_A(), lora_B(), lora_scale_) : frozen_->linear(x, bias);
-  if (!lora_on_) return lora_linear(x, base_weight(x), bias, {}, {}, 0.0);
+  if (!lora_on_ || !lora_A().defined()) return base_forward(x);
+  if (!lora_magnitude().defined()) return add_lora(x, base_forward(x), lora_A(), lora_B(), lora_scale_);
+  // DoRA needs W itself
   return lora_linear(x, base_weight(x), bias, lora_A(), lora_B(), lora_scale_, lora_magnitude());
+}
+
+std::vector<torch::Tensor> linear_shared_input(const torch::Tensor& x, const std::vector<LinearImpl*>& layers) {
+  std::vector<torch::Tensor> ys, A(layers.size()), B(layers.size());
+  std::vector<double> scales(layers.size(), 0.0);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    LinearImpl& l = *layers[i];
+    if (!l.plain_lora()) {
+      ys.push_back(l.forward(x));
+      continue;
+    }
+    ys.push_back(l.base_forward(x));
+    A[i] = l.lora_A();
+    B[i] = l.lora_B();
+    scales[i] = l.lora_scale_;
+  }
+  return add_lora_shared_input(x, std::move(ys), A, B, scales);
 }
 
 void LinearImpl::set_lora(torch::Tensor A, torch::Tensor B, double scale, torch::Tensor magnitude) {

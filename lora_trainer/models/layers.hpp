@@ -17,6 +17,10 @@ class LinearImpl : public torch::nn::Module, public LoraAdaptable {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, bool with_bias = true);
   torch::Tensor forward(const torch::Tensor& x);  // x: (..., in) -> (..., out)
+  // x W^T (+ b) alone, without the adapter.
+  torch::Tensor base_forward(const torch::Tensor& x) const;
+  // Whether forward adds a plain LoRA adapter (one that is on, and not DoRA): base_forward + add_lora.
+  bool plain_lora() const { return lora_on_ && lora_A().defined() && !lora_magnitude().defined(); }
   void set_lora(torch::Tensor A, torch::Tensor B, double scale, torch::Tensor magnitude) override;
   void enable_lora(bool on) override { lora_on_ = on; }
   void freeze_weight(FrozenFormat format) override;
@@ -28,6 +32,7 @@ class LinearImpl : public torch::nn::Module, public LoraAdaptable {
   torch::Tensor weight, bias;  // bias undefined when built without one
 
  private:
+  friend std::vector<torch::Tensor> linear_shared_input(const torch::Tensor& x, const std::vector<LinearImpl*>& layers);
   // The registered adapter parameters (undefined while the layer has none: named_parameters() skips them).
   const torch::Tensor& lora_A() const { return parameters_["lora_A"]; }
   const torch::Tensor& lora_B() const { return parameters_["lora_B"]; }
@@ -37,6 +42,11 @@ class LinearImpl : public torch::nn::Module, public LoraAdaptable {
   std::shared_ptr<FrozenWeight> frozen_;  // null while `weight` trains
 };
 TORCH_MODULE(Linear);
+
+// Each layer's forward(x) for layers that read the same x (Llama's q, k, v projections; gate and up),
+// the plain LoRA adapters among them in one product (add_lora_shared_input): the same numbers as the
+// layers' own forwards up to rounding. DoRA layers and layers without an adapter take their own forward.
+std::vector<torch::Tensor> linear_shared_input(const torch::Tensor& x, const std::vector<LinearImpl*>& layers);
 
 // The token embedding: torch::nn::Embedding (the same parameter, init and lookup) that can take
 // trainable token rows (lora.hpp's TrainableTokens). With rows set, the lookup returns f32 with the

@@ -15,9 +15,11 @@ LlamaAttentionImpl::LlamaAttentionImpl(const ModelOptions& o) : opts_(o) {
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask) {
   const int64_t B = x.size(0), T = x.size(1), H = opts_.n_head, KV = opts_.kv_heads(), D = opts_.head_dim();
-  auto v = v_proj(x).view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
-  auto q = apply_rope(q_proj(x).view({B, T, H, D}).transpose(1, 2), rope).to(v.scalar_type());
-  auto k = apply_rope(k_proj(x).view({B, T, KV, D}).transpose(1, 2), rope).to(v.scalar_type());
+  // The three adapters' A matrices read x in one product.
+  const auto qkv = linear_shared_input(x, {q_proj.get(), k_proj.get(), v_proj.get()});
+  auto v = qkv[2].view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
+  auto q = apply_rope(qkv[0].view({B, T, H, D}).transpose(1, 2), rope).to(v.scalar_type());
+  auto k = apply_rope(qkv[1].view({B, T, KV, D}).transpose(1, 2), rope).to(v.scalar_type());
   if (KV != H) {  // each key/value head serves H / KV consecutive query heads
     k = k.repeat_interleave(H / KV, /*dim=*/1);
     v = v.repeat_interleave(H / KV, /*dim=*/1);
@@ -33,10 +35,11 @@ LlamaMLPImpl::LlamaMLPImpl(const ModelOptions& o) : act_(o.activation) {
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  auto g = gate_proj(x);
+  const auto gate_up = linear_shared_input(x, {gate_proj.get(), up_proj.get()});  // one product for both A's
+  auto g = gate_up[0];
   g = act_ == ModelOptions::Activation::Silu ? torch::silu(g)
                                               : torch::gelu(g, act_ == ModelOptions::Activation::GeluTanh ? "tanh" : "none");
-  return down_proj(g * up_proj(x));
+  return down_proj(g * gate_up[1]);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const ModelOptions& o) : dropout_(o.dropout) {

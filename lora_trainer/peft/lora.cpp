@@ -523,4 +523,29 @@ torch::Tensor add_lora(const torch::Tensor& x, const torch::Tensor& y, const tor
   return sum.view(y.sizes());
 }
 
+std::vector<torch::Tensor> add_lora_shared_input(const torch::Tensor& x, std::vector<torch::Tensor> ys,
+                                                 const std::vector<torch::Tensor>& A, const std::vector<torch::Tensor>& B,
+                                                 const std::vector<double>& scales) {
+  TORCH_CHECK(ys.size() == A.size() && A.size() == B.size() && B.size() == scales.size(), "add_lora_shared_input: ",
+              ys.size(), " outputs, ", A.size(), " A, ", B.size(), " B, ", scales.size(), " scales");
+  std::vector<torch::Tensor> cat;
+  for (const auto& a : A)
+    if (a.defined()) cat.push_back(a);
+  if (cat.size() < 2) {  // nothing to share
+    for (size_t i = 0; i < ys.size(); ++i) ys[i] = add_lora(x, ys[i], A[i], B[i], scales[i]);
+    return ys;
+  }
+  // (..., sum of ranks); each adapter's columns are a view of it, read by its second product in place.
+  auto xa = torch::matmul(x, weight_for(torch::cat(cat, 1), x));
+  xa = xa.reshape({-1, xa.size(-1)});
+  int64_t col = 0;
+  for (size_t i = 0; i < ys.size(); ++i) {
+    if (!A[i].defined()) continue;
+    const int64_t r = A[i].size(1), out = ys[i].size(-1);
+    ys[i] = torch::addmm(ys[i].reshape({-1, out}), xa.narrow(1, col, r), weight_for(B[i], x) * scales[i]).view(ys[i].sizes());
+    col += r;
+  }
+  return ys;
+}
+
 }  // namespace lt

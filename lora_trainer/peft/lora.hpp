@@ -255,6 +255,13 @@ class AdaptersOff {
 // magnitude: (out) for DoRA or undefined.
 // y + s (x A) B: the adapter's part added to the base product y = x W^T (+ b) (plain LoRA).
 torch::Tensor add_lora(const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& A, const torch::Tensor& B, double scale);
+// add_lora for several layers that read the same x (Llama's q, k and v projections; gate and up):
+// ys[i] + scales[i] (x A_i) B_i for each i, with x [A_1 | A_2 | ...] as one product instead of one
+// skinny (rank-wide) product per layer, and so one product each for the A's gradient and x's in the
+// backward. A layer without an adapter has undefined A[i] and B[i] and keeps ys[i].
+std::vector<torch::Tensor> add_lora_shared_input(const torch::Tensor& x, std::vector<torch::Tensor> ys,
+                                                 const std::vector<torch::Tensor>& A, const std::vector<torch::Tensor>& B,
+                                                 const std::vector<double>& scales);
 torch::Tensor lora_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b,
                           const torch::Tensor& A, const torch::Tensor& B, double scale,
                           const torch::Tensor& magnitude = {});
