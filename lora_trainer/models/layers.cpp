@@ -1,5 +1,6 @@
 #include "lora_trainer/models/layers.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -186,8 +187,49 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& rope) {
   return xf * rope.cos + rotated * rope.sin;
 }
 
+namespace {
+
+// The rows of W per product of the trained head's weight gradient (TrainedHeadFn).
+constexpr int64_t kHeadGradRows = 8192;
+
+// x W^T for a head W that trains, in bf16 on the CPU. Autograd's own backward forms W's gradient
+// g^T x as one (V, N) x (N, C) product, which oneDNN runs at about 260 GFLOP/s on a Zen 4 for GPT-2's
+// V against about 330 in blocks of 8192 rows of W (docs/performance.md); this backward takes those
+// blocks, each row's sum over the N rows of x the same product. x's gradient is g W as before.
+struct TrainedHeadFn : public torch::autograd::Function<TrainedHeadFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& W) {
+    ctx->save_for_backward({x, W});
+    return torch::matmul(x, W.t());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& W = saved[1];
+    const int64_t V = W.size(0), C = W.size(1);
+    const torch::Tensor g = grad[0].to(W.scalar_type());
+    const auto g2 = g.reshape({-1, V}), x2 = x.reshape({-1, C});
+    auto dW = torch::empty_like(W);
+    for (int64_t b = 0; b < V; b += kHeadGradRows) {
+      const int64_t n = std::min(kHeadGradRows, V - b);
+      auto rows = dW.narrow(0, b, n);  // contiguous: whole rows
+      torch::mm_out(rows, g2.narrow(1, b, n).t(), x2);
+    }
+    return {torch::matmul(g, W), dW};
+  }
+};
+
+}  // namespace
+
 torch::Tensor output_logits(const torch::Tensor& x, const torch::Tensor& W, bool padded) {
   const int64_t V = W.size(0);
+  if (!x.is_cuda() && V > kHeadGradRows && W.requires_grad() && torch::GradMode::is_enabled() &&
+      compat::autocast_enabled(c10::DeviceType::CPU)) {
+    // Cast as autocast's linear casts them (its cache included): the graph's casts are autocast's.
+    const auto bf16 = compat::autocast_dtype(c10::DeviceType::CPU);
+    if (bf16 == torch::kBFloat16)
+      return TrainedHeadFn::apply(at::autocast::cached_cast(bf16, x, c10::DeviceType::CPU),
+                                  at::autocast::cached_cast(bf16, W, c10::DeviceType::CPU));
+  }
   if (!x.is_cuda() || V % 64 == 0) return frozen_linear(x, W);  // a frozen (tied) head: no f32 copy kept
   const int64_t Vp = (V + 63) / 64 * 64;
   auto Wp = torch::cat({W, torch::zeros({Vp - V, W.size(1)}, W.options().requires_grad(false))});

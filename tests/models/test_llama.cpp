@@ -385,3 +385,24 @@ TEST_CASE("q/k/v and gate/up adapters read their shared input in one product: th
     }
   }
 }
+
+TEST_CASE("a trained tied head in bf16 on the CPU: its weight's gradient in blocks of rows is autograd's own", "[llama][lora]") {
+  torch::manual_seed(12);
+  const int64_t V = 20001, C = 16;  // more than two blocks of 8192 rows, and a last short one
+  auto x0 = torch::randn({2, 3, C}), W0 = torch::randn({V, C}) * 0.1, g = torch::randn({2, 3, V});
+  auto run = [&](bool ours) {
+    auto x = x0.clone().set_requires_grad(true), W = W0.clone().set_requires_grad(true);
+    Runtime rt;
+    rt.bf16_autocast = true;
+    AutocastGuard autocast(rt);
+    auto y = ours ? output_logits(x, W, /*padded=*/false) : torch::linear(x, W);
+    (y.to(torch::kFloat32) * g).sum().backward();
+    return std::vector<torch::Tensor>{y.to(torch::kFloat32), x.grad(), W.grad()};
+  };
+  auto ours = run(true), theirs = run(false);
+  CHECK(ours[2].scalar_type() == torch::kFloat32);
+  for (size_t i = 0; i < ours.size(); ++i) {
+    INFO("tensor " << i);
+    CHECK(torch::equal(ours[i], theirs[i]));
+  }
+}
