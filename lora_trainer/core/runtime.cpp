@@ -67,9 +67,22 @@ bool cpu_has_fast_bf16() {
   return false;
 }
 
-// OpenBLAS starts one thread per core by default; with torch's own threads on top, small matmuls
-// collapse from oversubscription. Torch parallelises around BLAS, so BLAS gets one thread.
+// OpenBLAS's threading: 0 sequential, 1 its own pthreads, 2 OpenMP (openblas_get_parallel); -1 when
+// the BLAS is not OpenBLAS.
+static int openblas_threading() {
+  using GetParallel = int (*)();
+  auto fn = reinterpret_cast<GetParallel>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  return fn ? fn() : -1;
+}
+
+// The f32 matmuls (phase 1 and the LoRA phase on a CPU without fast bf16) are OpenBLAS's. Its OpenMP
+// build (libopenblas0-openmp, which scripts/setup.sh selects) runs on LibTorch's own OpenMP threads:
+// nothing to do. Its pthreads build keeps a pool of its own beside them; the two pools spin while the
+// other works, and with one thread per core each the step collapsed, so that build gets one thread, and
+// the f32 products then use one core (measured: the OpenMP build's step is 1.7x faster on 2 cores,
+// docs/performance.md). Runtime::describe() says so.
 static void limit_blas_threads() {
+  if (openblas_threading() == 2) return;
   using SetThreads = void (*)(int);
   if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(1);
 }
@@ -127,8 +140,12 @@ Runtime Runtime::from_config(const Config& cfg) {
 }
 
 std::string Runtime::describe() const {
-  return std::string(device.is_cuda() ? "cuda" : "cpu") + ", " + std::to_string(threads) + " threads, " +
-         (bf16_autocast ? "bf16 autocast" : "f32");
+  std::string s = std::string(device.is_cuda() ? "cuda" : "cpu") + ", " + std::to_string(threads) + " threads, " +
+                  (bf16_autocast ? "bf16 autocast" : "f32");
+  if (!device.is_cuda() && !bf16_autocast && threads > 1 && openblas_threading() == 1)
+    s += " (OpenBLAS's pthreads build: its f32 products on one core; scripts/setup.sh selects its OpenMP build, "
+         "libopenblas0-openmp, which uses them all)";
+  return s;
 }
 
 torch::Tensor Runtime::to_device(const torch::Tensor& host) const {
