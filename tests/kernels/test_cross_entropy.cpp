@@ -88,7 +88,8 @@ TEST_CASE("fused cross-entropy of f32 logits: loss and f32 gradient match LibTor
   for (auto [N, V, scale] : {std::tuple<int64_t, int64_t, double>{24, 50257, 2.0}, {37, 257, 1.0}, {9, 1001, 8.0}}) {
     INFO("N " << N << " V " << V << " scale " << scale);
     Case c = make_case(N, V, scale, static_cast<uint64_t>(V) + 1);
-    c.logits = c.logits.to(torch::kFloat32) + torch::rand({N, V}) * 0.01;  // values bf16 cannot hold
+    auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(N));
+    c.logits = c.logits.to(torch::kFloat32) + torch::rand({N, V}, gen) * 0.01;  // values bf16 cannot hold
     const double g = 1.0 / 300.0;
     auto [ref_loss, ref_grad] = reference(c, g);
     auto x = c.logits.detach().requires_grad_(true);
@@ -96,8 +97,10 @@ TEST_CASE("fused cross-entropy of f32 logits: loss and f32 gradient match LibTor
     (loss * g).backward();
     REQUIRE(x.grad().scalar_type() == torch::kFloat32);
     CHECK(std::abs(loss.item<double>() - ref_loss) <= 1e-6 * std::abs(ref_loss));
+    // e^(x - lse) with lse in f32: its rounding (1e-7 of |lse|, up to ~30 here) is the softmax's relative
+    // error, as in LibTorch's own f32 log_softmax; a wrong term is off by the whole gradient scale.
     const double worst = (x.grad() - ref_grad).abs().max().item<double>();
-    CHECK(worst <= 1e-6 * ref_grad.abs().max().item<double>());
+    CHECK(worst <= 1e-5 * ref_grad.abs().max().item<double>());
     for (int64_t i = 0; i < N; i += 5) CHECK(x.grad()[i].abs().max().item<float>() == 0.0f);
   }
 }
