@@ -79,7 +79,7 @@ static int openblas_threading() {
 // build (libopenblas0-openmp, which scripts/setup.sh selects) runs on LibTorch's own OpenMP threads:
 // nothing to do. Its pthreads build keeps a pool of its own beside them; the two pools spin while the
 // other works, and with one thread per core each the step collapsed, so that build gets one thread, and
-// the f32 products then use one core (measured: the OpenMP build's step is 1.7x faster on 2 cores,
+// the f32 products then use one core (measured: the OpenMP build's f32 step is 1.5-1.9x faster on 2 cores,
 // docs/performance.md). Runtime::describe() says so.
 static void limit_blas_threads() {
   if (openblas_threading() == 2) return;
