@@ -16,10 +16,10 @@ namespace lt {
 LT_VECTOR_KERNEL void adamw_update(float* __restrict p, const float* __restrict g, float* __restrict m,
                                    float* __restrict v, int64_t n, const AdamWScalars& s) {
   const float decay = s.decay, b1 = s.beta1, b2 = s.beta2, c1 = s.one_minus_beta1, c2 = s.one_minus_beta2;
-  const float inv = s.inv_sqrt_bc2, eps = s.eps, step = s.step_size, scale = s.grad_scale;
+  const float inv = s.inv_sqrt_bc2, eps = s.eps, step = s.step_size;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] * scale;
+    const float gi = g[i];
     const float mi = m[i] * b1 + c1 * gi;
     const float vi = v[i] * b2 + c2 * gi * gi;
     m[i] = mi;

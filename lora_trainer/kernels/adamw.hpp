@@ -21,10 +21,9 @@ struct AdamWScalars {
   float inv_sqrt_bc2 = 1.0f;  // 1 / sqrt(1 - beta2^t)
   float eps = 1e-8f;
   float step_size = 0.0f;    // lr / (1 - beta1^t)
-  float grad_scale = 1.0f;   // the gradient is multiplied by this first (1: as it is)
 };
 
-// For i < n: g' = grad_scale g; p = decay p; m = beta1 m + (1 - beta1) g'; v = beta2 v + (1 - beta2) g'^2;
+// For i < n: p = decay p; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
 // p -= step_size m / (sqrt(v) inv_sqrt_bc2 + eps). The arrays do not overlap.
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s);
 

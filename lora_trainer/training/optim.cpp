@@ -113,12 +113,10 @@ void AdamW::step(double lr) {
     }
   });
   // Anything else (another dtype or device, a strided tensor): LibTorch's ops, tensor by tensor.
-  std::vector<bool> fused(params_.size(), false);
-  for (const Chunk& c : chunks) fused[c.tensor] = true;
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i].second;
     const auto& g = p.grad();
-    if (!g.defined() || !owns(i) || fused[i]) continue;
+    if (!g.defined() || !owns(i) || data[i][0] != nullptr) continue;  // updated above
     const double lr_i = lr * lr_scale_[i];
     const double step_size = lr_i / bc1;
     if (decay_[i] && o_.weight_decay != 0) p.mul_(1.0 - lr_i * o_.weight_decay);
