@@ -20,6 +20,9 @@
 #   --no-bench       skip all three benchmarks
 #   --no-reference   skip scripts/reference_gpt.py
 #   --no-hf          skip scripts/hf_peft_bench.py
+#   --compile-reference  also the reference under torch.compile with fused AdamW (reference_gpt.py
+#                    --compile --adamw fused, and REFERENCE_ARGS), after the eager one, into
+#                    reference_compiled.json; its column in the summary. Compiling takes a minute or two
 #   --scale SHAPE    also the scale benchmark (scripts/scale_bench.py) on a synthetic Hugging Face model
 #                    of that shape (e.g. tinyllama-1.1b) on the GPU, after the tests: peak GPU memory and
 #                    host RSS of a LoRA job from the model directory, load and step time, resume; into
@@ -50,7 +53,7 @@ CALLER_PWD="$PWD"
 cd "$ROOT" || exit 1
 
 OUTDIR=""
-RUN_TESTS=1 RUN_BENCH=1 RUN_REF=1 RUN_HF=1 CLEAN=0 ONLY_PREFIX=0 AB="runtime/loss=libtorch" SCALE=none QLORA=none
+RUN_TESTS=1 RUN_BENCH=1 RUN_REF=1 RUN_HF=1 RUN_REF_COMPILED=0 CLEAN=0 ONLY_PREFIX=0 AB="runtime/loss=libtorch" SCALE=none QLORA=none
 STEPS=10 WARMUP=3 BUDGET=530 JOBS="$(nproc)"
 CONFIG="configs/bench_gpt2_124m.json"
 while (($#)); do
@@ -61,6 +64,7 @@ while (($#)); do
     --no-bench) RUN_BENCH=0 ;;
     --no-reference) RUN_REF=0 ;;
     --no-hf) RUN_HF=0 ;;
+    --compile-reference) RUN_REF_COMPILED=1 ;;
     --ab) AB="$2"; shift ;;
     --scale) SCALE="$2"; shift ;;
     --qlora) QLORA="$2"; shift ;;
@@ -91,7 +95,7 @@ ARCH_DIR=x86_64-linux-gnu
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 
 # Everything printed goes to OUT_DIR/run.log too. An earlier run's files go first (no stale figures).
-rm -f "$OUTDIR"/{build.log,ctest.log,bench.json,reference.json,hf_peft.json,bench_ab.json,summary.txt,scale.json,qlora.json}
+rm -f "$OUTDIR"/{build.log,ctest.log,bench.json,reference.json,reference_compiled.json,hf_peft.json,bench_ab.json,summary.txt,scale.json,qlora.json}
 : > "$OUTDIR/run.log"
 exec > >(tee -a "$OUTDIR/run.log") 2>&1
 
@@ -341,7 +345,7 @@ fi
 # ---------------------------------------------------------------------------------------------
 if ((RUN_TESTS)); then
   if ((BUILD_OK)); then
-    { cd "$BUILD" && run_stage ctest 240 "$(( (RUN_BENCH ? 150 : 0) + SCALE_RESERVE ))" \
+    { cd "$BUILD" && run_stage ctest 240 "$(( (RUN_BENCH ? 150 + RUN_REF_COMPILED * 150 : 0) + SCALE_RESERVE ))" \
         ctest --output-on-failure -j "${CTEST_JOBS:-8}" --timeout "${TEST_TIMEOUT:-200}"; cd "$ROOT" || exit 1; } > "$OUTDIR/ctest.log" 2>&1
     record ctest "${STATUS[ctest]:-FAILED (no result)}"  # run_stage printed into ctest.log
     grep -E 'tests passed|tests failed|^[[:space:]]+[0-9]+ - |Total Test time' "$OUTDIR/ctest.log" | tail -40
@@ -372,7 +376,7 @@ fi
 AB_RESERVE=60; [[ "$AB" == none ]] && AB_RESERVE=0
 if ((RUN_BENCH)); then
   if ((BUILD_OK)); then
-    run_stage bench 150 "$(( (RUN_REF ? 60 : 0) + (RUN_HF ? 75 : 0) + AB_RESERVE ))" \
+    run_stage bench 150 "$(( (RUN_REF ? 60 + RUN_REF_COMPILED * 150 : 0) + (RUN_HF ? 75 : 0) + AB_RESERVE ))" \
       "$BUILD/lora_trainer" bench "$CONFIG" --out "$OUTDIR/bench.json" --weights-out "$WEIGHTS" \
       --steps "$STEPS" --warmup "$WARMUP" "runtime/device=$DEVICE"
   else
@@ -380,9 +384,14 @@ if ((RUN_BENCH)); then
   fi
   if ((RUN_REF)); then
     if [[ -f "$OUTDIR/bench.json" && -f "$WEIGHTS" ]]; then
-      run_stage reference 120 "$((RUN_HF ? 75 : 0))" \
+      run_stage reference 120 "$(( RUN_REF_COMPILED * 150 + (RUN_HF ? 75 : 0) + AB_RESERVE ))" \
         "$PY" scripts/reference_gpt.py "$OUTDIR/bench.json" --device "$DEVICE" --out "$OUTDIR/reference.json" \
         --steps "$STEPS" --warmup "$WARMUP" ${REFERENCE_ARGS:-}
+      if ((RUN_REF_COMPILED)); then
+        run_stage reference_compiled 240 "$(( (RUN_HF ? 75 : 0) + AB_RESERVE ))" \
+          "$PY" scripts/reference_gpt.py "$OUTDIR/bench.json" --device "$DEVICE" --out "$OUTDIR/reference_compiled.json" \
+          --steps "$STEPS" --warmup "$WARMUP" --compile --adamw fused ${REFERENCE_ARGS:-}
+      fi
     else
       record reference "skipped (no bench.json and weights from lora_trainer bench)"
     fi
@@ -421,6 +430,7 @@ def load(name):
     except Exception:
         return None
 ours, ref, hf = load("bench.json"), load("reference.json"), load("hf_peft.json")
+refc = load("reference_compiled.json")
 ab, ab_setting = load("bench_ab.json"), sys.argv[2]
 peak = None
 for src, key in ((hf, "gpu_bf16_matmul_peak_tflops"), (ref, "gpu_bf16_matmul_peak_tflops")):
@@ -475,6 +485,11 @@ print(hdr)
 for ph in ("full", "lora"):
     print(f"{ph:6s} {cell(o, ph):>13s} {cell(r, ph):>10s} {cell(h, ph):>10s} {ratio(o, r, ph):>9s} {ratio(o, h, ph):>8s} "
           f"{med(o, ph) + '/' + med(r, ph) + '/' + med(h, ph):>22s} {mfu(o, ph):>9s} {mfu(r, ph):>8s} {mfu(h, ph):>7s}")
+if refc:
+    rc = phases(refc)
+    print(f"\nreference under {refc.get('compiled')} with AdamW {refc.get('adamw')} (reference_compiled.json):")
+    for ph in ("full", "lora"):
+        print(f"{ph:6s} {cell(rc, ph):>13s} tok/s, {med(rc, ph)} ms a step, MFU {mfu(rc, ph)}; lora_trainer / it: {ratio(o, rc, ph)}")
 if o.get("full") and o.get("lora"):
     print(f"\nlora_trainer LoRA step / full step: {ours.get('lora_step_time_ratio', 0):.2f}")
 if ab:

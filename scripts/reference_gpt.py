@@ -26,6 +26,10 @@ What it uses, as a plain PyTorch user would write it:
   made on the GPU; torch.cuda.synchronize() before and after every timed step. It also measures the
   GPU's bf16 matmul peak (8192^3) for MFU. --pad-vocab computes the head over the vocabulary rounded
   up to a multiple of 64, as lora_trainer does on CUDA, so that change can be measured apart.
+- --compile (PyTorch 2.x): the forward and loss under torch.compile (default mode; Inductor's generated
+  kernels fuse the elementwise work), compiled in the warm-up steps (each phase compiles anew: the
+  frozen bf16 base and the adapters change the graph), so the timed steps are the compiled ones. With
+  --adamw fused this is the strongest plain script we know of.
 """
 import argparse
 import json
@@ -194,6 +198,8 @@ def main():
     ap.add_argument("--pad-vocab", action="store_true",
                     help="the head over the vocabulary rounded up to a multiple of 64 (extra columns at -inf), "
                          "as lora_trainer does on CUDA: separates that change from the rest of the comparison")
+    ap.add_argument("--compile", action="store_true",
+                    help="the forward and loss under torch.compile (PyTorch 2.x), compiled during the warm-up steps")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", default="reference.json")
@@ -225,6 +231,12 @@ def main():
     if diff > 0.02:
         sys.exit("the reference does not compute what lora_trainer computes (|diff| > 0.02): not a like-for-like comparison")
 
+    if args.compile:
+        if not hasattr(torch, "compile"):
+            sys.exit(f"--compile: PyTorch {torch.__version__} has no torch.compile (2.0 or later has)")
+        if args.warmup < 1:
+            sys.exit("--compile needs --warmup 1 or more: the first steps of each phase compile")
+        model.loss = torch.compile(model.loss)  # the instance's attribute shadows the method
     tps = cfg["training"]["batch_size"] * cfg["architecture"]["block_size"]
     result = {"first_batch_loss": ref_loss, "lora_trainer_first_batch_loss": check["loss"], "phases": []}
     fused = args.adamw
@@ -232,14 +244,17 @@ def main():
                    "attention": "F.scaled_dot_product_attention(is_causal=True)" if sdpa else "masked softmax",
                        "pad_vocab": args.pad_vocab,
                    "adamw": {"fused": "fused=True", "foreach": "foreach=True"}.get(fused, "default"),
-                   "lora": args.lora, "precision": "bf16 autocast" if bf16 else "f32"})
+                   "lora": args.lora, "precision": "bf16 autocast" if bf16 else "f32",
+                   "compiled": "torch.compile (default mode)" if args.compile else "eager"})
     if device_type == "cuda":
         result["gpu_bf16_matmul_peak_tflops"] = cuda_matmul_peak() / 1e12
         print(f"GPU bf16 matmul peak (8192^3): {result['gpu_bf16_matmul_peak_tflops']:.0f} TFLOP/s")
     # Phase 1: every parameter trains.
     step = make_step(model, list(params.values()), cfg, cfg["optimization"]["lr"], cfg["optimization"]["weight_decay"],
                      device, fused)
+    t0 = time.perf_counter()
     times = timed(step, args.warmup, args.steps)
+    print(f"phase 1: warm-up and timed steps {time.perf_counter() - t0:.1f} s")
     result["phases"].append({"phase": "full", "tokens_per_s": tps / times[len(times) // 2], "step_s_median": times[len(times) // 2],
                              "step_s_min": times[0], "step_s_max": times[-1]})
     # Phase 2: freeze the base as bf16, adapters on the targets, merged every step.
