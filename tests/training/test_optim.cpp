@@ -111,7 +111,10 @@ TEST_CASE("gradient norm: the fused sum of squares is LibTorch's norm, the same 
   const double two = clip_grad_norm({{"a", a}, {"b", b}}, 0.0);
   at::set_num_threads(before);
   CHECK(one == two);
-  CHECK(one == Approx(want).epsilon(1e-9));
+  // Squares summed in f32 over blocks of 1,024 (the blocks in double): within f32 rounding of the
+  // double-precision norm, whichever vector width the CPU's clone takes (an H200 host's Xeon landed
+  // 1.6e-9 off, this test's old 1e-9 bound); a lost or doubled block is off by far more.
+  CHECK(one == Approx(want).epsilon(1e-6));
 }
 
 TEST_CASE("weight decay skips vectors, and optimizer state is named", "[optim]") {
