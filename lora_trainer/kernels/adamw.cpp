@@ -2,17 +2,12 @@
 
 #include <cmath>
 
+#include "lora_trainer/kernels/vector_math.hpp"
+
 namespace lt {
 
-// Plain loops the compiler vectorises (this file is built with -O3, -fopenmp-simd, -fno-math-errno,
-// so the square root is a vector instruction); target_clones builds them for AVX-512, AVX2 and the
-// baseline, and the loader picks the best one this CPU runs.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define LT_VECTOR_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define LT_VECTOR_KERNEL
-#endif
-
+// Plain loops the compiler vectorises (vector_math.hpp; this file is also built with -fno-math-errno,
+// so the square root is a vector instruction).
 LT_VECTOR_KERNEL void adamw_update(float* __restrict p, const float* __restrict g, float* __restrict m,
                                    float* __restrict v, int64_t n, const AdamWScalars& s) {
   const float decay = s.decay, b1 = s.beta1, b2 = s.beta2, c1 = s.one_minus_beta1, c2 = s.one_minus_beta2;

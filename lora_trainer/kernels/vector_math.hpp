@@ -1,0 +1,57 @@
+// What the CPU kernels (cross_entropy.cpp, adamw.cpp, causal_softmax.cpp) share: the attribute that builds
+// a loop for several vector widths, bf16 <-> f32 conversions, and e^x for x <= 0, written so that the
+// compiler vectorises the loops that call them (those files are built with -O3, -fopenmp-simd and
+// -fno-trapping-math: CMakeLists.txt).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+// target_clones builds a kernel for AVX-512, AVX2 and the baseline; the loader picks the best one this
+// CPU runs.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LT_VECTOR_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define LT_VECTOR_KERNEL
+#endif
+
+namespace lt::vec {
+
+inline float bf16_to_f32(uint16_t b) { return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16); }
+
+// Round to nearest even, as LibTorch's float -> bfloat16 conversion does (the values here are finite).
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = __builtin_bit_cast(uint32_t, f);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// e^x for x <= 0 (a little above 0 is fine), relative error ~1e-7: Cephes' expf (range reduction by
+// ln 2 in two parts, a degree-6 polynomial, the power of two built in the exponent bits). Below
+// -87 it returns e^-87 (~1.6e-38), which adds nothing next to a row's maximum term, e^0.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  return p * __builtin_bit_cast(float, bits);
+}
+
+// A value as f32, and an f32 value in a kernel's element type (bf16 as its bits, uint16_t).
+inline float to_f32(uint16_t b) { return bf16_to_f32(b); }
+inline float to_f32(float f) { return f; }
+template <typename T>
+inline T from_f32(float f);
+template <>
+inline uint16_t from_f32<uint16_t>(float f) { return f32_to_bf16(f); }
+template <>
+inline float from_f32<float>(float f) { return f; }
+
+}  // namespace lt::vec
