@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/kernels/causal_softmax.hpp"
 
 namespace lt {
 
@@ -143,7 +144,15 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
   TORCH_CHECK(!fused, "fused attention needs LibTorch 2.0 or newer");
 #endif
   const int64_t T = q.size(-2), D = q.size(-1);
-  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B,H,T,T)
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  auto scores = torch::matmul(q, k.transpose(-2, -1));  // (B,H,T,T)
+  const bool f32_or_bf16 = v.scalar_type() == torch::kFloat32 || v.scalar_type() == torch::kBFloat16;
+  if (f32_or_bf16 && causal_softmax_supported(scores, mask)) {  // the CPU: one pass each way (kernels/causal_softmax.hpp)
+    auto att = causal_softmax(scores, scale, mask, v.scalar_type());
+    if (dropout > 0) att = torch::dropout(att, dropout, true);
+    return torch::matmul(att, v);
+  }
+  auto att = scores * scale;
   auto hidden = mask.defined() ? mask.logical_not()
                                : torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
   att = att.masked_fill(hidden, -std::numeric_limits<float>::infinity());

@@ -4,6 +4,8 @@
 // autocast, on CUDA where the flash/efficient kernels run) to 3e-2 absolute, a few bf16 steps.
 #include "catch.hpp"
 
+#include <limits>
+
 #include "lora_trainer/core/config.hpp"
 #include "lora_trainer/models/gpt2.hpp"
 #include "lora_trainer/core/runtime.hpp"
@@ -117,5 +119,28 @@ TEST_CASE("runtime/attention: auto is fused on CUDA (where LibTorch has it) and 
     CHECK(o.fused_attention_on(gpu));
   } else {
     CHECK_THROWS_WITH(ModelOptions::from_config(c), Contains("runtime/attention=fused needs LibTorch 2.0 or newer"));
+  }
+}
+
+TEST_CASE("manual attention on the CPU (the causal softmax kernel) computes attention: against LibTorch in f64", "[attention]") {
+  auto gen = at::detail::createCPUGenerator(6);
+  for (bool packed : {false, true}) {
+    INFO((packed ? "packed rows" : "causal"));
+    auto q = torch::randn({2, 3, 37, 16}, gen, torch::kFloat32).requires_grad_(true);
+    auto k = torch::randn({2, 3, 37, 16}, gen, torch::kFloat32).requires_grad_(true);
+    auto v = torch::randn({2, 3, 37, 16}, gen, torch::kFloat32);
+    auto segments = torch::cat({torch::cat({torch::zeros({10}), torch::ones({20}), torch::full({7}, 2)}).unsqueeze(0),
+                                torch::zeros({1, 37})}).to(torch::kLong);
+    const torch::Tensor mask = packed ? SequenceLayout(segments, 37, torch::kCPU).mask : torch::Tensor();
+    auto y = causal_attention(q, k, v, 0.0, /*fused=*/false, mask);
+    y.sum().backward();
+    auto q64 = q.detach().to(torch::kFloat64).requires_grad_(true), k64 = k.detach().to(torch::kFloat64).requires_grad_(true);
+    auto hidden = packed ? mask.logical_not() : torch::ones({37, 37}, torch::kBool).triu(1);
+    auto att = (torch::matmul(q64, k64.transpose(-2, -1)) * 0.25).masked_fill(hidden, -std::numeric_limits<double>::infinity());
+    auto y64 = torch::matmul(torch::softmax(att, -1), v.to(torch::kFloat64));
+    y64.sum().backward();
+    CHECK(max_abs_diff(y, y64) < 1e-5);
+    CHECK(max_abs_diff(q.grad(), q64.grad()) < 1e-5);
+    CHECK(max_abs_diff(k.grad(), k64.grad()) < 1e-5);
   }
 }
