@@ -69,6 +69,9 @@ LlamaBodyImpl::LlamaBodyImpl(const ModelOptions& o) {
 LlamaImpl::LlamaImpl(const ModelOptions& o) : CausalLMImpl(o) {
   model = register_module("model", LlamaBody(o));
   if (!o.tie_embeddings) lm_head = register_module("lm_head", Linear(o.d_model, o.vocab_size, /*with_bias=*/false));
+  // Tied: the lookup's gradient as rows, added into the head's dense one (GPTImpl's wte, gpt2.cpp).
+  // Untied, the embedding's gradient reaches its weight alone and must be dense.
+  model->embed_tokens->options.sparse(o.tie_embeddings);
 }
 
 void LlamaImpl::init_weights(torch::Generator gen) {
