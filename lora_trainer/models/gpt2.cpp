@@ -55,7 +55,8 @@ GPTImpl::GPTImpl(const ModelOptions& o) : CausalLMImpl(o) {
   // The tied head's weight is the embedding's, so its gradient is the head's dense (V, C) one plus the
   // looked-up rows'. With a sparse lookup gradient (the rows alone) autograd adds those rows into the
   // head's in place; a dense one was a zeroed (V, C) array, its rows added, then added whole to the
-  // head's (about 2.5% of a bench_block256 phase-1 step). The sum the weight receives is dense.
+  // head's (about 2.5% of a bench_block256 phase-1 step). The sum the weight receives is dense. On the
+  // CPU only (TokenEmbeddingImpl::forward).
   wte->options.sparse(true);
   wpe = register_module("wpe", torch::nn::Embedding(o.block_size, o.d_model));
   h = register_module("h", torch::nn::ModuleList());

@@ -70,7 +70,11 @@ TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t num_embeddings, int64_t dim)
 }
 
 torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& idx) {
-  auto e = torch::nn::EmbeddingImpl::forward(idx);
+  // options.sparse (a tied head, gpt2.cpp) on the CPU only, where it was measured: on CUDA the dense
+  // lookup gradient keeps the bits verified there (resume, ranks) and a sparse one would be added into
+  // the head's by another kernel, not checked on a GPU. (No max_norm: these options never set it.)
+  auto e = torch::embedding(weight, idx, options.padding_idx().value_or(-1), options.scale_grad_by_freq(),
+                            options.sparse() && !idx.is_cuda());
   if (!values().defined() || !rows_on_) return e;
   auto slot = slot_.index_select(0, idx.reshape({-1})).view(idx.sizes());
   // A lookup, not index_select: index_select's backward adds the rows of a repeated id with atomics on
