@@ -15,6 +15,7 @@ namespace lt {
 
 namespace {
 
+using vec::elements;
 using vec::exp_nonpositive;
 using vec::from_f32;
 using vec::to_f32;
@@ -77,13 +78,6 @@ Run visible_run(const uint8_t* vis, int64_t len) {
   int64_t c = b;
   while (c < len && !vis[c]) ++c;
   return {a, b - a, c == len};
-}
-
-// The element pointer of an f32 or bf16 tensor as float or as bf16's bits.
-template <typename T>
-T* elements(const torch::Tensor& t) {
-  if constexpr (std::is_same_v<T, float>) return t.data_ptr<float>();
-  else return reinterpret_cast<T*>(t.data_ptr<at::BFloat16>());
 }
 
 // Calls f with a value of the element type of `t`: float, or uint16_t for bf16.
@@ -191,8 +185,8 @@ bool f32_or_bf16(torch::ScalarType t) { return t == torch::kFloat32 || t == torc
 
 }  // namespace
 
-bool causal_softmax_supported(const torch::Tensor& scores, const torch::Tensor& visible) {
-  if (!scores.defined() || scores.is_cuda() || !scores.device().is_cpu() || scores.dim() < 2 ||
+bool causal_softmax_supported(const torch::Tensor& scores, const torch::Tensor& visible, torch::ScalarType out_dtype) {
+  if (!f32_or_bf16(out_dtype) || !scores.defined() || !scores.device().is_cpu() || scores.dim() < 2 ||
       !f32_or_bf16(scores.scalar_type()) || scores.size(-1) != scores.size(-2))
     return false;
   if (!visible.defined()) return true;
@@ -203,10 +197,10 @@ bool causal_softmax_supported(const torch::Tensor& scores, const torch::Tensor& 
 
 torch::Tensor causal_softmax(const torch::Tensor& scores, double scale, const torch::Tensor& visible,
                              torch::ScalarType out_dtype) {
-  TORCH_CHECK(causal_softmax_supported(scores, visible),
+  TORCH_CHECK(f32_or_bf16(out_dtype), "causal_softmax: the output's dtype must be f32 or bf16, got ", out_dtype);
+  TORCH_CHECK(causal_softmax_supported(scores, visible, out_dtype),
               "causal_softmax: CPU scores (..., T, T) in f32 or bf16, and no mask or a bool (B, 1, T, T) one, expected; got ",
               scores.sizes(), " ", scores.scalar_type(), visible.defined() ? " with a mask" : "");
-  TORCH_CHECK(f32_or_bf16(out_dtype), "causal_softmax: the output's dtype must be f32 or bf16, got ", out_dtype);
   // No mask travels as an empty one (an undefined tensor cannot be an input of a custom function).
   const auto mask = visible.defined() ? visible : torch::empty({0}, scores.options().dtype(torch::kBool));
   return CausalSoftmaxFn::apply(scores, scale, mask, static_cast<int64_t>(out_dtype));

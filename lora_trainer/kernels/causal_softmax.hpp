@@ -17,10 +17,10 @@
 
 namespace lt {
 
-// Whether causal_softmax takes these: CPU scores (..., T, T) in f32 or bf16, and `visible` either
+// Whether causal_softmax takes these: CPU scores (..., T, T) in f32 or bf16, `visible` either
 // undefined (causal: key j visible from query i when j <= i) or a bool (B, 1, T, T) for scores
-// (B, H, T, T) (SequenceLayout's mask for packed examples: visible where true).
-bool causal_softmax_supported(const torch::Tensor& scores, const torch::Tensor& visible);
+// (B, H, T, T) (SequenceLayout's mask for packed examples: visible where true), and an f32 or bf16 output.
+bool causal_softmax_supported(const torch::Tensor& scores, const torch::Tensor& visible, torch::ScalarType out_dtype);
 
 // softmax(scale * scores) over the last dimension, each row over its visible keys only (the hidden
 // ones are 0, in the output and in the gradient), computed in f32 and returned in `out_dtype` (f32 or

@@ -23,6 +23,7 @@ namespace lt {
 namespace {
 
 // The row kernels are plain loops that the compiler vectorises (vector_math.hpp).
+using vec::elements;
 using vec::exp_nonpositive;
 using vec::from_f32;
 using vec::to_f32;
@@ -50,13 +51,6 @@ LT_VECTOR_KERNEL void row_grad(const T* x, int64_t V, float lse, float g, int64_
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// The logits' values as T: bf16's bits as uint16_t, or f32.
-template <typename T>
-T* values(const torch::Tensor& t) {
-  if constexpr (std::is_same_v<T, float>) return t.data_ptr<float>();
-  else return reinterpret_cast<T*>(t.data_ptr<at::BFloat16>());
-}
-
 template <typename T>
 struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropySum<T>> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets) {
@@ -65,7 +59,7 @@ struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropy
     const int64_t N = x.size(0), V = x.size(1);
     auto lse = torch::empty({N}, torch::kFloat32);
     auto row_loss = torch::zeros({N}, torch::kFloat64);
-    const T* xp = values<T>(x);
+    const T* xp = elements<T>(x);
     const int64_t* tp = t.data_ptr<int64_t>();
     float* lp = lse.data_ptr<float>();
     double* rp = row_loss.data_ptr<double>();
@@ -93,8 +87,8 @@ struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropy
     const int64_t N = x.size(0), V = x.size(1);
     const float g = grad_outputs[0].to(torch::kFloat32).item<float>();
     auto grad = torch::empty_like(x);
-    const T* xp = values<T>(x);
-    T* gp = values<T>(grad);
+    const T* xp = elements<T>(x);
+    T* gp = elements<T>(grad);
     const int64_t* tp = t.data_ptr<int64_t>();
     const float* lp = lse.data_ptr<float>();
     at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {

@@ -1,11 +1,15 @@
 // What the CPU kernels (cross_entropy.cpp, adamw.cpp, causal_softmax.cpp) share: the attribute that builds
-// a loop for several vector widths, bf16 <-> f32 conversions, and e^x for x <= 0, written so that the
+// a loop for several vector widths, bf16 <-> f32 conversions, a tensor's elements as the kernels' element
+// types, and e^x for x <= 0, written so that the
 // compiler vectorises the loops that call them (those files are built with -O3, -fopenmp-simd and
 // -fno-trapping-math: CMakeLists.txt).
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 // target_clones builds a kernel for AVX-512, AVX2 and the baseline; the loader picks the best one this
 // CPU runs.
@@ -53,5 +57,12 @@ template <>
 inline uint16_t from_f32<uint16_t>(float f) { return f32_to_bf16(f); }
 template <>
 inline float from_f32<float>(float f) { return f; }
+
+// The elements of an f32 or bf16 CPU tensor as a kernel's element type: float, or bf16's bits as uint16_t.
+template <typename T>
+T* elements(const at::Tensor& t) {
+  if constexpr (std::is_same_v<T, float>) return t.data_ptr<float>();
+  else return reinterpret_cast<T*>(t.data_ptr<at::BFloat16>());
+}
 
 }  // namespace lt::vec

@@ -150,8 +150,7 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
   const int64_t T = q.size(-2), D = q.size(-1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   auto scores = torch::matmul(q, k.transpose(-2, -1));  // (B,H,T,T)
-  const bool f32_or_bf16 = v.scalar_type() == torch::kFloat32 || v.scalar_type() == torch::kBFloat16;
-  if (f32_or_bf16 && causal_softmax_supported(scores, mask)) {  // the CPU: one pass each way (kernels/causal_softmax.hpp)
+  if (causal_softmax_supported(scores, mask, v.scalar_type())) {  // the CPU: one pass each way (kernels/causal_softmax.hpp)
     auto att = causal_softmax(scores, scale, mask, v.scalar_type());
     if (dropout > 0) att = torch::dropout(att, dropout, true);
     return torch::matmul(att, v);

@@ -100,12 +100,14 @@ TEST_CASE("causal softmax kernel: the same bits for 1 and 2 threads, and a row o
 
 TEST_CASE("causal softmax kernel: what it does not take is said, not miscomputed", "[attention]") {
   auto s = torch::randn({2, 3, 5, 5});
-  CHECK(causal_softmax_supported(s, {}));
-  CHECK_FALSE(causal_softmax_supported(torch::randn({2, 3, 5, 6}), {}));          // not square
-  CHECK_FALSE(causal_softmax_supported(s.to(torch::kFloat16), {}));              // f16
-  CHECK_FALSE(causal_softmax_supported(s, torch::ones({2, 3, 5, 5}, torch::kBool)));  // a mask per head
-  CHECK_FALSE(causal_softmax_supported(s, torch::ones({2, 1, 5, 5})));           // not bool
-  CHECK(causal_softmax_supported(s, torch::ones({2, 1, 5, 5}, torch::kBool)));
+  CHECK(causal_softmax_supported(s, {}, torch::kFloat32));
+  CHECK_FALSE(causal_softmax_supported(torch::randn({2, 3, 5, 6}), {}, torch::kFloat32));          // not square
+  CHECK_FALSE(causal_softmax_supported(s.to(torch::kFloat16), {}, torch::kFloat32));              // f16
+  CHECK_FALSE(causal_softmax_supported(s, torch::ones({2, 3, 5, 5}, torch::kBool), torch::kFloat32));  // a mask per head
+  CHECK_FALSE(causal_softmax_supported(s, torch::ones({2, 1, 5, 5}), torch::kFloat32));           // not bool
+  CHECK(causal_softmax_supported(s, torch::ones({2, 1, 5, 5}, torch::kBool), torch::kFloat32));
+  CHECK(causal_softmax_supported(s, {}, torch::kBFloat16));
+  CHECK_FALSE(causal_softmax_supported(s, {}, torch::kFloat16));                 // f16 weights
   CHECK_THROWS_WITH(causal_softmax(torch::randn({2, 3, 5, 6}), 1.0, {}, torch::kFloat32),
                     Contains("(..., T, T) in f32 or bf16"));
   CHECK_THROWS_WITH(causal_softmax(s, 1.0, {}, torch::kFloat16), Contains("f32 or bf16, got"));
