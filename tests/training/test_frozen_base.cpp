@@ -289,6 +289,15 @@ TEST_CASE("frozen_linear: the product and x's gradient of a bf16 weight, without
   // No graph needed (x does not train): the same product.
   CHECK(torch::equal(frozen_linear(x0, W, b), yr.detach()));
   CHECK(torch::allclose(frozen_linear(x0, W, b, 64), yr.detach(), 1e-6, 1e-6));
+  // In blocks, each block's columns of the output hold its product (with and without the bias, for a
+  // matrix x and a batch of them), as one product of the whole cast weight gives them.
+  const auto Wf = W.to(torch::kFloat32), bf = b.to(torch::kFloat32);
+  for (const auto& x : {x0, x0.reshape({15, 16})})
+    for (const int64_t block : {int64_t(16 * 4 * 10), int64_t(16 * 4 * 7)}) {  // blocks of 10 rows (7: a shorter last one)
+      INFO("x " << x.sizes() << ", block " << block);
+      CHECK(torch::allclose(frozen_linear(x, W, b, block), torch::linear(x, Wf, bf), 1e-6, 1e-6));
+      CHECK(torch::allclose(frozen_linear(x, W, torch::Tensor(), block), torch::linear(x, Wf), 1e-6, 1e-6));
+    }
 }
 
 }  // namespace lt
