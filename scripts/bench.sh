@@ -7,6 +7,8 @@
 # in f32 where the run is f32, and glibc's allocator tuned as lora_trainer's runtime tunes it (so the
 # ratio measures the code, not the allocator). REFERENCE_ARGS adds options of reference_gpt.py (e.g.
 # "--lora merged" for the reference framework's way, "--adamw foreach").
+# The reference also times each phase's matrix products alone (--products): "ceiling" is its step time over
+# that, the most any program on this BLAS could gain on it (a ratio near the ceiling has little left to take).
 # PAIRS=N (default 1) runs N alternating pairs (ours, reference, ours, ...) and reports each side's
 # median tokens/s and the median of the pairs' ratios: on a shared machine one pair can be 20% off.
 # Usage: [PAIRS=N] scripts/bench.sh [CONFIG] [OUT_DIR] [key=value ...]   (CONFIG default: configs/demo.json)
@@ -26,7 +28,7 @@ for ((i = 1; i <= PAIRS; i++)); do
   "$ROOT/build/lora_trainer" bench "$CONFIG" --out "$OUT/bench$suffix.json" --weights-out "$OUT/bench-weights.pt" "$@"
   # shellcheck disable=SC2086
   MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824 OMP_NUM_THREADS="$(nproc)" \
-    /usr/bin/python3 "$ROOT/scripts/reference_gpt.py" "$OUT/bench$suffix.json" --out "$OUT/reference$suffix.json" ${REFERENCE_ARGS:-}
+    /usr/bin/python3 "$ROOT/scripts/reference_gpt.py" "$OUT/bench$suffix.json" --out "$OUT/reference$suffix.json" --products ${REFERENCE_ARGS:-}
 done
 /usr/bin/python3 - "$OUT" "$PAIRS" <<'PY'
 import json, statistics, sys
@@ -35,17 +37,22 @@ names = [""] if pairs == 1 else [f"-{i}" for i in range(1, pairs + 1)]
 ours = [json.load(open(f"{out}/bench{n}.json"))["phases"] for n in names]
 ref = [json.load(open(f"{out}/reference{n}.json"))["phases"] for n in names]
 summary = []
-print(f"\n{'phase':6s} {'lora_trainer tok/s':>19s} {'reference tok/s':>16s} {'ratio':>7s}" + ("   (medians of %d pairs; each pair's ratio)" % pairs if pairs > 1 else ""))
+print(f"\n{'phase':6s} {'lora_trainer tok/s':>19s} {'reference tok/s':>16s} {'ratio':>7s} {'ceiling':>8s}" + ("   (medians of %d pairs; each pair's ratio)" % pairs if pairs > 1 else ""))
 for k, phase in enumerate(ours[0]):
     a = [o[k]["tokens_per_s"] for o in ours]
     b = [r[k]["tokens_per_s"] for r in ref]
     ratios = [x / y for x, y in zip(a, b)]
+    # The most any program could gain on the reference with this BLAS: its step over the step's products alone.
+    ceilings = [r[k]["step_s_median"] / r[k]["products_s"] for r in ref if "products_s" in r[k]]
     row = {"phase": phase["phase"], "lora_trainer_tokens_per_s": statistics.median(a),
            "reference_tokens_per_s": statistics.median(b), "ratio": statistics.median(ratios)}
+    if ceilings:
+        row["ceiling"] = statistics.median(ceilings)
     if pairs > 1:
         row.update({"pairs": pairs, "lora_trainer_runs": a, "reference_runs": b, "ratios": ratios})
     summary.append(row)
     print(f"{row['phase']:6s} {row['lora_trainer_tokens_per_s']:19.0f} {row['reference_tokens_per_s']:16.0f} {row['ratio']:6.2f}x"
+          + (f" {row['ceiling']:7.2f}x" if "ceiling" in row else " " * 9)
           + ("   " + " ".join(f"{r:.2f}" for r in ratios) if pairs > 1 else ""))
 json.dump(summary, open(f"{out}/bench-summary.json", "w"), indent=2)
 PY

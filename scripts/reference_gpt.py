@@ -159,6 +159,59 @@ def timed(step, warmup, steps):
     return times
 
 
+def products_time(model, cfg, lora, device, reps=3):
+    """Seconds a step of the phase spends in its matrix products alone: every product of the forward and
+    backward (phase 1: each weight's forward, x's and W's gradients; the LoRA phase: the frozen weights'
+    forward and x's gradient, the adapters' six products), attention's two batched products forward and
+    four backward, for every micro-batch, on random operands of the step's shapes and dtype. No program
+    that computes this step with this BLAS/oneDNN can take less time: the reference's step time over
+    this is the most any implementation could gain on it."""
+    t = cfg["training"]
+    B = t["batch_size"]
+    micro = B if t["per_device_batch_size"] < 0 else t["per_device_batch_size"]
+    T, H, D = model.T, model.H, model.C // model.H
+    dt = torch.bfloat16 if bf16 else torch.float32
+    N = micro * T
+
+    def mk(*shape):
+        return torch.randn(*shape, device=device, dtype=dt)
+
+    ops = []
+    for name, w in model.p.items():
+        if w.dim() != 2 or not (name.startswith("h.") or name == "wte.weight"):
+            continue
+        out, inp = w.shape
+        W, x, g = mk(out, inp), mk(N, inp), mk(N, out)
+        ops += [lambda x=x, W=W: F.linear(x, W), lambda g=g, W=W: g.mm(W)]
+        if not lora:
+            ops.append(lambda g=g, x=x: g.t().mm(x))
+        elif name in model.lora:
+            r = model.lora[name][0].shape[1]
+            A, Bm, xa, gb = mk(inp, r), mk(r, out), mk(N, r), mk(N, r)
+            ops += [lambda x=x, A=A: x.mm(A), lambda xa=xa, Bm=Bm: xa.mm(Bm), lambda g=g, Bm=Bm: g.mm(Bm.t()),
+                    lambda xa=xa, g=g: xa.t().mm(g), lambda gb=gb, A=A: gb.mm(A.t()), lambda x=x, gb=gb: x.t().mm(gb)]
+    q, k, v, dy = mk(micro * H, T, D), mk(micro * H, T, D), mk(micro * H, T, D), mk(micro * H, T, D)
+    att, datt = mk(micro * H, T, T), mk(micro * H, T, T)
+    for _ in range(model.L):
+        ops += [lambda: q @ k.transpose(-2, -1), lambda: att @ v,  # forward
+                lambda: att.transpose(-2, -1) @ dy, lambda: dy @ v.transpose(-2, -1),  # v's and the weights' gradients
+                lambda: datt @ k, lambda: datt.transpose(-2, -1) @ q]  # q's and k's gradients
+
+    def step():
+        for _ in range(0, B, micro):
+            for op in ops:
+                op()
+        sync()
+
+    step()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
 def cuda_matmul_peak(n=8192, reps=10):
     """The best bf16 (n x n) @ (n x n) rate on the GPU, FLOP/s."""
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -200,6 +253,9 @@ def main():
                          "as lora_trainer does on CUDA: separates that change from the rest of the comparison")
     ap.add_argument("--compile", action="store_true",
                     help="the forward and loss under torch.compile (PyTorch 2.x), compiled during the warm-up steps")
+    ap.add_argument("--products", action="store_true",
+                    help="also time each phase's matrix products alone (products_s): the floor no implementation "
+                         "on this BLAS can go under, so the most any could gain on the reference")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--out", default="reference.json")
@@ -257,6 +313,8 @@ def main():
     print(f"phase 1: warm-up and timed steps {time.perf_counter() - t0:.1f} s")
     result["phases"].append({"phase": "full", "tokens_per_s": tps / times[len(times) // 2], "step_s_median": times[len(times) // 2],
                              "step_s_min": times[0], "step_s_max": times[-1]})
+    if args.products:
+        result["phases"][-1]["products_s"] = products_time(model, cfg, False, device)
     # Phase 2: freeze the base as bf16, adapters on the targets, merged every step.
     lcfg = cfg["optimization"]["lora"]
     r, alpha = lcfg["rank"], lcfg["alpha"]
@@ -278,9 +336,13 @@ def main():
     times = timed(step, args.warmup, args.steps)
     result["phases"].append({"phase": "lora", "tokens_per_s": tps / times[len(times) // 2], "step_s_median": times[len(times) // 2],
                              "step_s_min": times[0], "step_s_max": times[-1]})
+    if args.products:
+        result["phases"][-1]["products_s"] = products_time(model, cfg, True, device)
     json.dump(result, open(args.out, "w"), indent=2)
     for ph in result["phases"]:
-        print(f"reference {ph['phase']:5s}: {ph['tokens_per_s']:8.0f} tok/s, step median {ph['step_s_median']:.3f}s")
+        print(f"reference {ph['phase']:5s}: {ph['tokens_per_s']:8.0f} tok/s, step median {ph['step_s_median']:.3f}s"
+              + (f"; its products alone {ph['products_s']:.3f}s (at most {ph['step_s_median'] / ph['products_s']:.2f}x "
+                 "faster for any program on this BLAS)" if "products_s" in ph else ""))
     print(f"wrote {args.out}")
 
 
