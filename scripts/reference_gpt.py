@@ -108,11 +108,15 @@ class GPT:
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
 
 
-def make_step(model, params, cfg, lr, weight_decay, device="cpu", fused="default"):
+def batch_and_micro(cfg):
+    """The step's rows and the rows of a micro-batch (per_device_batch_size < 0: the whole batch at once)."""
     t = cfg["training"]
+    return t["batch_size"], t["batch_size"] if t["per_device_batch_size"] < 0 else t["per_device_batch_size"]
+
+
+def make_step(model, params, cfg, lr, weight_decay, device="cpu", fused="default"):
     o = cfg["optimization"]
-    B = t["batch_size"]
-    micro = B if t["per_device_batch_size"] < 0 else t["per_device_batch_size"]
+    B, micro = batch_and_micro(cfg)
     decay = [q for q in params if q.dim() >= 2]
     no_decay = [q for q in params if q.dim() < 2]
     extra = {"fused": True} if fused == "fused" else {"foreach": True} if fused == "foreach" else {}
@@ -166,9 +170,7 @@ def products_time(model, cfg, lora, device, reps=3):
     four backward, for every micro-batch, on random operands of the step's shapes and dtype. No program
     that computes this step with this BLAS/oneDNN can take less time: the reference's step time over
     this is the most any implementation could gain on it."""
-    t = cfg["training"]
-    B = t["batch_size"]
-    micro = B if t["per_device_batch_size"] < 0 else t["per_device_batch_size"]
+    B, micro = batch_and_micro(cfg)
     T, H, D = model.T, model.H, model.C // model.H
     dt = torch.bfloat16 if bf16 else torch.float32
     N = micro * T
