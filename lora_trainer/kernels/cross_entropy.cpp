@@ -40,12 +40,19 @@ LT_VECTOR_KERNEL float row_logsumexp(const T* x, int64_t V) {
   return m + std::log(s);
 }
 
-// out[j] = g * (softmax(x)[j] - [j == target]), in the logits' dtype.
+// out[j] = g * (softmax(x)[j] - [j == target]), in the logits' dtype. `out` may be `x` itself.
 template <typename T>
 LT_VECTOR_KERNEL void row_grad(const T* x, int64_t V, float lse, float g, int64_t target, T* out) {
+  const float x_target = to_f32(x[target]);  // read before an in-place pass overwrites it
 #pragma omp simd
   for (int64_t j = 0; j < V; ++j) out[j] = from_f32<T>(g * exp_nonpositive(to_f32(x[j]) - lse));
-  out[target] = from_f32<T>(g * (exp_nonpositive(to_f32(x[target]) - lse) - 1.0f));
+  out[target] = from_f32<T>(g * (exp_nonpositive(x_target - lse) - 1.0f));
+}
+
+// Whether the logits saved for backward are held by nothing but this loss: not a view, one tensor
+// on their storage, and that tensor held only by the saved variable and the handle unpacked from it.
+bool held_only_by_the_loss(const torch::Tensor& saved) {
+  return !saved.is_view() && saved.storage().use_count() == 1 && saved.use_count() <= 2;
 }
 
 using torch::autograd::AutogradContext;
@@ -53,10 +60,12 @@ using torch::autograd::tensor_list;
 
 template <typename T>
 struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropySum<T>> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets,
+                               bool overwrite_logits) {
     auto x = logits.contiguous();
     auto t = targets.to(torch::kLong).contiguous();
     const int64_t N = x.size(0), V = x.size(1);
+    ctx->saved_data["overwrite_logits"] = overwrite_logits;
     auto lse = torch::empty({N}, torch::kFloat32);
     auto row_loss = torch::zeros({N}, torch::kFloat64);
     const T* xp = elements<T>(x);
@@ -86,7 +95,16 @@ struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropy
     const auto& lse = saved[2];
     const int64_t N = x.size(0), V = x.size(1);
     const float g = grad_outputs[0].to(torch::kFloat32).item<float>();
-    auto grad = torch::empty_like(x);
+    // The gradient goes into the logits' own array where the caller gave them up and nothing else holds
+    // them (their version is bumped, so a second backward through this graph is LibTorch's error);
+    // otherwise into a new one.
+    torch::Tensor grad;
+    if (ctx->saved_data["overwrite_logits"].toBool() && held_only_by_the_loss(x)) {
+      grad = x;
+      x.unsafeGetTensorImpl()->bump_version();
+    } else {
+      grad = torch::empty_like(x);
+    }
     const T* xp = elements<T>(x);
     T* gp = elements<T>(grad);
     const int64_t* tp = t.data_ptr<int64_t>();
@@ -97,7 +115,7 @@ struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropy
         else row_grad(xp + i * V, V, lp[i], g, tp[i], gp + i * V);
       }
     });
-    return {grad, torch::Tensor()};
+    return {grad, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -153,13 +171,14 @@ bool cuda_loss_kernels_built() {
 #endif
 }
 
-torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets, bool fused) {
+torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets, bool fused,
+                                bool overwrite_logits) {
   TORCH_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
               "cross_entropy_sum: logits (N, V) and targets (N) expected");
   if (fused && logits.device().is_cpu() && logits.scalar_type() == torch::kFloat32)
-    return FusedCrossEntropySum<float>::apply(logits, targets);
+    return FusedCrossEntropySum<float>::apply(logits, targets, overwrite_logits);
   if (fused && logits.scalar_type() == torch::kBFloat16) {
-    if (logits.device().is_cpu()) return FusedCrossEntropySum<uint16_t>::apply(logits, targets);
+    if (logits.device().is_cpu()) return FusedCrossEntropySum<uint16_t>::apply(logits, targets, overwrite_logits);
 #ifdef LT_WITH_CUDA_KERNELS
     if (logits.is_cuda()) return CudaCrossEntropySum::apply(logits, targets);
 #endif

@@ -103,9 +103,11 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& se
 }
 
 torch::Tensor GPTImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& segments) {
-  auto x = hidden(idx, segments);
-  auto logits = output_logits(x, wte->output_weight(x), /*padded=*/true);  // (B, T, V or padded V), bf16 under autocast
-  return cross_entropy_sum(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), opts_.fused_loss_on(idx.device()));
+  // (B * T, C): the head then makes (B * T, V or padded V) logits (bf16 under autocast) that are no view,
+  // so the loss may write its gradient over them.
+  auto x = hidden(idx, segments).flatten(0, 1);
+  auto logits = output_logits(x, wte->output_weight(x), /*padded=*/true);
+  return cross_entropy_sum(logits, targets.reshape({-1}), opts_.fused_loss_on(idx.device()), /*overwrite_logits=*/true);
 }
 
 }  // namespace lt

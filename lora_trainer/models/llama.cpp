@@ -120,8 +120,9 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const torch::Tensor& 
 }
 
 torch::Tensor LlamaImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& segments) {
-  auto z = logits(hidden(idx, segments), /*padded=*/true);
-  return cross_entropy_sum(z.reshape({-1, z.size(-1)}), targets.reshape({-1}), opts_.fused_loss_on(idx.device()));
+  // (B * T, C) in, so the logits are no view and the loss may write its gradient over them (gpt2.cpp).
+  auto z = logits(hidden(idx, segments).flatten(0, 1), /*padded=*/true);
+  return cross_entropy_sum(z, targets.reshape({-1}), opts_.fused_loss_on(idx.device()), /*overwrite_logits=*/true);
 }
 
 }  // namespace lt

@@ -123,6 +123,87 @@ TEST_CASE("fused cross-entropy: a target outside the vocabulary is an error, not
   CHECK_THROWS_WITH(cross_entropy_sum(c.logits, c.targets), Contains("outside the vocabulary of 100"));
 }
 
+namespace {
+
+// The gradient of cross_entropy_sum(z, targets, fused, overwrite_logits=true) with respect to a leaf
+// whose copy z the logits are, and where that gradient was written. With `keep`, the caller still holds z.
+struct Overwritten {
+  torch::Tensor grad;           // d loss / d leaf, scaled by g
+  const void* logits = nullptr;  // z's array
+  const void* written = nullptr;  // the array the loss's gradient arrived in
+  torch::Tensor kept;           // z after backward, where kept
+};
+
+Overwritten overwritten(const torch::Tensor& logits, const torch::Tensor& targets, double g, bool keep) {
+  auto leaf = logits.detach().requires_grad_(true);
+  auto z = leaf.mul(1.0);  // not a leaf, not a view: what a model's head hands the loss
+  Overwritten o;
+  o.logits = z.data_ptr();
+  z.register_hook([&o](const torch::Tensor& grad) { o.written = grad.data_ptr(); });
+  auto loss = cross_entropy_sum(z, targets, /*fused=*/true, /*overwrite_logits=*/true);
+  if (keep) o.kept = z;
+  z = torch::Tensor();
+  (loss * g).backward();
+  o.grad = leaf.grad();
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("fused cross-entropy with overwrite_logits: the gradient takes the logits' array when only the loss holds them, and is the same gradient", "[loss]") {
+  const double g = 1.0 / 300.0;
+  // Small vocabularies put a visible probability on the target, whose entry the in-place pass must read
+  // before it overwrites the row.
+  for (auto [N, V, scale] : {std::tuple<int64_t, int64_t, double>{24, 50257, 2.0}, {37, 257, 1.0}, {9, 1001, 8.0}}) {
+    INFO("N " << N << " V " << V << " scale " << scale);
+    Case c = make_case(N, V, scale, static_cast<uint64_t>(V) + 2);
+    auto [ref_loss, ref_grad] = reference(c, g);
+    SECTION("bf16 logits") {
+      auto o = overwritten(c.logits, c.targets, g, /*keep=*/false);
+      CHECK(o.written == o.logits);
+      CHECK(within_bf16(o.grad, ref_grad));
+      CHECK(torch::equal(o.grad, fused(c, g).second));  // the bits of the gradient into a new array
+    }
+    SECTION("f32 logits") {
+      auto f32 = c.logits.to(torch::kFloat32);
+      auto o = overwritten(f32, c.targets, g, /*keep=*/false);
+      CHECK(o.written == o.logits);
+      CHECK((o.grad - ref_grad).abs().max().item<double>() <= 1e-5 * ref_grad.abs().max().item<double>());
+    }
+  }
+}
+
+TEST_CASE("fused cross-entropy with overwrite_logits: logits the caller still holds, or a view, are left as they were", "[loss]") {
+  Case c = make_case(16, 257, 2.0, 11);
+  auto f32 = c.logits.to(torch::kFloat32);
+  SECTION("held") {
+    auto o = overwritten(f32, c.targets, 0.5, /*keep=*/true);
+    CHECK(o.written != o.logits);
+    CHECK(torch::equal(o.kept, f32));
+  }
+  SECTION("a view of a larger array") {
+    auto leaf = f32.reshape({4, 4, 257}).detach().requires_grad_(true);
+    auto z = leaf.mul(1.0);
+    const void* array = z.data_ptr();
+    const void* written = nullptr;
+    auto rows = z.reshape({16, 257});
+    rows.register_hook([&written](const torch::Tensor& grad) { written = grad.data_ptr(); });
+    auto loss = cross_entropy_sum(rows, c.targets, /*fused=*/true, /*overwrite_logits=*/true);
+    rows = torch::Tensor();
+    loss.backward();
+    CHECK(written != array);
+    CHECK(torch::equal(z, f32.reshape({4, 4, 257})));
+  }
+  SECTION("a retained graph's second backward is an error, not a wrong gradient") {
+    auto leaf = f32.detach().requires_grad_(true);
+    auto z = leaf.mul(1.0);
+    auto loss = cross_entropy_sum(z, c.targets, /*fused=*/true, /*overwrite_logits=*/true);
+    z = torch::Tensor();
+    loss.backward({}, /*retain_graph=*/true);
+    CHECK_THROWS_WITH(loss.backward(), Contains("modified by an inplace operation"));
+  }
+}
+
 TEST_CASE("fused cross-entropy on CUDA: loss and gradient match LibTorch's f32 cross_entropy and the CPU kernel", "[loss][cuda]") {
   if (!have_cuda_kernels()) return;
   const torch::Device gpu(torch::kCUDA);
