@@ -1,7 +1,5 @@
 #include "lora_trainer/kernels/cross_entropy.hpp"
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -9,6 +7,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "lora_trainer/kernels/parallel.hpp"
 #include "lora_trainer/kernels/vector_math.hpp"
 
 #ifdef LT_WITH_CUDA_KERNELS

@@ -1,6 +1,5 @@
 #include "lora_trainer/kernels/nf4.hpp"
 
-#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
@@ -8,6 +7,8 @@
 #include <limits>
 #include <map>
 #include <mutex>
+
+#include "lora_trainer/kernels/parallel.hpp"
 
 #ifdef LT_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>

@@ -5,10 +5,9 @@
 #include <cmath>
 #include <numeric>
 
-#include <ATen/Parallel.h>
-
 #include "lora_trainer/core/torch_compat.hpp"
 #include "lora_trainer/kernels/adamw.hpp"
+#include "lora_trainer/kernels/parallel.hpp"
 
 namespace lt {
 
