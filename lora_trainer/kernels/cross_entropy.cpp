@@ -99,7 +99,7 @@ struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropy
     // otherwise into a new one.
     torch::Tensor grad;
     if (ctx->saved_data["overwrite_logits"].toBool() && held_only_by_the_loss(x)) {
-      grad = x;
+      grad = x.detach();  // the same array, without the logits' place in the graph
       x.unsafeGetTensorImpl()->bump_version();
     } else {
       grad = torch::empty_like(x);
