@@ -11,6 +11,7 @@
 #include "lora_trainer/formats/frozen_base.hpp"
 #include "lora_trainer/formats/hf_families.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
+#include "lora_trainer/kernels/cross_entropy.hpp"
 #include "launch.hpp"
 #include "lora_trainer/peft/frozen_weight.hpp"
 
@@ -298,6 +299,26 @@ TEST_CASE("frozen_linear: the product and x's gradient of a bf16 weight, without
       CHECK(torch::allclose(frozen_linear(x, W, b, block), torch::linear(x, Wf, bf), 1e-6, 1e-6));
       CHECK(torch::allclose(frozen_linear(x, W, torch::Tensor(), block), torch::linear(x, Wf), 1e-6, 1e-6));
     }
+}
+
+TEST_CASE("a frozen head's logits take the loss's gradient in place: frozen_linear of a matrix gives no view", "[frozen_base][lora][loss]") {
+  torch::manual_seed(6);
+  const auto W = torch::randn({300, 16}).to(torch::kBFloat16);  // a tied head of 300 tokens
+  const auto t = torch::randint(0, 300, {12}, torch::kLong);
+  for (const int64_t block : {kFrozenCastBlockBytes, int64_t(16 * 4 * 64)}) {  // one product; blocks of 64 rows
+    INFO("block " << block);
+    auto x = torch::randn({12, 16}).requires_grad_(true);
+    auto logits = frozen_linear(x, W, torch::Tensor(), block);
+    CHECK_FALSE(logits.is_view());
+    const void* array = logits.data_ptr();
+    const void* written = nullptr;
+    logits.register_hook([&written](const torch::Tensor& g) { written = g.data_ptr(); });
+    auto loss = cross_entropy_sum(logits, t, /*fused=*/true, /*overwrite_logits=*/true);
+    logits = torch::Tensor();
+    loss.backward();
+    CHECK(written == array);
+    CHECK(x.grad().defined());
+  }
 }
 
 }  // namespace lt
