@@ -56,11 +56,16 @@ torch::Tensor cast_linear(const torch::Tensor& x, const torch::Tensor& W, const 
   const int64_t step = block_rows(W, dtype, block_bytes), out = W.size(0);
   if (step >= out) return bc.defined() ? torch::linear(x, cast_rows(W, 0, out, dtype), bc) : torch::linear(x, cast_rows(W, 0, out, dtype));
   const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
-  torch::Tensor y = torch::empty({x2.size(0), out}, x.options());
+  // The output in its own shape, no view (a loss may then write its gradient over it: cross_entropy_sum);
+  // the blocks write their columns through a matrix view of it.
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = out;
+  torch::Tensor y = torch::empty(sizes, x.options());
+  const torch::Tensor y2 = y.view({x2.size(0), out});
   for (int64_t first = 0; first < out; first += step) {
     const int64_t rows = std::min(step, out - first);
     const torch::Tensor Wb = cast_rows(W, first, rows, dtype);
-    torch::Tensor columns = y.narrow(1, first, rows);
+    torch::Tensor columns = y2.narrow(1, first, rows);
     if (bc.defined() && x.dim() == 2) {
       torch::addmm_out(columns, bc.narrow(0, first, rows), x2, Wb.t());
     } else {
@@ -68,10 +73,7 @@ torch::Tensor cast_linear(const torch::Tensor& x, const torch::Tensor& W, const 
       if (bc.defined()) columns.add_(bc.narrow(0, first, rows));
     }
   }
-  if (x.dim() == 2) return y;  // no view: a loss may then write its gradient over it (cross_entropy_sum)
-  std::vector<int64_t> sizes = x.sizes().vec();
-  sizes.back() = out;
-  return y.view(sizes);
+  return y;
 }
 
 // g W: x's gradient through x W^T, W cast block by block.
