@@ -128,8 +128,10 @@ void check_launch(const char* error, const char* what) {
 // The same function on CUDA (cross_entropy_cuda.cu). Nothing is read back to the host: the row
 // losses are summed on the device, and the backward reads its incoming gradient there.
 struct CudaCrossEntropySum : public torch::autograd::Function<CudaCrossEntropySum> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets,
+                               bool overwrite_logits) {
     auto x = logits.contiguous();
+    ctx->saved_data["overwrite_logits"] = overwrite_logits;
     auto t = targets.to(x.device(), torch::kLong).contiguous();
     const int64_t N = x.size(0), V = x.size(1);
     const c10::cuda::CUDAGuard device(x.device());
@@ -149,13 +151,21 @@ struct CudaCrossEntropySum : public torch::autograd::Function<CudaCrossEntropySu
     const auto& lse = saved[2];
     const c10::cuda::CUDAGuard device(x.device());
     auto g = grad_outputs[0].to(x.device(), torch::kFloat32).contiguous();
-    auto grad = torch::empty_like(x);
+    // As on the CPU: over the logits where nothing but this loss holds them (the kernel reads each
+    // element before it writes it), else into a new array.
+    torch::Tensor grad;
+    if (ctx->saved_data["overwrite_logits"].toBool() && held_only_by_the_loss(x)) {
+      grad = x.detach();
+      x.unsafeGetTensorImpl()->bump_version();
+    } else {
+      grad = torch::empty_like(x);
+    }
     check_launch(cuda_kernels::cross_entropy_backward(
                      bf16_bits(x), x.size(0), x.size(1), x.size(1), t.data_ptr<int64_t>(), lse.data_ptr<float>(),
                      g.data_ptr<float>(), reinterpret_cast<uint16_t*>(grad.data_ptr<at::BFloat16>()),
                      c10::cuda::getCurrentCUDAStream().stream()),
                  "backward");
-    return {grad, torch::Tensor()};
+    return {grad, torch::Tensor(), torch::Tensor()};
   }
 };
 #endif
@@ -179,7 +189,7 @@ torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor
   if (fused && logits.scalar_type() == torch::kBFloat16) {
     if (logits.device().is_cpu()) return FusedCrossEntropySum<uint16_t>::apply(logits, targets, overwrite_logits);
 #ifdef LT_WITH_CUDA_KERNELS
-    if (logits.is_cuda()) return CudaCrossEntropySum::apply(logits, targets);
+    if (logits.is_cuda()) return CudaCrossEntropySum::apply(logits, targets, overwrite_logits);
 #endif
     TORCH_CHECK(!logits.is_cuda(), "cross_entropy_sum: this build has no CUDA kernels for the fused loss "
                 "(runtime/loss=fused needs a build configured with a CUDA compiler)");

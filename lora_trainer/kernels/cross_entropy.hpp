@@ -23,10 +23,11 @@ namespace lt {
 // so do f32 logits on the CPU; everything else takes LibTorch's log_softmax + nll_loss in f32. A target >= V is an error on the
 // CPU; on CUDA, where checking would make the step wait for the GPU, the fused kernel makes that
 // row's loss NaN (LibTorch's own kernel stops the process with a device-side assertion).
-// With `overwrite_logits`, the CPU kernels' backward writes the gradient into the logits' own array
-// when nothing but the loss holds them any more (the models' loss_sum, whose logits live only for the
-// loss): one N x V array less at the step's peak (206 MB of f32 logits for 1,024 tokens of GPT-2's
-// vocabulary) and no fresh memory to fault in. Logits that are a view or still held elsewhere are left
+// With `overwrite_logits`, the fused kernels' backward (CPU and CUDA) writes the gradient into the
+// logits' own array when nothing but the loss holds them any more (the models' loss_sum, whose logits
+// live only for the loss): one N x V array less at the step's peak (206 MB of f32 logits for 1,024
+// tokens of GPT-2's vocabulary; 1.6 GB of bf16 logits for 16 x 1,024 tokens of its padded vocabulary
+// on a GPU) and no fresh memory to fault in. Logits that are a view or still held elsewhere are left
 // alone, and a retained graph's second backward is LibTorch's "modified by an inplace operation" error.
 torch::Tensor cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets, bool fused = true,
                                 bool overwrite_logits = false);

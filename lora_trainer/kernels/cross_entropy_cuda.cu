@@ -37,6 +37,8 @@ const char* cross_entropy_backward(const uint16_t* logits, int64_t N, int64_t V,
                                    void* stream) {
   if (N == 0) return nullptr;
   if (N > INT_MAX) return "more rows than one kernel launch takes (2^31 - 1)";
+  if (static_cast<const void*>(grad) == static_cast<const void*>(logits) && row_stride != V)
+    return "the gradient written over logits whose rows are not contiguous";
   auto s = static_cast<cudaStream_t>(stream);
   if (vectors_fit(V, row_stride, logits, grad))
     backward_kernel<true><<<static_cast<unsigned>(N), kThreads, 0, s>>>(logits, V, row_stride, targets, lse, g, grad);

@@ -24,7 +24,8 @@ const char* cross_entropy_forward(const uint16_t* logits, int64_t N, int64_t V, 
 
 // grad[i][j] = g * (exp(logits[i][j] - lse[i]) - [j == targets[i]]) rounded to bf16 (nearest even),
 // zero in the rows whose target is negative; `g` points to one f32 on the device (the loss's
-// incoming gradient). grad is N x V, contiguous. Returns nullptr, or the CUDA error's text.
+// incoming gradient). grad is N x V, contiguous; it may be `logits` itself when row_stride == V (the
+// gradient written over the logits). Returns nullptr, or the CUDA error's text.
 const char* cross_entropy_backward(const uint16_t* logits, int64_t N, int64_t V, int64_t row_stride,
                                    const int64_t* targets, const float* lse, const float* g, uint16_t* grad,
                                    void* stream);

@@ -140,10 +140,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// `grad` may be `logits` itself (then row_stride == V): each thread reads the elements it writes, and
+// nothing else of the row, before writing them, so the pointers to the two are not __restrict__.
 template <bool kVectors>
 __global__ void __launch_bounds__(kThreads)
-    backward_kernel(const uint16_t* __restrict__ logits, int64_t V, int64_t row_stride, const int64_t* __restrict__ targets,
-                    const float* __restrict__ lse, const float* __restrict__ g_ptr, uint16_t* __restrict__ grad) {
+    backward_kernel(const uint16_t* logits, int64_t V, int64_t row_stride, const int64_t* __restrict__ targets,
+                    const float* __restrict__ lse, const float* __restrict__ g_ptr, uint16_t* grad) {
   const int64_t row = blockIdx.x;
   const int64_t t = targets[row];
   uint16_t* out = grad + row * V;

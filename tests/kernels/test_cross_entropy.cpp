@@ -224,6 +224,22 @@ TEST_CASE("fused cross-entropy on CUDA: loss and gradient match LibTorch's f32 c
   }
 }
 
+TEST_CASE("fused cross-entropy on CUDA with overwrite_logits: the gradient takes the logits' array when only the loss holds them, and is the same gradient", "[loss][cuda]") {
+  if (!have_cuda_kernels()) return;
+  const torch::Device gpu(torch::kCUDA);
+  const double g = 1.0 / 300.0;
+  for (auto [N, V, scale] : {std::tuple<int64_t, int64_t, double>{24, 50304, 2.0}, {37, 257, 1.0}}) {
+    INFO("N " << N << " V " << V << " scale " << scale);
+    Case c = make_case(N, V, scale, static_cast<uint64_t>(V) + 3);
+    auto o = overwritten(c.logits.to(gpu), c.targets.to(gpu), g, /*keep=*/false);
+    CHECK(o.written == o.logits);
+    CHECK(torch::equal(o.grad.cpu(), fused(c, g, gpu).second));  // the bits of the gradient into a new array
+    auto held = overwritten(c.logits.to(gpu), c.targets.to(gpu), g, /*keep=*/true);
+    CHECK(held.written != held.logits);
+    CHECK(torch::equal(held.kept.cpu(), c.logits));
+  }
+}
+
 TEST_CASE("fused cross-entropy on CUDA: rows that do not start 16-byte aligned take the scalar path and agree", "[loss][cuda]") {
   if (!have_cuda_kernels()) return;
   Case c = make_case(12, 1024, 3.0, 11);

@@ -207,6 +207,27 @@ TEST_CASE("CUDA loss kernels on the CPU: both variants write the same gradient b
   CHECK(backward(r, vec.lse, false, 0.25f) == vec.grad);
 }
 
+TEST_CASE("CUDA loss kernels on the CPU: the backward written over the logits themselves gives the same bits", "[kernels]") {
+  // What CudaCrossEntropySum does with overwrite_logits: grad == logits. Each counted row's target is its
+  // largest logit, whose probability is large enough to show in bf16, so a kernel that read the
+  // target's logit after overwriting it would write other bits.
+  for (bool vectors : {true, false}) {
+    INFO((vectors ? "vector variant" : "one value at a time"));
+    Rows r = random_rows(11, 1032, 1032, 6.0, 21);
+    for (int64_t i = 0; i < r.N; ++i) {
+      if (r.targets[static_cast<size_t>(i)] < 0) continue;
+      int64_t top = 0;
+      for (int64_t j = 1; j < r.V; ++j) top = r.value(i, j) > r.value(i, top) ? j : top;
+      r.targets[static_cast<size_t>(i)] = top;
+    }
+    const Result separate = run(r, vectors, 0.125f);
+    cuda_on_cpu::launch(static_cast<unsigned>(r.N), kThreads, vectors ? backward_kernel<true> : backward_kernel<false>, r.data(),
+                        r.V, r.stride, r.targets.data(), separate.lse.data(), std::vector<float>{0.125f}.data(), r.data());
+    const std::vector<uint16_t> in_place(r.data(), r.data() + r.N * r.V);
+    CHECK(in_place == separate.grad);
+  }
+}
+
 TEST_CASE("CUDA loss kernels: the vector variant only where length, stride and alignment allow it", "[kernels]") {
   using lt::cuda_kernels::vectors_fit;
   alignas(16) uint16_t buf[64] = {};
