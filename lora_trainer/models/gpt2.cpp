@@ -14,8 +14,12 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& o) : opts_(
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = opts_.n_head, D = C / H;
-  auto qkv = c_attn(x).view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4});  // (3, B, H, T, D)
-  auto y = causal_attention(qkv[0], qkv[1], qkv[2], is_training() ? opts_.dropout : 0.0,
+  // q, k and v as views of c_attn's output, split along its last dimension: the backward joins their
+  // gradients with one concatenation, where selecting from a (3, B, H, T, D) view filled a zero array
+  // of the whole output for each of the three and summed them.
+  const auto qkv = c_attn(x).split(C, /*dim=*/-1);
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };  // (B, H, T, D)
+  auto y = causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), is_training() ? opts_.dropout : 0.0,
                             opts_.fused_attention_on(x.device()), mask);  // (B, H, T, D)
   return c_proj(y.transpose(1, 2).reshape({B, T, C}));
 }
