@@ -1,5 +1,5 @@
 // at::parallel_for for the library's CPU kernels (the fused loss, the causal softmax, the fused AdamW,
-// NF4), and the check that it can run on more than one thread.
+// NF4, attention's batched products), and the check that it can run on more than one thread.
 //
 // at::parallel_for is a template: its parallel branch is compiled in the file that calls it. With
 // LibTorch's OpenMP backend (Debian's LibTorch, PyTorch's wheels: AT_PARALLEL_OPENMP) that branch is a

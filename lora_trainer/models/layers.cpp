@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/kernels/batched_matmul.hpp"
 #include "lora_trainer/kernels/causal_softmax.hpp"
 
 namespace lt {
@@ -149,11 +150,15 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 #endif
   const int64_t T = q.size(-2), D = q.size(-1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  auto scores = torch::matmul(q, k.transpose(-2, -1));  // (B,H,T,T)
+  // f32 on the CPU: the stack of products split across threads, q, k and v read in place (kernels/batched_matmul.hpp).
+  auto product = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return batched_matmul_supported(a, b) ? batched_matmul(a, b) : torch::matmul(a, b);
+  };
+  auto scores = product(q, k.transpose(-2, -1));  // (B,H,T,T)
   if (causal_softmax_supported(scores, mask, v.scalar_type())) {  // the CPU: one pass each way (kernels/causal_softmax.hpp)
     auto att = causal_softmax(scores, scale, mask, v.scalar_type());
     if (dropout > 0) att = torch::dropout(att, dropout, true);
-    return torch::matmul(att, v);
+    return product(att, v);
   }
   auto att = scores * scale;
   auto hidden = mask.defined() ? mask.logical_not()

@@ -1,0 +1,96 @@
+// batched_matmul computes what LibTorch's matmul computes, gradients included, on the strided views
+// attention hands it, at any thread count; what it does not take is refused, not miscomputed.
+#include "catch.hpp"
+
+#include <ATen/Parallel.h>
+
+#include "lora_trainer/kernels/batched_matmul.hpp"
+
+using namespace lt;
+using lt::test::Contains;
+
+namespace {
+
+// Within float rounding of LibTorch's own product (summed in another order where the BLAS blocks it
+// differently): 1e-5 of the largest magnitude.
+bool close(const torch::Tensor& got, const torch::Tensor& want) {
+  return got.sizes() == want.sizes() &&
+         (got - want).abs().max().item<double>() <= 1e-5 * std::max(1.0, want.abs().max().item<double>());
+}
+
+struct Attention {
+  torch::Tensor scores, out, grad_qkv;  // q k^T, softmax(scores) v, d(sum(g * out))/d(c_attn output)
+};
+
+// GPT-2's attention shapes on a (B, T, 3C) c_attn output: q, k and v as strided views of it (no copy),
+// the scores q k^T, then weights (a plain softmax) times v; the gradient back to the c_attn output.
+Attention attention(const torch::Tensor& qkv_out, const torch::Tensor& g, int64_t H, bool ours) {
+  const int64_t B = qkv_out.size(0), T = qkv_out.size(1), C = qkv_out.size(2) / 3, D = C / H;
+  auto leaf = qkv_out.detach().requires_grad_(true);
+  const auto parts = leaf.split(C, -1);
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
+  auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+  auto product = [&](const torch::Tensor& a, const torch::Tensor& b) { return ours ? batched_matmul(a, b) : torch::matmul(a, b); };
+  Attention r;
+  r.scores = product(q, k.transpose(-2, -1));
+  r.out = product(torch::softmax(r.scores, -1), v);
+  (r.out * g).sum().backward();
+  r.grad_qkv = leaf.grad();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("batched_matmul: attention's products and the gradient through them are matmul's, on q, k and v as strided views", "[kernels]") {
+  torch::manual_seed(3);
+  for (auto [B, T, C, H] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 64, 96, 3}, {3, 17, 24, 2}, {1, 1, 8, 1}}) {
+    INFO("B " << B << " T " << T << " C " << C << " H " << H);
+    auto x = torch::randn({B, T, 3 * C});
+    auto g = torch::randn({B, H, T, C / H});
+    REQUIRE(batched_matmul_supported(x.split(C, -1)[0].view({B, T, H, C / H}).transpose(1, 2),
+                                     x.split(C, -1)[1].view({B, T, H, C / H}).transpose(1, 2).transpose(-2, -1)));
+    const Attention ours = attention(x, g, H, true), theirs = attention(x, g, H, false);
+    CHECK(ours.scores.is_contiguous());
+    CHECK(close(ours.scores, theirs.scores));
+    CHECK(close(ours.out, theirs.out));
+    CHECK(close(ours.grad_qkv, theirs.grad_qkv));
+  }
+}
+
+TEST_CASE("batched_matmul: 3-D stacks, and a gradient for one operand only", "[kernels]") {
+  torch::manual_seed(4);
+  auto a = torch::randn({5, 7, 11}), b = torch::randn({5, 13, 11}).transpose(1, 2);  // b's columns contiguous
+  auto g = torch::randn({5, 7, 13});
+  auto ours_a = a.clone().requires_grad_(true), theirs_a = a.clone().requires_grad_(true);
+  auto ours = batched_matmul(ours_a, b), theirs = torch::matmul(theirs_a, b);
+  CHECK(close(ours, theirs));
+  (ours * g).sum().backward();
+  (theirs * g).sum().backward();
+  CHECK(close(ours_a.grad(), theirs_a.grad()));
+  CHECK(close(ours_a.grad(), torch::matmul(g, b.transpose(1, 2))));
+}
+
+TEST_CASE("batched_matmul: the same bits with one thread and with two", "[kernels]") {
+  torch::manual_seed(5);
+  auto x = torch::randn({4, 32, 3 * 48});
+  auto g = torch::randn({4, 4, 32, 12});
+  const int before = at::get_num_threads();
+  at::set_num_threads(1);
+  const Attention one = attention(x, g, 4, true);
+  at::set_num_threads(2);
+  const Attention two = attention(x, g, 4, true);
+  at::set_num_threads(before);
+  CHECK(torch::equal(one.out, two.out));
+  CHECK(torch::equal(one.grad_qkv, two.grad_qkv));
+}
+
+TEST_CASE("batched_matmul: what it does not take is refused, with the shapes", "[kernels]") {
+  auto a = torch::randn({2, 3, 4}), b = torch::randn({2, 4, 5});
+  CHECK(batched_matmul_supported(a, b));
+  CHECK_FALSE(batched_matmul_supported(a.to(torch::kBFloat16), b.to(torch::kBFloat16)));  // bf16: LibTorch's (oneDNN)
+  CHECK_FALSE(batched_matmul_supported(a, torch::randn({3, 4, 5})));                       // batch sizes differ
+  CHECK_FALSE(batched_matmul_supported(a, torch::randn({2, 5, 5})));                       // inner sizes differ
+  CHECK_FALSE(batched_matmul_supported(a[0], b[0]));                                       // a matrix, no stack
+  CHECK_FALSE(batched_matmul_supported(torch::randn({2, 3, 8}).slice(2, 0, 8, 2), b));     // no unit stride
+  CHECK_THROWS_WITH(batched_matmul(a, torch::randn({3, 4, 5})), Contains("[2, 3, 4] and [3, 4, 5]"));
+}
