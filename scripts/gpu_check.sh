@@ -419,6 +419,13 @@ say "summary"
   echo "gpu_check summary ($(date -u '+%Y-%m-%d %H:%M UTC'), $((SECONDS - START)) s)"
   for s in "${STAGES[@]}"; do printf '  %-10s %s\n' "$s" "${STATUS[$s]}"; done
   echo
+  if ((BUILD_OK)); then
+    # Our library's OpenMP and LibTorch's should be one runtime (docs/performance.md, "Prepared for the next GPU run").
+    omps="$(ldd "$BUILD/lora_trainer" 2>/dev/null | awk '/gomp|iomp|libomp/ {print $1}' | sort -u | tr '\n' ' ')"
+    echo "OpenMP runtimes lora_trainer loads: ${omps:-none}"
+    (($(wc -w <<<"$omps") > 1)) && echo "  WARNING: more than one OpenMP runtime: our CPU kernels and LibTorch's may not share threads"
+    echo
+  fi
   if ((RUN_BENCH)); then
     "$PY" - "$OUTDIR" "$AB" <<'PY'
 import json, os, sys
