@@ -57,6 +57,15 @@ bool held_only_by_the_loss(const torch::Tensor& saved) {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
+// The array the fused backward (CPU or CUDA) writes the logits' gradient into: the logits' own where
+// the caller gave them up (ctx's "overwrite_logits") and nothing else holds them, their version bumped
+// so that a second backward through this graph is LibTorch's error; otherwise a new one.
+torch::Tensor gradient_array(AutogradContext* ctx, const torch::Tensor& x) {
+  if (!ctx->saved_data["overwrite_logits"].toBool() || !held_only_by_the_loss(x)) return torch::empty_like(x);
+  x.unsafeGetTensorImpl()->bump_version();
+  return x.detach();  // the same array, without the logits' place in the graph
+}
+
 template <typename T>
 struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropySum<T>> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets,
@@ -94,16 +103,7 @@ struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropy
     const auto& lse = saved[2];
     const int64_t N = x.size(0), V = x.size(1);
     const float g = grad_outputs[0].to(torch::kFloat32).item<float>();
-    // The gradient goes into the logits' own array where the caller gave them up and nothing else holds
-    // them (their version is bumped, so a second backward through this graph is LibTorch's error);
-    // otherwise into a new one.
-    torch::Tensor grad;
-    if (ctx->saved_data["overwrite_logits"].toBool() && held_only_by_the_loss(x)) {
-      grad = x.detach();  // the same array, without the logits' place in the graph
-      x.unsafeGetTensorImpl()->bump_version();
-    } else {
-      grad = torch::empty_like(x);
-    }
+    torch::Tensor grad = gradient_array(ctx, x);
     const T* xp = elements<T>(x);
     T* gp = elements<T>(grad);
     const int64_t* tp = t.data_ptr<int64_t>();
@@ -151,15 +151,7 @@ struct CudaCrossEntropySum : public torch::autograd::Function<CudaCrossEntropySu
     const auto& lse = saved[2];
     const c10::cuda::CUDAGuard device(x.device());
     auto g = grad_outputs[0].to(x.device(), torch::kFloat32).contiguous();
-    // As on the CPU: over the logits where nothing but this loss holds them (the kernel reads each
-    // element before it writes it), else into a new array.
-    torch::Tensor grad;
-    if (ctx->saved_data["overwrite_logits"].toBool() && held_only_by_the_loss(x)) {
-      grad = x.detach();
-      x.unsafeGetTensorImpl()->bump_version();
-    } else {
-      grad = torch::empty_like(x);
-    }
+    auto grad = gradient_array(ctx, x);  // the kernel reads each element before it writes it
     check_launch(cuda_kernels::cross_entropy_backward(
                      bf16_bits(x), x.size(0), x.size(1), x.size(1), t.data_ptr<int64_t>(), lse.data_ptr<float>(),
                      g.data_ptr<float>(), reinterpret_cast<uint16_t*>(grad.data_ptr<at::BFloat16>()),
