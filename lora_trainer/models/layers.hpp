@@ -21,6 +21,9 @@ class LinearImpl : public torch::nn::Module, public LoraAdaptable {
   torch::Tensor base_forward(const torch::Tensor& x) const;
   // Whether forward adds a plain LoRA adapter (one that is on, and not DoRA): base_forward + add_lora.
   bool plain_lora() const { return lora_on_ && lora_A().defined() && !lora_magnitude().defined(); }
+  // Whether forward(x) merges that adapter into its frozen bf16 weight's f32 cast (frozen_lora_linear:
+  // an f32 step over a bf16 base) instead of adding it to base_forward: the same numbers up to rounding.
+  bool merges_adapter(const torch::Tensor& x) const;
   void set_lora(torch::Tensor A, torch::Tensor B, double scale, torch::Tensor magnitude) override;
   void enable_lora(bool on) override { lora_on_ = on; }
   void freeze_weight(FrozenFormat format) override;
@@ -45,7 +48,9 @@ TORCH_MODULE(Linear);
 
 // Each layer's forward(x) for layers that read the same x (Llama's q, k, v projections; gate and up),
 // the plain LoRA adapters among them in one product (add_lora_shared_input): the same numbers as the
-// layers' own forwards up to rounding. DoRA layers and layers without an adapter take their own forward.
+// layers' own forwards up to rounding. DoRA layers, layers without an adapter and those that merge it
+// into their base's cast (merges_adapter: one product each, no rank-r products to share) take their own
+// forward.
 std::vector<torch::Tensor> linear_shared_input(const torch::Tensor& x, const std::vector<LinearImpl*>& layers);
 
 // The token embedding: torch::nn::Embedding (the same parameter, init and lookup) that can take

@@ -19,6 +19,13 @@ torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x) {
 
 namespace {
 
+// A LoRA adapter merged into a frozen weight's cast (frozen_lora_linear): W + scale (A B)^T, A (in, r),
+// B (r, out).
+struct CastAdapter {
+  torch::Tensor A, B;
+  double scale = 0.0;
+};
+
 // The casts of frozen weights go through one reusable buffer per thread, of at most block_bytes: a
 // product with a larger weight takes it in blocks of rows. Allocating a fresh cast of every matrix at
 // every product churned the heap (it keeps freed memory: runtime.cpp) into fragments that held twice
@@ -27,7 +34,10 @@ namespace {
 // Rows [first, first + rows) of W, cast to `dtype` into the thread's buffer. The view is valid until the
 // next call on this thread (products on one device stream run in order, so a CUDA kernel reading it is
 // done before the next cast overwrites it).
-torch::Tensor cast_rows(const torch::Tensor& W, int64_t first, int64_t rows, c10::ScalarType dtype) {
+// With an adapter, the rows are those of W + s (A B)^T: its B's columns for these rows, added in the
+// buffer the cast writes anyway (a small product, 2 r in a row's element).
+torch::Tensor cast_rows(const torch::Tensor& W, int64_t first, int64_t rows, c10::ScalarType dtype,
+                        const CastAdapter* adapter = nullptr) {
   thread_local torch::Tensor buffer;
   const torch::Tensor block = W.narrow(0, first, rows);
   const int64_t n = block.numel();
@@ -35,6 +45,10 @@ torch::Tensor cast_rows(const torch::Tensor& W, int64_t first, int64_t rows, c10
     buffer = torch::empty({std::max<int64_t>(n, 1)}, W.options().dtype(dtype).requires_grad(false));
   torch::Tensor view = buffer.narrow(0, 0, n).view(block.sizes());
   view.copy_(block);
+  if (adapter) {
+    torch::NoGradGuard no_grad;
+    view.addmm_(adapter->B.narrow(1, first, rows).t().to(dtype), adapter->A.t().to(dtype), 1.0, adapter->scale);
+  }
   return view;
 }
 
@@ -50,11 +64,15 @@ int64_t block_rows(const torch::Tensor& W, c10::ScalarType dtype, int64_t block_
 // whole output and twice its memory (GPT-2's tied head in an f32 LoRA phase: 1,024 x 50,257 logits, 77
 // MB of f32 weight in two blocks, about a tenth of the step). The products are linear's: addmm for a
 // matrix x with a bias, otherwise the product and then the bias added.
-torch::Tensor cast_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b, int64_t block_bytes) {
+torch::Tensor cast_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b, int64_t block_bytes,
+                          const CastAdapter* adapter = nullptr) {
   const auto dtype = x.scalar_type();
   const torch::Tensor bc = b.defined() ? b.to(dtype) : b;
   const int64_t step = block_rows(W, dtype, block_bytes), out = W.size(0);
-  if (step >= out) return bc.defined() ? torch::linear(x, cast_rows(W, 0, out, dtype), bc) : torch::linear(x, cast_rows(W, 0, out, dtype));
+  if (step >= out) {
+    const torch::Tensor Wc = cast_rows(W, 0, out, dtype, adapter);
+    return bc.defined() ? torch::linear(x, Wc, bc) : torch::linear(x, Wc);
+  }
   const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
   // The output in its own shape, no view (a loss may then write its gradient over it: cross_entropy_sum);
   // the blocks write their columns through a matrix view of it.
@@ -64,7 +82,7 @@ torch::Tensor cast_linear(const torch::Tensor& x, const torch::Tensor& W, const 
   const torch::Tensor y2 = y.view({x2.size(0), out});
   for (int64_t first = 0; first < out; first += step) {
     const int64_t rows = std::min(step, out - first);
-    const torch::Tensor Wb = cast_rows(W, first, rows, dtype);
+    const torch::Tensor Wb = cast_rows(W, first, rows, dtype, adapter);
     torch::Tensor columns = y2.narrow(1, first, rows);
     if (bc.defined() && x.dim() == 2) {
       torch::addmm_out(columns, bc.narrow(0, first, rows), x2, Wb.t());
@@ -77,14 +95,15 @@ torch::Tensor cast_linear(const torch::Tensor& x, const torch::Tensor& W, const 
 }
 
 // g W: x's gradient through x W^T, W cast block by block.
-torch::Tensor cast_grad_input(const torch::Tensor& g, const torch::Tensor& W, int64_t block_bytes) {
+torch::Tensor cast_grad_input(const torch::Tensor& g, const torch::Tensor& W, int64_t block_bytes,
+                              const CastAdapter* adapter = nullptr) {
   const auto dtype = g.scalar_type();
   const int64_t step = block_rows(W, dtype, block_bytes), out = W.size(0);
-  if (step >= out) return torch::matmul(g, cast_rows(W, 0, out, dtype));
+  if (step >= out) return torch::matmul(g, cast_rows(W, 0, out, dtype, adapter));
   torch::Tensor sum;
   for (int64_t first = 0; first < out; first += step) {
     const int64_t rows = std::min(step, out - first);
-    torch::Tensor part = torch::matmul(g.narrow(-1, first, rows), cast_rows(W, first, rows, dtype));
+    torch::Tensor part = torch::matmul(g.narrow(-1, first, rows), cast_rows(W, first, rows, dtype, adapter));
     sum = sum.defined() ? sum.add_(part) : part;
   }
   return sum;
@@ -143,6 +162,76 @@ torch::Tensor frozen_linear(const torch::Tensor& x, const torch::Tensor& W, cons
   if (!frozen) return torch::linear(x, weight_for(W, x), weight_for(b, x));
   if (!needs_cast(x, W) || !torch::GradMode::is_enabled() || !x.requires_grad()) return frozen_product(x, W, b, block_bytes);
   return b.defined() ? FrozenLinearBiasFn::apply(x, W, b, block_bytes) : FrozenLinearFn::apply(x, W, block_bytes);
+}
+
+bool merges_lora_into_cast(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b) {
+  return !W.requires_grad() && !(b.defined() && b.requires_grad()) && needs_cast(x, W) &&
+         (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kFloat64);
+}
+
+namespace {
+
+// x W^T (+ b) + s (x A) B with W + s (A B)^T made in the cast's buffer, forward and backward: x's
+// gradient is g (W + s (A B)^T), A's s x^T (g B^T), B's s (x A)^T g.
+torch::autograd::variable_list frozen_lora_backward(torch::autograd::AutogradContext* ctx, const torch::autograd::variable_list& grad,
+                                                    size_t inputs) {
+  const auto saved = ctx->get_saved_variables();
+  const torch::Tensor &x = saved[0], &W = saved[1], &A = saved[2], &B = saved[3];
+  const double scale = ctx->saved_data["scale"].toDouble();
+  const torch::Tensor& g = grad[0];
+  torch::autograd::variable_list out(inputs);
+  const CastAdapter adapter{A, B, scale};
+  if (ctx->needs_input_grad(0)) out[0] = cast_grad_input(g, W, ctx->saved_data["block_bytes"].toInt(), &adapter);
+  const torch::Tensor g2 = g.reshape({-1, g.size(-1)}), x2 = x.reshape({-1, x.size(-1)});
+  if (ctx->needs_input_grad(2)) out[2] = torch::mm(x2.t(), torch::mm(g2, B.t()).mul_(scale));
+  if (ctx->needs_input_grad(3)) out[3] = torch::mm(torch::mm(x2, A).t(), g2).mul_(scale);
+  return out;
+}
+
+void save_frozen_lora(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& A,
+                      const torch::Tensor& B, double scale, int64_t block_bytes) {
+  ctx->save_for_backward({x, W, A, B});
+  ctx->saved_data["scale"] = scale;
+  ctx->saved_data["block_bytes"] = block_bytes;
+}
+
+struct FrozenLoraFn : public torch::autograd::Function<FrozenLoraFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& W,
+                               const torch::Tensor& A, const torch::Tensor& B, double scale, int64_t block_bytes) {
+    save_frozen_lora(ctx, x, W, A, B, scale, block_bytes);
+    const CastAdapter adapter{A, B, scale};
+    return cast_linear(x, W, torch::Tensor(), block_bytes, &adapter);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    return frozen_lora_backward(ctx, grad, 6);
+  }
+};
+
+struct FrozenLoraBiasFn : public torch::autograd::Function<FrozenLoraBiasFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& W,
+                               const torch::Tensor& A, const torch::Tensor& B, const torch::Tensor& b, double scale,
+                               int64_t block_bytes) {
+    save_frozen_lora(ctx, x, W, A, B, scale, block_bytes);
+    const CastAdapter adapter{A, B, scale};
+    return cast_linear(x, W, b, block_bytes, &adapter);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    return frozen_lora_backward(ctx, grad, 7);
+  }
+};
+
+}  // namespace
+
+torch::Tensor frozen_lora_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b, const torch::Tensor& A,
+                                 const torch::Tensor& B, double scale, int64_t block_bytes) {
+  TORCH_CHECK(merges_lora_into_cast(x, W, b), "frozen_lora_linear: W (", W.scalar_type(), ") is not a frozen weight cast to x's ",
+              x.scalar_type(), " for its product");
+  const bool graph = torch::GradMode::is_enabled() && (x.requires_grad() || A.requires_grad() || B.requires_grad());
+  if (!graph) {
+    const CastAdapter adapter{A, B, scale};
+    return cast_linear(x, W, b, block_bytes, &adapter);
+  }
+  return b.defined() ? FrozenLoraBiasFn::apply(x, W, A, B, b, scale, block_bytes) : FrozenLoraFn::apply(x, W, A, B, scale, block_bytes);
 }
 
 torch::Tensor FrozenWeight::linear(const torch::Tensor& x, const torch::Tensor& b) const {

@@ -87,6 +87,21 @@ inline constexpr int64_t kFrozenCastBlockBytes = int64_t(64) << 20;
 torch::Tensor frozen_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b = {},
                             int64_t block_bytes = kFrozenCastBlockBytes);
 
+// Whether frozen_linear casts W for its product with x (W and b frozen, W stored in another dtype than x,
+// no autocast: an f32 step over a bf16 base, on a CPU without fast bf16 products); frozen_lora_linear
+// takes exactly these.
+bool merges_lora_into_cast(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b = {});
+// x W^T (+ b) + scale (x A) B, PEFT's plain LoRA (A (in, r), B (r, out)), for a W that frozen_linear
+// casts: the adapter is added to W's cast, W + scale (A B)^T, in the buffer the cast writes anyway (2 r
+// operations an element of W), so the forward is one product, and so is x's gradient. The unmerged
+// form (add_lora) adds a product of rank r over the whole (rows, out) output and another over x's
+// gradient: two passes over arrays as large as the layer's activations, for arithmetic a rank-16 product
+// barely has. A's and B's gradients are add_lora's, s x^T (g B^T) and s (x A)^T g. The numbers equal
+// add_lora(x, frozen_linear(x, W, b), A, B, scale)'s up to float rounding; f32 only, where W's cast
+// keeps the adapter's small values exactly (a bf16 merge would round them away).
+torch::Tensor frozen_lora_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b, const torch::Tensor& A,
+                                 const torch::Tensor& B, double scale, int64_t block_bytes = kFrozenCastBlockBytes);
+
 // Freezes `weight` (a layer's registered parameter) in `format`: no gradient, and for bf16 the tensor
 // itself cast to bf16 in place (its name and identity stay: the checkpoint and the optimizer's
 // bookkeeping see the same parameter); for nf4 its bf16 values quantized, and the tensor made the

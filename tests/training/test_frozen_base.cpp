@@ -13,7 +13,9 @@
 #include "lora_trainer/formats/safetensors.hpp"
 #include "lora_trainer/kernels/cross_entropy.hpp"
 #include "launch.hpp"
+#include "lora_trainer/models/layers.hpp"
 #include "lora_trainer/peft/frozen_weight.hpp"
+#include "lora_trainer/peft/lora.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -299,6 +301,82 @@ TEST_CASE("frozen_linear: the product and x's gradient of a bf16 weight, without
       CHECK(torch::allclose(frozen_linear(x, W, b, block), torch::linear(x, Wf, bf), 1e-6, 1e-6));
       CHECK(torch::allclose(frozen_linear(x, W, torch::Tensor(), block), torch::linear(x, Wf), 1e-6, 1e-6));
     }
+}
+
+TEST_CASE("frozen_lora_linear: an adapter merged into the f32 cast of a bf16 weight gives add_lora's output and gradients",
+          "[frozen_base][lora]") {
+  torch::manual_seed(7);
+  const int64_t in = 16, out = 48, r = 4;
+  const double scale = 2.5;
+  const auto W = torch::randn({out, in}).to(torch::kBFloat16), b = torch::randn({out}).to(torch::kBFloat16);
+  const auto A0 = torch::randn({in, r}) * 0.3, B0 = torch::randn({r, out}) * 0.3, x0 = torch::randn({3, 5, in});
+  const auto g = torch::randn({3, 5, out});
+  // Grads of x, A, B through f, or undefined where a leaf does not train.
+  auto run = [&](auto f, bool x_trains) {
+    auto x = x0.clone().requires_grad_(x_trains);
+    auto A = A0.clone().requires_grad_(true), B = B0.clone().requires_grad_(true);
+    auto y = f(x, A, B);
+    y.backward(g);
+    return std::vector<torch::Tensor>{y.detach(), x.grad(), A.grad(), B.grad()};
+  };
+  for (const bool bias : {true, false})
+    for (const bool x_trains : {true, false})
+      for (const int64_t block : {kFrozenCastBlockBytes, int64_t(in * 4 * 10), int64_t(in * 4 * 7)}) {  // one product; blocks of 10, 7 rows
+        INFO("bias " << bias << ", x trains " << x_trains << ", block " << block);
+        const auto bb = bias ? b : torch::Tensor();
+        auto unmerged = run([&](auto x, auto A, auto B) { return add_lora(x, frozen_linear(x, W, bb, block), A, B, scale); }, x_trains);
+        std::string node;
+        auto merged = run([&](auto x, auto A, auto B) {
+          auto y = frozen_lora_linear(x, W, bb, A, B, scale, block);
+          node = y.grad_fn() ? y.grad_fn()->name() : "";
+          return y;
+        }, x_trains);
+        CHECK(node.find("FrozenLora") != std::string::npos);  // one node: no rank-r products of its own in the graph
+        for (size_t i = 0; i < unmerged.size(); ++i) {
+          INFO("output " << i << " (y, x's, A's, B's gradient)");
+          REQUIRE(merged[i].defined() == unmerged[i].defined());
+          if (merged[i].defined()) CHECK(torch::allclose(merged[i], unmerged[i], 1e-5, 1e-5));
+        }
+        CHECK(x_trains == merged[1].defined());
+        // Without a graph (evaluation): the same product.
+        torch::NoGradGuard no_grad;
+        CHECK(torch::allclose(frozen_lora_linear(x0, W, bb, A0, B0, scale, block), unmerged[0], 1e-5, 1e-5));
+      }
+  // Only a frozen W that is cast for x's product merges: not an f32 W, not a bf16 x, not a trained W.
+  CHECK(merges_lora_into_cast(x0, W, b));
+  CHECK_FALSE(merges_lora_into_cast(x0, W.to(torch::kFloat32), b));
+  CHECK_FALSE(merges_lora_into_cast(x0.to(torch::kBFloat16), W.to(torch::kFloat32)));
+  CHECK_FALSE(merges_lora_into_cast(x0, W.clone().requires_grad_(true)));
+  CHECK_THROWS_WITH(frozen_lora_linear(x0, W.to(torch::kFloat32), b, A0, B0, scale), test::Contains("frozen_lora_linear"));
+}
+
+TEST_CASE("a layer with a bf16 base and an adapter merges it in an f32 step, not under bf16 autocast", "[frozen_base][lora]") {
+  torch::manual_seed(8);
+  Linear layer(16, 24, true);
+  layer->freeze_weight(FrozenFormat::Bf16);
+  layer->set_lora(torch::randn({16, 4}).requires_grad_(true), (torch::randn({4, 24}) * 0.1).requires_grad_(true), 2.0, {});
+  const auto x = torch::randn({2, 3, 16}).requires_grad_(true);
+  CHECK_FALSE(layer->merges_adapter(x));  // its bias trains (a module kept trainable): the bias needs its gradient
+  // The bias frozen as transition_to_lora freezes it.
+  layer->bias.set_data(layer->bias.detach().to(torch::kBFloat16));
+  layer->bias.requires_grad_(false);
+  CHECK(layer->merges_adapter(x));
+  const auto y = layer->forward(x);
+  REQUIRE(y.grad_fn());
+  CHECK(y.grad_fn()->name().find("FrozenLora") != std::string::npos);
+  CHECK(torch::allclose(y, add_lora(x, layer->base_forward(x), layer->named_parameters()["lora_A"], layer->named_parameters()["lora_B"], 2.0),
+                        1e-5, 1e-5));
+  {
+    Runtime rt;
+    rt.bf16_autocast = true;
+    AutocastGuard autocast(rt);
+    CHECK_FALSE(layer->merges_adapter(x));  // a bf16 merge would round the adapter's small values away
+  }
+  {
+    AdaptersOff off(*layer);
+    CHECK_FALSE(layer->merges_adapter(x));
+    CHECK(torch::equal(layer->forward(x), layer->base_forward(x)));
+  }
 }
 
 TEST_CASE("a frozen head's logits take the loss's gradient in place: frozen_linear of a matrix gives no view", "[frozen_base][lora][loss]") {
