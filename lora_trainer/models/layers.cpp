@@ -27,14 +27,14 @@ torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) const {
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   if (!lora_on_ || !lora_A().defined()) return base_forward(x);
-  if (merges_adapter(x)) return frozen_lora_linear(x, frozen_->for_matmul(x), bias, lora_A(), lora_B(), lora_scale_);
+  if (merges_adapter(x)) return frozen_->linear_with_adapter(x, bias, lora_A(), lora_B(), lora_scale_);
   if (!lora_magnitude().defined()) return add_lora(x, base_forward(x), lora_A(), lora_B(), lora_scale_);
   // DoRA needs W itself
   return lora_linear(x, base_weight(x), bias, lora_A(), lora_B(), lora_scale_, lora_magnitude());
 }
 
 bool LinearImpl::merges_adapter(const torch::Tensor& x) const {
-  return plain_lora() && frozen_ && frozen_->held_by_parameter() && merges_lora_into_cast(x, frozen_->for_matmul(x), bias);
+  return plain_lora() && frozen_ && frozen_->merges_lora(x, bias);
 }
 
 std::vector<torch::Tensor> linear_shared_input(const torch::Tensor& x, const std::vector<LinearImpl*>& layers) {

@@ -171,54 +171,55 @@ bool merges_lora_into_cast(const torch::Tensor& x, const torch::Tensor& W, const
 
 namespace {
 
+// Where frozen_lora_linear's W comes from: the tensor W, kept for the backward as frozen_linear keeps
+// it; or, W undefined, made by `storage` for the forward and again for the backward (nf4), never kept.
+struct LoraCastSource {
+  torch::Tensor W, b;
+  const FrozenWeight* storage = nullptr;
+};
+
 // x W^T (+ b) + s (x A) B with W + s (A B)^T made in the cast's buffer, forward and backward: x's
-// gradient is g (W + s (A B)^T), A's s x^T (g B^T), B's s (x A)^T g.
-torch::autograd::variable_list frozen_lora_backward(torch::autograd::AutogradContext* ctx, const torch::autograd::variable_list& grad,
-                                                    size_t inputs) {
-  const auto saved = ctx->get_saved_variables();
-  const torch::Tensor &x = saved[0], &W = saved[1], &A = saved[2], &B = saved[3];
-  const double scale = ctx->saved_data["scale"].toDouble();
-  const torch::Tensor& g = grad[0];
-  torch::autograd::variable_list out(inputs);
-  const CastAdapter adapter{A, B, scale};
-  if (ctx->needs_input_grad(0)) out[0] = cast_grad_input(g, W, ctx->saved_data["block_bytes"].toInt(), &adapter);
-  const torch::Tensor g2 = g.reshape({-1, g.size(-1)}), x2 = x.reshape({-1, x.size(-1)});
-  if (ctx->needs_input_grad(2)) out[2] = torch::mm(x2.t(), torch::mm(g2, B.t()).mul_(scale));
-  if (ctx->needs_input_grad(3)) out[3] = torch::mm(torch::mm(x2, A).t(), g2).mul_(scale);
-  return out;
-}
-
-void save_frozen_lora(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& A,
-                      const torch::Tensor& B, double scale, int64_t block_bytes) {
-  ctx->save_for_backward({x, W, A, B});
-  ctx->saved_data["scale"] = scale;
-  ctx->saved_data["block_bytes"] = block_bytes;
-}
-
+// gradient is g (W + s (A B)^T), A's s x^T (g B^T), B's s (x A)^T g. The source goes through saved_data
+// as its address, read during the forward only.
 struct FrozenLoraFn : public torch::autograd::Function<FrozenLoraFn> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& W,
-                               const torch::Tensor& A, const torch::Tensor& B, double scale, int64_t block_bytes) {
-    save_frozen_lora(ctx, x, W, A, B, scale, block_bytes);
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& A,
+                               const torch::Tensor& B, double scale, int64_t source, int64_t block_bytes) {
+    const auto& src = *reinterpret_cast<const LoraCastSource*>(source);
+    ctx->save_for_backward({x, A, B});
+    if (src.W.defined()) ctx->saved_data["W"] = src.W;
+    else ctx->saved_data["storage"] = reinterpret_cast<int64_t>(src.storage);
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["block_bytes"] = block_bytes;
     const CastAdapter adapter{A, B, scale};
-    return cast_linear(x, W, torch::Tensor(), block_bytes, &adapter);
+    return cast_linear(x, src.W.defined() ? src.W : src.storage->for_matmul(x), src.b, block_bytes, &adapter);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
-    return frozen_lora_backward(ctx, grad, 6);
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &A = saved[1], &B = saved[2];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const torch::Tensor& g = grad[0];
+    torch::autograd::variable_list out(6);
+    if (ctx->needs_input_grad(0)) {
+      const torch::Tensor W = ctx->saved_data.count("W")
+                                  ? ctx->saved_data["W"].toTensor()
+                                  : reinterpret_cast<const FrozenWeight*>(ctx->saved_data["storage"].toInt())->for_matmul(g);
+      const CastAdapter adapter{A, B, scale};
+      out[0] = cast_grad_input(g, W, ctx->saved_data["block_bytes"].toInt(), &adapter);
+    }
+    const torch::Tensor g2 = g.reshape({-1, g.size(-1)}), x2 = x.reshape({-1, x.size(-1)});
+    if (ctx->needs_input_grad(1)) out[1] = torch::mm(x2.t(), torch::mm(g2, B.t()).mul_(scale));
+    if (ctx->needs_input_grad(2)) out[2] = torch::mm(torch::mm(x2, A).t(), g2).mul_(scale);
+    return out;
   }
 };
 
-struct FrozenLoraBiasFn : public torch::autograd::Function<FrozenLoraBiasFn> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& W,
-                               const torch::Tensor& A, const torch::Tensor& B, const torch::Tensor& b, double scale,
-                               int64_t block_bytes) {
-    save_frozen_lora(ctx, x, W, A, B, scale, block_bytes);
-    const CastAdapter adapter{A, B, scale};
-    return cast_linear(x, W, b, block_bytes, &adapter);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
-    return frozen_lora_backward(ctx, grad, 7);
-  }
-};
+torch::Tensor lora_cast_linear(const LoraCastSource& src, const torch::Tensor& x, const torch::Tensor& A, const torch::Tensor& B,
+                               double scale, int64_t block_bytes) {
+  const bool graph = torch::GradMode::is_enabled() && (x.requires_grad() || A.requires_grad() || B.requires_grad());
+  if (graph) return FrozenLoraFn::apply(x, A, B, scale, reinterpret_cast<int64_t>(&src), block_bytes);
+  const CastAdapter adapter{A, B, scale};
+  return cast_linear(x, src.W.defined() ? src.W : src.storage->for_matmul(x), src.b, block_bytes, &adapter);
+}
 
 }  // namespace
 
@@ -226,12 +227,18 @@ torch::Tensor frozen_lora_linear(const torch::Tensor& x, const torch::Tensor& W,
                                  const torch::Tensor& B, double scale, int64_t block_bytes) {
   TORCH_CHECK(merges_lora_into_cast(x, W, b), "frozen_lora_linear: W (", W.scalar_type(), ") is not a frozen weight cast to x's ",
               x.scalar_type(), " for its product");
-  const bool graph = torch::GradMode::is_enabled() && (x.requires_grad() || A.requires_grad() || B.requires_grad());
-  if (!graph) {
-    const CastAdapter adapter{A, B, scale};
-    return cast_linear(x, W, b, block_bytes, &adapter);
-  }
-  return b.defined() ? FrozenLoraBiasFn::apply(x, W, A, B, b, scale, block_bytes) : FrozenLoraFn::apply(x, W, A, B, scale, block_bytes);
+  return lora_cast_linear(LoraCastSource{W, b, nullptr}, x, A, B, scale, block_bytes);
+}
+
+bool FrozenWeight::merges_lora(const torch::Tensor& x, const torch::Tensor& b) const {
+  // Every storage's W is bf16 (as stored, or made), so this is merges_lora_into_cast without making it.
+  return !(b.defined() && b.requires_grad()) && !compat::autocast_enabled(x.device().type()) &&
+         (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kFloat64);
+}
+
+torch::Tensor FrozenWeight::linear_with_adapter(const torch::Tensor& x, const torch::Tensor& b, const torch::Tensor& A,
+                                                const torch::Tensor& B, double scale) const {
+  return frozen_lora_linear(x, for_matmul(x), b, A, B, scale);
 }
 
 torch::Tensor FrozenWeight::linear(const torch::Tensor& x, const torch::Tensor& b) const {
@@ -300,6 +307,14 @@ struct MadeWeightBiasFn : public torch::autograd::Function<MadeWeightBiasFn> {
 
 // x W^T (+ b) for a storage that makes W for each product (nf4): W made in the forward and again in
 // the backward.
+// frozen_lora_linear for such a storage: W made for the forward and again for the backward, never kept.
+torch::Tensor made_lora_linear(const FrozenWeight& storage, const torch::Tensor& x, const torch::Tensor& b, const torch::Tensor& A,
+                               const torch::Tensor& B, double scale) {
+  TORCH_CHECK(storage.merges_lora(x, b), "frozen_lora_linear: a ", to_string(storage.format()), " weight is not cast to x's ",
+              x.scalar_type(), " for its product");
+  return lora_cast_linear(LoraCastSource{torch::Tensor(), b, &storage}, x, A, B, scale, kFrozenCastBlockBytes);
+}
+
 torch::Tensor made_linear(const FrozenWeight& storage, const torch::Tensor& x_in, const torch::Tensor& b) {
   // Under autocast, x cast as autocast's linear casts it (its cache included), outside the function:
   // the graph then sums x's gradients where a bf16 base's graph sums them, in the same dtype.
@@ -328,6 +343,10 @@ class Nf4Weight : public FrozenWeight {
     return dequantize_nf4(q_, torch::kBFloat16);
   }
   torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& b) const override { return made_linear(*this, x, b); }
+  torch::Tensor linear_with_adapter(const torch::Tensor& x, const torch::Tensor& b, const torch::Tensor& A, const torch::Tensor& B,
+                                    double scale) const override {
+    return made_lora_linear(*this, x, b, A, B, scale);
+  }
   int64_t bytes() const override { return q_.bytes(); }
   FrozenFormat format() const override { return FrozenFormat::Nf4; }
   std::vector<int64_t> shape() const override { return q_.shape; }
@@ -397,6 +416,11 @@ class ShardedWeight : public FrozenWeight {
   torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& b) const override {
     // bf16: W is a view of the gathered bytes, which it keeps alive for the product and its backward.
     return format_ == FrozenFormat::Nf4 ? made_linear(*this, x, b) : frozen_linear(x, for_matmul(x), b);
+  }
+  torch::Tensor linear_with_adapter(const torch::Tensor& x, const torch::Tensor& b, const torch::Tensor& A, const torch::Tensor& B,
+                                    double scale) const override {
+    return format_ == FrozenFormat::Nf4 ? made_lora_linear(*this, x, b, A, B, scale)
+                                        : frozen_lora_linear(x, for_matmul(x), b, A, B, scale);
   }
   int64_t bytes() const override {
     // This rank's share of the block, in proportion to W's part of it.

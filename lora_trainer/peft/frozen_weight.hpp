@@ -45,6 +45,14 @@ class FrozenWeight {
   // x W^T (+ b) with W frozen: no gradient for W or b, x's gradient through W. bf16: frozen_linear of
   // the stored W; nf4: W dequantized for the product and again in the backward, never kept between.
   virtual torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& b) const;
+  // Whether linear_with_adapter applies to x: an f32 x outside autocast (W is cast for the product), b
+  // frozen. Makes no W (no dequantization, no gather).
+  bool merges_lora(const torch::Tensor& x, const torch::Tensor& b) const;
+  // linear(x, b) + scale (x A) B with the adapter merged into W's cast: frozen_lora_linear below, W made
+  // again for the backward where the storage makes it (nf4), so every storage computes the same numbers
+  // for the same bf16 values of W.
+  virtual torch::Tensor linear_with_adapter(const torch::Tensor& x, const torch::Tensor& b, const torch::Tensor& A,
+                                            const torch::Tensor& B, double scale) const;
   // Bytes the storage holds.
   virtual int64_t bytes() const = 0;
   virtual FrozenFormat format() const = 0;

@@ -328,60 +328,67 @@ TEST_CASE("sample draws only ids its tokenizer can decode when the model's vocab
 }
 
 TEST_CASE("q/k/v and gate/up adapters read their shared input in one product: the outputs and gradients of each layer's own forward", "[llama][lora]") {
-  torch::manual_seed(11);
   const int64_t in = 24, r = 4;
-  // q and v adapted, k not (PEFT's default targets), a fourth with DoRA (its own path); a frozen bf16 base.
-  std::vector<Linear> layers = {Linear(in, 16, true), Linear(in, 8, true), Linear(in, 8, false), Linear(in, 12, false)};
-  for (size_t i = 0; i < layers.size(); ++i) {
-    layers[i]->weight.data().normal_(0, 0.2);
-    layers[i]->freeze_weight(FrozenFormat::Bf16);
-    if (i == 1) continue;
-    const int64_t out = layers[i]->weight.size(0);
-    auto A = (torch::randn({in, r}) * 0.3).set_requires_grad(true), B = (torch::randn({r, out}) * 0.3).set_requires_grad(true);
-    auto m = i == 3 ? (torch::rand({out}) + 0.5).set_requires_grad(true) : torch::Tensor();
-    layers[i]->set_lora(A, B, 0.5 + static_cast<double>(i), m);
-  }
-  std::vector<LinearImpl*> ptrs;
-  for (auto& l : layers) ptrs.push_back(l.get());
-  CHECK(layers[0]->plain_lora());
-  CHECK_FALSE(layers[1]->plain_lora());
-  CHECK_FALSE(layers[3]->plain_lora());
-  auto x0 = torch::randn({2, 5, in});
-  // f32, then bf16 autocast as training runs on CPUs with fast bf16.
-  for (bool bf16 : {false, true}) {
-    INFO((bf16 ? "bf16 autocast" : "f32"));
-    auto grads = [&](bool shared) {
-      auto x = x0.clone().set_requires_grad(true);
-      std::vector<torch::Tensor> ys;
-      {
-        Runtime rt;
-        rt.bf16_autocast = bf16;
-        AutocastGuard autocast(rt);
-        if (shared) {
-          ys = linear_shared_input(x, ptrs);
-        } else {
-          for (auto& l : layers) ys.push_back(l->forward(x));
+  // A frozen bf16 base (in f32 its plain adapters merge into the weights' casts instead: frozen_lora_linear,
+  // each layer on its own), and a base still training in f32 (the shared product in f32).
+  for (bool frozen : {true, false}) {
+    INFO((frozen ? "frozen bf16 base" : "training f32 base"));
+    torch::manual_seed(11);
+    // q and v adapted, k not (PEFT's default targets), a fourth with DoRA (its own path).
+    std::vector<Linear> layers = {Linear(in, 16, true), Linear(in, 8, true), Linear(in, 8, false), Linear(in, 12, false)};
+    for (size_t i = 0; i < layers.size(); ++i) {
+      layers[i]->weight.data().normal_(0, 0.2);
+      if (frozen) layers[i]->freeze_weight(FrozenFormat::Bf16);
+      if (frozen && layers[i]->bias.defined()) layers[i]->bias.requires_grad_(false);  // as transition_to_lora
+      if (i == 1) continue;
+      const int64_t out = layers[i]->weight.size(0);
+      auto A = (torch::randn({in, r}) * 0.3).set_requires_grad(true), B = (torch::randn({r, out}) * 0.3).set_requires_grad(true);
+      auto m = i == 3 ? (torch::rand({out}) + 0.5).set_requires_grad(true) : torch::Tensor();
+      layers[i]->set_lora(A, B, 0.5 + static_cast<double>(i), m);
+    }
+    std::vector<LinearImpl*> ptrs;
+    for (auto& l : layers) ptrs.push_back(l.get());
+    CHECK(layers[0]->plain_lora());
+    CHECK_FALSE(layers[1]->plain_lora());
+    CHECK_FALSE(layers[3]->plain_lora());
+    auto x0 = torch::randn({2, 5, in});
+    CHECK(layers[0]->merges_adapter(x0) == frozen);
+    // f32, then bf16 autocast as training runs on CPUs with fast bf16.
+    for (bool bf16 : {false, true}) {
+      INFO((bf16 ? "bf16 autocast" : "f32"));
+      auto grads = [&](bool shared) {
+        auto x = x0.clone().set_requires_grad(true);
+        std::vector<torch::Tensor> ys;
+        {
+          Runtime rt;
+          rt.bf16_autocast = bf16;
+          AutocastGuard autocast(rt);
+          if (shared) {
+            ys = linear_shared_input(x, ptrs);
+          } else {
+            for (auto& l : layers) ys.push_back(l->forward(x));
+          }
         }
+        torch::Tensor loss = torch::zeros({});
+        for (size_t i = 0; i < ys.size(); ++i) loss = loss + (ys[i].to(torch::kFloat32) * static_cast<double>(i + 1)).sin().sum();
+        for (auto& l : layers)
+          for (auto& p : l->parameters())
+            if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
+        loss.backward();
+        std::vector<torch::Tensor> out = ys;
+        out.push_back(x.grad());
+        for (auto& l : layers)
+          for (auto& p : l->parameters())
+            if (p.requires_grad()) out.push_back(p.grad().clone());
+        return out;
+      };
+      auto own = grads(false), shared = grads(true);
+      REQUIRE(own.size() == shared.size());
+      const double tol = bf16 ? 2e-2 : 1e-5;
+      for (size_t i = 0; i < own.size(); ++i) {
+        INFO("tensor " << i);
+        CHECK(max_diff(own[i].to(torch::kFloat32), shared[i].to(torch::kFloat32)) <= tol * (1 + own[i].abs().max().item<double>()));
       }
-      torch::Tensor loss = torch::zeros({});
-      for (size_t i = 0; i < ys.size(); ++i) loss = loss + (ys[i].to(torch::kFloat32) * static_cast<double>(i + 1)).sin().sum();
-      for (auto& l : layers)
-        for (auto& p : l->parameters())
-          if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
-      loss.backward();
-      std::vector<torch::Tensor> out = ys;
-      out.push_back(x.grad());
-      for (auto& l : layers)
-        for (auto& p : l->parameters())
-          if (p.requires_grad()) out.push_back(p.grad().clone());
-      return out;
-    };
-    auto own = grads(false), shared = grads(true);
-    REQUIRE(own.size() == shared.size());
-    const double tol = bf16 ? 2e-2 : 1e-5;
-    for (size_t i = 0; i < own.size(); ++i) {
-      INFO("tensor " << i);
-      CHECK(max_diff(own[i].to(torch::kFloat32), shared[i].to(torch::kFloat32)) <= tol * (1 + own[i].abs().max().item<double>()));
     }
   }
 }
