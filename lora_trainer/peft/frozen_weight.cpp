@@ -144,9 +144,10 @@ struct FrozenLinearBiasFn : public torch::autograd::Function<FrozenLinearBiasFn>
 };
 
 // Whether W must be cast to x's dtype for the product (autocast casts both itself).
-bool needs_cast(const torch::Tensor& x, const torch::Tensor& W) {
-  return W.scalar_type() != x.scalar_type() && !compat::autocast_enabled(x.device().type());
+bool needs_cast(const torch::Tensor& x, c10::ScalarType w_dtype) {
+  return w_dtype != x.scalar_type() && !compat::autocast_enabled(x.device().type());
 }
+bool needs_cast(const torch::Tensor& x, const torch::Tensor& W) { return needs_cast(x, W.scalar_type()); }
 
 // x W^T (+ b) for a frozen W, computed as it is (autograd records it where no cast is needed; a cast
 // product records nothing): what frozen_linear computes without its own autograd function.
@@ -164,9 +165,19 @@ torch::Tensor frozen_linear(const torch::Tensor& x, const torch::Tensor& W, cons
   return b.defined() ? FrozenLinearBiasFn::apply(x, W, b, block_bytes) : FrozenLinearFn::apply(x, W, block_bytes);
 }
 
-bool merges_lora_into_cast(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b) {
-  return !W.requires_grad() && !(b.defined() && b.requires_grad()) && needs_cast(x, W) &&
+namespace {
+
+// Whether a frozen W of `w_dtype` is cast to x's dtype for the product (needs_cast) into an f32 or f64
+// buffer that can take the adapter, with b frozen.
+bool casts_with_adapter(const torch::Tensor& x, c10::ScalarType w_dtype, const torch::Tensor& b) {
+  return !(b.defined() && b.requires_grad()) && needs_cast(x, w_dtype) &&
          (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kFloat64);
+}
+
+}  // namespace
+
+bool merges_lora_into_cast(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b) {
+  return !W.requires_grad() && casts_with_adapter(x, W.scalar_type(), b);
 }
 
 namespace {
@@ -176,6 +187,7 @@ namespace {
 struct LoraCastSource {
   torch::Tensor W, b;
   const FrozenWeight* storage = nullptr;
+  torch::Tensor weight(const torch::Tensor& x) const { return W.defined() ? W : storage->for_matmul(x); }
 };
 
 // x W^T (+ b) + s (x A) B with W + s (A B)^T made in the cast's buffer, forward and backward: x's
@@ -191,7 +203,7 @@ struct FrozenLoraFn : public torch::autograd::Function<FrozenLoraFn> {
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["block_bytes"] = block_bytes;
     const CastAdapter adapter{A, B, scale};
-    return cast_linear(x, src.W.defined() ? src.W : src.storage->for_matmul(x), src.b, block_bytes, &adapter);
+    return cast_linear(x, src.weight(x), src.b, block_bytes, &adapter);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
     const auto saved = ctx->get_saved_variables();
@@ -218,7 +230,7 @@ torch::Tensor lora_cast_linear(const LoraCastSource& src, const torch::Tensor& x
   const bool graph = torch::GradMode::is_enabled() && (x.requires_grad() || A.requires_grad() || B.requires_grad());
   if (graph) return FrozenLoraFn::apply(x, A, B, scale, reinterpret_cast<int64_t>(&src), block_bytes);
   const CastAdapter adapter{A, B, scale};
-  return cast_linear(x, src.W.defined() ? src.W : src.storage->for_matmul(x), src.b, block_bytes, &adapter);
+  return cast_linear(x, src.weight(x), src.b, block_bytes, &adapter);
 }
 
 }  // namespace
@@ -232,8 +244,7 @@ torch::Tensor frozen_lora_linear(const torch::Tensor& x, const torch::Tensor& W,
 
 bool FrozenWeight::merges_lora(const torch::Tensor& x, const torch::Tensor& b) const {
   // Every storage's W is bf16 (as stored, or made), so this is merges_lora_into_cast without making it.
-  return !(b.defined() && b.requires_grad()) && !compat::autocast_enabled(x.device().type()) &&
-         (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kFloat64);
+  return casts_with_adapter(x, torch::kBFloat16, b);
 }
 
 torch::Tensor FrozenWeight::linear_with_adapter(const torch::Tensor& x, const torch::Tensor& b, const torch::Tensor& A,
@@ -307,14 +318,6 @@ struct MadeWeightBiasFn : public torch::autograd::Function<MadeWeightBiasFn> {
 
 // x W^T (+ b) for a storage that makes W for each product (nf4): W made in the forward and again in
 // the backward.
-// frozen_lora_linear for such a storage: W made for the forward and again for the backward, never kept.
-torch::Tensor made_lora_linear(const FrozenWeight& storage, const torch::Tensor& x, const torch::Tensor& b, const torch::Tensor& A,
-                               const torch::Tensor& B, double scale) {
-  TORCH_CHECK(storage.merges_lora(x, b), "frozen_lora_linear: a ", to_string(storage.format()), " weight is not cast to x's ",
-              x.scalar_type(), " for its product");
-  return lora_cast_linear(LoraCastSource{torch::Tensor(), b, &storage}, x, A, B, scale, kFrozenCastBlockBytes);
-}
-
 torch::Tensor made_linear(const FrozenWeight& storage, const torch::Tensor& x_in, const torch::Tensor& b) {
   // Under autocast, x cast as autocast's linear casts it (its cache included), outside the function:
   // the graph then sums x's gradients where a bf16 base's graph sums them, in the same dtype.
@@ -325,6 +328,14 @@ torch::Tensor made_linear(const FrozenWeight& storage, const torch::Tensor& x_in
   const auto self = reinterpret_cast<int64_t>(&storage);
   if (!torch::GradMode::is_enabled() || !x.requires_grad()) return frozen_product(x, storage.for_matmul(x), b, kFrozenCastBlockBytes);
   return b.defined() ? MadeWeightBiasFn::apply(x, b, self) : MadeWeightFn::apply(x, self);
+}
+
+// frozen_lora_linear for such a storage: W made for the forward and again for the backward, never kept.
+torch::Tensor made_lora_linear(const FrozenWeight& storage, const torch::Tensor& x, const torch::Tensor& b, const torch::Tensor& A,
+                               const torch::Tensor& B, double scale) {
+  TORCH_CHECK(storage.merges_lora(x, b), "frozen_lora_linear: a ", to_string(storage.format()), " weight is not cast to x's ",
+              x.scalar_type(), " for its product");
+  return lora_cast_linear(LoraCastSource{torch::Tensor(), b, &storage}, x, A, B, scale, kFrozenCastBlockBytes);
 }
 
 // QLoRA's storage: NF4 blocks with double quantization (kernels/nf4.hpp), on the weight's device
