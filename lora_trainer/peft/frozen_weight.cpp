@@ -4,6 +4,7 @@
 
 #include "lora_trainer/core/checksum.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/kernels/cpu_gemm.hpp"
 #include "lora_trainer/kernels/nf4.hpp"
 #include "lora_trainer/peft/block_shard.hpp"
 
@@ -71,7 +72,7 @@ torch::Tensor cast_linear(const torch::Tensor& x, const torch::Tensor& W, const 
   const int64_t step = block_rows(W, dtype, block_bytes), out = W.size(0);
   if (step >= out) {
     const torch::Tensor Wc = cast_rows(W, 0, out, dtype, adapter);
-    return bc.defined() ? torch::linear(x, Wc, bc) : torch::linear(x, Wc);
+    return cpu_linear(x, Wc, bc);
   }
   const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
   // The output in its own shape, no view (a loss may then write its gradient over it: cross_entropy_sum);
@@ -84,10 +85,11 @@ torch::Tensor cast_linear(const torch::Tensor& x, const torch::Tensor& W, const 
     const int64_t rows = std::min(step, out - first);
     const torch::Tensor Wb = cast_rows(W, first, rows, dtype, adapter);
     torch::Tensor columns = y2.narrow(1, first, rows);
-    if (bc.defined() && x.dim() == 2) {
-      torch::addmm_out(columns, bc.narrow(0, first, rows), x2, Wb.t());
+    if (bc.defined() && x.dim() == 2) {  // addmm's: the bias, then the product added
+      columns.copy_(bc.narrow(0, first, rows).expand_as(columns));
+      cpu_gemm_out(columns, x2, Wb.t(), /*accumulate=*/true);
     } else {
-      torch::mm_out(columns, x2, Wb.t());
+      cpu_gemm_out(columns, x2, Wb.t());
       if (bc.defined()) columns.add_(bc.narrow(0, first, rows));
     }
   }
@@ -99,14 +101,19 @@ torch::Tensor cast_grad_input(const torch::Tensor& g, const torch::Tensor& W, in
                               const CastAdapter* adapter = nullptr) {
   const auto dtype = g.scalar_type();
   const int64_t step = block_rows(W, dtype, block_bytes), out = W.size(0);
-  if (step >= out) return torch::matmul(g, cast_rows(W, 0, out, dtype, adapter));
+  if (step >= out) return cpu_gemm(g, cast_rows(W, 0, out, dtype, adapter));
+  // Each block's product added into the first's (one pass over x's gradient less a block).
+  const torch::Tensor g2 = g.reshape({-1, out});
   torch::Tensor sum;
   for (int64_t first = 0; first < out; first += step) {
     const int64_t rows = std::min(step, out - first);
-    torch::Tensor part = torch::matmul(g.narrow(-1, first, rows), cast_rows(W, first, rows, dtype, adapter));
-    sum = sum.defined() ? sum.add_(part) : part;
+    const torch::Tensor Wb = cast_rows(W, first, rows, dtype, adapter);
+    if (!sum.defined()) sum = cpu_gemm(g2.narrow(1, first, rows), Wb);
+    else cpu_gemm_out(sum, g2.narrow(1, first, rows), Wb, /*accumulate=*/true);
   }
-  return sum;
+  std::vector<int64_t> sizes = g.sizes().vec();
+  sizes.back() = W.size(1);
+  return sum.view(sizes);
 }
 
 // x W^T (+ b) with W (and b) cast to x's dtype for the product only; the backward casts W again.
@@ -152,7 +159,7 @@ bool needs_cast(const torch::Tensor& x, const torch::Tensor& W) { return needs_c
 // x W^T (+ b) for a frozen W, computed as it is (autograd records it where no cast is needed; a cast
 // product records nothing): what frozen_linear computes without its own autograd function.
 torch::Tensor frozen_product(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b, int64_t block_bytes) {
-  if (!needs_cast(x, W)) return torch::linear(x, weight_for(W, x), weight_for(b, x));
+  if (!needs_cast(x, W)) return cpu_linear(x, weight_for(W, x), weight_for(b, x));
   return cast_linear(x, W, b, block_bytes);
 }
 
@@ -160,7 +167,7 @@ torch::Tensor frozen_product(const torch::Tensor& x, const torch::Tensor& W, con
 
 torch::Tensor frozen_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b, int64_t block_bytes) {
   const bool frozen = !W.requires_grad() && !(b.defined() && b.requires_grad());
-  if (!frozen) return torch::linear(x, weight_for(W, x), weight_for(b, x));
+  if (!frozen) return cpu_linear(x, weight_for(W, x), weight_for(b, x));
   if (!needs_cast(x, W) || !torch::GradMode::is_enabled() || !x.requires_grad()) return frozen_product(x, W, b, block_bytes);
   return b.defined() ? FrozenLinearBiasFn::apply(x, W, b, block_bytes) : FrozenLinearFn::apply(x, W, block_bytes);
 }
@@ -289,7 +296,7 @@ torch::autograd::variable_list made_weight_backward(torch::autograd::AutogradCon
   torch::autograd::variable_list out(inputs);
   const auto x_dtype = ctx->saved_data["x_dtype"].toScalarType();
   // Under autocast the forward multiplied bf16 copies and autograd would return x's gradient in x's dtype.
-  out[0] = (W.scalar_type() == g.scalar_type() ? torch::matmul(g, W) : cast_grad_input(g, W, kFrozenCastBlockBytes)).to(x_dtype);
+  out[0] = (W.scalar_type() == g.scalar_type() ? cpu_gemm(g, W) : cast_grad_input(g, W, kFrozenCastBlockBytes)).to(x_dtype);
   return out;
 }
 

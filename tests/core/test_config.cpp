@@ -145,18 +145,22 @@ TEST_CASE("runtime/* and job/* are read into their typed fields: each name to it
   CHECK(d.precision == RuntimeOptions::Precision::Auto);
   CHECK(d.attention == RuntimeOptions::Attention::Auto);
   CHECK(d.loss == RuntimeOptions::Loss::Auto);
+  CHECK(d.matmul == RuntimeOptions::Matmul::Auto);
   CHECK(d.threads == 0);
   for (const char* o : {"runtime/device=cpu", "runtime/precision=f32", "runtime/attention=manual", "runtime/loss=libtorch",
-                        "runtime/threads=3", "job/project=p1", "job/group=g1"})
+                        "runtime/matmul=libtorch", "runtime/threads=3", "job/project=p1", "job/group=g1"})
     cfg.apply_override(o);
   RuntimeOptions r = RuntimeOptions::from_config(cfg);
   CHECK(r.device == RuntimeOptions::Device::Cpu);
   CHECK(r.precision == RuntimeOptions::Precision::F32);
   CHECK(r.attention == RuntimeOptions::Attention::Manual);
   CHECK(r.loss == RuntimeOptions::Loss::LibTorch);
+  CHECK(r.matmul == RuntimeOptions::Matmul::LibTorch);
   CHECK(r.threads == 3);
   cfg.apply_override("runtime/precision=bf16");
   cfg.apply_override("runtime/loss=fused");
+  cfg.apply_override("runtime/matmul=onednn");
+  CHECK(RuntimeOptions::from_config(cfg).matmul == RuntimeOptions::Matmul::OneDnn);
   CHECK(RuntimeOptions::from_config(cfg).precision == RuntimeOptions::Precision::Bf16);
   CHECK(RuntimeOptions::from_config(cfg).loss == RuntimeOptions::Loss::Fused);
   // The model takes the runtime's two keys it computes with.

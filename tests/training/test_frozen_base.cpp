@@ -7,6 +7,7 @@
 
 #include "hf_fixtures.hpp"
 #include "lora_fixtures.hpp"
+#include "lora_trainer/kernels/cpu_gemm.hpp"
 #include "lora_trainer/formats/export.hpp"
 #include "lora_trainer/formats/frozen_base.hpp"
 #include "lora_trainer/formats/hf_families.hpp"
@@ -272,9 +273,10 @@ TEST_CASE("frozen_linear: the product and x's gradient of a bf16 weight, without
   torch::manual_seed(5);
   const auto W = torch::randn({48, 16}).to(torch::kBFloat16), b = torch::randn({48}).to(torch::kBFloat16);
   const auto x0 = torch::randn({3, 5, 16});
-  // The reference: the cast made by hand (what a layer did before), autograd keeping it.
+  // The reference: the cast made by hand (what a layer did before), autograd keeping it; the product an
+  // f32 layer computes (kernels/cpu_gemm.hpp: oneDNN's where the build has it).
   auto xr = x0.clone().requires_grad_(true);
-  auto yr = torch::linear(xr, W.to(torch::kFloat32), b.to(torch::kFloat32));
+  auto yr = cpu_linear(xr, W.to(torch::kFloat32), b.to(torch::kFloat32));
   auto g = torch::randn(yr.sizes());
   yr.backward(g);
   for (const int64_t block : {kFrozenCastBlockBytes, int64_t(16 * 4 * 10)}) {  // one product; blocks of 10 rows
@@ -353,6 +355,11 @@ TEST_CASE("frozen_lora_linear: an adapter merged into the f32 cast of a bf16 wei
 TEST_CASE("a layer with a bf16 base and an adapter merges it in an f32 step, not under bf16 autocast", "[frozen_base][lora]") {
   torch::manual_seed(8);
   Linear layer(16, 24, true);
+  {
+    torch::NoGradGuard no_grad;
+    layer->weight.normal_(0.0, 0.3);  // a layer's weight starts uninitialized (the model's init fills it)
+    layer->bias.normal_(0.0, 0.3);
+  }
   layer->freeze_weight(FrozenFormat::Bf16);
   layer->set_lora(torch::randn({16, 4}).requires_grad_(true), (torch::randn({4, 24}) * 0.1).requires_grad_(true), 2.0, {});
   const auto x = torch::randn({2, 3, 16}).requires_grad_(true);

@@ -1,0 +1,43 @@
+// f32 matrix products on the CPU through oneDNN's sgemm, where this build has it (LT_HAVE_ONEDNN:
+// Debian's libdnnl-dev, the oneDNN that Debian's LibTorch itself links), for the products of a linear
+// layer's forward and of its input's gradient.
+//
+// LibTorch's f32 mm on the CPU is OpenBLAS's sgemm. On the Cascade Lake (AVX-512, no BF16) oneDNN's
+// sgemm ran the forward x W^T and the input gradient g W of the bench model's layers 3-22% faster,
+// 11% and 14% for its tied head (1,024 x 384 by 384 x 50,257), and the weight gradient g^T x (the
+// inner dimension the tokens) 5-12% slower for the larger weights (docs/performance.md, "oneDNN's
+// sgemm"). So the weight gradient stays LibTorch's. The bf16 products (autocast) are LibTorch's, which
+// hands them to oneDNN already; CUDA is untouched.
+//
+// The choice is the process's (runtime/matmul, set by Runtime::from_config). Each product is the same
+// sgemm call at any thread count (oneDNN splits the output, not the inner dimension: the same bits on
+// 1 and 2 threads), so a resumed job computes what the uninterrupted one did.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace lt {
+
+enum class CpuMatmul { LibTorch, OneDnn };
+
+// Whether this build has oneDNN's sgemm (LT_HAVE_ONEDNN).
+bool onednn_available();
+// The process's choice (default: OneDnn where available). set_cpu_matmul(OneDnn) without oneDNN throws.
+void set_cpu_matmul(CpuMatmul backend);
+CpuMatmul cpu_matmul();
+
+// out = a b, or out += a b with accumulate; 2-D. Through oneDNN when chosen and when a, b and out are
+// f32 CPU matrices that it reads in place (one unit stride each; out's columns unit-stride), else
+// LibTorch's mm_out / addmm_. out must not overlap a or b.
+void cpu_gemm_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, bool accumulate = false);
+
+// a b for a (..., K) and a 2-D b (K, N): a new (..., N) tensor. Not recorded by autograd (for products
+// inside an autograd function's forward or backward, or without a graph).
+torch::Tensor cpu_gemm(const torch::Tensor& a, const torch::Tensor& b);
+
+// x W^T (+ b), what torch::linear computes, with its gradients: x's g W through cpu_gemm, W's g^T x and
+// b's sum as LibTorch computes them. torch::linear itself where oneDNN does not take the product (not
+// chosen, not f32 on the CPU, or under autocast).
+torch::Tensor cpu_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b = {});
+
+}  // namespace lt

@@ -1,0 +1,144 @@
+// cpu_gemm_out and cpu_linear compute what LibTorch's mm and linear compute (oneDNN's sgemm sums in
+// another order: within float rounding), gradients included, for every layout they read in place; what
+// oneDNN does not take is LibTorch's own product, and runtime/matmul=libtorch gives linear's bits.
+#include "catch.hpp"
+
+#include "lora_trainer/core/runtime.hpp"
+#include "lora_trainer/kernels/cpu_gemm.hpp"
+#include "lora_trainer/models/layers.hpp"
+
+using namespace lt;
+using lt::test::Contains;
+
+namespace {
+
+bool close(const torch::Tensor& got, const torch::Tensor& want) {
+  return got.sizes() == want.sizes() && got.scalar_type() == want.scalar_type() &&
+         (got - want).abs().max().item<double>() <= 1e-5 * std::max(1.0, want.abs().max().item<double>());
+}
+
+// The process's choice for the scope, restored after.
+struct Backend {
+  CpuMatmul before = cpu_matmul();
+  explicit Backend(CpuMatmul b) { set_cpu_matmul(b); }
+  ~Backend() { set_cpu_matmul(before); }
+};
+
+// (rows, cols) with the given memory order: row-major, or the transpose of a row-major (cols, rows).
+torch::Tensor matrix(int64_t rows, int64_t cols, bool transposed) {
+  return transposed ? torch::randn({cols, rows}).t() : torch::randn({rows, cols});
+}
+
+}  // namespace
+
+TEST_CASE("cpu_gemm_out: a b and a b added into out, for rows or columns in memory, into a block of columns of a wider matrix",
+          "[kernels][cpu_gemm]") {
+  if (!onednn_available()) WARN("this build has no oneDNN (libdnnl-dev): the products checked are LibTorch's");
+  torch::manual_seed(3);
+  struct Shape {
+    int64_t M, K, N;
+  };
+  for (const Shape s : {Shape{7, 13, 5}, Shape{1, 64, 33}, Shape{40, 3000, 1}, Shape{96, 384, 200}}) {
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true})
+        for (const bool wide : {false, true})
+          for (const bool accumulate : {false, true}) {
+            INFO(s.M << "x" << s.K << " by " << s.K << "x" << s.N << (ta ? ", a transposed" : "") << (tb ? ", b transposed" : "")
+                     << (wide ? ", into columns of a wider matrix" : "") << (accumulate ? ", added" : ""));
+            const auto a = matrix(s.M, s.K, ta), b = matrix(s.K, s.N, tb);
+            // A wider matrix's columns [3, 3 + N): its other columns must stay as they were.
+            const auto whole = torch::randn({s.M, wide ? s.N + 7 : s.N});
+            const auto before = whole.clone();
+            torch::Tensor out = wide ? whole.narrow(1, 3, s.N) : whole;
+            cpu_gemm_out(out, a, b, accumulate);
+            const auto want = accumulate ? before.narrow(1, wide ? 3 : 0, s.N) + at::mm(a, b) : at::mm(a, b);
+            CHECK(close(out, want));
+            if (wide) {
+              CHECK(torch::equal(whole.narrow(1, 0, 3), before.narrow(1, 0, 3)));
+              CHECK(torch::equal(whole.narrow(1, 3 + s.N, 4), before.narrow(1, 3 + s.N, 4)));
+            }
+          }
+  }
+}
+
+TEST_CASE("cpu_gemm_out: operands oneDNN cannot read in place (no unit stride, a broadcast, bf16, f64) get LibTorch's product, bit for bit",
+          "[kernels][cpu_gemm]") {
+  torch::manual_seed(4);
+  const auto big = torch::randn({20, 30});
+  const auto every_other = big.slice(0, 0, 20, 2).slice(1, 0, 30, 2);  // (10, 15), strides (60, 2)
+  const auto b = torch::randn({15, 6});
+  torch::Tensor out = torch::empty({10, 6});
+  cpu_gemm_out(out, every_other, b);
+  CHECK(torch::equal(out, at::mm(every_other, b)));
+  const auto row = torch::randn({1, 15}).expand({10, 15});  // stride 0
+  cpu_gemm_out(out, row, b);
+  CHECK(torch::equal(out, at::mm(row, b)));
+  for (const auto dtype : {torch::kBFloat16, torch::kFloat64}) {
+    const auto a = torch::randn({10, 15}).to(dtype), bb = b.to(dtype);
+    torch::Tensor o = torch::empty({10, 6}, a.options());
+    cpu_gemm_out(o, a, bb);
+    CHECK(torch::equal(o, at::mm(a, bb)));
+  }
+  // cpu_gemm keeps the leading dimensions.
+  const auto x = torch::randn({2, 3, 15});
+  CHECK(close(cpu_gemm(x, b), torch::matmul(x, b)));
+}
+
+TEST_CASE("cpu_linear: the output and the gradients of x, W and b are torch::linear's", "[kernels][cpu_gemm]") {
+  torch::manual_seed(5);
+  for (const bool bias : {false, true})
+    for (const bool x_trains : {false, true})
+      for (const bool w_trains : {false, true}) {
+        INFO((bias ? "with a bias" : "no bias") << (x_trains ? ", x trains" : "") << (w_trains ? ", W trains" : ""));
+        const auto x0 = torch::randn({2, 9, 24}), W0 = torch::randn({40, 24}), b0 = torch::randn({40}), g = torch::randn({2, 9, 40});
+        auto run = [&](bool ours) {
+          auto x = x0.clone().requires_grad_(x_trains), W = W0.clone().requires_grad_(w_trains);
+          auto b = bias ? b0.clone().requires_grad_(true) : torch::Tensor();
+          auto y = ours ? cpu_linear(x, W, b) : (bias ? torch::linear(x, W, b) : torch::linear(x, W));
+          if (y.requires_grad()) (y * g).sum().backward();
+          return std::vector<torch::Tensor>{y.detach(), x.grad(), W.grad(), bias ? b.grad() : torch::Tensor()};
+        };
+        const auto ours = run(true), theirs = run(false);
+        CHECK(close(ours[0], theirs[0]));
+        for (size_t i = 1; i < 4; ++i) {
+          INFO("gradient " << i << " (x, W, b)");
+          REQUIRE(ours[i].defined() == theirs[i].defined());
+          if (ours[i].defined()) CHECK(close(ours[i], theirs[i]));
+        }
+      }
+  // A matrix x gives a matrix that is no view (the fused loss may write its gradient over logits).
+  const auto y = cpu_linear(torch::randn({5, 24}), torch::randn({40, 24}));
+  CHECK(y.sizes() == torch::IntArrayRef({5, 40}));
+  CHECK_FALSE(y.is_view());
+}
+
+TEST_CASE("cpu_linear: oneDNN's node where it is chosen, LibTorch's linear, bit for bit, under runtime/matmul=libtorch and bf16 autocast",
+          "[kernels][cpu_gemm]") {
+  torch::manual_seed(6);
+  const auto x = torch::randn({64, 96}).requires_grad_(true), W = torch::randn({80, 96}).requires_grad_(true), b = torch::randn({80});
+  if (onednn_available()) {
+    const Backend chosen(CpuMatmul::OneDnn);
+    CHECK_THAT(cpu_linear(x, W, b).grad_fn()->name(), Contains("LinearBiasFn"));
+    CHECK_THAT(cpu_linear(x, W).grad_fn()->name(), Contains("LinearFn"));
+    // A model's linear layer (trained, f32) takes it.
+    Linear layer(96, 80, true);
+    CHECK_THAT(layer->forward(x).grad_fn()->name(), Contains("LinearBiasFn"));
+  } else {
+    CHECK_THROWS_WITH(set_cpu_matmul(CpuMatmul::OneDnn), Contains("libdnnl-dev"));
+  }
+  {
+    const Backend libtorch(CpuMatmul::LibTorch);
+    const auto y = cpu_linear(x, W, b);
+    CHECK(torch::equal(y, torch::linear(x, W, b)));
+    CHECK_THAT(y.grad_fn()->name(), !Contains("LinearBiasFn"));
+  }
+  {
+    Runtime rt;
+    rt.bf16_autocast = true;
+    const AutocastGuard autocast(rt);
+    const auto y = cpu_linear(x, W, b);
+    const auto want = torch::linear(x, W, b);
+    CHECK(y.scalar_type() == torch::kBFloat16);
+    CHECK(torch::equal(y, want));
+  }
+}
