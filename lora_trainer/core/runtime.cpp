@@ -51,7 +51,8 @@ static const OptionGroup<RuntimeOptions>& runtime_options() {
                enum_option("runtime/loss", losses, &O::loss), check_one_of(losses))
           .add("runtime/matmul", OptType::String, "auto",
                "the f32 products of linear layers on the CPU (forward and the input's gradient): onednn (oneDNN's "
-               "sgemm, measured 3-22% faster than OpenBLAS's on an AVX-512 CPU; needs a build that found libdnnl-dev), "
+               "sgemm, the bench model's steps 8% faster than with OpenBLAS's on an AVX-512 CPU; needs a build that found "
+               "libdnnl-dev), "
                "libtorch (LibTorch's mm: OpenBLAS), or auto (onednn where this build has it). bf16 products and CUDA are "
                "LibTorch's either way",
                enum_option("runtime/matmul", matmuls, &O::matmul), check_one_of(matmuls))

@@ -3,10 +3,10 @@
 // layer's forward and of its input's gradient.
 //
 // LibTorch's f32 mm on the CPU is OpenBLAS's sgemm. On the Cascade Lake (AVX-512, no BF16) oneDNN's
-// sgemm ran the forward x W^T and the input gradient g W of the bench model's layers 3-22% faster,
-// 11% and 14% for its tied head (1,024 x 384 by 384 x 50,257), and the weight gradient g^T x (the
-// inner dimension the tokens) 5-12% slower for the larger weights (docs/performance.md, "oneDNN's
-// sgemm"). So the weight gradient stays LibTorch's. The bf16 products (autocast) are LibTorch's, which
+// sgemm ran the forward x W^T and the input gradient g W of the bench model's layers up to 1.22x as
+// fast (one forward 0.98x), 1.13x and 1.15x for its tied head (1,024 x 384 by 384 x 50,257), and the
+// weight gradient g^T x (the inner dimension the tokens) at 0.90-0.93x for the larger weights
+// (docs/performance.md, "oneDNN's sgemm"). So the weight gradient stays LibTorch's. The bf16 products (autocast) are LibTorch's, which
 // hands them to oneDNN already; CUDA is untouched.
 //
 // The choice is the process's (runtime/matmul, set by Runtime::from_config). Each product is the same
