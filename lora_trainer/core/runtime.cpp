@@ -148,15 +148,16 @@ Runtime Runtime::from_config(const Config& cfg) {
   if (o.matmul == RuntimeOptions::Matmul::OneDnn && !onednn_available())
     throw UserError("runtime/matmul=onednn, but this build has no oneDNN (CMake found no libdnnl-dev when it was "
                     "configured); use runtime/matmul=auto or libtorch, or install libdnnl-dev and build again");
-  rt.onednn_matmul = o.matmul == RuntimeOptions::Matmul::OneDnn || (o.matmul == RuntimeOptions::Matmul::Auto && onednn_available());
-  set_cpu_matmul(rt.onednn_matmul ? CpuMatmul::OneDnn : CpuMatmul::LibTorch);
+  // The f32 CPU products of linear layers (kernels/cpu_gemm.hpp): oneDNN's wherever this build has it.
+  set_cpu_matmul(o.matmul != RuntimeOptions::Matmul::LibTorch && onednn_available() ? CpuMatmul::OneDnn
+                                                                                      : CpuMatmul::LibTorch);
   return rt;
 }
 
 std::string Runtime::describe() const {
   std::string s = std::string(device.is_cuda() ? "cuda" : "cpu") + ", " + std::to_string(threads) + " threads, " +
                   (bf16_autocast ? "bf16 autocast" : "f32");
-  if (!device.is_cuda() && !bf16_autocast) s += onednn_matmul ? ", oneDNN products" : ", LibTorch products";
+  if (!device.is_cuda() && !bf16_autocast) s += cpu_matmul() == CpuMatmul::OneDnn ? ", oneDNN products" : ", LibTorch products";
   if (!device.is_cuda() && !bf16_autocast && threads > 1 && openblas_threading() == 1)
     s += " (OpenBLAS's pthreads build: its f32 products on one core; scripts/setup.sh selects its OpenMP build, "
          "libopenblas0-openmp, which uses them all)";

@@ -28,7 +28,6 @@ struct Runtime {
   torch::Device device = torch::kCPU;
   bool bf16_autocast = false;
   int threads = 1;
-  bool onednn_matmul = false;  // the f32 CPU products of linear layers through oneDNN (kernels/cpu_gemm.hpp)
   // The device, precision and threads runtime/* chooses (RuntimeOptions), and the process's
   // allocator and BLAS threads set for training.
   static Runtime from_config(const Config& cfg);

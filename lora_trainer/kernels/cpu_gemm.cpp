@@ -130,6 +130,28 @@ void cpu_gemm_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tenso
   else at::mm_out(out, a, b);
 }
 
+void cpu_sgemm(char trans_a, char trans_b, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
+               int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+#if LT_HAVE_ONEDNN
+  if (g_backend.load(std::memory_order_relaxed) == CpuMatmul::OneDnn && K > 0) {
+    const dnnl_status_t status = dnnl_sgemm(trans_a, trans_b, M, N, K, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+    TORCH_CHECK(status == dnnl_success, "oneDNN's sgemm failed (status ", static_cast<int>(status), ") on ", M, " x ", K,
+                " by ", K, " x ", N);
+    return;
+  }
+#endif
+  // LibTorch's mm on views of the operands (its BLAS call, at::native::cpublas::gemm, is not exported).
+  const at::NoGradGuard no_grad;
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  auto view = [&](const float* p, char trans, int64_t rows, int64_t cols, int64_t ld) {
+    const std::vector<int64_t> strides = trans == 'T' ? std::vector<int64_t>{1, ld} : std::vector<int64_t>{ld, 1};
+    return torch::from_blob(const_cast<float*>(p), {rows, cols}, strides, f32);
+  };
+  torch::Tensor out = view(c, 'N', M, N, ldc);
+  cpu_gemm_out(out, view(a, trans_a, M, K, lda), view(b, trans_b, K, N, ldb), accumulate);
+}
+
 torch::Tensor cpu_gemm(const torch::Tensor& a, const torch::Tensor& b) {
   const torch::Tensor a2 = rows_of(a);
   torch::Tensor out = torch::empty({a2.size(0), b.size(1)}, a.options());

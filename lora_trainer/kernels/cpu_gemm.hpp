@@ -31,6 +31,14 @@ CpuMatmul cpu_matmul();
 // LibTorch's mm_out / addmm_. out must not overlap a or b.
 void cpu_gemm_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, bool accumulate = false);
 
+// C = op(A) op(B) (+ C with accumulate) on row-major f32 matrices given by pointer, op(A) M x K and
+// op(B) K x N, C M x N with row stride ldc; trans 'N' reads a matrix as stored (row stride ld), 'T' reads
+// the transpose of the stored one. For many small products (attention's), where LibTorch's views and
+// dispatch would cost more than the product: oneDNN's sgemm when chosen, else LibTorch's BLAS call
+// (at::native::cpublas::gemm, what its mm calls). Inside a parallel region each call runs on its thread.
+void cpu_sgemm(char trans_a, char trans_b, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
+               int64_t ldb, bool accumulate, float* c, int64_t ldc);
+
 // a b for a (..., K) and a 2-D b (K, N): a new (..., N) tensor. Not recorded by autograd (for products
 // inside an autograd function's forward or backward, or without a graph).
 torch::Tensor cpu_gemm(const torch::Tensor& a, const torch::Tensor& b);

@@ -155,15 +155,18 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 #endif
   const int64_t T = q.size(-2), D = q.size(-1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  // f32 on the CPU: the stack of products split across threads, q, k and v read in place (kernels/batched_matmul.hpp).
-  auto product = [](const torch::Tensor& a, const torch::Tensor& b) {
-    return batched_matmul_supported(a, b) ? batched_matmul(a, b) : torch::matmul(a, b);
+  // f32 on the CPU: the stack of products split across threads, q, k and v read in place, the blocks
+  // above the diagonal skipped (kernels/batched_matmul.hpp). A mask (SequenceLayout's) hides at least
+  // what the causal mask hides, so the weights are 0 above the diagonal either way.
+  const bool square = k.size(-2) == T;
+  auto product = [square](const torch::Tensor& a, const torch::Tensor& b, CausalPart part) {
+    return batched_matmul_supported(a, b) ? batched_matmul(a, b, square ? part : CausalPart::None) : torch::matmul(a, b);
   };
-  auto scores = product(q, k.transpose(-2, -1));  // (B,H,T,T)
+  auto scores = product(q, k.transpose(-2, -1), CausalPart::Scores);  // (B,H,T,T)
   if (causal_softmax_supported(scores, mask, v.scalar_type())) {  // the CPU: one pass each way (kernels/causal_softmax.hpp)
     auto att = causal_softmax(scores, scale, mask, v.scalar_type());
     if (dropout > 0) att = torch::dropout(att, dropout, true);
-    return product(att, v);
+    return product(att, v, CausalPart::Weights);
   }
   auto att = scores * scale;
   auto hidden = mask.defined() ? mask.logical_not()

@@ -2,9 +2,12 @@
 // attention hands it, at any thread count; what it does not take is refused, not miscomputed.
 #include "catch.hpp"
 
+#include <limits>
+
 #include <ATen/Parallel.h>
 
 #include "lora_trainer/kernels/batched_matmul.hpp"
+#include "lora_trainer/kernels/cpu_gemm.hpp"
 
 using namespace lt;
 using lt::test::Contains;
@@ -84,6 +87,67 @@ TEST_CASE("batched_matmul: the same bits with one thread and with two", "[kernel
   CHECK(torch::equal(one.grad_qkv, two.grad_qkv));
 }
 
+namespace {
+
+// Causal attention as the manual path computes it, weights over the visible keys by masked_fill and
+// softmax: with `ours` the products skip the blocks above the diagonal (CausalPart), else LibTorch's
+// matmul computes them all.
+Attention causal_attention_of(const torch::Tensor& qkv_out, const torch::Tensor& g, int64_t H, bool ours) {
+  const int64_t B = qkv_out.size(0), T = qkv_out.size(1), C = qkv_out.size(2) / 3, D = C / H;
+  auto leaf = qkv_out.detach().requires_grad_(true);
+  const auto parts = leaf.split(C, -1);
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
+  auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+  Attention r;
+  r.scores = ours ? batched_matmul(q, k.transpose(-2, -1), CausalPart::Scores) : torch::matmul(q, k.transpose(-2, -1));
+  const auto hidden = torch::ones({T, T}, torch::kBool).triu(1);
+  const auto weights = torch::softmax(r.scores.masked_fill(hidden, -std::numeric_limits<float>::infinity()), -1);
+  r.out = ours ? batched_matmul(weights, v, CausalPart::Weights) : torch::matmul(weights, v);
+  (r.out * g).sum().backward();
+  r.grad_qkv = leaf.grad();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("batched_matmul: causal attention skips the blocks above the diagonal and computes what matmul computes", "[kernels]") {
+  torch::manual_seed(6);
+  // Each product through oneDNN's sgemm (where this build has it) and through LibTorch's mm.
+  const CpuMatmul before = cpu_matmul();
+  std::vector<CpuMatmul> backends{CpuMatmul::LibTorch};
+  if (onednn_available()) backends.push_back(CpuMatmul::OneDnn);
+  // T over one block of 64 rows, not a multiple of it, exactly one, and under one.
+  for (const CpuMatmul backend : backends)
+  for (auto [B, T, C, H] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 150, 48, 2}, {1, 128, 32, 1}, {2, 64, 24, 3}, {1, 17, 16, 2}}) {
+    set_cpu_matmul(backend);
+    INFO((backend == CpuMatmul::OneDnn ? "oneDNN" : "LibTorch") << " B " << B << " T " << T << " C " << C << " H " << H);
+    auto x = torch::randn({B, T, 3 * C});
+    auto g = torch::randn({B, H, T, C / H});
+    const Attention ours = causal_attention_of(x, g, H, true), theirs = causal_attention_of(x, g, H, false);
+    CHECK(close(ours.scores.tril(), theirs.scores.tril()));
+    // The blocks wholly above the diagonal are not computed: they hold 0.
+    const int64_t first_skipped_column = std::min<int64_t>(T, 64);
+    CHECK(ours.scores.slice(-2, 0, 64).slice(-1, first_skipped_column, T).abs().sum().item<double>() == 0.0);
+    CHECK(close(ours.out, theirs.out));
+    CHECK(close(ours.grad_qkv, theirs.grad_qkv));
+  }
+  set_cpu_matmul(before);
+}
+
+TEST_CASE("batched_matmul: causal products give the same bits with one thread and with two", "[kernels]") {
+  torch::manual_seed(7);
+  auto x = torch::randn({2, 200, 3 * 32});
+  auto g = torch::randn({2, 2, 200, 16});
+  const int before = at::get_num_threads();
+  at::set_num_threads(1);
+  const Attention one = causal_attention_of(x, g, 2, true);
+  at::set_num_threads(2);
+  const Attention two = causal_attention_of(x, g, 2, true);
+  at::set_num_threads(before);
+  CHECK(torch::equal(one.out, two.out));
+  CHECK(torch::equal(one.grad_qkv, two.grad_qkv));
+}
+
 TEST_CASE("batched_matmul: what it does not take is refused, with the shapes", "[kernels]") {
   auto a = torch::randn({2, 3, 4}), b = torch::randn({2, 4, 5});
   CHECK(batched_matmul_supported(a, b));
@@ -93,4 +157,7 @@ TEST_CASE("batched_matmul: what it does not take is refused, with the shapes", "
   CHECK_FALSE(batched_matmul_supported(a[0], b[0]));                                       // a matrix, no stack
   CHECK_FALSE(batched_matmul_supported(torch::randn({2, 3, 8}).slice(2, 0, 8, 2), b));     // no unit stride
   CHECK_THROWS_WITH(batched_matmul(a, torch::randn({3, 4, 5})), Contains("[2, 3, 4] and [3, 4, 5]"));
+  // A causal part needs the square matrices it names.
+  CHECK_THROWS_WITH(batched_matmul(a, b, CausalPart::Scores), Contains("square"));
+  CHECK_THROWS_WITH(batched_matmul(a, b, CausalPart::Weights), Contains("square"));
 }
