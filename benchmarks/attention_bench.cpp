@@ -3,7 +3,8 @@
 // causal blocks skipped (kernels/batched_matmul.hpp). The runs alternate, so the machine's slow spells
 // fall on both sides. Prints the median of each part in ms and writes them to a JSON file.
 //
-//   cmake --build build --target attention_bench && build/attention_bench [--reps N] [--out FILE]
+//   cmake --build build --target attention_bench && build/attention_bench [--reps N] [--threads N] [--out FILE]
+// (threads: every core by default, as runtime/threads=0 on one rank)
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -51,12 +53,14 @@ std::array<double, 5> run(const torch::Tensor& x, const torch::Tensor& g, bool c
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 40;
+  int reps = 40, threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::string out = "attention_bench.json";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--reps")) reps = std::max(1, std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--threads")) threads = std::max(1, std::atoi(argv[i + 1]));
     else if (!std::strcmp(argv[i], "--out")) out = argv[i + 1];
   }
+  at::set_num_threads(threads);
   torch::manual_seed(0);
   const auto x = torch::randn({B, T, 3 * C});
   const auto g = torch::randn({B, H, T, D});
