@@ -73,20 +73,6 @@ TEST_CASE("batched_matmul: 3-D stacks, and a gradient for one operand only", "[k
   CHECK(close(ours_a.grad(), torch::matmul(g, b.transpose(1, 2))));
 }
 
-TEST_CASE("batched_matmul: the same bits with one thread and with two", "[kernels]") {
-  torch::manual_seed(5);
-  auto x = torch::randn({4, 32, 3 * 48});
-  auto g = torch::randn({4, 4, 32, 12});
-  const int before = at::get_num_threads();
-  at::set_num_threads(1);
-  const Attention one = attention(x, g, 4, true);
-  at::set_num_threads(2);
-  const Attention two = attention(x, g, 4, true);
-  at::set_num_threads(before);
-  CHECK(torch::equal(one.out, two.out));
-  CHECK(torch::equal(one.grad_qkv, two.grad_qkv));
-}
-
 namespace {
 
 // Causal attention as the manual path computes it, weights over the visible keys by masked_fill and
@@ -134,18 +120,22 @@ TEST_CASE("batched_matmul: causal attention skips the blocks above the diagonal 
   set_cpu_matmul(before);
 }
 
-TEST_CASE("batched_matmul: causal products give the same bits with one thread and with two", "[kernels]") {
+TEST_CASE("batched_matmul: the same bits with one thread and with two, all blocks or the causal ones", "[kernels]") {
   torch::manual_seed(7);
   auto x = torch::randn({2, 200, 3 * 32});
   auto g = torch::randn({2, 2, 200, 16});
-  const int before = at::get_num_threads();
-  at::set_num_threads(1);
-  const Attention one = causal_attention_of(x, g, 2, true);
-  at::set_num_threads(2);
-  const Attention two = causal_attention_of(x, g, 2, true);
-  at::set_num_threads(before);
-  CHECK(torch::equal(one.out, two.out));
-  CHECK(torch::equal(one.grad_qkv, two.grad_qkv));
+  for (const bool causal : {false, true}) {
+    INFO((causal ? "causal" : "all blocks"));
+    auto run = [&](int threads) {
+      at::set_num_threads(threads);
+      return causal ? causal_attention_of(x, g, 2, true) : attention(x, g, 2, true);
+    };
+    const int before = at::get_num_threads();
+    const Attention one = run(1), two = run(2);
+    at::set_num_threads(before);
+    CHECK(torch::equal(one.out, two.out));
+    CHECK(torch::equal(one.grad_qkv, two.grad_qkv));
+  }
 }
 
 TEST_CASE("batched_matmul: what it does not take is refused, with the shapes", "[kernels]") {
