@@ -26,17 +26,24 @@ struct Attention {
 };
 
 // GPT-2's attention shapes on a (B, T, 3C) c_attn output: q, k and v as strided views of it (no copy),
-// the scores q k^T, then weights (a plain softmax) times v; the gradient back to the c_attn output.
-Attention attention(const torch::Tensor& qkv_out, const torch::Tensor& g, int64_t H, bool ours) {
+// the scores q k^T, then weights (a plain softmax, or with `causal` the manual path's masked_fill and
+// softmax over the visible keys) times v; the gradient back to the c_attn output. With `ours` the
+// products are batched_matmul's (with `causal` skipping the blocks above the diagonal: CausalPart),
+// else LibTorch's matmul computes them all.
+Attention attention(const torch::Tensor& qkv_out, const torch::Tensor& g, int64_t H, bool ours, bool causal = false) {
   const int64_t B = qkv_out.size(0), T = qkv_out.size(1), C = qkv_out.size(2) / 3, D = C / H;
   auto leaf = qkv_out.detach().requires_grad_(true);
   const auto parts = leaf.split(C, -1);
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
   auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-  auto product = [&](const torch::Tensor& a, const torch::Tensor& b) { return ours ? batched_matmul(a, b) : torch::matmul(a, b); };
+  auto product = [&](const torch::Tensor& a, const torch::Tensor& b, CausalPart part) {
+    return ours ? batched_matmul(a, b, causal ? part : CausalPart::None) : torch::matmul(a, b);
+  };
   Attention r;
-  r.scores = product(q, k.transpose(-2, -1));
-  r.out = product(torch::softmax(r.scores, -1), v);
+  r.scores = product(q, k.transpose(-2, -1), CausalPart::Scores);
+  const auto hidden = torch::ones({T, T}, torch::kBool).triu(1);
+  const auto weights = torch::softmax(causal ? r.scores.masked_fill(hidden, -std::numeric_limits<float>::infinity()) : r.scores, -1);
+  r.out = product(weights, v, CausalPart::Weights);
   (r.out * g).sum().backward();
   r.grad_qkv = leaf.grad();
   return r;
@@ -73,29 +80,6 @@ TEST_CASE("batched_matmul: 3-D stacks, and a gradient for one operand only", "[k
   CHECK(close(ours_a.grad(), torch::matmul(g, b.transpose(1, 2))));
 }
 
-namespace {
-
-// Causal attention as the manual path computes it, weights over the visible keys by masked_fill and
-// softmax: with `ours` the products skip the blocks above the diagonal (CausalPart), else LibTorch's
-// matmul computes them all.
-Attention causal_attention_of(const torch::Tensor& qkv_out, const torch::Tensor& g, int64_t H, bool ours) {
-  const int64_t B = qkv_out.size(0), T = qkv_out.size(1), C = qkv_out.size(2) / 3, D = C / H;
-  auto leaf = qkv_out.detach().requires_grad_(true);
-  const auto parts = leaf.split(C, -1);
-  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
-  auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-  Attention r;
-  r.scores = ours ? batched_matmul(q, k.transpose(-2, -1), CausalPart::Scores) : torch::matmul(q, k.transpose(-2, -1));
-  const auto hidden = torch::ones({T, T}, torch::kBool).triu(1);
-  const auto weights = torch::softmax(r.scores.masked_fill(hidden, -std::numeric_limits<float>::infinity()), -1);
-  r.out = ours ? batched_matmul(weights, v, CausalPart::Weights) : torch::matmul(weights, v);
-  (r.out * g).sum().backward();
-  r.grad_qkv = leaf.grad();
-  return r;
-}
-
-}  // namespace
-
 TEST_CASE("batched_matmul: causal attention skips the blocks above the diagonal and computes what matmul computes", "[kernels]") {
   torch::manual_seed(6);
   // Each product through oneDNN's sgemm (where this build has it) and through LibTorch's mm.
@@ -109,7 +93,7 @@ TEST_CASE("batched_matmul: causal attention skips the blocks above the diagonal 
     INFO((backend == CpuMatmul::OneDnn ? "oneDNN" : "LibTorch") << " B " << B << " T " << T << " C " << C << " H " << H);
     auto x = torch::randn({B, T, 3 * C});
     auto g = torch::randn({B, H, T, C / H});
-    const Attention ours = causal_attention_of(x, g, H, true), theirs = causal_attention_of(x, g, H, false);
+    const Attention ours = attention(x, g, H, true, true), theirs = attention(x, g, H, false, true);
     CHECK(close(ours.scores.tril(), theirs.scores.tril()));
     // The blocks wholly above the diagonal are not computed: they hold 0.
     const int64_t first_skipped_column = std::min<int64_t>(T, 64);
@@ -128,7 +112,7 @@ TEST_CASE("batched_matmul: the same bits with one thread and with two, all block
     INFO((causal ? "causal" : "all blocks"));
     auto run = [&](int threads) {
       at::set_num_threads(threads);
-      return causal ? causal_attention_of(x, g, 2, true) : attention(x, g, 2, true);
+      return attention(x, g, 2, true, causal);
     };
     const int before = at::get_num_threads();
     const Attention one = run(1), two = run(2);
