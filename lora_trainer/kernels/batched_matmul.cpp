@@ -10,23 +10,19 @@ namespace lt {
 
 namespace {
 
-// A BLAS reads a matrix without copying it when one of its strides is 1 and the other spans a row or
-// column.
+// Whether a BLAS reads each matrix of t's stack in place (cpu_gemm.hpp's gemm_layout).
 bool blas_readable(const torch::Tensor& t) {
-  const int64_t r = t.size(-2), c = t.size(-1), sr = t.stride(-2), sc = t.stride(-1);
-  return (sc == 1 && sr >= std::max<int64_t>(1, c)) || (sr == 1 && sc >= std::max<int64_t>(1, r));
+  return static_cast<bool>(gemm_layout(t.size(-2), t.size(-1), t.stride(-2), t.stride(-1)));
 }
 
-// One matrix of a stack as the BLAS reads it in place: element (r, c) at p[r * rs + c * cs], one of the
-// strides 1; 'N' (unit column stride, rows ld apart) or 'T' (the transpose of a stored row-major matrix).
+// One matrix of a stack: element (r, c) at p[r * rs + c * cs].
 struct Matrix {
   const float* p;
   int64_t rs, cs;
-  char trans() const { return cs == 1 ? 'N' : 'T'; }
-  int64_t ld(int64_t rows, int64_t cols) const {
-    return cs == 1 ? (rows == 1 ? std::max<int64_t>(1, cols) : rs) : (cols == 1 ? std::max<int64_t>(1, rows) : cs);
-  }
   const float* at(int64_t r, int64_t c) const { return p + r * rs + c * cs; }
+  // How the BLAS reads its block of rows x cols: the same trans as the whole matrix (a block of a
+  // readable matrix is readable).
+  GemmLayout layout(int64_t rows, int64_t cols) const { return gemm_layout(rows, cols, rs, cs); }
 };
 
 // Matrix i of t's stack (its leading dimensions in row-major order).
@@ -43,7 +39,9 @@ Matrix matrix(const torch::Tensor& t, int64_t i) {
 // of y, into C (row stride ldc).
 void block_product(const Matrix& x, const Matrix& y, int64_t r0, int64_t M, int64_t k0, int64_t K, int64_t c0, int64_t N,
                    float* c, int64_t ldc) {
-  cpu_sgemm(x.trans(), y.trans(), M, N, K, x.at(r0, k0), x.ld(M, K), y.at(k0, c0), y.ld(K, N), false, c, ldc);
+  const GemmLayout lx = x.layout(M, K), ly = y.layout(K, N);
+  TORCH_INTERNAL_ASSERT(lx && ly, "batched_matmul: a block that the BLAS cannot read in place");
+  cpu_sgemm(lx.trans, ly.trans, M, N, K, x.at(r0, k0), lx.ld, y.at(k0, c0), ly.ld, false, c, ldc);
 }
 
 // Which blocks of a product are computed: all of them, or with a square matrix's triangle skipped (a

@@ -17,19 +17,7 @@ std::atomic<CpuMatmul> g_backend{onednn_available() ? CpuMatmul::OneDnn : CpuMat
 
 bool is_f32_cpu(const torch::Tensor& t) { return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat32; }
 
-// How a row-major sgemm reads the 2-D t in place: 'N' with leading dimension ld (unit column stride),
-// 'T' (t is the transpose of a row-major matrix: unit row stride), or neither (0).
-struct Layout {
-  char trans = 0;
-  int64_t ld = 0;
-};
-
-Layout layout(const torch::Tensor& t) {
-  const int64_t r = t.size(0), c = t.size(1), sr = t.stride(0), sc = t.stride(1);
-  if (sc == 1 && (r == 1 || sr >= std::max<int64_t>(1, c))) return {'N', r == 1 ? std::max<int64_t>(1, c) : sr};
-  if (sr == 1 && (c == 1 || sc >= std::max<int64_t>(1, r))) return {'T', c == 1 ? std::max<int64_t>(1, r) : sc};
-  return {};
-}
+GemmLayout layout(const torch::Tensor& t) { return gemm_layout(t.size(0), t.size(1), t.stride(0), t.stride(1)); }
 
 // C = a b (+ C), through oneDNN; false where it does not take these operands.
 bool onednn_gemm(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
@@ -38,8 +26,8 @@ bool onednn_gemm(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor
   if (!is_f32_cpu(out) || !is_f32_cpu(a) || !is_f32_cpu(b) || out.dim() != 2 || a.dim() != 2 || b.dim() != 2) return false;
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   if (M == 0 || N == 0 || K == 0 || b.size(0) != K || out.size(0) != M || out.size(1) != N) return false;
-  const Layout la = layout(a), lb = layout(b), lc = layout(out);
-  if (!la.trans || !lb.trans || lc.trans != 'N') return false;
+  const GemmLayout la = layout(a), lb = layout(b), lc = layout(out);
+  if (!la || !lb || lc.trans != 'N') return false;
   const dnnl_status_t status = dnnl_sgemm(la.trans, lb.trans, M, N, K, 1.0f, a.data_ptr<float>(), la.ld, b.data_ptr<float>(), lb.ld,
                                           accumulate ? 1.0f : 0.0f, out.data_ptr<float>(), lc.ld);
   TORCH_CHECK(status == dnnl_success, "oneDNN's sgemm failed (status ", static_cast<int>(status), ") on ", a.sizes(), " by ",
@@ -113,6 +101,14 @@ struct LinearBiasFn : public torch::autograd::Function<LinearBiasFn> {
 };
 
 }  // namespace
+
+GemmLayout gemm_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
+  if (col_stride == 1 && (rows == 1 || row_stride >= std::max<int64_t>(1, cols)))
+    return {'N', rows == 1 ? std::max<int64_t>(1, cols) : row_stride};
+  if (row_stride == 1 && (cols == 1 || col_stride >= std::max<int64_t>(1, rows)))
+    return {'T', cols == 1 ? std::max<int64_t>(1, rows) : col_stride};
+  return {};
+}
 
 bool onednn_available() { return LT_HAVE_ONEDNN != 0; }
 

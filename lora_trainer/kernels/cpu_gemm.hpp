@@ -26,6 +26,18 @@ bool onednn_available();
 void set_cpu_matmul(CpuMatmul backend);
 CpuMatmul cpu_matmul();
 
+// How a row-major sgemm reads a rows x cols f32 matrix in place, its element (r, c) at
+// r * row_stride + c * col_stride: trans 'N' (unit column stride, rows ld apart), 'T' (unit row stride:
+// the transpose of a row-major matrix whose rows lie ld apart), or trans 0 where neither (the matrix must
+// be copied first). A single row or column takes whichever unit stride it has, with the smallest ld.
+// The one rule for cpu_gemm_out's operands and for batched_matmul's matrices and their blocks.
+struct GemmLayout {
+  char trans = 0;
+  int64_t ld = 0;
+  explicit operator bool() const { return trans != 0; }
+};
+GemmLayout gemm_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride);
+
 // out = a b, or out += a b with accumulate; 2-D. Through oneDNN when chosen and when a, b and out are
 // f32 CPU matrices that it reads in place (one unit stride each; out's columns unit-stride), else
 // LibTorch's mm_out / addmm_. out must not overlap a or b.
@@ -34,8 +46,9 @@ void cpu_gemm_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tenso
 // C = op(A) op(B) (+ C with accumulate) on row-major f32 matrices given by pointer, op(A) M x K and
 // op(B) K x N, C M x N with row stride ldc; trans 'N' reads a matrix as stored (row stride ld), 'T' reads
 // the transpose of the stored one. For many small products (attention's), where LibTorch's views and
-// dispatch would cost more than the product: oneDNN's sgemm when chosen, else LibTorch's BLAS call
-// (at::native::cpublas::gemm, what its mm calls). Inside a parallel region each call runs on its thread.
+// dispatch would cost more than the product: oneDNN's sgemm when chosen, else LibTorch's mm on views of
+// the operands (its BLAS call, at::native::cpublas::gemm, is not exported: one dispatch per product).
+// Inside a parallel region each call runs on its thread.
 void cpu_sgemm(char trans_a, char trans_b, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
                int64_t ldb, bool accumulate, float* c, int64_t ldc);
 

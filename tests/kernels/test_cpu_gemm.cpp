@@ -31,6 +31,32 @@ torch::Tensor matrix(int64_t rows, int64_t cols, bool transposed) {
 
 }  // namespace
 
+TEST_CASE("gemm_layout: rows or columns in memory are read in place, overlapping or strided matrices are not",
+          "[kernels][cpu_gemm]") {
+  struct Case {
+    int64_t rows, cols, rs, cs;
+    char trans;
+    int64_t ld;
+  };
+  for (const Case c : {Case{5, 7, 7, 1, 'N', 7},    // row-major
+                       Case{5, 7, 10, 1, 'N', 10},  // columns of a wider matrix
+                       Case{5, 7, 1, 5, 'T', 5},    // the transpose of a row-major (7, 5)
+                       Case{5, 7, 1, 9, 'T', 9},    // ... of rows of a longer one
+                       Case{1, 7, 999, 1, 'N', 7},  // one row: its row stride is never read
+                       Case{5, 1, 1, 999, 'T', 5},  // one column
+                       Case{5, 1, 1, 1, 'N', 1},
+                       Case{5, 7, 14, 2, 0, 0},     // every other column
+                       Case{5, 7, 0, 1, 0, 0},      // a broadcast row
+                       Case{5, 7, 3, 1, 0, 0},      // rows that overlap
+                       Case{5, 7, 1, 3, 0, 0}}) {   // columns that overlap
+    INFO(c.rows << " x " << c.cols << ", strides " << c.rs << ", " << c.cs);
+    const GemmLayout got = gemm_layout(c.rows, c.cols, c.rs, c.cs);
+    CHECK(got.trans == c.trans);
+    CHECK(static_cast<bool>(got) == (c.trans != 0));
+    if (c.trans) CHECK(got.ld == c.ld);
+  }
+}
+
 TEST_CASE("cpu_gemm_out: a b and a b added into out, for rows or columns in memory, into a block of columns of a wider matrix",
           "[kernels][cpu_gemm]") {
   if (!onednn_available()) WARN("this build has no oneDNN (libdnnl-dev): the products checked are LibTorch's");
