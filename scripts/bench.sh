@@ -11,6 +11,10 @@
 # that, the most any program on this BLAS could gain on it (a ratio near the ceiling has little left to take).
 # PAIRS=N (default 1) runs N alternating pairs (ours, reference, ours, ...) and reports each side's
 # median tokens/s and the median of the pairs' ratios: on a shared machine one pair can be 20% off.
+# It also reports each side's fastest step over all its runs and their ratio: on a machine whose speed
+# swings for minutes at a time (a shared host), the fastest step is the least disturbed estimate of
+# each program's own speed (as timeit advises); each side times the same number of steps (--steps and
+# --warmup given here go to the reference too).
 # Usage: [PAIRS=N] scripts/bench.sh [CONFIG] [OUT_DIR] [key=value ...]   (CONFIG default: configs/demo.json)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,12 +27,21 @@ if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   echo "bench: installing Debian's python3-torch (the reference runs on it)"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-torch >/dev/null
 fi
+# The same number of warm-up and timed steps on both sides (the fastest of more steps would favour one).
+STEP_ARGS=()
+args=("$@")
+for ((j = 0; j < ${#args[@]}; j++)); do
+  case "${args[j]}" in
+    --steps | --warmup) [ $((j + 1)) -lt ${#args[@]} ] && STEP_ARGS+=("${args[j]}" "${args[j + 1]}") ;;
+    --steps=* | --warmup=*) STEP_ARGS+=("${args[j]}") ;;
+  esac
+done
 for ((i = 1; i <= PAIRS; i++)); do
   suffix=$([ "$PAIRS" -gt 1 ] && echo "-$i" || true)
   "$ROOT/build/lora_trainer" bench "$CONFIG" --out "$OUT/bench$suffix.json" --weights-out "$OUT/bench-weights.pt" "$@"
   # shellcheck disable=SC2086
   MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824 OMP_NUM_THREADS="$(nproc)" \
-    /usr/bin/python3 "$ROOT/scripts/reference_gpt.py" "$OUT/bench$suffix.json" --out "$OUT/reference$suffix.json" --products ${REFERENCE_ARGS:-}
+    /usr/bin/python3 "$ROOT/scripts/reference_gpt.py" "$OUT/bench$suffix.json" --out "$OUT/reference$suffix.json" --products ${STEP_ARGS[@]+"${STEP_ARGS[@]}"} ${REFERENCE_ARGS:-}
 done
 /usr/bin/python3 - "$OUT" "$PAIRS" <<'PY'
 import json, statistics, sys
@@ -54,6 +67,14 @@ for k, phase in enumerate(ours[0]):
     print(f"{row['phase']:6s} {row['lora_trainer_tokens_per_s']:19.0f} {row['reference_tokens_per_s']:16.0f} {row['ratio']:6.2f}x"
           + (f" {row['ceiling']:7.2f}x" if "ceiling" in row else " " * 9)
           + ("   " + " ".join(f"{r:.2f}" for r in ratios) if pairs > 1 else ""))
+# Each side's fastest step over all its runs: the least disturbed estimate where the machine's speed swings.
+print(f"\n{'phase':6s} {'lora_trainer step':>18s} {'reference step':>15s} {'ratio':>7s}   (the fastest step of each side over %d run%s)"
+      % (pairs, "s" if pairs > 1 else ""))
+for k, row in enumerate(summary):
+    a = min(o[k]["step_s_min"] for o in ours)
+    b = min(r[k]["step_s_min"] for r in ref)
+    row.update({"lora_trainer_fastest_step_s": a, "reference_fastest_step_s": b, "fastest_step_ratio": b / a})
+    print(f"{row['phase']:6s} {a:17.3f}s {b:14.3f}s {b / a:6.2f}x")
 json.dump(summary, open(f"{out}/bench-summary.json", "w"), indent=2)
 PY
 rm -f "$OUT/bench-weights.pt"
