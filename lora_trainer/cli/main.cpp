@@ -34,7 +34,12 @@ void check_subcommand(const CLI::App& app, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   // Line by line even into a pipe or a file, so that progress (stdout) and errors (stderr) keep their order.
+  // stderr too, though unbuffered by default: glibc writes an unbuffered stream's long fprintf in pieces
+  // (of 128 bytes in Debian 13's 2.41, checked with strace), and the ranks of one job share it, so another rank's line could
+  // land inside one of ours. Line-buffered, each line is one write. (Partial lines, the progress bar's
+  // "\r" redraws, are flushed where they are written.)
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::setvbuf(stderr, nullptr, _IOLBF, 0);
   CLI::App app{"lora_trainer: train a language model (GPT-2 or Llama family) in two phases (full parameters, then LoRA adapters), with restorable jobs.\n"
                "Docs: docs/cli.md, docs/config.md, checkpoints/README.md"};
   app.require_subcommand(1);
