@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 #include <malloc.h>
 
+#include <cctype>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -66,7 +68,21 @@ void add_runtime_options(ConfigSchema& s) { runtime_options().declare(s); }
 
 RuntimeOptions RuntimeOptions::from_config(const Config& cfg) { return runtime_options().read(cfg); }
 
+// Whether oneDNN, which runs LibTorch's bf16 products on the CPU, has been capped below its bf16 kernels
+// (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA before oneDNN 2.0: e.g. AVX2 or AVX512_CORE, to run the
+// kernels of another CPU; docs/platforms.md): then bf16 products are as slow as on a CPU without it.
+static bool onednn_capped_below_bf16() {
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (!cap || !*cap) cap = std::getenv("DNNL_MAX_CPU_ISA");
+  if (!cap || !*cap) return false;
+  std::string isa(cap);
+  for (char& c : isa) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return isa != "ALL" && isa.find("BF16") == std::string::npos && isa.find("AMX") == std::string::npos &&
+         isa.find("AVX10") == std::string::npos;
+}
+
 bool cpu_has_fast_bf16() {
+  if (onednn_capped_below_bf16()) return false;
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line)) {

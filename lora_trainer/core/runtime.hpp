@@ -66,7 +66,8 @@ class MappedLargeAllocations {
   MappedLargeAllocations& operator=(const MappedLargeAllocations&) = delete;
 };
 
-// True when this CPU has native bf16 matrix instructions (AMX-BF16 or AVX512-BF16).
+// True when this CPU has native bf16 matrix instructions (AMX-BF16 or AVX512-BF16) and oneDNN is not
+// capped below them (ONEDNN_MAX_CPU_ISA=AVX2, say, runs the products as a CPU without them would).
 bool cpu_has_fast_bf16();
 
 // Enables bf16 autocast for the scope (when the runtime asks for it) and, on leaving, clears the

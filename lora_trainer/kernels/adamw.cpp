@@ -6,10 +6,12 @@
 
 namespace lt {
 
+namespace {
+
 // Plain loops the compiler vectorises (vector_math.hpp; this file is also built with -fno-math-errno,
 // so the square root is a vector instruction).
-LT_VECTOR_KERNEL void adamw_update(float* __restrict p, const float* __restrict g, float* __restrict m,
-                                   float* __restrict v, int64_t n, const AdamWScalars& s) {
+LT_VECTOR_KERNEL void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
+                                  float* __restrict v, int64_t n, const AdamWScalars& s) {
   const float decay = s.decay, b1 = s.beta1, b2 = s.beta2, c1 = s.one_minus_beta1, c2 = s.one_minus_beta2;
   const float inv = s.inv_sqrt_bc2, eps = s.eps, step = s.step_size;
 #pragma omp simd
@@ -23,7 +25,7 @@ LT_VECTOR_KERNEL void adamw_update(float* __restrict p, const float* __restrict 
   }
 }
 
-LT_VECTOR_KERNEL double sum_of_squares(const float* __restrict x, int64_t n) {
+LT_VECTOR_KERNEL double squares_sum(const float* __restrict x, int64_t n) {
   // f32 lanes over blocks of 1024 values (short enough that f32 loses nothing that matters), the
   // blocks summed in double, in order.
   double total = 0.0;
@@ -36,5 +38,16 @@ LT_VECTOR_KERNEL double sum_of_squares(const float* __restrict x, int64_t n) {
   }
   return total;
 }
+
+LT_VECTOR_DISPATCH(adamw_chunk)
+LT_VECTOR_DISPATCH(squares_sum)
+
+}  // namespace
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
+  adamw_chunk_dispatch(p, g, m, v, n, s);
+}
+
+double sum_of_squares(const float* x, int64_t n) { return squares_sum_dispatch(x, n); }
 
 }  // namespace lt

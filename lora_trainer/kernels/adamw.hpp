@@ -6,7 +6,8 @@
 // norm squares every gradient into another temporary first. On a CPU these passes are memory-bound
 // and cost as much as a tenth of a small model's step. Here the update reads p, g, m and v once and
 // writes p, m and v once, in f32, vectorised by the compiler (AVX-512, AVX2 or the baseline, picked
-// at load time); training/optim.cpp cuts the parameters into chunks that the threads share.
+// once per process: vector_math.hpp); training/optim.cpp cuts the parameters into chunks that the
+// threads share.
 #pragma once
 
 #include <cstdint>

@@ -61,6 +61,10 @@ LT_VECTOR_KERNEL void row_backward(const O* p, const O* dp, int64_t n, int64_t l
   std::memset(dx + n, 0, static_cast<size_t>(len - n) * sizeof(T));
 }
 
+LT_VECTOR_DISPATCH(row_forward_prefix)
+LT_VECTOR_DISPATCH(row_forward_masked)
+LT_VECTOR_DISPATCH(row_backward)
+
 // A mask row's visible keys as one run [first, first + count), where they are one (a packed example's
 // keys always are): such a row takes the causal rows' kernels on that run, so that a row of one example
 // gets exactly the bits of the unmasked causal row (the reductions' order depends on the loop's length).
@@ -123,16 +127,16 @@ struct CausalSoftmaxFn : public torch::autograd::Function<CausalSoftmaxFn> {
           for (int64_t r = begin; r < end; ++r) {
             const int64_t off = r * L.len;
             if (!vis) {
-              row_forward_prefix(x + off, L.query(r) + 1, L.len, scale, o + off);
+              row_forward_prefix_dispatch(x + off, L.query(r) + 1, L.len, scale, o + off);
               continue;
             }
             const uint8_t* vr = vis + L.mask_row(r) * L.len;
             const Run run = visible_run(vr, L.len);
             if (run.one) {
               std::memset(o + off, 0, static_cast<size_t>(run.first) * sizeof(O));
-              row_forward_prefix(x + off + run.first, run.count, L.len - run.first, scale, o + off + run.first);
+              row_forward_prefix_dispatch(x + off + run.first, run.count, L.len - run.first, scale, o + off + run.first);
             } else {
-              row_forward_masked(x + off, vr, L.len, scale, o + off);
+              row_forward_masked_dispatch(x + off, vr, L.len, scale, o + off);
             }
           }
         });
@@ -171,7 +175,7 @@ struct CausalSoftmaxFn : public torch::autograd::Function<CausalSoftmaxFn> {
             const Run run = vis ? visible_run(vis + L.mask_row(r) * L.len, L.len) : Run{0, L.query(r) + 1, true};
             const int64_t a = run.one ? run.first : 0, n = run.one ? run.count : L.len;
             std::memset(d + off, 0, static_cast<size_t>(a) * sizeof(T));
-            row_backward(pp + off + a, g + off + a, n, L.len - a, scale, d + off + a);
+            row_backward_dispatch(pp + off + a, g + off + a, n, L.len - a, scale, d + off + a);
           }
         });
       });

@@ -48,6 +48,9 @@ LT_VECTOR_KERNEL void row_grad(const T* x, int64_t V, float lse, float g, int64_
   out[target] = from_f32<T>(g * (exp_nonpositive(x_target - lse) - 1.0f));
 }
 
+LT_VECTOR_DISPATCH(row_logsumexp)
+LT_VECTOR_DISPATCH(row_grad)
+
 // Whether the logits saved for backward are held by nothing but this loss: not a view, one tensor
 // on their storage, and that tensor held only by the saved variable and the handle unpacked from it.
 bool held_only_by_the_loss(const torch::Tensor& saved) {
@@ -85,7 +88,7 @@ struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropy
     at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         if (tp[i] < 0) continue;
-        lp[i] = row_logsumexp(xp + i * V, V);
+        lp[i] = row_logsumexp_dispatch(xp + i * V, V);
         rp[i] = static_cast<double>(lp[i]) - static_cast<double>(to_f32(xp[i * V + tp[i]]));
       }
     });
@@ -111,7 +114,7 @@ struct FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropy
     at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         if (tp[i] < 0) std::memset(gp + i * V, 0, static_cast<size_t>(V) * sizeof(T));
-        else row_grad(xp + i * V, V, lp[i], g, tp[i], gp + i * V);
+        else row_grad_dispatch(xp + i * V, V, lp[i], g, tp[i], gp + i * V);
       }
     });
     return {grad, torch::Tensor(), torch::Tensor()};

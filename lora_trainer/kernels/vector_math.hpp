@@ -1,8 +1,7 @@
-// What the CPU kernels (cross_entropy.cpp, adamw.cpp, causal_softmax.cpp) share: the attribute that builds
-// a loop for several vector widths, bf16 <-> f32 conversions, a tensor's elements as the kernels' element
-// types, and e^x for x <= 0, written so that the
-// compiler vectorises the loops that call them (those files are built with -O3, -fopenmp-simd and
-// -fno-trapping-math: CMakeLists.txt).
+// What the CPU kernels (cross_entropy.cpp, adamw.cpp, causal_softmax.cpp) share: a loop built for
+// several vector widths and the choice among them, bf16 <-> f32 conversions, a tensor's elements as the
+// kernels' element types, and e^x for x <= 0, written so that the compiler vectorises the loops that
+// call them (those files are built with -O3, -fopenmp-simd and -fno-trapping-math: CMakeLists.txt).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -11,13 +10,56 @@
 #include <cstdint>
 #include <type_traits>
 
-// target_clones builds a kernel for AVX-512, AVX2 and the baseline; the loader picks the best one this
-// CPU runs.
+// Each kernel is written once, as an LT_VECTOR_KERNEL body (always inlined), and LT_VECTOR_DISPATCH(name)
+// compiles it three times: for AVX-512 (x86-64-v4), AVX2 (x86-64-v3) and the baseline, callable as
+// name_dispatch(...). Which runs is chosen once per process (vec::isa()): the widest this CPU has, or a
+// narrower one named by the environment variable LT_CPU_KERNELS (baseline, avx2, avx512), as
+// ATEN_CPU_CAPABILITY does for LibTorch's kernels: the sums of a wider vector run in another order, so a
+// test run under LT_CPU_KERNELS=avx2 or baseline sees the bits of a CPU it does not have.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define LT_VECTOR_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define LT_VECTOR_ISAS 1
+#define LT_TARGET_AVX512 __attribute__((target("arch=x86-64-v4")))
+#define LT_TARGET_AVX2 __attribute__((target("arch=x86-64-v3")))
 #else
-#define LT_VECTOR_KERNEL
+#define LT_VECTOR_ISAS 0
+#define LT_TARGET_AVX512
+#define LT_TARGET_AVX2
 #endif
+#define LT_VECTOR_KERNEL __attribute__((always_inline)) inline
+
+#define LT_VECTOR_DISPATCH(name)                                                                    \
+  template <typename... Args>                                                                      \
+  LT_TARGET_AVX512 auto name##_avx512(Args... args) {                                              \
+    return name(args...);                                                                          \
+  }                                                                                                \
+  template <typename... Args>                                                                      \
+  LT_TARGET_AVX2 auto name##_avx2(Args... args) {                                                  \
+    return name(args...);                                                                          \
+  }                                                                                                \
+  template <typename... Args>                                                                      \
+  auto name##_baseline(Args... args) {                                                             \
+    return name(args...);                                                                          \
+  }                                                                                                \
+  template <typename... Args>                                                                      \
+  auto name##_dispatch(Args... args) {                                                             \
+    switch (::lt::vec::isa()) {                                                                    \
+      case ::lt::vec::Isa::Avx512: return name##_avx512(args...);                                  \
+      case ::lt::vec::Isa::Avx2: return name##_avx2(args...);                                      \
+      default: return name##_baseline(args...);                                                    \
+    }                                                                                              \
+  }
+
+namespace lt::vec {
+
+// The vector widths the kernels are built for, narrowest first.
+enum class Isa { Baseline, Avx2, Avx512 };
+
+// The width the kernels run at in this process (see above); a LT_CPU_KERNELS this CPU cannot run, or
+// that names no width, is said once on stderr and the CPU's own width is used.
+Isa isa();
+const char* isa_name(Isa isa);
+
+}  // namespace lt::vec
 
 namespace lt::vec {
 

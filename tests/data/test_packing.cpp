@@ -131,7 +131,7 @@ TEST_CASE("a packed sample holds whole examples, each as it is alone, with its s
                     Contains("has no train.lengths.bin") && Contains("Re-run `lora_trainer tokenize`") && Contains("data/pack=false"));
 }
 
-TEST_CASE("a packed row's loss is the sum of its examples' losses taken alone, gpt2 and llama, both attention paths", "[packing]") {
+TEST_CASE("a packed row's loss is the sum of its examples' losses taken alone, gpt2 and llama, both attention paths", "[packing][numerics]") {
   test::TempDir dir;
   const std::string data = make_qa_dataset(dir);
   const int64_t T = 64;

@@ -51,7 +51,7 @@ Attention attention(const torch::Tensor& qkv_out, const torch::Tensor& g, int64_
 
 }  // namespace
 
-TEST_CASE("batched_matmul: attention's products and the gradient through them are matmul's, on q, k and v as strided views", "[kernels]") {
+TEST_CASE("batched_matmul: attention's products and the gradient through them are matmul's, on q, k and v as strided views", "[kernels][numerics]") {
   torch::manual_seed(3);
   for (auto [B, T, C, H] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 64, 96, 3}, {3, 17, 24, 2}, {1, 1, 8, 1}}) {
     INFO("B " << B << " T " << T << " C " << C << " H " << H);
@@ -67,7 +67,7 @@ TEST_CASE("batched_matmul: attention's products and the gradient through them ar
   }
 }
 
-TEST_CASE("batched_matmul: 3-D stacks, and a gradient for one operand only", "[kernels]") {
+TEST_CASE("batched_matmul: 3-D stacks, and a gradient for one operand only", "[kernels][numerics]") {
   torch::manual_seed(4);
   auto a = torch::randn({5, 7, 11}), b = torch::randn({5, 13, 11}).transpose(1, 2);  // b's columns contiguous
   auto g = torch::randn({5, 7, 13});
@@ -80,7 +80,7 @@ TEST_CASE("batched_matmul: 3-D stacks, and a gradient for one operand only", "[k
   CHECK(close(ours_a.grad(), torch::matmul(g, b.transpose(1, 2))));
 }
 
-TEST_CASE("batched_matmul: causal attention skips the blocks above the diagonal and computes what matmul computes", "[kernels]") {
+TEST_CASE("batched_matmul: causal attention skips the blocks above the diagonal and computes what matmul computes", "[kernels][numerics]") {
   torch::manual_seed(6);
   // Each product through oneDNN's sgemm (where this build has it) and through LibTorch's mm.
   const CpuMatmul before = cpu_matmul();
@@ -104,7 +104,7 @@ TEST_CASE("batched_matmul: causal attention skips the blocks above the diagonal 
   set_cpu_matmul(before);
 }
 
-TEST_CASE("batched_matmul: the same bits with one thread and with two, all blocks or the causal ones", "[kernels]") {
+TEST_CASE("batched_matmul: the same bits with one thread and with two, all blocks or the causal ones", "[kernels][numerics]") {
   torch::manual_seed(7);
   auto x = torch::randn({2, 200, 3 * 32});
   auto g = torch::randn({2, 2, 200, 16});

@@ -47,7 +47,7 @@ torch::Tensor packed_mask() {
 
 }  // namespace
 
-TEST_CASE("causal softmax kernel: the weights and the gradient of the masked f32 softmax, hidden keys exactly 0", "[attention]") {
+TEST_CASE("causal softmax kernel: the weights and the gradient of the masked f32 softmax, hidden keys exactly 0", "[attention][numerics]") {
   auto gen = at::detail::createCPUGenerator(5);
   const double scale = 0.25;
   // Causal; packed examples (each row's visible keys one run); and scattered keys (several runs a row,
@@ -78,7 +78,7 @@ TEST_CASE("causal softmax kernel: the weights and the gradient of the masked f32
   }
 }
 
-TEST_CASE("causal softmax kernel: the same bits for 1 and 2 threads, and a row of one example has the causal row's bits", "[attention]") {
+TEST_CASE("causal softmax kernel: the same bits for 1 and 2 threads, and a row of one example has the causal row's bits", "[attention][numerics]") {
   auto gen = at::detail::createCPUGenerator(6);
   auto scores = (torch::randn({2, 4, 200, 200}, gen, torch::kFloat32) * 4).to(torch::kBFloat16);
   auto g = torch::randn({2, 4, 200, 200}, gen, torch::kFloat32);

@@ -58,7 +58,7 @@ TEST_CASE("gemm_layout: rows or columns in memory are read in place, overlapping
 }
 
 TEST_CASE("cpu_gemm_out: a b and a b added into out, for rows or columns in memory, into a block of columns of a wider matrix",
-          "[kernels][cpu_gemm]") {
+          "[kernels][cpu_gemm][numerics]") {
   if (!onednn_available()) WARN("this build has no oneDNN (libdnnl-dev): the products checked are LibTorch's");
   torch::manual_seed(3);
   struct Shape {
@@ -88,7 +88,7 @@ TEST_CASE("cpu_gemm_out: a b and a b added into out, for rows or columns in memo
 }
 
 TEST_CASE("cpu_gemm_out: operands oneDNN cannot read in place (no unit stride, a broadcast, bf16, f64) get LibTorch's product, bit for bit",
-          "[kernels][cpu_gemm]") {
+          "[kernels][cpu_gemm][numerics]") {
   torch::manual_seed(4);
   const auto big = torch::randn({20, 30});
   const auto every_other = big.slice(0, 0, 20, 2).slice(1, 0, 30, 2);  // (10, 15), strides (60, 2)
@@ -110,7 +110,7 @@ TEST_CASE("cpu_gemm_out: operands oneDNN cannot read in place (no unit stride, a
   CHECK(close(cpu_gemm(x, b), torch::matmul(x, b)));
 }
 
-TEST_CASE("cpu_linear: the output and the gradients of x, W and b are torch::linear's", "[kernels][cpu_gemm]") {
+TEST_CASE("cpu_linear: the output and the gradients of x, W and b are torch::linear's", "[kernels][cpu_gemm][numerics]") {
   torch::manual_seed(5);
   for (const bool bias : {false, true})
     for (const bool x_trains : {false, true})
@@ -139,7 +139,7 @@ TEST_CASE("cpu_linear: the output and the gradients of x, W and b are torch::lin
 }
 
 TEST_CASE("cpu_linear: oneDNN's node where it is chosen, LibTorch's linear, bit for bit, under runtime/matmul=libtorch and bf16 autocast",
-          "[kernels][cpu_gemm]") {
+          "[kernels][cpu_gemm][numerics]") {
   torch::manual_seed(6);
   const auto x = torch::randn({64, 96}).requires_grad_(true), W = torch::randn({80, 96}).requires_grad_(true), b = torch::randn({80});
   if (onednn_available()) {

@@ -69,7 +69,7 @@ bool have_cuda_kernels() {
 
 }  // namespace
 
-TEST_CASE("fused cross-entropy: loss and gradient match LibTorch's f32 cross_entropy", "[loss]") {
+TEST_CASE("fused cross-entropy: loss and gradient match LibTorch's f32 cross_entropy", "[loss][numerics]") {
   // The GPT-2 vocabulary, the byte vocabulary, and sizes that are not a multiple of any vector width.
   for (auto [N, V, scale] : {std::tuple<int64_t, int64_t, double>{24, 50257, 2.0}, {37, 257, 1.0}, {9, 1001, 8.0}}) {
     INFO("N " << N << " V " << V << " scale " << scale);
@@ -84,7 +84,7 @@ TEST_CASE("fused cross-entropy: loss and gradient match LibTorch's f32 cross_ent
   }
 }
 
-TEST_CASE("fused cross-entropy of f32 logits: loss and f32 gradient match LibTorch's", "[loss]") {
+TEST_CASE("fused cross-entropy of f32 logits: loss and f32 gradient match LibTorch's", "[loss][numerics]") {
   for (auto [N, V, scale] : {std::tuple<int64_t, int64_t, double>{24, 50257, 2.0}, {37, 257, 1.0}, {9, 1001, 8.0}}) {
     INFO("N " << N << " V " << V << " scale " << scale);
     Case c = make_case(N, V, scale, static_cast<uint64_t>(V) + 1);
@@ -105,7 +105,7 @@ TEST_CASE("fused cross-entropy of f32 logits: loss and f32 gradient match LibTor
   }
 }
 
-TEST_CASE("fused cross-entropy: the loss does not depend on the thread count", "[loss]") {
+TEST_CASE("fused cross-entropy: the loss does not depend on the thread count", "[loss][numerics]") {
   Case c = make_case(64, 50257, 3.0, 7);
   const int before = at::get_num_threads();
   at::set_num_threads(1);
@@ -150,7 +150,7 @@ Overwritten overwritten(const torch::Tensor& logits, const torch::Tensor& target
 
 }  // namespace
 
-TEST_CASE("fused cross-entropy with overwrite_logits: the gradient takes the logits' array when only the loss holds them, and is the same gradient", "[loss]") {
+TEST_CASE("fused cross-entropy with overwrite_logits: the gradient takes the logits' array when only the loss holds them, and is the same gradient", "[loss][numerics]") {
   const double g = 1.0 / 300.0;
   // Small vocabularies put a visible probability on the target, whose entry the in-place pass must read
   // before it overwrites the row.
@@ -173,7 +173,7 @@ TEST_CASE("fused cross-entropy with overwrite_logits: the gradient takes the log
   }
 }
 
-TEST_CASE("fused cross-entropy with overwrite_logits: logits the caller still holds, or a view, are left as they were", "[loss]") {
+TEST_CASE("fused cross-entropy with overwrite_logits: logits the caller still holds, or a view, are left as they were", "[loss][numerics]") {
   Case c = make_case(16, 257, 2.0, 11);
   auto f32 = c.logits.to(torch::kFloat32);
   SECTION("held") {

@@ -22,7 +22,7 @@ Errors errors(const torch::Tensor& A, const torch::Tensor& B) {
 
 }  // namespace
 
-TEST_CASE("NF4: bitsandbytes' 16 values, each value its nearest code, a midpoint to the lower one", "[nf4]") {
+TEST_CASE("NF4: bitsandbytes' 16 values, each value its nearest code, a midpoint to the lower one", "[nf4][numerics]") {
   const auto& v = nf4_values();
   CHECK(v[0] == -1.0f);
   CHECK(v[7] == 0.0f);
@@ -54,7 +54,7 @@ TEST_CASE("NF4: bitsandbytes' 16 values, each value its nearest code, a midpoint
   CHECK(nf4_code(std::nanf("")) == 0);
 }
 
-TEST_CASE("NF4: two codes a byte, the first in the high nibble, a partial last block and an all-zero block", "[nf4]") {
+TEST_CASE("NF4: two codes a byte, the first in the high nibble, a partial last block and an all-zero block", "[nf4][numerics]") {
   // 2 x 67 = 134 elements: blocks of 64, 64 and 6.
   auto W = torch::zeros({2, 67}, torch::kFloat32);
   auto w = W.view({-1});
@@ -86,7 +86,7 @@ TEST_CASE("NF4: two codes a byte, the first in the high nibble, a partial last b
   CHECK(odd.codes[1].item<uint8_t>() == 0xF0);
 }
 
-TEST_CASE("NF4 on a seeded 1024 x 1024 N(0, 1) matrix: bitsandbytes' error figures, with and without double quantization", "[nf4]") {
+TEST_CASE("NF4 on a seeded 1024 x 1024 N(0, 1) matrix: bitsandbytes' error figures, with and without double quantization", "[nf4][numerics]") {
   auto gen = at::detail::createCPUGenerator(1234);
   const auto A = torch::randn({1024, 1024}, gen, torch::kFloat32);
   const Nf4Tensor plain = quantize_nf4(A, false);
@@ -117,7 +117,7 @@ TEST_CASE("NF4 on a seeded 1024 x 1024 N(0, 1) matrix: bitsandbytes' error figur
   CHECK(torch::equal(dequantize_nf4(dq, torch::kBFloat16), dequantize_nf4(dq, torch::kFloat32).to(torch::kBFloat16)));
 }
 
-TEST_CASE("NF4 double quantization: bitsandbytes' signed dynamic map, each entry its own code", "[nf4]") {
+TEST_CASE("NF4 double quantization: bitsandbytes' signed dynamic map, each entry its own code", "[nf4][numerics]") {
   const auto& m = dynamic_map_values();
   CHECK(std::is_sorted(m.begin(), m.end()));
   CHECK(m[127] == 0.0f);
@@ -139,7 +139,7 @@ TEST_CASE("NF4 double quantization: bitsandbytes' signed dynamic map, each entry
   }
 }
 
-TEST_CASE("NF4 quantizes in chunks: a weight larger than a chunk gets the codes of its block-aligned parts", "[nf4]") {
+TEST_CASE("NF4 quantizes in chunks: a weight larger than a chunk gets the codes of its block-aligned parts", "[nf4][numerics]") {
   auto gen = at::detail::createCPUGenerator(7);
   const auto A = torch::randn({1536, 1024}, gen, torch::kFloat32);  // 1.5 chunks of 2^20 values
   const Nf4Tensor whole = quantize_nf4(A, false);
@@ -170,7 +170,7 @@ TEST_CASE("NF4 quantization in tensor operations (on a GPU) gives the loop's cod
   }
 }
 
-TEST_CASE("NF4 dequantization in tensor operations (where no kernel runs) gives the loop's bits", "[nf4]") {
+TEST_CASE("NF4 dequantization in tensor operations (where no kernel runs) gives the loop's bits", "[nf4][numerics]") {
   auto gen = at::detail::createCPUGenerator(8);
   for (int64_t n : {int64_t(1), int64_t(63), int64_t(65), int64_t(64 * 256 + 3), int64_t(64 * 600)}) {
     for (bool dq : {false, true}) {

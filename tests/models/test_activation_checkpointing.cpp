@@ -93,7 +93,7 @@ NamedTensors grads_of(const Trainer& t) {
 }  // namespace
 
 TEST_CASE("activation checkpointing: gradients equal the plain path's bit for bit, both families, dropout, f32 and bf16",
-          "[activation_checkpointing]") {
+          "[activation_checkpointing][numerics]") {
   auto gen = at::detail::createCPUGenerator(5);
   auto ids = torch::randint(0, 64, {3, 17}, gen, torch::TensorOptions().dtype(torch::kLong));
   auto idx = ids.slice(1, 0, 16), tgt = ids.slice(1, 1).clone();
@@ -117,7 +117,7 @@ TEST_CASE("activation checkpointing: gradients equal the plain path's bit for bi
 }
 
 TEST_CASE("activation checkpointing: evaluation (no gradients) computes what the plain model computes",
-          "[activation_checkpointing]") {
+          "[activation_checkpointing][numerics]") {
   auto idx = torch::randint(0, 64, {2, 16}, at::detail::createCPUGenerator(2), torch::TensorOptions().dtype(torch::kLong));
   for (ModelFamily family : {ModelFamily::Gpt2, ModelFamily::Llama}) {
     CausalLM a = make_model(tiny_options(family, false)), b = make_model(tiny_options(family, true));

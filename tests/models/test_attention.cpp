@@ -56,7 +56,7 @@ void check_paths_agree(torch::Device device, torch::ScalarType dtype, double tol
 
 }  // namespace
 
-TEST_CASE("fused and manual attention agree, forward and gradients", "[attention]") {
+TEST_CASE("fused and manual attention agree, forward and gradients", "[attention][numerics]") {
   if (!fused_attention_available()) {
     WARN("skipped: LibTorch " << compat::torch_version() << " has no fused attention (2.0+); the manual path is the only one");
     return;
@@ -71,7 +71,7 @@ TEST_CASE("fused and manual attention agree, forward and gradients", "[attention
   check_paths_agree(torch::Device(torch::kCUDA, 0), torch::kBFloat16, 3e-2);
 }
 
-TEST_CASE("fused and manual attention agree on packed rows (a block-diagonal causal mask), forward and gradients", "[attention]") {
+TEST_CASE("fused and manual attention agree on packed rows (a block-diagonal causal mask), forward and gradients", "[attention][numerics]") {
   if (!fused_attention_available()) {
     WARN("skipped: LibTorch " << compat::torch_version() << " has no fused attention (2.0+); the manual path is the only one");
     return;
@@ -122,7 +122,7 @@ TEST_CASE("runtime/attention: auto is fused on CUDA (where LibTorch has it) and 
   }
 }
 
-TEST_CASE("manual attention on the CPU (the causal softmax kernel) computes attention: against LibTorch in f64", "[attention]") {
+TEST_CASE("manual attention on the CPU (the causal softmax kernel) computes attention: against LibTorch in f64", "[attention][numerics]") {
   auto gen = at::detail::createCPUGenerator(6);
   for (bool packed : {false, true}) {
     INFO((packed ? "packed rows" : "causal"));

@@ -37,7 +37,7 @@ const std::vector<std::string> kTinyLlama = {
 
 }  // namespace
 
-TEST_CASE("import-hf of transformers' Llama (GQA, untied head) and Qwen2 (q/k/v biases, tied head) gives their logits", "[huggingface][llama]") {
+TEST_CASE("import-hf of transformers' Llama (GQA, untied head) and Qwen2 (q/k/v biases, tied head) gives their logits", "[huggingface][llama][numerics]") {
   for (const std::string family : {"llama", "qwen2"}) {
     INFO(family);
     const std::string g = test::hf_golden(family);
@@ -94,7 +94,7 @@ TEST_CASE("import-hf of transformers' Llama (GQA, untied head) and Qwen2 (q/k/v 
   }
 }
 
-TEST_CASE("import-hf of a Llama 3.1-style model (rope_type llama3) gives transformers' logits, and exports its rope_parameters", "[huggingface][llama]") {
+TEST_CASE("import-hf of a Llama 3.1-style model (rope_type llama3) gives transformers' logits, and exports its rope_parameters", "[huggingface][llama][numerics]") {
   const std::string g = test::hf_golden("llama3");
   test::TempDir d;
   auto arch = import_hf(g + "/model", d / "imported");
@@ -327,7 +327,7 @@ TEST_CASE("sample draws only ids its tokenizer can decode when the model's vocab
   CHECK(*std::max_element(limited.begin(), limited.end()) < 257);
 }
 
-TEST_CASE("q/k/v and gate/up adapters read their shared input in one product: the outputs and gradients of each layer's own forward", "[llama][lora]") {
+TEST_CASE("q/k/v and gate/up adapters read their shared input in one product: the outputs and gradients of each layer's own forward", "[llama][lora][numerics]") {
   const int64_t in = 24, r = 4;
   // A frozen bf16 base (in f32 its plain adapters merge into the weights' casts instead: frozen_lora_linear,
   // each layer on its own), and a base still training in f32 (the shared product in f32).
@@ -393,7 +393,7 @@ TEST_CASE("q/k/v and gate/up adapters read their shared input in one product: th
   }
 }
 
-TEST_CASE("a trained tied head in bf16 on the CPU: its weight's gradient in blocks of rows is autograd's own", "[llama][lora]") {
+TEST_CASE("a trained tied head in bf16 on the CPU: its weight's gradient in blocks of rows is autograd's own", "[llama][lora][numerics]") {
   torch::manual_seed(12);
   const int64_t V = 20001, C = 16;  // more than two blocks of 8192 rows, and a last short one
   auto x0 = torch::randn({2, 3, C}), W0 = torch::randn({V, C}) * 0.1, g = torch::randn({2, 3, V});

@@ -34,7 +34,7 @@ std::map<std::string, torch::Tensor> gradients(const CausalLM& m, bool sparse_lo
 
 }  // namespace
 
-TEST_CASE("tied embedding: the weight's gradient is dense and the dense lookup's, and an untied one stays dense", "[models]") {
+TEST_CASE("tied embedding: the weight's gradient is dense and the dense lookup's, and an untied one stays dense", "[models][numerics]") {
   for (auto [family, tied] : {std::pair{ModelFamily::Gpt2, true}, std::pair{ModelFamily::Llama, true},
                               std::pair{ModelFamily::Llama, false}}) {
     INFO(to_string(family) << (tied ? ", tied head" : ", untied head"));

@@ -32,7 +32,7 @@ torch::Tensor base_logits(Trainer& t, const torch::Tensor& idx) {
 
 }  // namespace
 
-TEST_CASE("DoRA at injection: the magnitudes are the base's row norms and the model computes its base", "[lora][dora]") {
+TEST_CASE("DoRA at injection: the magnitudes are the base's row norms and the model computes its base", "[lora][dora][numerics]") {
   Data d;
   auto t = make_lora(d, "inject", {kDora, "runtime/precision=f32"});
   for (int i = 0; i < 5; ++i) t->train_step();
@@ -93,7 +93,7 @@ TEST_CASE("DoRA steps change only A, B and the magnitudes, m at B's lr without w
   CHECK(torch::equal(saved.at("params/h.1.mlp.c_proj.lora_magnitude"), t->lora_params().magnitude.back().cpu()));
 }
 
-TEST_CASE("DoRA's layer computes m (W + s A B) / ||W + s A B|| x + b, and the merge gives the same model", "[lora][dora]") {
+TEST_CASE("DoRA's layer computes m (W + s A B) / ||W + s A B|| x + b, and the merge gives the same model", "[lora][dora][numerics]") {
   GPT adapted = test::tiny_gpt(), merged = test::tiny_gpt();
   auto params = named_params(*adapted);
   auto lora = inject_lora_params(params, param_filter(params, {"attn", "mlp"}), 4, at::detail::createCPUGenerator(1),
@@ -131,7 +131,7 @@ TEST_CASE("DoRA's layer computes m (W + s A B) / ||W + s A B|| x + b, and the me
   CHECK(max_abs(logits_of(*adapted, idx), m) > 1e-3);
 }
 
-TEST_CASE("DoRA's norm is detached: m and B get PEFT's gradients", "[lora][dora]") {
+TEST_CASE("DoRA's norm is detached: m and B get PEFT's gradients", "[lora][dora][numerics]") {
   // y = (m / n) (x W^T + s x A B), n = ||W + s (A B)^T|| per row held constant.
   auto W = torch::randn({6, 5}), A = torch::randn({5, 2}), B = torch::randn({2, 6}) * 0.1;
   auto m = (W.norm(2, {1}) * 1.3).requires_grad_(true);
@@ -166,7 +166,7 @@ TEST_CASE("DoRA: resume mid phase 2 and from final is bit-identical, and a resto
                     Contains("without DoRA's magnitudes") && Contains("optimization/lora/dora=true"));
 }
 
-TEST_CASE("DoRA: AdaptersOff computes the base, without the magnitudes' rescale", "[lora][dora]") {
+TEST_CASE("DoRA: AdaptersOff computes the base, without the magnitudes' rescale", "[lora][dora][numerics]") {
   Data d;
   auto t = make_lora(d, "off", {kDora, "runtime/precision=f32"});
   for (int i = 0; i < 8; ++i) t->train_step();

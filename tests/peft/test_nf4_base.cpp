@@ -35,7 +35,7 @@ Pass run(Linear& layer, const torch::Tensor& A, const torch::Tensor& B, const to
 
 }  // namespace
 
-TEST_CASE("an NF4-frozen layer computes bit for bit what a bf16 layer holding dequant(quant(W)) computes, forward and LoRA gradients", "[nf4][lora]") {
+TEST_CASE("an NF4-frozen layer computes bit for bit what a bf16 layer holding dequant(quant(W)) computes, forward and LoRA gradients", "[nf4][lora][numerics]") {
   auto gen = at::detail::createCPUGenerator(21);
   const int64_t in = 192, out = 100;  // 19,200 values: 300 blocks of 64, two absmax scales of 256
   const auto W = torch::randn({out, in}, gen, torch::kFloat32) * 0.05;

@@ -71,11 +71,18 @@ json fingerprint() {
   for (std::string f; fl >> f;) have.insert(f);
   for (const char* f : {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile"})
     if (have.count(f)) flags += std::string(flags.empty() ? "" : " ") + f;
-  return {{"libtorch", TORCH_VERSION},
-          {"libraries", json(std::vector<std::string>(libs.begin(), libs.end()))},
-          {"cpu", cpu["vendor_id"] + " family " + cpu["cpu family"] + " model " + cpu["model"] + " (" +
-                      cpu["model name"] + ")"},
-          {"cpu_flags", flags}};
+  // Kernel choices forced through the environment (the suite's avx2 and baseline runs, CMakeLists.txt)
+  // change the bits as another CPU would.
+  json forced = json::object();
+  for (const char* v : {"LT_CPU_KERNELS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OPENBLAS_CORETYPE"})
+    if (const char* value = std::getenv(v); value && *value) forced[v] = value;
+  json print = {{"libtorch", TORCH_VERSION},
+                {"libraries", json(std::vector<std::string>(libs.begin(), libs.end()))},
+                {"cpu", cpu["vendor_id"] + " family " + cpu["cpu family"] + " model " + cpu["model"] + " (" +
+                            cpu["model name"] + ")"},
+                {"cpu_flags", flags}};
+  if (!forced.empty()) print["forced_kernels"] = forced;
+  return print;
 }
 
 struct Golden {
@@ -219,7 +226,7 @@ std::string difference(const json& want, const json& got, bool exact, const std:
 
 }  // namespace
 
-TEST_CASE("golden numerics: each job kind's losses, gradient norms and validations equal the recorded ones", "[golden]") {
+TEST_CASE("golden numerics: each job kind's losses, gradient norms and validations equal the recorded ones", "[golden][numerics]") {
   Golden g;
   g.run_all();
   const json here = fingerprint();

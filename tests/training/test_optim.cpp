@@ -36,7 +36,7 @@ TEST_CASE("constant: warmup then flat", "[optim]") {
   CHECK(s.at(9) == Approx(0.5));
 }
 
-TEST_CASE("AdamW matches torch::optim::AdamW step for step", "[optim]") {
+TEST_CASE("AdamW matches torch::optim::AdamW step for step", "[optim][numerics]") {
   torch::manual_seed(0);
   auto w0 = torch::randn({8, 5});
   auto ours = w0.clone().set_requires_grad(true);
@@ -56,7 +56,7 @@ TEST_CASE("AdamW matches torch::optim::AdamW step for step", "[optim]") {
   CHECK(opt.steps_taken() == 5);
 }
 
-TEST_CASE("AdamW's fused CPU pass: LibTorch's AdamW on large, small and strided parameters, whatever the threads", "[optim]") {
+TEST_CASE("AdamW's fused CPU pass: LibTorch's AdamW on large, small and strided parameters, whatever the threads", "[optim][numerics]") {
   // A matrix of more than one chunk (2^16 values) and an odd tail, a vector, and a transposed
   // (strided) matrix: the contiguous ones take the fused kernel, the strided one LibTorch's ops.
   torch::manual_seed(3);
@@ -98,7 +98,7 @@ TEST_CASE("AdamW's fused CPU pass: LibTorch's AdamW on large, small and strided 
   for (size_t i = 0; i < one.size(); ++i) CHECK(torch::equal(one[i], two[i]));  // the threads share chunks, nothing else
 }
 
-TEST_CASE("gradient norm: the fused sum of squares is LibTorch's norm, the same for any thread count", "[optim]") {
+TEST_CASE("gradient norm: the fused sum of squares is LibTorch's norm, the same for any thread count", "[optim][numerics]") {
   torch::manual_seed(4);
   auto a = torch::zeros({700, 300}).set_requires_grad(true), b = torch::zeros({13}).set_requires_grad(true);
   a.mutable_grad() = torch::randn({700, 300});
@@ -141,7 +141,7 @@ TEST_CASE("gradient clipping bounds the global norm", "[optim]") {
   CHECK(after == Approx(1.0).epsilon(1e-5));
 }
 
-TEST_CASE("AdamW lr_scale: a parameter trains as if alone at lr x its scale", "[optim]") {
+TEST_CASE("AdamW lr_scale: a parameter trains as if alone at lr x its scale", "[optim][numerics]") {
   // One optimizer with scales {1, 0.25} against two optimizers at lr and lr/4: the same updates, bit for bit.
   auto make = [] {
     torch::manual_seed(7);
