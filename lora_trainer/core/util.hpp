@@ -32,6 +32,12 @@ std::string first_problems(const std::vector<std::string>& problems, size_t show
 // The same from pieces written one after another (no joined copy of them in memory: a model's tensors).
 void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces);
 
+// Appends `bytes` to `path` (created if missing), all of them or none: a failed write (a full disk, an
+// I/O error, the file size limit) cuts the file back to its size before and is a UserError naming the
+// file and the error, then `hint` (what to do). A run's logs (metrics.jsonl, TensorBoard's events)
+// lose no figure silently this way, and keep no torn record.
+void append_file(const std::string& path, const std::string& bytes, const std::string& hint = "");
+
 // Writes a directory atomically: `fill` writes its files into a hidden sibling `.NAME.tmp-TAG`, which
 // then takes the place of `dir` in one step (renameat2's exchange where the file system has it), so
 // `dir` is always either the old directory or the complete new one. Nothing of anyone else's is lost:
