@@ -59,10 +59,6 @@ enum class Isa { Baseline, Avx2, Avx512 };
 Isa isa();
 const char* isa_name(Isa isa);
 
-}  // namespace lt::vec
-
-namespace lt::vec {
-
 inline float bf16_to_f32(uint16_t b) { return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16); }
 
 // Round to nearest even, as LibTorch's float -> bfloat16 conversion does (the values here are finite).
