@@ -8,6 +8,7 @@
 
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/data/tokenize.hpp"
+#include "lora_trainer/data/tokenizer_choice.hpp"
 
 namespace lt {
 
@@ -419,7 +420,7 @@ void Trainer::check_tasks() {
 std::vector<TaskResult> Trainer::run_tasks(const std::vector<std::string>& paths) {
   std::vector<TaskResult> out;
   if (paths.empty()) return out;
-  if (!task_tokenizer_) task_tokenizer_ = make_tokenizer(tokenizer_name());
+  if (!task_tokenizer_) task_tokenizer_ = make_tokenizer(tokenizer_name("eval/evaluations"));
   auto ema = ema_weights();
   for (const auto& path : paths) {
     auto it = tasks_.find(path);
@@ -429,17 +430,27 @@ std::vector<TaskResult> Trainer::run_tasks(const std::vector<std::string>& paths
   return out;
 }
 
-std::string Trainer::tokenizer_name() const {
-  const std::string hf = base_model_.is_object() ? base_model_.value("hf_dir", std::string()) : std::string();
-  if (!hf.empty() && std::filesystem::exists(hf + "/tokenizer.json")) return "hf:" + hf;
-  for (const auto& smp : plan_datasets()) {
-    const std::string meta = (std::filesystem::path(opts_.data_dir) / smp.name / "meta.json").string();
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(meta, ec)) continue;
-    const nlohmann::json m = read_json_file(meta);
-    if (m.is_object() && m.value("tokenizer", nlohmann::json()).is_string()) return m["tokenizer"].get<std::string>();
+std::string Trainer::data_tokenizer() const {
+  std::vector<std::string> names;
+  for (const auto& smp : plan_datasets()) names.push_back(smp.name);
+  try {
+    const std::string t = datasets_tokenizer(opts_.data_dir, names);
+    if (!t.empty()) return t;
+  } catch (const UserError&) {  // datasets of two tokenizers: nothing recorded, and `auto` says why
   }
-  return model_->options().vocab_size == 257 ? "byte" : "gpt2";
+  return restored_tokenizer_;
+}
+
+std::string Trainer::tokenizer_name(const std::string& command) const {
+  TokenizerClues c;
+  c.checkpoint = restored_dir_.empty() ? "the model of job " + spec_.name : restored_dir_;
+  c.recorded = restored_tokenizer_;
+  c.trained = step_ > 0 || restored_trained_;
+  c.data_dir = opts_.data_dir;
+  for (const auto& smp : plan_datasets()) c.datasets.push_back(smp.name);
+  c.hf_dir = base_model_.is_object() ? base_model_.value("hf_dir", std::string()) : std::string();
+  c.vocab_size = model_->options().vocab_size;
+  return auto_tokenizer(c, command);
 }
 
 void Trainer::validate_and_keep_best(bool stage_end) {

@@ -135,10 +135,13 @@ class Trainer : public RestorableJob {
   // Runs task files (eval --task, and validate()'s "task:FILE" evaluations) with tokenizer_name()'s
   // tokenizer, on the EMA weights with eval/use_ema. Every rank runs every example.
   std::vector<TaskResult> run_tasks(const std::vector<std::string>& paths);
-  // The tokenizer this model reads text with: an imported model's own tokenizer.json where its
-  // directory still has one; else the one the plan's first dataset was tokenized with (its meta.json);
-  // else byte for a vocabulary of 257, else gpt2.
-  std::string tokenizer_name() const;
+  // The tokenizer this model reads text with (`--tokenizer auto`, tokenizer_choice.hpp): the one the
+  // restored checkpoint records, else for trained weights the one the plan's datasets were tokenized
+  // with (their meta.json), else an imported model's own tokenizer.json, else byte or gpt2 by a
+  // vocabulary only they have; a UserError naming `command` when nothing tells.
+  std::string tokenizer_name(const std::string& command = "eval") const;
+  // What checkpoint_metadata() records as "tokenizer": the plan's datasets' tokenizer, else the restored one.
+  std::string data_tokenizer() const;
   // Saves a checkpoint under job_dir()/suffix; `latest` follows unless told not to. With several
   // ranks every rank calls it: a sharded optimizer state is gathered, rank 0 writes, and all wait at a
   // barrier until the checkpoint is complete.
@@ -186,6 +189,8 @@ class Trainer : public RestorableJob {
   // is rounded by the transition), those it trains (the modules_to_save, an embedding whose token rows
   // train) are float32; float32 in any other job.
   void load_weights_from(const BaseWeights& src);
+  // restored_tokenizer_ and restored_trained_ from a checkpoint loaded whole or as weights.
+  void restore_tokenizer(const CheckpointMeta& ck);
   // A Hugging Face model directory as the job's starting weights (`run ... --restore HF_DIR`): the base
   // of a LoRA job without phase one, or the starting point of full-parameter training. Its config.json
   // must describe this job's architecture (a UserError lists the settings that differ).
@@ -438,6 +443,10 @@ class Trainer : public RestorableJob {
   // `base_model` metadata (an import's Hugging Face name and config), carried into every checkpoint
   // of this job so that exports can name the base. null when the job trained its own.
   nlohmann::json base_model_;
+  // The restored checkpoint, the tokenizer it records (its "tokenizer") and whether the weights it gave
+  // were trained (its step > 0): tokenizer_name()'s clues.
+  std::string restored_dir_, restored_tokenizer_;
+  bool restored_trained_ = false;
 };
 
 

@@ -82,6 +82,7 @@ json Trainer::checkpoint_metadata() const {
             {"job", spec_.to_json()},
             {"config", cfg_.to_json()}};
   if (!base_model_.is_null()) m["base_model"] = base_model_;
+  if (const std::string t = data_tokenizer(); !t.empty()) m["tokenizer"] = t;
   if (ema_) m["ema"] = {{"decay", ema_->decay()}, {"params", names_of(ema_->params())}};
   if (lora_) m["lora"] = lora_metadata();
   if (in_lora_phase() && lora_->frozen_base) m["frozen_base"] = lora_->frozen_base->to_json();
@@ -268,6 +269,7 @@ void Trainer::restore_state(const CheckpointMeta& ck) {
   best_score_ = best.is_number() ? std::optional<double>(best.get<double>()) : std::nullopt;
   best_stage_ = meta.value("best_stage", 0);
   base_model_ = meta.value("base_model", json());
+  restore_tokenizer(ck);
   if (lora_) restore_lora_metadata(ck);
   const std::string& from_job = ck.job_name;
   if (from_job != spec_.name)  // another job's state: say what was loaded and that its counters go on
@@ -288,8 +290,19 @@ void Trainer::load_weights_from(const CheckpointMeta& ck) {
                     "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
   check_same_architecture(ck);
   load_weights_from(*BaseWeights::open_checkpoint(ck, base_params(*model_)));
+  restore_tokenizer(ck);
   std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", ck.dir.c_str(),
                (long long)ck.step, ck.job_name.c_str(), (long long)step_);
+}
+
+void Trainer::restore_tokenizer(const CheckpointMeta& ck) {
+  const json t = ck.raw.value("tokenizer", json());
+  if (!t.is_null() && !t.is_string())
+    throw UserError(ck.dir + "/metadata.json: \"tokenizer\" must be a tokenizer's name (byte, gpt2, hf:DIR), not " +
+                    t.dump() + "; the checkpoint is damaged or hand-edited");
+  restored_dir_ = ck.dir;
+  restored_tokenizer_ = t.is_string() ? t.get<std::string>() : "";
+  restored_trained_ = ck.step > 0;
 }
 
 void Trainer::load_weights_from(const BaseWeights& src) {

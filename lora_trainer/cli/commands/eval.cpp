@@ -50,18 +50,19 @@ struct EvalArgs {
 int eval(const EvalArgs& a) {
   Trainer* t = nullptr;
   auto job = load_for_reading(a.checkpoint, a.overrides, &t);
+  // The tasks and their tokenizer first: a bad file or an unknown tokenizer is said before any measuring.
+  std::vector<Task> read;
+  for (const auto& path : a.tasks) read.push_back(read_task(path));
+  const std::string tokenizer = read.empty() ? "" : a.tokenizer == "auto" ? t->tokenizer_name("eval") : a.tokenizer;
+  std::unique_ptr<Tokenizer> tok = read.empty() ? nullptr : make_tokenizer(tokenizer);
   std::vector<Sampling> datasets;
   // With --task alone, the tasks alone; else the datasets given, or every dataset of the job.
   if (a.datasets.empty() && a.tasks.empty()) datasets = t->plan_datasets();
   for (const auto& n : a.datasets) datasets.push_back(parse_dataset_spec(n));
   std::vector<DatasetEval> results;
   if (!datasets.empty()) results = t->evaluate(datasets, a.rows > 0 ? a.rows : t->options().validation_steps);
-  const std::string tokenizer = a.tokenizer == "auto" ? t->tokenizer_name() : a.tokenizer;
   std::vector<TaskResult> tasks;
-  if (!a.tasks.empty()) {
-    std::vector<Task> read;
-    for (const auto& path : a.tasks) read.push_back(read_task(path));  // every file checked before any runs
-    auto tok = make_tokenizer(tokenizer);
+  if (!read.empty()) {
     auto ema = t->ema_weights();
     for (const auto& task : read) tasks.push_back(run_task(t->model(), t->runtime(), *tok, task));
   }
