@@ -7,6 +7,15 @@
 
 namespace lt {
 
+void check_token_ids(const std::vector<uint32_t>& ids, int64_t vocab, const std::string& tokenizer, const std::string& where) {
+  for (uint32_t id : ids)
+    if (id >= static_cast<uint64_t>(vocab))
+      throw UserError(where + " has token id " + std::to_string(id) + (tokenizer.empty() ? "" : " of the tokenizer " + tokenizer) +
+                      ", outside the model's vocabulary of " + std::to_string(vocab) + " (architecture/vocab_size, ids 0 to " +
+                      std::to_string(vocab - 1) + "): this tokenizer is not the model's; give the one the model was "
+                      "trained with (--tokenizer)");
+}
+
 std::vector<uint32_t> generate(CausalLM& model, const Runtime& rt, const std::vector<uint32_t>& prompt,
                                const GenerateOptions& o) {
   if (prompt.empty()) throw UserError("sample: the prompt encodes to no tokens; give some text");
@@ -14,11 +23,7 @@ std::vector<uint32_t> generate(CausalLM& model, const Runtime& rt, const std::ve
   model->eval();
   const int64_t V = model->options().vocab_size, T = model->options().block_size;
   auto gen = at::detail::createCPUGenerator(o.seed);
-  for (uint32_t id : prompt)
-    if (id >= static_cast<uint64_t>(V))
-      throw UserError("sample: the prompt has token id " + std::to_string(id) + ", outside the model's vocabulary of " +
-                      std::to_string(V) + " (architecture/vocab_size): pick the tokenizer the model was trained with "
-                      "(--tokenizer)");
+  check_token_ids(prompt, V, o.tokenizer, o.where);
   std::vector<int64_t> ids(prompt.begin(), prompt.end());
   std::vector<uint32_t> out;
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {

@@ -19,7 +19,15 @@ struct GenerateOptions {
   int64_t stop_id = -1;      // stop after generating this id (end-of-text); -1 = never
   int64_t vocab_limit = -1;  // draw only ids below this (the tokenizer's vocabulary, when the model's is
                              // padded past it, as Qwen2's and the test models' are); -1 = every id
+  // Named by the message of an id past the model's vocabulary: the prompt's tokenizer, and what the
+  // prompt is ("sample: the prompt", a task file's line).
+  std::string tokenizer, where = "the prompt";
 };
+
+// A UserError when `ids` (`where`'s text encoded by `tokenizer`) hold an id the model cannot take, one
+// past its vocabulary of `vocab` (the embedding would be indexed out of range): names the tokenizer, the
+// id and the vocabulary, and says to pick the model's own tokenizer.
+void check_token_ids(const std::vector<uint32_t>& ids, int64_t vocab, const std::string& tokenizer, const std::string& where);
 
 // Continues `prompt` (token ids, at least one). The context is the last block_size tokens.
 // Returns only the new ids. Deterministic for a given seed.

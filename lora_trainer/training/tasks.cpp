@@ -64,6 +64,7 @@ Task read_task(const std::string& path) {
     const json r = parse_json(line, where);
     if (!r.is_object()) throw UserError(where + ": a record is a JSON object");
     TaskExample e;
+    e.line = number;
     const bool mc = r.contains("question") || r.contains("choices");
     const bool gen = r.contains("prompt");
     if (mc == gen)
@@ -89,7 +90,14 @@ Task read_task(const std::string& path) {
       if (!r["prompt"].is_string()) throw UserError(where + ": \"prompt\" must be a string");
       e.prompt = r["prompt"];
       e.answers = strings_of(r["answer"], where + ": \"answer\"");
-      if (r.contains("stop")) e.stop = strings_of(r["stop"], where + ": \"stop\"");
+      if (r.contains("stop")) {
+        e.stop = strings_of(r["stop"], where + ": \"stop\"");
+        for (size_t i = 0; i < e.stop.size(); ++i)
+          if (e.stop[i].empty())
+            throw UserError(where + ": \"stop\"" + (r["stop"].is_array() ? "[" + std::to_string(i) + "]" : std::string()) +
+                            " is an empty string, which would end every generation before its first character; give "
+                            "the text that ends an answer (e.g. \"\\n\"), or leave \"stop\" out for the default [\"\\n\"]");
+      }
       if (r.contains("max_tokens")) {
         if (!r["max_tokens"].is_number_integer() || r["max_tokens"].get<int64_t>() < 1 || r["max_tokens"].get<int64_t>() > 4096)
           throw UserError(where + ": \"max_tokens\" must be an integer from 1 to 4096");
@@ -147,11 +155,14 @@ std::string normalize_answer(const std::string& s) {
 
 namespace {
 
-ChoiceScore score_choice(CausalLM& model, const Runtime& rt, TokenPair tokens) {
+ChoiceScore score_choice(CausalLM& model, const Runtime& rt, TokenPair tokens, const std::string& tokenizer,
+                         const std::string& where) {
   ChoiceScore s;
   s.tokens = std::move(tokens);
-  std::vector<int64_t> ids(s.tokens.context.begin(), s.tokens.context.end());
-  ids.insert(ids.end(), s.tokens.continuation.begin(), s.tokens.continuation.end());
+  std::vector<uint32_t> all(s.tokens.context.begin(), s.tokens.context.end());
+  all.insert(all.end(), s.tokens.continuation.begin(), s.tokens.continuation.end());
+  check_token_ids(all, model->options().vocab_size, tokenizer, where);
+  std::vector<int64_t> ids(all.begin(), all.end());
   const int64_t block = model->options().block_size;
   // The last block_size + 1 tokens: block_size inputs, each predicting the next.
   const int64_t first = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - block - 1);
@@ -188,10 +199,12 @@ TaskResult run_task(CausalLM& model, const Runtime& rt, const Tokenizer& tok, co
   int64_t right = 0, right_norm = 0;
   for (const auto& e : task.examples) {
     TaskExampleResult x;
+    const std::string where = task.path + " line " + std::to_string(e.line);
     if (!task.generation) {
       double best = -1e300, best_norm = -1e300;
       for (size_t c = 0; c < e.choices.size(); ++c) {
-        x.choices.push_back(score_choice(model, rt, encode_pair(tok, e.question, " " + e.choices[c])));
+        x.choices.push_back(score_choice(model, rt, encode_pair(tok, e.question, " " + e.choices[c]), tok.name(),
+                                        where + " (choice " + std::to_string(c) + ")"));
         const double ll = x.choices.back().loglikelihood;
         const double norm = length_normalised(ll, e.choices[c]);
         if (ll > best) best = ll, x.predicted = static_cast<int64_t>(c);
@@ -208,11 +221,13 @@ TaskResult run_task(CausalLM& model, const Runtime& rt, const Tokenizer& tok, co
       o.top_k = 0;
       o.stop_id = tok.eot_id();
       o.vocab_limit = tok.vocab_size();
+      o.tokenizer = tok.name();
+      o.where = where + " (its prompt)";
       std::vector<uint32_t> out = generate(model, rt, prompt, o);
       if (!out.empty() && out.back() == tok.eot_id()) out.pop_back();
       std::string text = tok.decode(out);
       for (const auto& stop : e.stop) {
-        const size_t at = stop.empty() ? std::string::npos : text.find(stop);
+        const size_t at = text.find(stop);  // read_task refuses an empty one
         if (at != std::string::npos) text.resize(at);
       }
       x.generated = text;

@@ -35,6 +35,7 @@ struct TaskExample {
   std::vector<std::string> answers;
   std::vector<std::string> stop{"\n"};
   int64_t max_tokens = 32;
+  int64_t line = 0;  // in the task file, for messages
 };
 
 struct Task {
@@ -49,8 +50,9 @@ std::vector<std::string> task_paths(const std::vector<std::string>& evaluations)
 // What eval/evaluations accepts: "perplexity" and "task:FILE"; "" or what is wrong with `entry`.
 std::string evaluation_problem(const std::string& entry);
 
-// Reads a task file; a record that is neither kind, mixes kinds, or has an answer that is not one of
-// its choices is a UserError naming the file, the line and the key.
+// Reads a task file; a record that is neither kind, mixes kinds, has an answer that is not one of its
+// choices, or a stop string that is empty (it would cut every text to nothing) is a UserError naming
+// the file, the line and the key.
 Task read_task(const std::string& path);
 
 // lm-evaluation-harness's split of a context and its continuation into tokens: trailing whitespace of

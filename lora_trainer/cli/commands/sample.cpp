@@ -26,11 +26,13 @@ int sample(const SampleArgs& a) {
   Trainer* t = nullptr;
   auto job = load_for_reading(a.checkpoint, a.overrides, &t);
   std::string tokenizer_name = a.tokenizer;
-  if (tokenizer_name == "auto") tokenizer_name = t->tokenizer_name();
+  if (tokenizer_name == "auto") tokenizer_name = t->tokenizer_name("sample");
   auto tok = make_tokenizer(tokenizer_name);
   GenerateOptions o = a.gen;
   o.stop_id = tok->eot_id();
   o.vocab_limit = tok->vocab_size();
+  o.tokenizer = tokenizer_name;
+  o.where = "sample: the prompt";
   std::string prompt = a.prompt;
   if (a.chat) {
     if (tokenizer_name.rfind("hf:", 0) != 0)
