@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/formats/hf_families.hpp"
@@ -30,13 +31,28 @@ void check_same_targets(const std::string& path, const std::vector<std::string>&
   throw UserError(msg + ". Set optimization/lora/target_modules to the source's targets");
 }
 
-void add(AdapterSource& s, const std::string& w, torch::Tensor A, torch::Tensor B, const std::string& where) {
-  if (A.dim() != 2 || B.dim() != 2 || A.size(1) != s.rank || B.size(0) != s.rank)
-    throw UserError(std::string(kKey) + ": " + where + ": the adapter of " + w + " has shapes A " + shape_text(A.sizes().vec()) +
-                    ", B " + shape_text(B.sizes().vec()) + ", not those of rank " + std::to_string(s.rank) +
-                    (s.format == AdapterSource::Format::Peft ? " (r in adapter_config.json)" : " (lora.rank in its metadata.json)") +
-                    ": the source contradicts itself. Give an adapter written whole by one run");
+// One adapter of the source, ours A (in, r) and B (r, out), named in messages by the source's own keys
+// and shapes: a tensor stored transposed is told apart from adapters of another rank than the stated one.
+void add(AdapterSource& s, const std::string& w, torch::Tensor A, torch::Tensor B, const std::string& where,
+         const std::string& a_key, const std::string& b_key) {
+  const std::string rank_key = s.format == AdapterSource::Format::Peft ? "r in adapter_config.json" : "lora.rank in its metadata.json";
+  const std::string head = std::string(kKey) + ": " + where + ": the adapter of " + w + ": ";
+  const std::string tail = ". Give an adapter written whole by one run";
+  const int64_t r = s.rank;
+  for (const auto& [key, t] : {std::pair<std::string, const torch::Tensor*>{a_key, &A}, {b_key, &B}})
+    if (t->dim() != 2)
+      throw UserError(head + key + " has shape " + shape_text(s.stored_shape(*t)) + "; an adapter's tensors have two dimensions" + tail);
+  // The rank is A's second dimension and B's first (ours); a tensor with r in the other place only is transposed.
+  for (const auto& [key, t, rank_dim] : {std::tuple<std::string, const torch::Tensor*, int>{a_key, &A, 1}, {b_key, &B, 0}})
+    if (t->size(rank_dim) != r && t->size(1 - rank_dim) == r)
+      throw UserError(head + key + " has shape " + shape_text(s.stored_shape(*t)) + ", expected " +
+                      shape_text(s.stored_shape(t->t())) + ": it is stored transposed" + tail);
+  if (A.size(1) != r || B.size(0) != r)
+    throw UserError(head + a_key + " has shape " + shape_text(s.stored_shape(A)) + " and " + b_key + " " +
+                    shape_text(s.stored_shape(B)) + ", not those of rank " + std::to_string(r) + " (" + rank_key +
+                    "): the source contradicts itself" + tail);
   s.adapters.names.push_back(w);
+  s.keys.emplace_back(a_key, b_key);
   s.adapters.A.push_back(A.to(torch::kFloat32).contiguous());
   s.adapters.B.push_back(B.to(torch::kFloat32).contiguous());
 }
@@ -79,7 +95,7 @@ AdapterSource from_checkpoint(const std::string& path, const std::vector<std::st
     if (a == lora.end() || b == lora.end())
       throw UserError(std::string(kKey) + ": " + path + " lists " + w + " as adapted but holds no " + kParamsPrefix +
                       LoraParams::a_name(w) + "; is the checkpoint complete?");
-    add(s, w, a->second, b->second, path);
+    add(s, w, a->second, b->second, path, kParamsPrefix + a->first, kParamsPrefix + b->first);
     if (!s.dora) continue;
     auto m = lora.find(LoraParams::magnitude_name(w));
     add_magnitude(s, w, m != lora.end(), m != lora.end() ? m->second : torch::Tensor(),
@@ -222,7 +238,10 @@ AdapterSource from_peft(const std::string& path, ModelFamily family, const std::
     const std::string mod = peft_module_path(family, w);
     auto b = by_key.find(mod + ".lora_B.weight");
     if (b == by_key.end()) throw UserError(std::string(kKey) + ": " + file + " has " + mod + ".lora_A.weight but no .lora_B.weight");
-    add(s, w, by_key.at(mod + ".lora_A.weight").t(), b->second.t(), file);  // (r, in) -> (in, r); (out, r) -> (r, out)
+    const torch::Tensor& a = by_key.at(mod + ".lora_A.weight");
+    // (r, in) -> (in, r); (out, r) -> (r, out); a tensor of another rank than 2 is named as it is
+    add(s, w, a.dim() == 2 ? a.t() : a, b->second.dim() == 2 ? b->second.t() : b->second, file, mod + ".lora_A.weight",
+        mod + ".lora_B.weight");
     if (!s.dora) continue;
     auto m = by_key.find(mod + ".lora_magnitude_vector");  // (out), for a Conv1D layer too
     add_magnitude(s, w, m != by_key.end(), m != by_key.end() ? m->second : torch::Tensor(), mod + ".lora_magnitude_vector", file);
@@ -249,6 +268,12 @@ AdapterSource from_peft(const std::string& path, ModelFamily family, const std::
 }
 
 }  // namespace
+
+std::vector<int64_t> AdapterSource::stored_shape(const torch::Tensor& ours) const {
+  std::vector<int64_t> shape = ours.sizes().vec();
+  if (format == Format::Peft && shape.size() == 2) std::swap(shape[0], shape[1]);
+  return shape;
+}
 
 AdapterSource read_adapter_source(const std::string& path, ModelFamily family, const std::vector<std::string>& targets,
                                   int64_t rank, double alpha, bool rslora, bool dora, const std::string& token_embedding,

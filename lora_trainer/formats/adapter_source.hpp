@@ -30,6 +30,11 @@ struct AdapterSource {
   bool rslora = false;
   bool dora = false;
   LoraParams adapters;  // f32, ours layouts, in the order of the job's targets; magnitudes with DoRA
+  // The source's own names of each adapter's A and B (params/<w>.lora_A, or PEFT's
+  // <module>.lora_A.weight), as adapters.names orders them: what a message about a shape names.
+  std::vector<std::pair<std::string, std::string>> keys;
+  // The shape the source stores a tensor of ours in: PEFT's is the transpose.
+  std::vector<int64_t> stored_shape(const torch::Tensor& ours) const;
   std::vector<std::string> modules_to_save;  // what the source also trained (not loaded: reported)
   // The token rows the source trained (trainable_token_indices), loaded with the adapters: name is ours
   // ("wte.weight") where it is the model's token embedding, else the source's module; undefined when

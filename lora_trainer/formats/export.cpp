@@ -127,6 +127,10 @@ void dequantize_base(const CheckpointMeta& ck, NamedTensors& all, bool base_valu
       continue;
     }
     if (stored != params.end()) {  // the referenced base's values
+      if (stored->second->sizes().vec() != shape)
+        throw UserError(ck.dir + "/metadata.json: lora.quantized gives " + name + " the shape " + shape_text(shape) +
+                        ", its frozen base holds it as " + shape_text(stored->second->sizes().vec()) +
+                        "; the checkpoint is damaged or hand-edited. " + use_another_checkpoint(ck.job_name));
       *stored->second = dequantize_nf4(quantize_nf4(stored->second->to(torch::kBFloat16)), torch::kBFloat16);
       continue;
     }
@@ -189,7 +193,28 @@ torch::ScalarType base_dtype(const NamedTensors& base) {
   return most;
 }
 
-MergedWeights merged_weights(const std::string& checkpoint, bool use_ema, const std::string& base, torch::ScalarType dtype) {
+torch::Tensor export_cast(const torch::Tensor& t, torch::ScalarType dtype, const std::string& name, const std::string& command) {
+  torch::Tensor out = t.to(dtype);
+  if (!c10::isFloatingType(dtype) || torch::isfinite(out).all().item<bool>()) return out;
+  const torch::Tensor f = t.to(torch::kFloat32);
+  const torch::Tensor finite = torch::isfinite(f);
+  if (!finite.all().item<bool>())
+    throw UserError(command + ": " + name + " holds " + std::to_string((~finite).sum().item<int64_t>()) +
+                    " values that are not finite (inf or NaN): the checkpoint's weights are not (a diverged run, or a "
+                    "damaged file; `lora_trainer inspect --verify` checks its data); export an earlier checkpoint. "
+                    "Nothing was written");
+  const double limit = dtype == torch::kFloat16 ? 65504.0 : dtype == torch::kBFloat16 ? 3.3895313892515355e38 : 3.4028234663852886e38;
+  const char* dtype_name = dtype == torch::kFloat16 ? "float16" : dtype == torch::kBFloat16 ? "bfloat16" : "float32";
+  char figures[160];
+  std::snprintf(figures, sizeof figures, "values up to %.6g in magnitude, past %s's largest, %.6g", f.abs().max().item<double>(),
+                dtype_name, limit);
+  throw UserError(command + ": " + name + " holds " + figures + ": written as " + dtype_name + " they would be inf. Write "
+                  "it in a dtype that holds them (" + (dtype == torch::kFloat16 ? "--dtype bfloat16 or float32" : "--dtype float32") +
+                  "). Nothing was written");
+}
+
+MergedWeights merged_weights(const std::string& checkpoint, bool use_ema, const std::string& base, torch::ScalarType dtype,
+                             const std::string& command) {
   MergedWeights m;
   const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
   m.meta = ck.raw;
@@ -218,6 +243,7 @@ MergedWeights merged_weights(const std::string& checkpoint, bool use_ema, const 
                           LoraParams::magnitude_name(n) + "; is the checkpoint complete?");
         magnitude = mg->second;
       }
+      check_adapter_shapes(n, t, a->second, b->second, l.rank);  // named here: the merge knows no names
       t = merge_lora_params(t, a->second, b->second, l.alpha, l.rank, l.rslora, magnitude);
       ++m.merged;
     }
@@ -226,7 +252,7 @@ MergedWeights merged_weights(const std::string& checkpoint, bool use_ema, const 
       t = replace_token_rows(t, rows->second, lora.at(TrainableTokens::values_name(n)));
       m.token_rows += static_cast<int64_t>(rows->second.size());
     }
-    m.params.emplace_back(n, t.to(m.dtype));  // rounded once, after the merge
+    m.params.emplace_back(n, export_cast(t, m.dtype, kParamsPrefix + n, command));  // rounded once, after the merge
   }
   return m;
 }
@@ -248,6 +274,7 @@ void export_merged(const std::string& checkpoint, const std::string& out, bool u
                    {"job", meta.value("job", json::object())},
                    {"config", meta.value("config", json::object())}};
   if (meta.contains("base_model")) out_meta["base_model"] = meta["base_model"];
+  if (meta.contains("tokenizer")) out_meta["tokenizer"] = meta["tokenizer"];  // what its weights read text with
   save_checkpoint(out, params, out_meta, ours);
   std::printf("exported %s -> %s (%zu tensors, %d adapters merged%s, float32)\n", checkpoint.c_str(), out.c_str(),
               params.size(), merged,

@@ -30,8 +30,16 @@ struct MergedWeights {
   int merged = 0;
   int64_t token_rows = 0;
 };
+// Each is cast with export_cast (`command` names the export in its messages).
 MergedWeights merged_weights(const std::string& checkpoint, bool use_ema = false, const std::string& base = "",
-                             torch::ScalarType dtype = torch::kFloat32);
+                             torch::ScalarType dtype = torch::kFloat32, const std::string& command = "export");
+
+// `t` (tensor `name`) cast to `dtype` for a file an export writes (`command`: "export --format gguf
+// --dtype float16", ...). A UserError, before anything is written, when a value would be written as
+// inf or NaN: one the rounding overflows (past float16's largest, 65504, or bfloat16's) names the
+// tensor, its largest magnitude and the dtype's limit and suggests a wider dtype; one that is not
+// finite already says the checkpoint's weights are not. Never writes what the checkpoint does not hold.
+torch::Tensor export_cast(const torch::Tensor& t, torch::ScalarType dtype, const std::string& name, const std::string& command);
 
 // The dtype most of a checkpoint's stored base parameters are in (by element count): bf16 for a
 // LoRA-phase checkpoint (its frozen base) or an import that kept bf16, f32 for phase one's.

@@ -1,5 +1,6 @@
 #include "lora_trainer/formats/gguf_export.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -10,6 +11,7 @@
 
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/data/tokenize.hpp"
+#include "lora_trainer/data/tokenizer_choice.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/formats/export.hpp"
 #include "lora_trainer/formats/gguf.hpp"
@@ -149,14 +151,9 @@ void add_rope_factors(GgufWriter& g, const ModelOptions& o) {
                                         .to(torch::kFloat32));
 }
 
-std::string tokenizer_for(const std::string& requested, const json& meta, const ModelOptions& o) {
+std::string tokenizer_for(const std::string& requested, const json& meta, const std::string& checkpoint, const ModelOptions& o) {
   if (requested != "auto") return requested;
-  // The imported model's own tokenizer.json where its directory still has one; else by vocabulary
-  // (as `sample` chooses).
-  const json base = meta.value("base_model", json());
-  const std::string hf = base.is_object() ? base.value("hf_dir", std::string()) : std::string();
-  if (!hf.empty() && fs::exists(fs::path(hf) / "tokenizer.json")) return "hf:" + hf;
-  return o.vocab_size == 257 ? "byte" : "gpt2";
+  return auto_tokenizer(checkpoint_tokenizer_clues(meta, checkpoint, o.vocab_size), "export --format gguf");
 }
 
 std::string pre_tokenizer_name(const BpeVocabulary& v, const std::string& tokenizer) {
@@ -199,6 +196,19 @@ void set_tokenizer(GgufWriter& g, const std::string& name, const ModelOptions& o
   g.set_bool("tokenizer.ggml.add_eos_token", false);
 }
 
+// llama.cpp's llama and qwen2 gate the MLP with SiLU, its gpt2 uses the tanh form of GELU: a model (or
+// an adapter for one) that computes another activation is refused, the exact GELU noted.
+void check_activation(const ModelOptions& options, const std::string& arch, const std::string& checkpoint,
+                      const std::string& format) {
+  if (options.family != ModelFamily::Gpt2 && options.activation != ModelOptions::Activation::Silu)
+    throw UserError("export --format " + format + ": " + checkpoint + " is a llama-family model with architecture/activation " +
+                    (options.activation == ModelOptions::Activation::Gelu ? "gelu" : "gelu_tanh") + "; llama.cpp's " +
+                    arch + " computes SiLU, so its outputs would not be this model's. Nothing was written");
+  if (options.family == ModelFamily::Gpt2 && options.activation == ModelOptions::Activation::Gelu)
+    std::printf("note: this model's MLP uses the exact GELU (architecture/activation=gelu); llama.cpp's gpt2 computes "
+                "its tanh approximation, so its logits will differ slightly from ours\n");
+}
+
 std::string model_name(const std::string& checkpoint, const json& meta) {
   const json job = meta.value("job", json());
   const std::string name = job.is_object() ? job.value("name", std::string()) : std::string();
@@ -210,23 +220,18 @@ std::string model_name(const std::string& checkpoint, const json& meta) {
 void export_gguf(const std::string& checkpoint, const std::string& out, const GgufExportOptions& o) {
   const torch::ScalarType dtype = dtype_named(o.dtype, "gguf");
   const auto ours = check_export_target(checkpoint, out, "export", o.force);
-  MergedWeights w = merged_weights(checkpoint, o.use_ema, o.base, dtype);
-  const ModelOptions options = checkpoint_model_options(w.meta, checkpoint);
-  const std::string arch = architecture_of(options), tokenizer = tokenizer_for(o.tokenizer, w.meta, options);
-  // llama.cpp's llama and qwen2 gate the MLP with SiLU, its gpt2 uses the tanh form of GELU.
-  if (options.family != ModelFamily::Gpt2 && options.activation != ModelOptions::Activation::Silu)
-    throw UserError("export --format gguf: " + checkpoint + " is a llama-family model with architecture/activation " +
-                    (options.activation == ModelOptions::Activation::Gelu ? "gelu" : "gelu_tanh") + "; llama.cpp's " +
-                    arch + " computes SiLU, so its outputs would not be this model's. Nothing was written");
-  if (options.family == ModelFamily::Gpt2 && options.activation == ModelOptions::Activation::Gelu)
-    std::printf("note: this model's MLP uses the exact GELU (architecture/activation=gelu); llama.cpp's gpt2 computes "
-                "its tanh approximation, so its logits will differ slightly from ours\n");
+  // What the metadata decides is checked before the weights are read and merged.
+  const json meta = CheckpointMeta::read(checkpoint).raw;
+  const ModelOptions options = checkpoint_model_options(meta, checkpoint);
+  const std::string arch = architecture_of(options), tokenizer = tokenizer_for(o.tokenizer, meta, checkpoint, options);
+  check_activation(options, arch, checkpoint, "gguf");
   GgufWriter g;
   g.set_string("general.architecture", arch);
-  g.set_string("general.name", model_name(checkpoint, w.meta));
-  g.set_u32("general.file_type", file_type(w.dtype));
-  set_hyperparameters(g, arch, options, w.meta);
+  g.set_string("general.name", model_name(checkpoint, meta));
+  set_hyperparameters(g, arch, options, meta);
   set_tokenizer(g, tokenizer, options);
+  MergedWeights w = merged_weights(checkpoint, o.use_ema, o.base, dtype, "export --format gguf");
+  g.set_u32("general.file_type", file_type(w.dtype));
   bool has_head = false;
   torch::Tensor embedding;
   for (const auto& [name, t] : w.params) {
@@ -270,8 +275,12 @@ void export_gguf_adapter(const std::string& checkpoint, const std::string& out, 
     throw UserError("export --format gguf-adapter: " + checkpoint + " has " + join(unsupported, " and ") +
                     ", which a llama.cpp LoRA adapter cannot hold; export the merged model with --format gguf instead. "
                     "Nothing was written");
+  if (l.targets.empty())
+    throw UserError("export --format gguf-adapter: " + checkpoint + " holds no adapters yet (a checkpoint saved before its "
+                    "LoRA phase began: lora.targets is empty); export one of the LoRA phase. Nothing was written");
   const ModelOptions options = checkpoint_model_options(ck.raw, checkpoint);
   const std::string arch = architecture_of(options);
+  check_activation(options, arch, checkpoint, "gguf-adapter");
   ParamTensors params = param_tensors(export_tensors(ck, o.use_ema, o.base, /*base_values=*/false));
   const torch::ScalarType out_dtype = dtype == c10::ScalarType::Undefined ? torch::kFloat32 : dtype;
   // rsLoRA scales by alpha / sqrt(r), llama.cpp by alpha / r: the same product with alpha * sqrt(r).
@@ -291,12 +300,18 @@ void export_gguf_adapter(const std::string& checkpoint, const std::string& out, 
     if (gg.empty())
       throw UserError("export --format gguf-adapter: " + checkpoint + " adapts " + target + ", which llama.cpp's " + arch +
                       " has no tensor for. Nothing was written");
+    auto W = std::find_if(params.base.begin(), params.base.end(), [&](const auto& p) { return p.first == target; });
+    if (W == params.base.end())
+      throw UserError(checkpoint + ": adapted weight " + target + " is not among its parameters (params/" + target +
+                      "). Nothing was written");
+    check_adapter_shapes(target, W->second, a->second, b->second, l.rank);
     // Ours: A (in, r), B (r, out); llama.cpp's lora_a is PEFT's lora_A (r, in), lora_b its lora_B (out, r).
     torch::Tensor lora_a = a->second.to(torch::kFloat32).t().contiguous();
     torch::Tensor lora_b = b->second.to(torch::kFloat32).t().contiguous();
     if (const int64_t heads = permuted_heads(arch, gg, options)) lora_b = permute_rows(lora_b, heads);
-    g.add_tensor(gg + ".lora_a", lora_a.to(out_dtype));
-    g.add_tensor(gg + ".lora_b", lora_b.to(out_dtype));
+    const std::string command = "export --format gguf-adapter";
+    g.add_tensor(gg + ".lora_a", export_cast(lora_a, out_dtype, kParamsPrefix + a->first + " (" + gg + ".lora_a)", command));
+    g.add_tensor(gg + ".lora_b", export_cast(lora_b, out_dtype, kParamsPrefix + b->first + " (" + gg + ".lora_b)", command));
   }
   publish_dir(out, [&](const fs::path& dir) {
     g.write((dir / "adapter.gguf").string());

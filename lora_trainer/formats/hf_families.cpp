@@ -263,14 +263,17 @@ HfTensorMap match_hf(ModelFamily family, const std::vector<SafetensorsEntry>& hf
     if (shape != want.sizes().vec()) {
       std::vector<int64_t> hf_shape = want.sizes().vec();
       if (conv1d) std::swap(hf_shape[0], hf_shape[1]);
-      problems.push_back(hf_name(family, name) + ": shape " + shape_text(it->second->shape) + ", expected " +
-                         shape_text(hf_shape) + (conv1d ? " (Conv1D: (in, out))" : ""));
+      // The file's own key (with or without GPT-2's "transformer."), and whether it holds the transpose.
+      const auto& got = it->second->shape;
+      const bool swapped = got.size() == 2 && hf_shape.size() == 2 && got[0] == hf_shape[1] && got[1] == hf_shape[0];
+      problems.push_back(it->second->name + ": shape " + shape_text(got) + ", expected " + shape_text(hf_shape) +
+                         (conv1d ? " (Conv1D: (in, out))" : " ((out, in))") + (swapped ? ", its transpose" : ""));
     } else {
       map.of[name] = {it->second->name, transposed};
     }
     by_name.erase(it);
   }
-  for (const auto& [name, e] : by_name) problems.push_back("unexpected tensor " + name + " " + shape_text(e->shape));
+  for (const auto& [name, e] : by_name) problems.push_back("unexpected tensor " + e->name + " " + shape_text(e->shape));
   if (!problems.empty()) throw_problems(source, problems);
   return map;
 }

@@ -73,7 +73,9 @@ std::vector<std::string> import_checked(const std::string& hf_dir, const std::st
   }
   stored.get = [&](size_t i) {
     torch::Tensor v = src->read(expected[i].first);
-    return dtype == "source" ? v : v.to(dtype == "float32" ? torch::kFloat32 : torch::kBFloat16);
+    return dtype == "source" ? v
+                             : export_cast(v, dtype == "float32" ? torch::kFloat32 : torch::kBFloat16, stored.names[i],
+                                           "import-hf --dtype " + dtype);
   };
   const json base_model = src->base_model();
   json meta = {{"kind", state_kind_name(StateKind::Plain)},
@@ -119,7 +121,7 @@ std::string hf_dtype_name(torch::ScalarType t) {
 }
 
 MergedCheckpoint read_merged(const std::string& checkpoint, bool use_ema, const std::string& base, torch::ScalarType dtype) {
-  MergedWeights w = merged_weights(checkpoint, use_ema, base, dtype);
+  MergedWeights w = merged_weights(checkpoint, use_ema, base, dtype, "export --format hf");
   MergedCheckpoint m;
   m.meta = std::move(w.meta);
   m.options = checkpoint_model_options(m.meta, checkpoint);
@@ -196,14 +198,16 @@ std::set<std::string> add_adapters(const std::string& checkpoint, const LoraMeta
       throw UserError(checkpoint + ": adapted weight " + w + " is not among its parameters (params/" + w + "). Nothing was written");
     check_adapter_shapes(w, W->second, a->second, b->second, l.rank);
     const std::string mod = peft_module_path(family, w);
-    tensors.emplace_back(mod + ".lora_A.weight", a->second.to(torch::kFloat32).t().contiguous());  // (r, in)
-    tensors.emplace_back(mod + ".lora_B.weight", b->second.to(torch::kFloat32).t().contiguous());  // (out, r)
+    const std::string peft = "export --format peft";
+    tensors.emplace_back(mod + ".lora_A.weight", export_cast(a->second, torch::kFloat32, kParamsPrefix + a->first, peft).t().contiguous());  // (r, in)
+    tensors.emplace_back(mod + ".lora_B.weight", export_cast(b->second, torch::kFloat32, kParamsPrefix + b->first, peft).t().contiguous());  // (out, r)
     if (l.dora) {  // (out): one per output feature, for a Conv1D layer too (PEFT's norm is of the (out, in) weight's rows)
       auto mg = lora.find(LoraParams::magnitude_name(w));
       if (mg == lora.end())
         throw UserError(checkpoint + ": a DoRA checkpoint without the magnitude of " + w + " (params/" +
                         LoraParams::magnitude_name(w) + "). Nothing was written");
-      tensors.emplace_back(mod + ".lora_magnitude_vector", mg->second.to(torch::kFloat32).contiguous());
+      tensors.emplace_back(mod + ".lora_magnitude_vector",
+                           export_cast(mg->second, torch::kFloat32, kParamsPrefix + mg->first, "export --format peft").contiguous());
     }
     adapted.insert(mod.substr(root.size()));
   }
@@ -251,7 +255,8 @@ PeftModulesToSave add_modules_to_save(const LoraMetadata& l, const ModelOptions&
   for (const auto& m : saved_modules) {
     for (const auto& [n, t] : stored.base) {
       if (n.rfind(m + ".", 0) != 0 || n.find('.', m.size() + 1) != std::string::npos) continue;
-      for (auto& [hf, v] : to_hf(family, {{n, t.to(torch::kFloat32)}})) tensors.emplace_back(root + hf, v);
+      for (auto& [hf, v] : to_hf(family, {{n, export_cast(t, torch::kFloat32, kParamsPrefix + n, "export --format peft")}}))
+        tensors.emplace_back(root + hf, v);
       if (n == tied_embedding) tensors.emplace_back(root + "lm_head.weight", tensors.back().second);
     }
     out.modules.push_back(peft_module_path(family, m + ".weight").substr(root.size()));
@@ -275,7 +280,7 @@ json add_token_rows(const std::string& checkpoint, const LoraMetadata& l, ModelF
     throw UserError(checkpoint + ": the trainable token rows of " + name + " are missing (params/" +
                     TrainableTokens::values_name(name) + "). Nothing was written");
   tensors.emplace_back(peft_module_path(family, name) + ".token_adapter.trainable_tokens_delta",
-                       v->second.to(torch::kFloat32).contiguous());
+                       export_cast(v->second, torch::kFloat32, kParamsPrefix + v->first, "export --format peft").contiguous());
   return json(ids);
 }
 

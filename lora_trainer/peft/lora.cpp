@@ -195,16 +195,28 @@ void check_adapter_shapes(const std::string& weight, const torch::Tensor& W, con
   const bool ok = W.dim() == 2 && A.dim() == 2 && B.dim() == 2 && A.size(0) == W.size(1) && A.size(1) == rank &&
                   B.size(0) == rank && B.size(1) == W.size(0);
   if (ok) return;
-  std::string found = "A " + shape_text(A.sizes().vec()) + ", B " + shape_text(B.sizes().vec());
-  if (A.dim() == 2 && B.dim() == 2 && A.size(1) == B.size(0))
-    found += " (rank " + std::to_string(A.size(1)) + ")";
-  std::string expected = "A (" + std::to_string(W.dim() == 2 ? W.size(1) : -1) + ", " + std::to_string(rank) + "), B (" +
-                         std::to_string(rank) + ", " + std::to_string(W.dim() == 2 ? W.size(0) : -1) + ")";
-  throw UserError("the adapter of " + (weight.empty() ? std::string("a weight") : weight) + " " +
-                  shape_text(W.sizes().vec()) + " has " + found + ", not the " + expected + " of rank " +
-                  std::to_string(rank) + " that its metadata (lora.rank) gives: the metadata contradicts the tensors, "
-                  "and merging would scale by the wrong alpha / rank. The checkpoint is damaged or hand-edited; " +
-                  use_another_checkpoint());
+  const int64_t in = W.dim() == 2 ? W.size(1) : -1, out = W.dim() == 2 ? W.size(0) : -1;
+  const std::string tail = ". The checkpoint is damaged or hand-edited; " + use_another_checkpoint();
+  const std::string w = (weight.empty() ? std::string("a weight") : weight) + " " + shape_text(W.sizes().vec());
+  // A and B of one rank that fit W: the metadata's rank is what contradicts them.
+  if (A.dim() == 2 && B.dim() == 2 && A.size(0) == in && B.size(1) == out && A.size(1) == B.size(0))
+    throw UserError("the adapter of " + w + " has A " + shape_text(A.sizes().vec()) + ", B " + shape_text(B.sizes().vec()) +
+                    " (rank " + std::to_string(A.size(1)) + "), not the A (" + std::to_string(in) + ", " + std::to_string(rank) +
+                    "), B (" + std::to_string(rank) + ", " + std::to_string(out) + ") of rank " + std::to_string(rank) +
+                    " that its metadata (lora.rank) gives: the metadata contradicts the tensors, and merging would scale by "
+                    "the wrong alpha / rank" + tail);
+  // Else each tensor that does not fit W, by its name, with what it should be (and whether it is that transposed).
+  std::vector<std::string> problems;
+  auto check = [&](const std::string& name, const torch::Tensor& t, std::vector<int64_t> want) {
+    const std::vector<int64_t> got = t.sizes().vec();
+    if (got == want) return;
+    const bool transposed = got.size() == 2 && got[0] == want[1] && got[1] == want[0];
+    problems.push_back(name + " has shape " + shape_text(got) + ", expected " + shape_text(want) + (transposed ? " (transposed)" : ""));
+  };
+  check(weight.empty() ? "A" : "params/" + LoraParams::a_name(weight), A, {in, rank});
+  check(weight.empty() ? "B" : "params/" + LoraParams::b_name(weight), B, {rank, out});
+  throw UserError("the adapter of " + w + " does not fit it: " + join(problems, "; ") + " (an adapter of rank r is A (in, r) "
+                  "and B (r, out) for a weight (out, in))" + tail);
 }
 
 torch::Tensor merge_lora_params(const torch::Tensor& base, const torch::Tensor& A, const torch::Tensor& B,

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "lora_trainer/formats/adapter_source.hpp"
 #include "lora_trainer/formats/base_weights.hpp"
@@ -239,9 +240,15 @@ void Trainer::load_initial_adapters() {
     lora_->token_rows.values.copy_(src.tokens.values);
   }
   for (size_t i = 0; i < lora_->adapters.names.size(); ++i) {
-    if (src.adapters.A[i].sizes() != lora_->adapters.A[i].sizes() || src.adapters.B[i].sizes() != lora_->adapters.B[i].sizes())
+    std::vector<std::string> misfits;  // each by the source's own name and shape, against what this model needs
+    for (const auto& [key, theirs, ours] : {std::tuple<std::string, torch::Tensor, torch::Tensor>{src.keys[i].first, src.adapters.A[i], lora_->adapters.A[i]},
+                                            {src.keys[i].second, src.adapters.B[i], lora_->adapters.B[i]}})
+      if (theirs.sizes() != ours.sizes())
+        misfits.push_back(key + " has shape " + shape_text(src.stored_shape(theirs)) + ", this model's needs " +
+                          shape_text(src.stored_shape(ours)));
+    if (!misfits.empty())
       throw UserError("optimization/lora/init_from: " + src.path + ": the adapter of " + lora_->adapters.names[i] +
-                      " does not fit this model's weight (another model size?)");
+                      " does not fit this model's weight: " + join(misfits, "; ") + " (another model size?)");
     lora_->adapters.A[i].copy_(src.adapters.A[i]);
     lora_->adapters.B[i].copy_(src.adapters.B[i]);
     if (lora_->adapters.dora()) {
