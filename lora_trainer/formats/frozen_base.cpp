@@ -55,10 +55,18 @@ FrozenBaseRef FrozenBaseRef::from_json(const json& j, const std::string& dir) {
   r.path = j["path"].get<std::string>();
   r.relative = j.contains("relative") && j["relative"].is_string() ? j["relative"].get<std::string>() : "";
   r.format = j["format"].get<std::string>();
+  // Each shape is allocated as it stands (an export that reads only the shapes): every dimension
+  // positive, the product well inside 64 bits.
   for (const auto& [n, shape] : j["tensors"].items()) {
-    if (!shape.is_array()) fail("tensors");
-    for (const auto& d : shape)
-      if (!d.is_number_integer() || d.get<int64_t>() < 0) fail("tensors");
+    bool fits = shape.is_array() && !shape.empty() && shape.size() <= 4;
+    double elements = 1;
+    for (const auto& d : fits ? shape : json::array()) {
+      fits = fits && d.is_number_integer() && d.get<int64_t>() >= 1;
+      elements *= fits ? d.get<double>() : 1;
+    }
+    if (!fits || elements > double(int64_t(1) << 40))
+      throw UserError(where + ".tensors[\"" + n + "\"] is " + shape.dump() + ", not a tensor's shape (1 to 4 positive "
+                      "dimensions, at most 2^40 elements): the checkpoint is damaged or hand-edited; " + use_another_checkpoint());
     r.tensors[n] = shape.get<std::vector<int64_t>>();
   }
   r.bytes = j["bytes"].get<uint64_t>();
@@ -110,7 +118,8 @@ std::string locate_frozen_base(const FrozenBaseRef& ref, const std::string& chec
   throw UserError(checkpoint_dir + " holds its LoRA adapters, not the frozen base they were trained on (" +
                   std::to_string(ref.tensors.size()) + " tensors, " + std::to_string(ref.bytes >> 20) +
                   " MiB in bf16); the base was at " + ref.path + ", which no longer exists. If it moved, say where: "
-                  "training/frozen_base_path=DIR (run, restore, eval, sample) or `export --base DIR`");
+                  "`run ... --restore DIR`, training/frozen_base_path=DIR (restore, eval, sample) or `export --base DIR`; "
+                  "or put it back at " + ref.path);
 }
 
 std::string read_frozen_base(const FrozenBaseRef& ref, const std::string& checkpoint_dir, const std::string& moved_to,
@@ -142,8 +151,9 @@ std::string read_frozen_base(const FrozenBaseRef& ref, const std::string& checkp
   if (d.hex() != ref.digest)
     throw UserError("the frozen base at " + where + " is not the one " + checkpoint_dir + " was trained on: the digest "
                     "of its bf16 values is " + d.hex() + ", the checkpoint recorded " + ref.digest + " (metadata.json: "
-                    "frozen_base.digest). Its adapters only mean something on that base: point at it with "
-                    "training/frozen_base_path=DIR (or `export --base DIR`), or restore it where it was (" + ref.path + ")");
+                    "frozen_base.digest). Its adapters only mean something on that base: point at it with `run ... "
+                    "--restore DIR`, training/frozen_base_path=DIR (restore, eval, sample) or `export --base DIR`, or put it "
+                    "back where it was (" + ref.path + ")");
   return where;
 }
 

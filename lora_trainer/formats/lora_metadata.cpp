@@ -1,5 +1,7 @@
 #include "lora_trainer/formats/lora_metadata.hpp"
 
+#include <cmath>
+
 #include "lora_trainer/core/util.hpp"
 
 namespace lt {
@@ -54,9 +56,24 @@ LoraMetadata LoraMetadata::from_json(const json& l, const std::string& file) {
     m.adapters_from = l.value("adapters_from", std::string());
     m.quantize_base = l.value("quantize_base", std::string("none"));
     const json quantized = l.value("quantized", json::object());
-    for (const auto& [name, shape] : quantized.items()) m.quantized[name] = shape.get<std::vector<int64_t>>();
+    if (!quantized.is_object())
+      throw UserError(file + ": lora.quantized is " + quantized.dump() + ", not an object of weight names and shapes" + tail);
+    // Each NF4 weight's shape is allocated as it stands when the checkpoint is read: a linear layer's
+    // (out, in), each dimension positive and the product well inside 64 bits.
+    for (const auto& [name, shape] : quantized.items()) {
+      bool fits = shape.is_array() && shape.size() == 2;
+      for (const auto& d : fits ? shape : json::array())
+        fits = fits && d.is_number_integer() && d.get<int64_t>() >= 1 && d.get<int64_t>() <= (int64_t(1) << 20);
+      if (!fits)
+        throw UserError(file + ": lora.quantized[\"" + name + "\"] is " + shape.dump() + ", not the shape of a linear "
+                        "layer's weight (two dimensions, each from 1 to 2^20)" + tail);
+      m.quantized[name] = shape.get<std::vector<int64_t>>();
+    }
     m.base = l.value("base", json());
   });
+  if (m.rank < 1 || !std::isfinite(m.alpha))
+    throw UserError(file + ": lora.rank " + std::to_string(m.rank) + " and lora.alpha " + json(m.alpha).dump() +
+                    ": the rank is a positive integer and alpha a finite number" + tail);
   if (m.quantize_base != "none" && m.quantize_base != "nf4")
     throw UserError(file + ": lora.quantize_base is \"" + m.quantize_base + "\"; this version knows \"none\" and \"nf4\"" + tail);
   if (m.trainable_tokens.size() > 1)
