@@ -1,5 +1,6 @@
 // `lora_trainer run NAME CONFIG OUT_DIR [--restore CKPT] [--nproc N] [key=value ...]`: run a job, or continue
 // it from its latest checkpoint; with --nproc, start N data-parallel ranks of this program that do so.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -12,7 +13,10 @@
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/formats/base_weights.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/formats/frozen_base.hpp"
 #include "lora_trainer/formats/hf_families.hpp"
+#include "lora_trainer/models/model.hpp"
+#include "lora_trainer/training/job.hpp"
 
 namespace fs = std::filesystem;
 
@@ -74,6 +78,96 @@ int start_local_ranks(const RunArgs& a) {
   return run_local_ranks(a.nproc, args, DistributedOptions::from_config(cfg).timeout_s + 10.0);
 }
 
+// A re-run continues from the job's `latest`. A job without phase one started from the base its first
+// run's --restore gave (lora.base in its checkpoints): a Hugging Face model's config.json gives the job
+// its architecture, and a checkpoint that refers to its frozen base (frozen_base) reads the base from
+// there. When that base moved or changed, this says so, naming it, before a restore would blame a
+// setting the user never touched. Returns the --restore to use: the recorded base when none is given
+// (the architecture as the first run took it); adds training/frozen_base_path when --restore gives the
+// base's new place.
+std::string check_recorded_base(const RunArgs& a, std::vector<std::string>& overrides) {
+  using nlohmann::json;
+  const char* rank = std::getenv("RANK");  // before the ranks are set up: the first rank's notes alone
+  const bool says = rank == nullptr || std::string(rank) == "0";
+  const Config cfg = make_config(a.config_path, a.overrides);
+  const std::string job_dir = job_dir_path(a.out_dir, cfg.get_string("job/project"), cfg.get_string("job/group"), a.name);
+  const auto latest = read_latest(job_dir);
+  if (!latest) return a.restore;  // a first run: --restore as given
+  const std::string checkpoint = (fs::path(job_dir) / *latest).string();
+  if (!is_checkpoint(checkpoint)) return a.restore;  // restore_latest says what is wrong with it
+  const json meta = read_checkpoint_metadata(checkpoint);
+  const json lora = meta.value("lora", json());
+  const json base = lora.is_object() ? lora.value("base", json()) : json();
+  // From its first run's --restore (no phase one): where, and whether a Hugging Face model (its architecture).
+  const bool from_restore = base.is_object() && base.value("path", json()).is_string();
+  const std::string recorded = from_restore ? base["path"].get<std::string>() : "";
+  const bool hf = from_restore && base.value("format", std::string()) == "hf";
+  bool base_missing = false;  // the checkpoint refers to its frozen base, which is not where it says
+  std::string referred, located;  // where it says, and where it is
+  if (meta.contains("frozen_base")) {
+    const FrozenBaseRef ref = FrozenBaseRef::from_json(meta["frozen_base"], checkpoint);
+    referred = ref.path;
+    try {
+      located = locate_frozen_base(ref, checkpoint, "");
+    } catch (const UserError&) {
+      base_missing = true;
+    }
+  }
+  if (!hf && referred.empty()) return a.restore;  // its checkpoints copy their base: --restore is not read
+  const bool given_there = !a.restore.empty() && fs::exists(a.restore);
+  auto moved = [&](const std::string& where, const std::string& what) {
+    const bool first = from_restore && fs::absolute(where).lexically_normal() == fs::absolute(recorded).lexically_normal();
+    throw UserError("job " + a.name + " continues from its checkpoint " + checkpoint + ", " + what + " " + where +
+                    (first ? " (the --restore of its first run)" : "") + ", which is no longer there" +
+                    (a.restore.empty() || given_there ? std::string() : "; --restore " + a.restore + " does not exist either") +
+                    ". If it moved, run again with --restore NEW_PATH, where it is now (its digest is checked); or put it "
+                    "back at " + where);
+  };
+  std::string restore = a.restore;
+  if (!given_there) {
+    if (base_missing) moved(referred, "which refers to its frozen base, the " + std::string(hf ? "Hugging Face model" : "checkpoint"));
+    if (!hf) return a.restore;
+    restore = is_hf_model_dir(located) ? located : recorded;  // where its checkpoints last read it
+    if (!is_hf_model_dir(restore)) moved(restore, "whose model is the Hugging Face model");
+    if (says)
+      std::printf("taking job %s's architecture from its base %s (its config.json), as its first run did\n", a.name.c_str(),
+                  restore.c_str());
+  }
+  if (hf && is_hf_model_dir(restore)) {  // its config.json must still describe the model the job trained
+    const std::string path = (fs::path(restore) / "config.json").string();
+    const json hf_config = read_json_file(path);
+    const std::vector<std::string> arch = json_context(path, [&] { return hf_architecture(hf_config, path); });
+    Config saved = model_config();
+    json_context(checkpoint + "/metadata.json", [&] {
+      saved.merge_json({{"architecture", meta.value("config", json::object()).value("architecture", json::object())}},
+                       checkpoint + "/metadata.json");
+    });
+    std::vector<std::string> differ;
+    for (const auto& setting : arch) {
+      const std::string key = setting.substr(0, setting.find('='));
+      if (key == "architecture/block_size") continue;  // the rows' length, the job's choice
+      Config theirs = saved;
+      theirs.apply_override(setting);
+      const json &v = theirs.get(key), &was = saved.get(key);
+      if (!(v == was || (v.is_number() && was.is_number() && v.get<double>() == was.get<double>())))
+        differ.push_back(setting + " (the checkpoint's " + was.dump() + ")");
+    }
+    if (!differ.empty())
+      throw UserError("the model at " + restore + " is not the one job " + a.name + " started from (" + recorded +
+                      "): its config.json gives " + join(differ, ", ") + ". Give with --restore the directory that " +
+                      "holds the model the job trained on (if another model replaced it at " + restore +
+                      ", put it back there)");
+  }
+  if (base_missing && std::none_of(overrides.begin(), overrides.end(),
+                                   [](const std::string& o) { return o.rfind("training/frozen_base_path=", 0) == 0; })) {
+    overrides.push_back("training/frozen_base_path=" + json(restore).dump());
+    if (says)
+      std::printf("job %s's frozen base was at %s; reading it from --restore %s (training/frozen_base_path)\n", a.name.c_str(),
+                  referred.c_str(), restore.c_str());
+  }
+  return restore;
+}
+
 // --restore HF_DIR: the model's architecture from its config.json, over the config file's and before
 // the command line's overrides (which a mismatch then reports). A rotary model's block_size (the rows'
 // length) stays the config's: it is the job's choice, not the weights'.
@@ -98,6 +192,7 @@ std::vector<std::string> with_model_dir_architecture(const std::string& restore,
 
 int run(RunArgs a) {
   check_out_dir(a.out_dir);
+  a.restore = check_recorded_base(a, a.overrides);
   a.overrides = with_model_dir_architecture(a.restore, a.overrides);
   if (a.nproc > 1) return start_local_ranks(a);
   if (Distributed::requested_by_env()) {  // one of several ranks (torchrun's, or --nproc's)
