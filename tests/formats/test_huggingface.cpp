@@ -117,7 +117,7 @@ TEST_CASE("import-hf refuses a GPT-2 our gpt2 family cannot represent, naming it
                        }),
           "transformer.h.0.attn.c_proj.weight: shape (32, 31), expected (32, 32) (Conv1D: (in, out))");
   refused(edited_model(d, "extra", [](NamedTensors& t) { t.emplace_back("transformer.h.2.ln_1.weight", torch::ones({32})); }),
-          "unexpected tensor h.2.ln_1.weight");
+          "unexpected tensor transformer.h.2.ln_1.weight (32)");  // the file's own key
   refused(edited_model(d, "lm_head", [](NamedTensors& t) { t.emplace_back("lm_head.weight", torch::ones({300, 32})); }),
           "lm_head.weight differs from transformer.wte.weight");
   refused(d / "nowhere", "is not a directory");
