@@ -174,10 +174,13 @@ TEST_CASE("shapes in a checkpoint's metadata are checked before anything is allo
 TEST_CASE("a tensor stored transposed is named by its own key with both shapes, not blamed on another setting",
           "[hostile][lora]") {
   TwoDatasets d;
-  auto t = make_lora(d, "src");
-  t->run();
-  const std::string ck = t->job_dir() + "/final/1280";
+  auto trained = [&] {  // the sections on adapters' (the import's needs none)
+    auto t = make_lora(d, "src");
+    t->run();
+    return t->job_dir() + "/final/1280";
+  };
   SECTION("an adapter in a checkpoint") {
+    const std::string ck = trained();
     NamedTensors all = read_checkpoint_tensors(ck);
     tensor(all, "params/h.0.attn.c_attn.lora_A") = tensor(all, "params/h.0.attn.c_attn.lora_A").t().contiguous();
     const std::string bad = d.dir / "transposed";
@@ -195,6 +198,7 @@ TEST_CASE("a tensor stored transposed is named by its own key with both shapes, 
     refused(launch({"eval", bad}), {"params/h.0.attn.c_attn.lora_A: shape (4, 32) in the checkpoint, (32, 4) expected"});
   }
   SECTION("an adapter in a PEFT directory given to init_from") {
+    const std::string ck = trained();
     const std::string peft = d.dir / "peft";
     export_peft(ck, peft);
     const std::string file = peft + "/adapter_model.safetensors";
