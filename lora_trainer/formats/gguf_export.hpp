@@ -24,7 +24,8 @@
 // adapted weight W (ne [in, out]) W's name + ".lora_a" (ne [in, r]: PEFT's lora_A) and + ".lora_b"
 // (ne [r, out]: lora_B); llama.cpp adds (alpha / r) * lora_b(lora_a(x)) at scale 1. rsLoRA's
 // alpha / sqrt(r) is written as alpha * sqrt(r). DoRA, modules_to_save and trainable tokens have no
-// llama.cpp adapter form: such a checkpoint is refused (export --format gguf merges them).
+// llama.cpp adapter form: such a checkpoint is refused (export --format gguf merges them), as is one
+// without adapters, and (model and adapter alike) a llama-family model whose activation is not SiLU.
 #pragma once
 
 #include <string>
@@ -39,7 +40,9 @@ struct GgufExportOptions {
 };
 
 // Writes OUT/model.gguf (and the export marker). Refuses, naming what and writing nothing: a
-// tokenizer with more tokens than the model's vocabulary, a pre-tokenizer llama.cpp has no name for.
+// tokenizer with more tokens than the model's vocabulary, a pre-tokenizer llama.cpp has no name for,
+// `auto` where nothing tells the model's tokenizer (tokenizer_choice.hpp), a value the dtype cannot
+// hold (export_cast).
 void export_gguf(const std::string& checkpoint, const std::string& out, const GgufExportOptions& o);
 // Writes OUT/adapter.gguf (and the marker) from a LoRA checkpoint.
 void export_gguf_adapter(const std::string& checkpoint, const std::string& out, const GgufExportOptions& o);
