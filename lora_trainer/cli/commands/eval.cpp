@@ -119,8 +119,8 @@ Command add_eval(CLI::App& app) {
                   "({\"prompt\", \"answer\"}: greedy generation); repeat it for several (docs/cli.md)")
       ->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   sub->add_option("--tokenizer", a->tokenizer,
-                  "the tokenizer of --task: auto (an imported model's tokenizer.json, else the one the job's datasets "
-                  "were tokenized with, else byte or gpt2 by vocabulary), byte, gpt2 or hf:DIR")
+                  "the tokenizer of --task: auto (the one the model's training data was tokenized with, as sample "
+                  "chooses), byte, gpt2 or hf:DIR")
       ->capture_default_str();
   sub->add_option("--per-example", a->per_example,
                   "write each --task example's scores to this JSON file: per choice its context and continuation token "

@@ -84,8 +84,8 @@ Command add_export(CLI::App& app) {
                   "float32 and the result rounded once. gguf-adapter: the adapters' (source = float32)")
       ->capture_default_str()->check(CLI::IsMember({"source", "float32", "bfloat16", "float16"}));
   sub->add_option("--tokenizer", a->tokenizer,
-                  "gguf: the tokenizer model.gguf carries: auto (an imported model's own tokenizer.json when its "
-                  "directory has one, else byte when the vocabulary is 257, else gpt2), byte, gpt2 or hf:DIR")
+                  "gguf: the tokenizer model.gguf carries: auto (the one the model's training data was tokenized with, "
+                  "as sample chooses; an error where nothing tells), byte, gpt2 or hf:DIR")
       ->capture_default_str();
   sub->add_option("--max-shard-size", a->max_shard_size,
                   "hf: the largest weights file; a larger model is written as model-00001-of-0000N.safetensors shards "

@@ -79,9 +79,9 @@ Command add_sample(CLI::App& app) {
   sub->add_option("--top-k", a->gen.top_k, "sample from the k most likely tokens; 0 = all")->capture_default_str()
       ->check(CLI::Range(int64_t(0), int64_t(1) << 31));
   sub->add_option("--seed", a->gen.seed, "random seed")->capture_default_str()->check(uint64_text());
-  sub->add_option("--tokenizer", a->tokenizer, "auto (an imported model's own tokenizer.json when its directory has one, else the one the job's "
-                  "datasets were tokenized with, else byte when the vocabulary is 257, else gpt2), gpt2, byte, or hf:DIR "
-                  "(a Hugging Face tokenizer.json in DIR)")
+  sub->add_option("--tokenizer", a->tokenizer, "auto (the one the model's training data was tokenized with: the checkpoint's record, its datasets' "
+                  "meta.json, an imported model's tokenizer.json, or byte/gpt2 by a vocabulary only they have; else an "
+                  "error), gpt2, byte, or hf:DIR (a Hugging Face tokenizer.json in DIR)")
       ->capture_default_str()->check(tokenizer_name({"auto", "gpt2", "byte"}));
   sub->add_option("overrides", a->overrides, "key=value settings over the saved config (e.g. runtime/threads=1)");
   return {sub, [a] { return sample(*a); }};
