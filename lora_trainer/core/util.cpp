@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <csignal>
@@ -17,7 +18,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <set>
 #include <unordered_set>
 #include <sstream>
 
@@ -61,8 +64,7 @@ void write_file_atomic(const std::string& path, const std::vector<std::pair<cons
   fs::path target(path);
   if (target.has_parent_path()) fs::create_directories(target.parent_path());
   recover_interrupted_writes(path);
-  std::random_device rd;
-  std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
+  const std::string tmp = path + ".tmp-" + temp_tag(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw UserError("could not create " + tmp + ": " + std::strerror(errno));
   try {
@@ -83,7 +85,7 @@ void write_file_atomic(const std::string& path, const std::vector<std::pair<cons
 
 namespace {
 
-// The process id in a leftover's tag "PID-N" (0 when it has none).
+// The process id in a leftover's tag "PID-N-CHECK" (0 when it has none).
 long tag_pid(const std::string& tag) {
   char* end = nullptr;
   const long pid = std::strtol(tag.c_str(), &end, 10);
@@ -126,18 +128,87 @@ void keep_entry(const std::string& src, const std::string& dst) {
 
 }  // namespace
 
+namespace {
+
+// `path` as the temporaries' CHECK names it: the canonical path of its directory (links resolved), then
+// its own name. A trailing slash is dropped.
+fs::path check_path(const std::string& path) {
+  fs::path target = fs::absolute(path).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  std::error_code ec;  // an unreadable directory on the way: its path as given
+  const fs::path dir = fs::weakly_canonical(target.parent_path(), ec);
+  return (ec ? target.parent_path() : dir) / target.filename();
+}
+
+std::string tag_check(const fs::path& target, const std::string& pid_and_n) {
+  const std::string what = target.string() + '\n' + pid_and_n;
+  return hex64(fnv1a64(what.data(), what.size()));
+}
+
+// TAG = PID-N-CHECK, with CHECK the digest of `target`, PID and N.
+bool tag_fits(const fs::path& target, const std::string& tag) {
+  const size_t first = tag.find('-'), second = first == std::string::npos ? first : tag.find('-', first + 1);
+  if (second == std::string::npos || tag.size() != second + 17 || tag_pid(tag) == 0) return false;
+  for (size_t k = first + 1; k < second; ++k)
+    if (!std::isdigit(static_cast<unsigned char>(tag[k]))) return false;
+  return tag.compare(second + 1, 16, tag_check(target, tag.substr(0, second))) == 0;
+}
+
+}  // namespace
+
+std::string temp_tag(const std::string& target, long pid) {
+  std::random_device rd;
+  const std::string pid_and_n = std::to_string(pid > 0 ? pid : static_cast<long>(::getpid())) + "-" + std::to_string(rd());
+  return pid_and_n + "-" + tag_check(check_path(target), pid_and_n);
+}
+
+std::string temporary_target(const std::string& path) {
+  const fs::path p = fs::absolute(path).lexically_normal();
+  const std::string name = p.filename().string();
+  const fs::path parent = p.parent_path();
+  if (name.empty()) return "";
+  for (const char* marker : {".tmp-", ".old-", ".del-"}) {
+    const size_t at = name.rfind(marker);
+    if (at == std::string::npos) continue;
+    const std::string tag = name.substr(at + 5);
+    // A directory's `.NAME.<marker>TAG`, and a file's `PATH.tmp-TAG` (a hidden file's looks the same).
+    if (name[0] == '.' && at > 1 && tag_fits(check_path((parent / name.substr(1, at - 1)).string()), tag))
+      return (parent / name.substr(1, at - 1)).string();
+    if (std::string(marker) == ".tmp-" && at > 0 && tag_fits(check_path((parent / name.substr(0, at)).string()), tag))
+      return (parent / name.substr(0, at)).string();
+  }
+  return "";
+}
+
+void note_once(const std::string& key, const std::string& text) {
+  static std::mutex mutex;
+  static std::set<std::string> noted;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (noted.insert(key).second) std::fprintf(stderr, "note: %s\n", text.c_str());
+}
+
 int recover_interrupted_writes(const std::string& path, bool locked) {
   fs::path target = fs::absolute(path).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();
   const std::string parent = target.parent_path().string(), name = target.filename().string();
+  const fs::path checked = check_path(target.string());
   const std::string dir_tmp = "." + name + ".tmp-", dir_old = "." + name + ".old-", file_tmp = name + ".tmp-",
                     dir_del = "." + name + ".del-";  // a directory being deleted (delete_checkpoint): removed, never put back
   std::vector<std::string> tmps, olds;
   for (const auto& e : sorted_entries(parent)) {
     for (const auto* prefix : {&dir_tmp, &dir_old, &file_tmp, &dir_del}) {
       if (e.size() <= prefix->size() || e.compare(0, prefix->size(), *prefix) != 0) continue;
-      if (!locked && !process_gone(tag_pid(e.substr(prefix->size())))) continue;  // a write in progress
-      (prefix == &dir_old ? olds : tmps).push_back(parent + "/" + e);
+      const std::string tag = e.substr(prefix->size()), p = parent + "/" + e;
+      if (!tag_fits(checked, tag)) {
+        // Named like one of ours but without the proof: the user's, an older lora_trainer's, or a
+        // temporary of another path (a hidden file's `.NAME.tmp-TAG`): never touched.
+        if (temporary_target(p).empty())
+          note_once(p, "left " + p + " alone: it is named like a temporary of " + target.string() + " but was not made "
+                    "by this program for it (a file of yours, or an older lora_trainer's); delete it if you do not need it");
+        continue;
+      }
+      if (!locked && !process_gone(tag_pid(tag))) continue;  // a write in progress
+      (prefix == &dir_old ? olds : tmps).push_back(p);
     }
   }
   int handled = 0;
@@ -152,12 +223,57 @@ int recover_interrupted_writes(const std::string& path, bool locked) {
   }
   for (const auto* list : {&tmps, &olds})
     for (const auto& p : *list)
-      if (remove_tree(p)) ++handled;
+      if (remove_tree(p)) {
+        std::printf("removed %s, left by an interrupted write of %s\n", p.c_str(), target.c_str());
+        ++handled;
+      }
+  std::fflush(stdout);
   return handled;
 }
 
+namespace {
+
+std::string canonical_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(dir), ec).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p.string();
+}
+
+void write_record(const fs::path& dir, const std::string& path, const WriteOwner& owner, std::vector<std::string> files) {
+  files.erase(std::remove(files.begin(), files.end(), std::string(kWriteRecord)), files.end());
+  const nlohmann::json record = {{"writer", "lora_trainer"}, {"path", path},   {"kind", owner.kind},
+                                 {"by", owner.by},           {"of", owner.of}, {"files", files}};
+  write_file_atomic((dir / kWriteRecord).string(), record.dump(2) + "\n");
+}
+
+}  // namespace
+
+std::optional<WriteRecord> read_write_record(const std::string& dir) {
+  const std::string file = (fs::path(dir) / kWriteRecord).string();
+  struct stat st {};
+  if (::lstat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 24)) return std::nullopt;
+  try {
+    const nlohmann::json j = parse_json(read_file(file), file);
+    if (!j.is_object() || j.value("writer", std::string()) != "lora_trainer") return std::nullopt;
+    WriteRecord r;
+    r.path = j.at("path").get<std::string>();
+    if (r.path != canonical_dir(dir)) return std::nullopt;  // a copy of one of ours: not written there
+    r.kind = j.value("kind", std::string());
+    r.by = j.value("by", std::string());
+    r.of = j.value("of", std::string());
+    for (const auto& f : j.at("files")) {
+      const std::string n = f.get<std::string>();
+      if (!n.empty() && n != "." && n != ".." && n.find('/') == std::string::npos) r.files.push_back(n);
+    }
+    return r;
+  } catch (const std::exception&) {
+    return std::nullopt;  // damaged: proves nothing
+  }
+}
+
 void publish_dir(const std::string& dir, const std::function<void(const fs::path& tmp)>& fill, const std::string& what,
-                 const std::vector<std::string>& ours) {
+                 const std::vector<std::string>& ours, const WriteOwner& owner) {
   const std::string action = what.empty() ? "write " + dir : what;
   // A link to a directory is written through: the link stays, its target gets the new contents.
   fs::path final_dir = fs::weakly_canonical(fs::absolute(dir)).lexically_normal();
@@ -173,18 +289,29 @@ void publish_dir(const std::string& dir, const std::function<void(const fs::path
   const bool replacing = ::lstat(final_dir.c_str(), &st) == 0;
   if (replacing && !S_ISDIR(st.st_mode))
     throw UserError("could not " + action + ": " + final_dir.string() + " exists and is not a directory. Nothing was written");
-  std::random_device rd;
-  const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(rd());
+  const std::string tag = temp_tag(final_dir.string());
   const std::string name = final_dir.filename().string();
   const fs::path tmp = parent / ("." + name + ".tmp-" + tag);
+  std::vector<std::string> dropped;
   try {
     if (::mkdir(tmp.c_str(), 0755) != 0) throw UserError("could not " + action + ": mkdir " + tmp.string() + ": " + std::strerror(errno));
     fill(tmp);
+    write_record(tmp, final_dir.string(), owner, sorted_entries(tmp.string()));
     if (replacing) {
-      // Everything of the old directory that this write does not replace, and that is not an earlier
-      // write's own file, stays.
+      // What an earlier write recorded there (a write of the same kind), or for a directory without a
+      // record the caller's `ours`: those of its regular files that this write does not write again go.
+      // Everything else of the old directory stays.
+      const std::optional<WriteRecord> earlier = read_write_record(final_dir.string());
+      const std::vector<std::string> none, &theirs = !earlier ? ours : !owner.kind.empty() && earlier->kind == owner.kind
+                                                                           ? earlier->files : none;
       for (const auto& e : sorted_entries(final_dir.string())) {
-        if (lexists((tmp / e).string()) || std::find(ours.begin(), ours.end(), e) != ours.end()) continue;
+        if (lexists((tmp / e).string())) continue;
+        struct stat old_st {};
+        if (std::find(theirs.begin(), theirs.end(), e) != theirs.end() && ::lstat((final_dir / e).c_str(), &old_st) == 0 &&
+            S_ISREG(old_st.st_mode)) {
+          dropped.push_back((final_dir / e).string());
+          continue;
+        }
         keep_entry((final_dir / e).string(), (tmp / e).string());
       }
     }
@@ -199,7 +326,7 @@ void publish_dir(const std::string& dir, const std::function<void(const fs::path
     } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
       // No exchange on this file system: two renames; a kill between them leaves `.NAME.old-TAG`, which
       // the next write (recover_interrupted_writes) puts back.
-      const fs::path old = parent / ("." + name + ".old-" + tag);
+      const fs::path old = parent / ("." + name + ".old-" + tag);  // the same proof as the temporary's
       if (::rename(final_dir.c_str(), old.c_str()) != 0)
         throw UserError("could not " + action + ": rename " + final_dir.string() + ": " + std::strerror(errno));
       if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
@@ -220,6 +347,8 @@ void publish_dir(const std::string& dir, const std::function<void(const fs::path
     remove_tree(tmp.string());
     throw;
   }
+  for (const auto& d : dropped)
+    std::printf("removed %s: the earlier write there made it, and this one does not write it again\n", d.c_str());
 }
 
 void require_regular_file(const std::string& path, const std::string& what) {

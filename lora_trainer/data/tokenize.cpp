@@ -43,29 +43,43 @@ static bool wanted(const fs::path& p, const std::vector<std::string>& exts) {
   return false;
 }
 
-const std::vector<std::string>& dataset_file_names() {
-  static const std::vector<std::string> names = {"meta.json",         "train.bin",          "val.bin",
-                                                 "train.tokens.bin",  "train.mask.bin",     "train.lengths.bin",
-                                                 "val.tokens.bin",    "val.mask.bin",       "val.lengths.bin",
-                                                 "shape.json"};
-  return names;
-}
-
 static bool within(const fs::path& inner, const fs::path& outer) {  // inner == outer or below it
   const auto rel = inner.lexically_relative(outer);
   return !rel.empty() && *rel.begin() != "..";
 }
 
-// The dataset directory may be written: new, empty, a dataset of ours (its files are replaced, others
-// kept), or anything else with --force. Returns the names publish_dir may drop (an earlier dataset's).
+// The files a dataset of `style` was written with before datasets recorded theirs.
+static std::vector<std::string> legacy_dataset_files(const std::string& style) {
+  if (style == "pmd") return {"meta.json", "train.bin", "val.bin"};
+  std::vector<std::string> names = {"meta.json", "shape.json"};
+  for (const char* split : {"train", "val"})
+    for (const char* part : {".tokens.bin", ".mask.bin", ".lengths.bin"}) names.push_back(split + std::string(part));
+  return names;
+}
+
+// The dataset directory may be written: new, empty, a dataset of ours (the files it recorded are
+// replaced, others kept), or anything else with --force. A dataset written before datasets recorded
+// their files is known by its meta.json (a style and tokenizer of ours). Returns the names publish_dir
+// may drop from a dataset without a record (an older one's fixed names).
 static std::vector<std::string> check_dataset_target(const TokenizeOptions& o) {
   const fs::path out(o.out_dir);
   if (!fs::exists(out)) return {};
   if (!fs::is_directory(out)) throw UserError("tokenize: " + o.out_dir + " exists and is not a directory; give another --name. Nothing was written");
   if (fs::is_empty(out)) return {};
-  if (fs::exists(out / "meta.json")) return dataset_file_names();
+  const std::optional<WriteRecord> record = read_write_record(out.string());
+  if (record && record->kind == "dataset") return {};
+  if (!record && fs::is_regular_file(out / "meta.json")) {
+    nlohmann::json meta;
+    try {
+      meta = read_json_file((out / "meta.json").string());
+    } catch (const UserError&) {
+    }
+    const std::string style = meta.is_object() && meta.value("style", nlohmann::json()).is_string() ? meta["style"].get<std::string>() : "";
+    if (!style.empty() && meta.value("tokenizer", nlohmann::json()).is_string() && meta.contains("vocab_size"))
+      return legacy_dataset_files(style);
+  }
   if (o.force) return {};
-  throw UserError("tokenize: " + o.out_dir + " already holds files and is not a dataset of lora_trainer (no meta.json); "
+  throw UserError("tokenize: " + o.out_dir + " already holds files and is not a dataset of lora_trainer (no meta.json of ours); "
                   "give another --name, or --force to write the dataset's files into it (other files are kept). "
                   "Nothing was written");
 }
@@ -208,7 +222,7 @@ TokenizeResult tokenize_to_pmd(const TokenizeOptions& o) {
                            {"val_tokens", r.val_tokens},
                            {"val_fraction", f}};
     write_file_atomic((dir / "meta.json").string(), meta.dump(2) + "\n");
-  }, "write dataset " + o.out_dir, ours);
+  }, "write dataset " + o.out_dir, ours, {"dataset", "tokenize", o.out_dir});
   return r;
 }
 
@@ -314,7 +328,7 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
                            {"val_records", r.val_documents}, {"length", L},        {"train_tokens", r.train_tokens},
                            {"val_tokens", r.val_tokens}, {"val_fraction", f}};
     write_file_atomic((dir / "meta.json").string(), meta.dump(2) + "\n");
-  }, "write dataset " + o.out_dir, ours);
+  }, "write dataset " + o.out_dir, ours, {"dataset", "tokenize", o.out_dir});
   return r;
 }
 

@@ -35,10 +35,6 @@ struct TokenizeOptions {
   bool show = false;                    // print each record's text, ids and mask as JSON lines; write nothing
 };
 
-// The files of a dataset directory that tokenize writes (and replaces on a re-run); anything else a
-// user put there is kept.
-const std::vector<std::string>& dataset_file_names();
-
 struct TokenizeResult {
   uint64_t documents = 0, val_documents = 0, bytes = 0, train_tokens = 0, val_tokens = 0;
 };

@@ -11,7 +11,6 @@
 #include <functional>
 #include <filesystem>
 #include <map>
-#include <random>
 #include <set>
 
 #include "lora_trainer/core/util.hpp"
@@ -100,32 +99,45 @@ std::string state_kind_name(StateKind kind) { return kind == StateKind::Lora ? "
 
 // A save writes into the hidden sibling `.NAME.tmp-TAG` and renames it into place; the checkpoint it
 // replaces goes aside as `.NAME.old-TAG` until the rename is done (publish_dir). Either left behind is an
-// interrupted save; `.NAME.del-TAG` is an interrupted delete_checkpoint.
-static bool is_interrupted_save(const std::string& name) {
+// interrupted save; `.NAME.del-TAG` is an interrupted delete_checkpoint. Their TAG proves them ours
+// (temp_tag); a hidden directory that merely looks like one is somebody else's.
+static bool looks_like_leftover(const std::string& name) {
   return name.size() > 1 && name[0] == '.' &&
          (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos ||
           name.find(".del-") != std::string::npos);
 }
 
 int remove_interrupted_saves(const std::string& job_dir) {
-  std::vector<std::string> targets;  // the checkpoint each leftover was a write of
+  std::vector<std::string> targets;  // the checkpoint (or file) each leftover was a write of
   walk_tree(job_dir, [&](const std::string& p, bool is_dir) {
-    if (!is_dir) return false;
-    const std::string name = fs::path(p).filename().string();
-    if (is_interrupted_save(name)) {
-      size_t at = 0;  // where the tag starts: the last of the three markers
-      for (const char* marker : {".tmp-", ".old-", ".del-"})
-        if (const size_t m = name.rfind(marker); m != std::string::npos) at = std::max(at, m);
-      targets.push_back((fs::path(p).parent_path() / name.substr(1, at - 1)).string());
+    const std::string target = temporary_target(p);
+    if (!target.empty()) {
+      targets.push_back(target);
       return false;
     }
-    return true;
+    if (is_dir && looks_like_leftover(fs::path(p).filename().string())) {
+      note_once(p, "left " + p + " alone: it looks like the leftover of an interrupted save but was not made by this job "
+                "(a directory of yours, or an older lora_trainer's); delete it if you do not need it");
+      return false;
+    }
+    return is_dir;
   });
   std::sort(targets.begin(), targets.end());
   targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
   int handled = 0;
   for (const auto& t : targets) handled += recover_interrupted_writes(t, /*locked=*/true);
   return handled;
+}
+
+// Who saves a checkpoint, for its record: a job's run, or an export or import (weights only).
+static WriteOwner checkpoint_owner(const nlohmann::json& meta) {
+  auto text = [&](const char* key) { return meta.contains(key) && meta[key].is_string() ? meta[key].get<std::string>() : ""; };
+  if (meta.value("weights_only", false))
+    return {"export", meta.contains("imported_from") ? "import-hf" : "export",
+            text(meta.contains("imported_from") ? "imported_from" : "exported_from")};
+  const nlohmann::json job = meta.value("job", nlohmann::json::object());
+  auto part = [&](const char* key) { return job.is_object() && job.value(key, nlohmann::json()).is_string() ? job[key].get<std::string>() : ""; };
+  return {"checkpoint", "run", part("project") + "/" + part("group") + "/" + part("name")};
 }
 
 void save_checkpoint(const std::string& dir, const NamedTensors& tensors, const nlohmann::json& metadata,
@@ -148,7 +160,7 @@ void save_checkpoint(const std::string& dir, const TensorStream& tensors, const 
     for (const auto& [at, len] : ranges) data.push_back({at, len});
     meta["state_h5"] = {{"bytes", bytes}, {"structure_crc32", crc}, {"data", data}};
     write_file_atomic((tmp / "metadata.json").string(), meta.dump(2) + "\n");
-  }, "save checkpoint " + dir, ours);
+  }, "save checkpoint " + dir, ours, checkpoint_owner(metadata));
 }
 
 bool is_checkpoint(const std::string& dir) {
@@ -494,9 +506,7 @@ void write_latest(const std::string& job_dir, const std::string& suffix) {
 void delete_checkpoint(const std::string& dir) {
   fs::path target = fs::absolute(dir).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();
-  std::random_device rd;
-  const fs::path doomed =
-      target.parent_path() / ("." + target.filename().string() + ".del-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
+  const fs::path doomed = target.parent_path() / ("." + target.filename().string() + ".del-" + temp_tag(target.string()));
   if (::rename(target.c_str(), doomed.c_str()) != 0)
     throw UserError("could not delete checkpoint " + target.string() + ": rename to " + doomed.string() + ": " +
                     std::strerror(errno));
@@ -517,11 +527,16 @@ std::vector<std::string> prune_periodic_checkpoints(const std::string& job_dir, 
     if (e.empty() || e.find_first_not_of("0123456789") != std::string::npos || e.size() > 19) continue;
     const std::string dir = (periodic / e).string();
     if (!is_checkpoint(dir)) continue;
-    try {
-      const nlohmann::json meta = read_checkpoint_metadata(dir);
-      if (meta.value("job", nlohmann::json::object()).value("name", std::string()) != job_name) continue;
-    } catch (const std::exception&) {
-      continue;  // unreadable metadata: not known to be ours, so kept
+    // The proof that this job saved it there: its record (a save of this job's run, at this path). Without
+    // one (another job's or project's checkpoint copied in, or one saved before records were kept) it
+    // is kept, and said so once.
+    const std::optional<WriteRecord> record = read_write_record(dir);
+    const std::string of = record ? record->of : "";
+    if (!record || record->kind != "checkpoint" || of.substr(of.rfind('/') + 1) != job_name) {
+      note_once(dir, "logging/keep_checkpoints: left " + dir + " alone: it holds no record that job " + job_name +
+                " saved it there (another job's or project's checkpoint, one copied in, or one saved by a lora_trainer "
+                "before such records); delete it yourself if it is not needed");
+      continue;
     }
     ours.emplace_back(std::stoull(e), "ntoks/" + e);
   }

@@ -144,23 +144,27 @@ std::optional<std::string> read_latest(const std::string& job_dir);
 void write_latest(const std::string& job_dir, const std::string& suffix);
 
 // Deletes a checkpoint so that a kill at any point leaves either the whole checkpoint under its name or
-// none: it is first renamed to the hidden `.NAME.del-TAG` (in one step), then removed; a leftover is
-// cleared by the job's next run (remove_interrupted_saves), never put back.
+// none: it is first renamed to the hidden `.NAME.del-TAG` (in one step; TAG proves it ours: temp_tag),
+// then removed; a leftover is cleared by the job's next run (remove_interrupted_saves), never put back.
 void delete_checkpoint(const std::string& dir);
 
 // logging/keep_checkpoints: deletes the periodic checkpoints (<job_dir>/ntoks/<tokens>) of job
-// `job_name` beyond the newest `keep` (0: none), oldest first, never the one `latest` names. Another
-// job's checkpoint, an incomplete or unreadable one and any other file are left alone, and so are the
-// job's other checkpoints (best, final, pre_lora_checkpoint, a benchmark's boundaries). Returns the
-// suffixes deleted.
+// `job_name` beyond the newest `keep` (0: none), oldest first, never the one `latest` names. Only a
+// checkpoint whose record (kWriteRecord) says this job's run saved it at that path is deleted: another
+// job's or project's checkpoint (copied in, whatever its run name), one saved before records were kept,
+// an incomplete one and any other file are left alone (a note names each once), and so are the job's
+// other checkpoints (best, final, pre_lora_checkpoint, a benchmark's boundaries). Returns the suffixes
+// deleted.
 std::vector<std::string> prune_periodic_checkpoints(const std::string& job_dir, const std::string& job_name, int64_t keep);
 
 // Suffixes of the complete checkpoints under a job directory, e.g. {"ntoks/4096", "best", "final/8192"}.
 std::vector<std::string> list_checkpoints(const std::string& job_dir);
 
-// Clears the hidden directories that interrupted saves left below job_dir, putting back a checkpoint
-// that a kill between two renames left only as `.NAME.old-*` (only a job's one writer may call it:
-// another's save in progress looks the same). Returns how many.
+// Clears the leftovers that interrupted saves and deletes of ours left below job_dir (hidden directories
+// and temporary files whose TAG proves them ours, at any depth), putting back a checkpoint that a kill
+// between two renames left only as `.NAME.old-TAG`, and printing each path; a hidden directory that only
+// looks like a leftover is left alone with a note (only a job's one writer may call it: another's save in
+// progress looks the same). Returns how many.
 int remove_interrupted_saves(const std::string& job_dir);
 
 }  // namespace lt

@@ -23,17 +23,27 @@ namespace lt {
 
 using json = nlohmann::json;
 
-const std::vector<std::string>& export_file_names() {
-  static const std::vector<std::string> names = {"metadata.json",       "state.h5",          "model.safetensors",
-                                                 "model.safetensors.index.json", "config.json", "adapter_config.json",
-                                                 "adapter_model.safetensors", "model.gguf", "adapter.gguf", kExportMarker};
-  return names;
-}
-
 void write_export_marker(const fs::path& dir, const std::string& checkpoint, const std::string& format) {
   const nlohmann::json m = {{"exported_from", fs::absolute(checkpoint).string()}, {"format", format}, {"by", "lora_trainer export"}};
   write_file_atomic((dir / kExportMarker).string(), m.dump(2) + "\n");
 }
+
+WriteOwner export_owner(const std::string& checkpoint) { return {"export", "export", fs::absolute(checkpoint).string()}; }
+
+namespace {
+
+// The files an export of `format` made before exports recorded theirs (its marker's "format"): fixed
+// names only. A sharded export's shards and index cannot be told from files of the same names put there
+// by somebody else, so they are not among them.
+std::vector<std::string> legacy_export_files(const std::string& format) {
+  if (format == "hf") return {"model.safetensors", "config.json", kExportMarker};
+  if (format == "peft") return {"adapter_model.safetensors", "adapter_config.json", kExportMarker};
+  if (format == "gguf") return {"model.gguf", kExportMarker};
+  if (format == "gguf-adapter") return {"adapter.gguf", kExportMarker};
+  return {kExportMarker};
+}
+
+}  // namespace
 
 // An export writes only where nothing of anyone else's is lost: a new or empty directory, or an
 // earlier export or import of ours (whose own files it replaces, saying so, keeping any other file);
@@ -56,29 +66,46 @@ std::vector<std::string> check_export_target(const std::string& source, const st
   if (!fs::is_directory(dst)) throw UserError(verb + ": OUT " + out + " exists and is not a directory; give a directory. Nothing was written");
   if (fs::is_empty(dst)) return {};
   std::string earlier, earlier_kind = "export";  // what OUT holds, not what this command makes
-  json_context((dst / "metadata.json").string(), [&] {
-    if (is_checkpoint(dst.string())) {
-      json m = read_checkpoint_metadata(dst.string());
-      auto source_of = [&](const char* key) { return m[key].is_string() ? m[key].get<std::string>() : std::string("?"); };
-      if (m.value("weights_only", false) && m.contains("exported_from")) earlier = source_of("exported_from");
-      if (m.value("weights_only", false) && m.contains("imported_from")) {
-        earlier = source_of("imported_from");
-        earlier_kind = "import";
+  std::vector<std::string> legacy;               // its files, when it has no record
+  const std::optional<WriteRecord> record = read_write_record(dst.string());
+  if (record && record->kind == "export") {
+    earlier = record->of.empty() ? "?" : record->of;
+    if (record->by == "import-hf") earlier_kind = "import";
+  } else if (!record) {
+    json_context((dst / "metadata.json").string(), [&] {
+      if (is_checkpoint(dst.string())) {
+        json m = read_checkpoint_metadata(dst.string());
+        auto source_of = [&](const char* key) { return m[key].is_string() ? m[key].get<std::string>() : std::string("?"); };
+        if (m.value("weights_only", false) && m.contains("exported_from")) earlier = source_of("exported_from");
+        if (m.value("weights_only", false) && m.contains("imported_from")) {
+          earlier = source_of("imported_from");
+          earlier_kind = "import";
+        }
+        if (!earlier.empty()) legacy = {"metadata.json", "state.h5"};
+      } else if (fs::exists(dst / kExportMarker)) {
+        json marker = read_json_file((dst / kExportMarker).string());
+        const bool object = marker.is_object();
+        earlier = object && marker.contains("exported_from") && marker["exported_from"].is_string()
+                      ? marker["exported_from"].get<std::string>()
+                      : "?";
+        legacy = legacy_export_files(object && marker.value("format", json()).is_string() ? marker["format"].get<std::string>() : "");
       }
-    } else if (fs::exists(dst / kExportMarker)) {
-      json marker = read_json_file((dst / kExportMarker).string());
-      earlier = marker.is_object() && marker.contains("exported_from") && marker["exported_from"].is_string()
-                    ? marker["exported_from"].get<std::string>()
-                    : "?";
-    }
-  });
+    });
+  }
   if (!earlier.empty()) {
     std::printf("%s: replacing the earlier %s at %s (of %s); other files there are kept\n", verb.c_str(),
                 earlier_kind.c_str(), out.c_str(), earlier.c_str());
-    std::vector<std::string> ours = export_file_names();
-    for (const auto& e : fs::directory_iterator(dst))  // an earlier sharded export's shards (model-00001-of-00002...)
-      if (is_hf_shard_name(e.path().filename().string())) ours.push_back(e.path().filename().string());
-    return ours;
+    if (!record) {
+      std::vector<std::string> unproven;  // what the older export may have written, or somebody else
+      for (const auto& e : fs::directory_iterator(dst)) {
+        const std::string n = e.path().filename().string();
+        if (is_hf_shard_name(n) || n == "model.safetensors.index.json") unproven.push_back(n);
+      }
+      if (!unproven.empty())
+        note_once(dst.string(), out + " was written by an older lora_trainer, which kept no list of its files: " +
+                  join(unproven) + " may be that export's or yours, so they are kept; delete them if they are the old export's");
+    }
+    return legacy;
   }
   if (force) {
     std::printf("%s: writing into %s (--force): files of the same names are replaced, others kept\n", verb.c_str(), out.c_str());

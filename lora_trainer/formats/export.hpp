@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lora_trainer/core/named_tensors.hpp"
+#include "lora_trainer/core/util.hpp"
 #include "lora_trainer/models/model.hpp"
 
 namespace lt {
@@ -75,13 +76,16 @@ inline constexpr const char* kExportMarker = "lora_trainer_export.json";
 // Writes DIR/kExportMarker for an export of `checkpoint` in `format`.
 void write_export_marker(const std::filesystem::path& dir, const std::string& checkpoint, const std::string& format);
 
-// Every name an export or import of ours writes into its OUT (checkpoint files, HF and PEFT files, the
-// marker): an earlier write's files that a new one does not write again are dropped, nothing else.
-const std::vector<std::string>& export_file_names();
+// The owner an export of `checkpoint` records in its OUT (publish_dir's WriteOwner, kind "export"): a
+// later export or import into OUT drops what this one recorded and does not write again, nothing else.
+WriteOwner export_owner(const std::string& checkpoint);
 
 // The rule for every export's (and import-hf's) OUT: a new or empty directory, or an earlier export or
-// import of lora_trainer (a weights-only checkpoint with exported_from/imported_from, or a directory
-// with kExportMarker), whose files are then replaced, saying so; files of anyone else in it are kept.
+// import of lora_trainer (its record says so, or, written before records, a weights-only checkpoint with
+// exported_from/imported_from or a directory with kExportMarker), which is then replaced, saying so:
+// the files it recorded that this write does not write again go (for one without a record, the fixed
+// names of its format: `metadata.json` and `state.h5`, or those its marker's format writes; shards and
+// an index, which it may or may not have written, are kept with a note), every other file stays.
 // Any other existing directory is refused unless `force` (then only the files this command writes are
 // replaced). OUT being the source, inside it or holding it is a UserError. Either refusal says nothing
 // was written. `verb` names the command. Returns the names to pass publish_dir as `ours`.

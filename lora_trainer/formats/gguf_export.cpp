@@ -252,7 +252,7 @@ void export_gguf(const std::string& checkpoint, const std::string& out, const Gg
   publish_dir(out, [&](const fs::path& dir) {
     g.write((dir / "model.gguf").string());
     write_export_marker(dir, checkpoint, "gguf");
-  }, "", ours);
+  }, "", ours, export_owner(checkpoint));
   std::printf("exported %s -> %s/model.gguf (GGUF for llama.cpp: architecture %s, %zu tensors, %s, adapters merged; "
               "tokenizer %s)\n",
               checkpoint.c_str(), out.c_str(), arch.c_str(), g.tensor_count(), dtype_text(w.dtype).c_str(), tokenizer.c_str());
@@ -316,7 +316,7 @@ void export_gguf_adapter(const std::string& checkpoint, const std::string& out, 
   publish_dir(out, [&](const fs::path& dir) {
     g.write((dir / "adapter.gguf").string());
     write_export_marker(dir, checkpoint, "gguf-adapter");
-  }, "", ours);
+  }, "", ours, export_owner(checkpoint));
   std::printf("exported %s -> %s/adapter.gguf (llama.cpp LoRA adapter for architecture %s: %zu adapted weights, rank "
               "%lld, alpha %g%s, %s)\n",
               checkpoint.c_str(), out.c_str(), arch.c_str(), l.targets.size(), (long long)l.rank, alpha,

@@ -152,7 +152,7 @@ void export_hf(const std::string& checkpoint, const std::string& out, bool use_e
     files = write_safetensors_model(dir.string(), tensors, {{"format", "pt"}}, max_shard_bytes);
     write_file_atomic((dir / "config.json").string(), hf.dump(2) + "\n");
     write_export_marker(dir, checkpoint, "hf");
-  }, "", ours);
+  }, "", ours, export_owner(checkpoint));
   const std::string weights = files.size() == 1 ? files[0] : std::to_string(files.size() - 1) + " shards and " + files.back();
   std::printf("exported %s -> %s (Hugging Face %s: %s with %zu tensors, %s, adapters merged; config.json)\n",
               checkpoint.c_str(), out.c_str(), hf_class_name(hf).c_str(), weights.c_str(), tensors.size(), dtype_name.c_str());
@@ -344,7 +344,7 @@ void write_peft(const std::string& checkpoint, const std::string& out, bool use_
     write_safetensors((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
     write_file_atomic((dir / "adapter_config.json").string(), config.dump(2) + "\n");
     write_export_marker(dir, checkpoint, "peft");
-  }, "", ours);
+  }, "", ours, export_owner(checkpoint));
   std::printf("exported %s -> %s (PEFT LoRA adapter: %zu adapted modules, r %lld, lora_alpha %g, scaling %s = %g, "
               "fan_in_fan_out %s%s%s%s%s%s; base %s)\n", checkpoint.c_str(), out.c_str(), adapted.size(), (long long)l.rank,
               l.alpha, l.rslora ? "alpha/sqrt(r)" : "alpha/r", lora_scale(l.alpha, l.rank, l.rslora),

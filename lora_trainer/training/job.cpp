@@ -93,8 +93,7 @@ JobDirLock::JobDirLock(const std::string& job_dir) : job_dir_(job_dir) {
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
     // The PID is only for the message a second run prints; the lock itself holds.
   }
-  const int removed = remove_interrupted_saves(job_dir);
-  if (removed) std::printf("removed %d leftover(s) of interrupted checkpoint saves in %s\n", removed, job_dir.c_str());
+  remove_interrupted_saves(job_dir);  // prints each path it removes or puts back
 }
 
 JobDirLock::~JobDirLock() {

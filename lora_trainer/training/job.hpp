@@ -32,8 +32,9 @@ std::string job_dir_path(const std::string& out_dir, const std::string& project,
 
 // One writer per job directory: an exclusive flock on <job_dir>/.lock, which the kernel releases when
 // the process ends, however it ends. A second run of the same job and OUT_DIR is refused with a
-// UserError naming the holder's PID. Holding the lock, it removes what interrupted saves left behind
-// (hidden `.NAME.tmp-*` and `.NAME.old-*` directories: no other writer can be making them).
+// UserError naming the holder's PID. Holding the lock, it removes what interrupted saves of this job
+// left behind (hidden `.NAME.tmp-TAG`, `.NAME.old-TAG`, `.NAME.del-TAG` whose TAG proves them ours: no
+// other writer can be making them), printing each; anything that only looks like one is left alone.
 // `run --nproc` takes it in the launcher and sets LT_JOB_LOCK_HELD for its ranks, which then skip it.
 // A run that ends having written nothing (a mistake found after the lock was taken) leaves nothing:
 // the lock file and the directories the lock made are removed again.
