@@ -13,6 +13,7 @@
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/formats/export.hpp"
 #include "lora_trainer/formats/huggingface.hpp"
+#include "lora_trainer/formats/safetensors.hpp"
 #include "lora_trainer/data/tokenize.hpp"
 #include "fixtures.hpp"
 #include "launch.hpp"
@@ -198,23 +199,25 @@ TEST_CASE("outputs: a write killed between its renames is put back, and stale te
   test::TempDir d;
   const std::string out = d / "out";
   // A process that no longer runs: the largest pid Linux can give is below 2^22.
-  const std::string dead = "4194999-7";
-  fs::create_directories(d / (".out.old-" + dead));
-  write_file_atomic(d / (".out.old-" + dead + "/data.txt"), "the old contents");
-  fs::create_directories(d / (".out.tmp-" + dead));
-  write_file_atomic(d / (".out.tmp-" + dead + "/half"), "partial");
-  write_file_atomic(d / ("notes.tmp-" + dead), "partial");
+  const long dead = 4194999;
+  const std::string old = d / (".out.old-" + temp_tag(out, dead)), tmp = d / (".out.tmp-" + temp_tag(out, dead));
+  fs::create_directories(old);
+  write_file_atomic(old + "/data.txt", "the old contents");
+  fs::create_directories(tmp);
+  write_file_atomic(tmp + "/half", "partial");
+  const std::string notes_tmp = d / ("notes.tmp-" + temp_tag(d / "notes", dead));
+  write_file_atomic(notes_tmp, "partial");
   // Another process's write in progress (this one's pid: alive) is left alone.
-  const std::string live = std::to_string(::getpid()) + "-9";
-  fs::create_directories(d / (".out.tmp-" + live));
+  const std::string live = d / (".out.tmp-" + temp_tag(out));
+  fs::create_directories(live);
   CHECK(recover_interrupted_writes(out) == 2);
   CHECK(read_file(out + "/data.txt") == "the old contents");
-  CHECK_FALSE(fs::exists(d / (".out.tmp-" + dead)));
-  CHECK(fs::exists(d / (".out.tmp-" + live)));
+  CHECK_FALSE(fs::exists(tmp));
+  CHECK(fs::exists(live));
   write_file_atomic(d / "notes", "complete");
-  CHECK_FALSE(fs::exists(d / ("notes.tmp-" + dead)));
-  fs::remove(d / (".out.tmp-" + live));
-  // A replace keeps what it does not write and drops only `ours`.
+  CHECK_FALSE(fs::exists(notes_tmp));
+  fs::remove(live);
+  // A replace keeps what it does not write and drops only `ours` (the directory has no record yet).
   publish_dir(out, [](const fs::path& tmp) { write_file_atomic((tmp / "new.txt").string(), "new"); }, "", {"data.txt"});
   CHECK(read_file(out + "/new.txt") == "new");
   CHECK_FALSE(fs::exists(out + "/data.txt"));
@@ -226,12 +229,123 @@ TEST_CASE("outputs: a write killed between its renames is put back, and stale te
   // Through a command: the kill left only the old export, which the next export finds in place.
   const std::string imported = d / "imported";
   import_hf(kModel, imported);
-  fs::rename(imported, d / (".imported.old-" + dead));
+  fs::rename(imported, d / (".imported.old-" + temp_tag(imported, dead)));
   auto r = test::launch({"import-hf", kModel, imported});
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK(is_checkpoint(imported));
   CHECK(leftovers(d.str()).empty());
+}
+
+TEST_CASE("outputs: files and directories named like our temporaries but not made by us are never removed or put back", "[outputs]") {
+  test::TempDir d;
+  const std::string out = d / "out", dead = "4194999";
+  // The user's: a backup beside a file we write, directories in an older lora_trainer's or any other
+  // pattern beside a directory we write, and one whose (valid) tag was made for another name.
+  const std::vector<std::string> files = {d / "notes.tmp-backup", d / ("notes.tmp-" + dead + "-7"), d / ("out.tmp-" + dead + "-1")};
+  const std::vector<std::string> dirs = {d / (".out.tmp-" + dead + "-7"), d / ".out.del-x", d / (".out.tmp-" + temp_tag(d / "other", 4194999))};
+  for (const auto& f : files) write_file_atomic(f, "mine");
+  for (const auto& p : dirs) write_file_atomic(p + "/f", "mine");
+  // An `.old` copy of the user's while OUT is missing is not taken for ours: not put back.
+  write_file_atomic(d / (".out.old-" + dead + "-2/f"), "mine");
+  CHECK(recover_interrupted_writes(out) == 0);
+  CHECK_FALSE(fs::exists(out));
+  write_file_atomic(d / "notes", "ours");
+  publish_dir(out, [](const fs::path& tmp) { write_file_atomic((tmp / "a.txt").string(), "a"); });
+  auto r = test::launch({"import-hf", kModel, d / "notes"});  // refused: a file; its lookalikes untouched
+  CHECK(r.code == 2);
+  for (const auto& f : files) CHECK(read_file(f) == "mine");
+  for (const auto& p : dirs) CHECK(read_file(p + "/f") == "mine");
+  CHECK(read_file(d / (".out.old-" + dead + "-2/f")) == "mine");
+  CHECK(read_file(out + "/a.txt") == "a");
+}
+
+TEST_CASE("outputs: a re-export drops only what its earlier export recorded; shards, an index and models of the user's stay", "[outputs]") {
+  test::TempDir d;
+  const std::string adapter = std::string(LT_SOURCE_DIR) + "/tests/data/checkpoints/format1_lora";
+  const std::string peft = d / "peft";
+  REQUIRE(test::launch({"export", "--format", "peft", adapter, peft}).code == 0);
+  // The user puts a model beside the adapter: shards, their index, a single file and a GGUF.
+  const std::vector<std::string> mine = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                         "model.safetensors.index.json", "model.safetensors", "model.gguf", "state.h5"};
+  for (const auto& f : mine) write_file_atomic(peft + "/" + f, "mine");
+  auto r = test::launch({"export", "--format", "peft", adapter, peft});
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains("replacing the earlier export"));
+  for (const auto& f : mine) CHECK(read_file(peft + "/" + f) == "mine");
+  CHECK(fs::exists(peft + "/adapter_model.safetensors"));
+  // Our own files that a later export does not write again still go, each named: a sharded export's
+  // shards and index when the next one writes a single file (a shard the user added stays).
+  const std::string imported = d / "imported", hf = d / "hf";
+  import_hf(kModel, imported);
+  r = test::launch({"export", "--format", "hf", "--max-shard-size", "40000", imported, hf});
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  std::vector<std::string> shards;
+  for (const auto& e : fs::directory_iterator(hf))
+    if (is_hf_shard_name(e.path().filename().string())) shards.push_back(e.path().filename().string());
+  REQUIRE(shards.size() >= 2);
+  write_file_atomic(hf + "/model-00099-of-00099.safetensors", "mine");
+  r = test::launch({"export", "--format", "hf", imported, hf});
+  INFO(r.out);
+  CHECK(r.code == 0);
+  for (const auto& s : shards) {
+    CHECK_FALSE(fs::exists(hf + "/" + s));
+    CHECK_THAT(r.out, Contains("removed " + fs::weakly_canonical(hf).string() + "/" + s));
+  }
+  CHECK_FALSE(fs::exists(hf + "/model.safetensors.index.json"));
+  CHECK(read_file(hf + "/model-00099-of-00099.safetensors") == "mine");
+  CHECK(fs::exists(hf + "/model.safetensors"));
+  // An export of an older lora_trainer (a marker, no record): only its format's fixed names go; the
+  // shards beside it may be the user's, so they stay, with a note.
+  const std::string older = d / "older";
+  write_file_atomic(older + "/" + kExportMarker, R"({"exported_from": "x", "format": "peft"})");
+  write_file_atomic(older + "/adapter_model.safetensors", "old");
+  write_file_atomic(older + "/adapter_config.json", "{}");
+  write_file_atomic(older + "/model-00001-of-00001.safetensors", "mine");
+  r = test::launch({"export", "--format", "hf", imported, older});
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_FALSE(fs::exists(older + "/adapter_model.safetensors"));
+  CHECK(read_file(older + "/model-00001-of-00001.safetensors") == "mine");
+  CHECK_THAT(r.out, Contains("model-00001-of-00001.safetensors may be that export's or yours"));
+}
+
+TEST_CASE("outputs: a re-tokenize drops only its earlier dataset's files; a meta.json that is not ours needs --force", "[outputs]") {
+  test::TempDir d;
+  const std::string data = d / "data", text = d / "text";
+  write_file_atomic(text + "/doc.txt", test::generated_text(1, 400));
+  auto tokenize = [&](const std::string& name, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"tokenize", "--name", name, "--tokenizer", "byte", "--data-dir", data};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back(text);
+    return test::launch(args);
+  };
+  REQUIRE(tokenize("notes").code == 0);
+  // Files of the names another kind of dataset writes, put there by the user, stay.
+  for (const char* f : {"train.tokens.bin", "shape.json", "val.mask.bin"}) write_file_atomic(data + "/notes/" + f, "mine");
+  auto r = tokenize("notes");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  for (const char* f : {"train.tokens.bin", "shape.json", "val.mask.bin"}) CHECK(read_file(data + "/notes/" + f) == "mine");
+  // A directory with somebody's meta.json is not a dataset of ours.
+  write_file_atomic(data + "/theirs/meta.json", R"({"author": "me"})");
+  write_file_atomic(data + "/theirs/train.bin", "mine");
+  r = tokenize("theirs");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("--force"));
+  CHECK(read_file(data + "/theirs/train.bin") == "mine");
+  // A dataset of an older lora_trainer (its meta.json, no record) is replaced as before.
+  write_file_atomic(data + "/older/meta.json", R"({"style": "padded", "tokenizer": "byte", "vocab_size": 257})");
+  write_file_atomic(data + "/older/train.tokens.bin", "old");
+  write_file_atomic(data + "/older/README", "mine");
+  r = tokenize("older");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_FALSE(fs::exists(data + "/older/train.tokens.bin"));
+  CHECK(read_file(data + "/older/README") == "mine");
+  CHECK(fs::exists(data + "/older/train.bin"));
 }
 
 TEST_CASE("outputs: a full disk ends every save in exit 2, no temporary and no crash", "[outputs]") {
