@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -255,9 +258,10 @@ void print_bench_table(const nlohmann::json& result, const ModelOptions& m, cons
 }  // namespace
 
 nlohmann::json run_bench(const BenchOptions& o) {
-  std::random_device rd;
-  fs::path tmp = fs::temp_directory_path() / ("lt-bench-" + std::to_string(rd()));
-  fs::create_directories(tmp);
+  // A directory of its own (mkdtemp makes a new one or fails), so that the cleanup deletes nothing else.
+  std::string pattern = (fs::temp_directory_path() / "lt-bench-XXXXXX").string();
+  if (!::mkdtemp(pattern.data())) throw UserError("bench: could not make a temporary directory " + pattern + ": " + std::strerror(errno));
+  const fs::path tmp = pattern;
   struct Cleanup {
     fs::path p;
     ~Cleanup() {
