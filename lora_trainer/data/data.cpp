@@ -105,6 +105,11 @@ static nlohmann::json read_meta(const std::string& dir, const std::string& name)
   };
   count("vocab_size", true);
   for (const char* k : {"eot_id", "pad_id", "train_tokens", "val_tokens", "records", "val_records", "length"}) count(k, false);
+  // Token ids are uint32 (the token files' entries): a larger id or vocabulary would be cut when read.
+  for (const char* k : {"vocab_size", "eot_id", "pad_id"})
+    if (m.contains(k) && m[k].get<uint64_t>() > (std::string(k) == "vocab_size" ? uint64_t{1} << 32 : UINT32_MAX))
+      throw UserError(meta.string() + ": \"" + k + "\" is " + m[k].dump() + ", beyond the uint32 token ids of the token "
+                      "files; re-run the tokenize step");
   if (m.contains("style") && !m["style"].is_string())
     throw UserError(meta.string() + ": \"style\" must be \"pmd\", \"padded\" or \"contrastive\"; re-run the tokenize step");
   return m;
@@ -192,6 +197,55 @@ void PmdDataset::sample(Split split, uint64_t index, int64_t T, int64_t* inputs,
   }
 }
 
+// {split}.lengths.bin against the rows it describes, as tokenize wrote them: row r's example is its last
+// n = lengths[r] tokens (n >= 1: every record has one), the L - n before it padding (pad_id, mask 0);
+// the lengths sum to meta.json's {split}_tokens; the two rows of a preference pair share their prompt
+// (the mask-0 tokens before the completion; of a row cut to L tokens, a suffix of it). A lying file
+// would have data/pack train on fragments of examples, or on padding, without a word.
+static void check_lengths(const fs::path& base, const std::string& split, const TokenFile& tokens, const uint8_t* mask,
+                          const std::vector<uint32_t>& lengths, uint64_t L, uint32_t pad_id, const nlohmann::json& meta,
+                          bool pairs) {
+  const std::string file = (base / (split + ".lengths.bin")).string();
+  const std::string redo = "; re-run `lora_trainer tokenize` on the dataset's JSONL";
+  uint64_t sum = 0;
+  for (uint64_t r = 0; r < lengths.size(); ++r) {
+    const uint64_t n = lengths[r];
+    if (n == 0) throw UserError(file + ": row " + std::to_string(r) + " has length 0, but every example has a token" + redo);
+    const uint32_t* tok = tokens.data() + r * L;
+    for (uint64_t p = 0; p < L - n; ++p)
+      if (tok[p] != pad_id || mask[r * L + p] != 0)
+        throw UserError(file + ": row " + std::to_string(r) + " has length " + std::to_string(n) + " (its last " +
+                        std::to_string(n) + " of " + std::to_string(L) + " tokens), but position " + std::to_string(p) +
+                        " before them is not padding: token " + std::to_string(tok[p]) + " with mask " +
+                        std::to_string(mask[r * L + p]) + " in " + split + ".tokens.bin/" + split + ".mask.bin, where " +
+                        "padding is pad_id " + std::to_string(pad_id) + " (meta.json) with mask 0. The lengths do not "
+                        "describe the rows" + redo);
+    sum += n;
+  }
+  const std::string key = split + "_tokens";
+  if (meta.contains(key) && meta[key].get<uint64_t>() != sum)
+    throw UserError(file + ": the rows' lengths sum to " + std::to_string(sum) + " tokens, but meta.json says " + key + " " +
+                    meta[key].dump() + ": the files do not belong together" + redo);
+  if (!pairs) return;
+  // The prompt of row r: its example's tokens before the first that counts in the loss.
+  auto prompt = [&](uint64_t r) {
+    const uint64_t end = (r + 1) * L;
+    uint64_t from = end - lengths[r], to = from;
+    while (to < end && mask[to] == 0) ++to;
+    return std::make_pair(tokens.data() + from, to - from);
+  };
+  for (uint64_t r = 0; r + 1 < lengths.size(); r += 2) {
+    auto [a, na] = prompt(r);
+    auto [b, nb] = prompt(r + 1);
+    if (na > nb) std::swap(a, b), std::swap(na, nb);
+    if (!std::equal(a, a + na, b + (nb - na)))
+      throw UserError((base / (split + ".tokens.bin")).string() + ": the rows " + std::to_string(r) + " and " +
+                      std::to_string(r + 1) + " (preference pair " + std::to_string(r / 2) + ", lengths from " + split +
+                      ".lengths.bin) have different prompts, but a pair is one prompt with a chosen and a rejected "
+                      "completion: the rows are out of order or the files do not belong together" + redo);
+  }
+}
+
 PaddedDataset::PaddedDataset(const std::string& dir, const std::string& name, DatasetStyle style) {
   name_ = name;
   meta_ = read_meta(dir, name);
@@ -242,6 +296,8 @@ PaddedDataset::PaddedDataset(const std::string& dir, const std::string& name, Da
         if (part->lengths[r] > part->length)
           throw UserError(lengths.string() + ": row " + std::to_string(r) + " has length " + std::to_string(part->lengths[r]) +
                           ", longer than the rows' " + std::to_string(part->length) + "; re-run the tokenize step");
+      check_lengths(base, split, *part->tokens, part->mask.data(), part->lengths, part->length, pad_id_, meta_,
+                    style == DatasetStyle::CONTRASTIVE);
     }
   }
   if (train_.lengths.empty() != val_.lengths.empty())
