@@ -28,6 +28,7 @@ namespace lt {
 static void write_all(int fd, const std::string& path, const char* data, size_t size) {
   while (size > 0) {
     ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw UserError("could not write " + path + ": " + std::strerror(errno));
     data += n;
     size -= static_cast<size_t>(n);
@@ -59,6 +60,25 @@ void write_file_atomic(const std::string& path, const std::vector<std::pair<cons
     throw UserError("could not rename " + tmp + " to " + path + ": " + std::strerror(errno));
   }
   fsync_dir(target.has_parent_path() ? target.parent_path().string() : ".");
+}
+
+void append_file(const std::string& path, const std::string& bytes, const std::string& hint) {
+  const std::string then = hint.empty() ? "" : "; " + hint;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw UserError("could not write " + path + ": " + std::strerror(errno) + then);
+  struct stat st {};
+  const bool sized = ::fstat(fd, &st) == 0;  // a device (/dev/full) has no size to cut back to, nor a torn record
+  try {
+    write_all(fd, path, bytes.data(), bytes.size());
+  } catch (const UserError& e) {
+    // A part of a record would be read back as a damaged one: the file keeps whole records only.
+    std::string torn;
+    if (!sized || (S_ISREG(st.st_mode) && ::ftruncate(fd, st.st_size) != 0))
+      torn = " (and a part of the last record may be left at its end: " + std::string(std::strerror(errno)) + ")";
+    ::close(fd);
+    throw UserError(e.what() + torn + then);
+  }
+  if (::close(fd) != 0) throw UserError("could not write " + path + ": " + std::strerror(errno) + then);
 }
 
 namespace {

@@ -20,6 +20,12 @@ void write_file_atomic(const std::string& path, const std::string& contents);
 // The same from pieces written one after another (no joined copy of them in memory: a model's tensors).
 void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces);
 
+// Appends `bytes` to `path` (created if missing), all of them or none: a failed write (a full disk, an
+// I/O error, the file size limit) cuts the file back to its size before and is a UserError naming the
+// file and the error, then `hint` (what to do). A run's logs (metrics.jsonl, TensorBoard's events)
+// lose no figure silently this way, and keep no torn record.
+void append_file(const std::string& path, const std::string& bytes, const std::string& hint = "");
+
 // Who writes a directory, recorded in it (kWriteRecord): what it is (`kind`: "checkpoint", "export" for
 // an export's or import's OUT, "dataset"), the command (`by`: "run", "export", "import-hf", "tokenize")
 // and what for (`of`: the job "project/group/name", the exported checkpoint). An earlier write's

@@ -1,12 +1,11 @@
 #include "lora_trainer/formats/tensorboard.hpp"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -23,6 +22,9 @@ namespace {
 constexpr const char* kPrefix = "events.out.tfevents.";
 constexpr const char* kSuffix = ".lora_trainer";
 constexpr const char* kFileVersion = "brain.Event:2";
+constexpr const char* kWriteHint =
+    "the run stopped: free space (or raise the file size limit) and run the same command again, which continues from the "
+    "job's latest checkpoint if it has one (logging/tensorboard=false writes no event file)";
 
 std::array<uint32_t, 256> make_crc32c_table() {
   std::array<uint32_t, 256> table{};
@@ -65,27 +67,54 @@ bool get_varint(const std::string& s, size_t& at, uint64_t& v) {
   return false;
 }
 
-// An Event's step (field 2), 0 where it has none or the payload does not parse.
-int64_t step_of_event(const std::string& payload) {
+// An Event's step (field 2), 0 where it has none or the payload does not parse; `file_version` (if given)
+// says whether it has field 3 (the file's first record).
+int64_t step_of_event(const std::string& payload, bool* file_version = nullptr) {
   size_t at = 0;
   uint64_t key = 0, v = 0;
+  int64_t step = 0;
+  if (file_version) *file_version = false;
   while (at < payload.size() && get_varint(payload, at, key)) {
     const int field = int(key >> 3), type = int(key & 7);
     if (type == 0) {
       if (!get_varint(payload, at, v)) return 0;
-      if (field == 2) return static_cast<int64_t>(v);
+      if (field == 2) step = static_cast<int64_t>(v);
     } else if (type == 1) {
       at += 8;
     } else if (type == 5) {
       at += 4;
     } else if (type == 2) {
-      if (!get_varint(payload, at, v)) return 0;
+      if (!get_varint(payload, at, v) || v > payload.size() - at) return step;
+      if (field == 3 && file_version) *file_version = true;
       at += v;
     } else {
       return 0;
     }
   }
-  return 0;
+  return step;
+}
+
+// The length of the intact record at `at` (both CRCs match, the payload within the file), or 0.
+uint64_t intact_record(const std::string& bytes, size_t at) {
+  if (bytes.size() - at < 16) return 0;
+  uint64_t length = 0;
+  uint32_t length_crc = 0, payload_crc = 0;
+  std::memcpy(&length, bytes.data() + at, 8);
+  std::memcpy(&length_crc, bytes.data() + at + 8, 4);
+  if (length_crc != masked_crc32c(bytes.data() + at, 8) || length > bytes.size() - at - 16) return 0;
+  std::memcpy(&payload_crc, bytes.data() + at + 12 + length, 4);
+  return payload_crc == masked_crc32c(bytes.data() + at + 12, length) ? 16 + length : 0;
+}
+
+// Whether the bytes from `at` to the end are the start of one record cut short (what a killed writer
+// leaves): an intact length, its record reaching past the end.
+bool cut_record(const std::string& bytes, size_t at) {
+  if (bytes.size() - at < 12) return true;
+  uint64_t length = 0;
+  uint32_t length_crc = 0;
+  std::memcpy(&length, bytes.data() + at, 8);
+  std::memcpy(&length_crc, bytes.data() + at + 8, 4);
+  return length_crc == masked_crc32c(bytes.data() + at, 8) && length > bytes.size() - at - 16;
 }
 
 double now_unix_seconds() {
@@ -149,22 +178,32 @@ std::string frame_record(const std::string& payload) {
   return record;
 }
 
-std::vector<std::string> read_event_records(const std::string& path, std::vector<int64_t>* step_of) {
+std::vector<std::string> read_event_records(const std::string& path, std::vector<int64_t>* step_of,
+                                           std::vector<std::string>* damage) {
   const std::string bytes = read_file(path);
   std::vector<std::string> records;
   size_t at = 0;
-  while (bytes.size() - at >= 12) {
-    uint64_t length = 0;
-    uint32_t length_crc = 0, payload_crc = 0;
-    std::memcpy(&length, bytes.data() + at, 8);
-    std::memcpy(&length_crc, bytes.data() + at + 8, 4);
-    if (length_crc != masked_crc32c(bytes.data() + at, 8) || length > bytes.size() - at - 16) break;
-    std::string payload = bytes.substr(at + 12, length);
-    std::memcpy(&payload_crc, bytes.data() + at + 12 + length, 4);
-    if (payload_crc != masked_crc32c(payload.data(), payload.size())) break;
-    if (step_of) step_of->push_back(step_of_event(payload));
-    records.push_back(std::move(payload));
-    at += 16 + length;
+  while (at < bytes.size()) {
+    if (const uint64_t n = intact_record(bytes, at)) {
+      std::string payload = bytes.substr(at + 12, n - 16);
+      if (step_of) step_of->push_back(step_of_event(payload));
+      records.push_back(std::move(payload));
+      at += n;
+      continue;
+    }
+    // Damaged bytes: the next intact record starts where both its CRCs match again (a false match is a
+    // chance of 2^-64). The records after the damage are as good as those before it.
+    size_t next = at + 1;
+    while (next < bytes.size() && !intact_record(bytes, next)) ++next;
+    if (damage) {
+      const std::string where = "byte " + std::to_string(at) +
+                                (records.empty() ? " (the file's first record)" : " (after record " + std::to_string(records.size()) + ")");
+      if (next == bytes.size() && cut_record(bytes, at))
+        damage->push_back("a record cut short at " + where + ", " + std::to_string(bytes.size() - at) + " bytes: what a killed writer leaves");
+      else
+        damage->push_back(std::to_string(next - at) + " damaged bytes at " + where + ", which fail their CRC-32C");
+    }
+    at = next;
   }
   return records;
 }
@@ -194,13 +233,7 @@ void EventFileWriter::append(const std::string& record) {
   if (!fs::exists(path_, ec) || fs::file_size(path_, ec) == 0)
     bytes = frame_record(encode_event(now_unix_seconds(), 0, kFileVersion, {}));
   bytes += record;
-  const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) throw UserError("cannot write " + path_ + ": " + std::strerror(errno));
-  const ssize_t n = ::write(fd, bytes.data(), bytes.size());
-  const int err = errno;
-  ::close(fd);
-  if (n != static_cast<ssize_t>(bytes.size()))
-    throw UserError("cannot write " + path_ + ": " + (n < 0 ? std::strerror(err) : "short write (disk full?)"));
+  append_file(path_, bytes, kWriteHint);
 }
 
 void EventFileWriter::add_scalars(int64_t step, const std::vector<ScalarValue>& scalars) {
@@ -212,8 +245,16 @@ void EventFileWriter::truncate_after(int64_t step) {
   std::error_code ec;
   if (!fs::exists(path_, ec)) return;
   std::vector<int64_t> steps;
-  const auto records = read_event_records(path_, &steps);
+  std::vector<std::string> damage;
+  const auto records = read_event_records(path_, &steps, &damage);
+  // TensorBoard stops reading a file at a record that fails its CRC, so damaged bytes are not kept: the
+  // file is rewritten from the intact records, said here.
+  for (const auto& d : damage) std::printf("warning: %s: dropped %s\n", path_.c_str(), d.c_str());
   std::string kept;
+  bool version = false;
+  if (!records.empty()) step_of_event(records[0], &version);
+  if (!version && !records.empty())  // the first record was damaged: a reader still needs it first
+    kept = frame_record(encode_event(now_unix_seconds(), 0, kFileVersion, {}));
   for (size_t i = 0; i < records.size(); ++i)
     if (steps[i] <= step) kept += frame_record(records[i]);
   write_file_atomic(path_, kept);

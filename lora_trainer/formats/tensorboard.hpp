@@ -39,12 +39,18 @@ std::string encode_event(double wall_time, int64_t step, const std::string& file
 // The TFRecord of a payload: length, its CRC, the payload, its CRC.
 std::string frame_record(const std::string& payload);
 
-// The records of an event file, in order, up to the first one that is cut short or fails its CRCs (what a
-// killed writer leaves). `step_of` (if given) receives each record's Event step (0 where it has none).
-std::vector<std::string> read_event_records(const std::string& path, std::vector<int64_t>* step_of = nullptr);
+// The intact records of an event file, in order. Bytes that fail their CRCs (a damaged record, a last one
+// cut short: what a killed writer leaves) are skipped up to the next intact record, whose length and
+// payload both match their CRCs again, so damage loses no record after it; `damage` (if given) receives
+// a line for each such stretch (where, how many bytes). `step_of` (if given) receives each record's
+// Event step (0 where it has none).
+std::vector<std::string> read_event_records(const std::string& path, std::vector<int64_t>* step_of = nullptr,
+                                            std::vector<std::string>* damage = nullptr);
 
 // Appends scalars to a directory's event file. Each record is written with one write() and the file
-// closed after it, so a kill leaves at most a cut last record, which the next writer drops.
+// closed after it, so a kill leaves at most a cut last record, which the next writer drops; a failed
+// write (a full disk, the file size limit) leaves no part of the record and stops the run with a
+// UserError naming the file (append_file, core/util.hpp).
 class EventFileWriter {
  public:
   // The event file this class wrote in `dir` before (the newest, if several), or a new one; a new file
@@ -52,8 +58,9 @@ class EventFileWriter {
   explicit EventFileWriter(std::string dir);
 
   void add_scalars(int64_t step, const std::vector<ScalarValue>& scalars);
-  // Keeps only the records of steps up to `step` (a resumed run redoes the later ones), and drops a cut
-  // last record; the file is replaced in one rename.
+  // Keeps only the intact records of steps up to `step` (a resumed run redoes the later ones), dropping
+  // damaged bytes and a cut last record (a warning says what and where), and starting with the
+  // file_version record; the file is replaced in one rename.
   void truncate_after(int64_t step);
 
   const std::string& path() const { return path_; }

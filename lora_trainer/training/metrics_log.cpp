@@ -4,9 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
-#include "lora_trainer/training/report.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace fs = std::filesystem;
@@ -45,18 +43,35 @@ void MetricsLog::write_config(const json& config) const {
 void MetricsLog::event(const json& e) const {
   if (!writer_) return;
   fs::create_directories(run_dir_);
-  std::ofstream out(path_, std::ios::app);
-  out << e.dump() << "\n";
-  out.close();
+  // A figure lost is a run's record silently wrong: a failed write stops the run (exit 2), naming the file.
+  append_file(path_, e.dump() + "\n",
+              "the run stopped: free space (or raise the file size limit) and run the same command again, which "
+              "continues from the job's latest checkpoint if it has one");
   if (tensorboard_) tensorboard_->add_scalars(e.value("step", int64_t(0)), scalars_of(e));
 }
 
 void MetricsLog::truncate_after(int64_t step) const {
   if (tensorboard_) tensorboard_->truncate_after(step);
   if (!writer_ || !fs::exists(path_)) return;
-  std::string kept;  // an event dumps back to the line it was read from; a torn last line is dropped
-  for (const auto& e : read_metrics(run_dir_))
-    if (e.value("step", int64_t(0)) <= step) kept += e.dump() + "\n";
+  // The lines of steps up to `step`, as they were. A line that is not a JSON object is damaged: its step
+  // is unknown, so it is dropped, said (but for a torn last line, what a kill leaves), and the lines
+  // after it are kept.
+  const std::string text = read_file(path_);
+  std::string kept;
+  size_t at = 0;
+  for (int64_t line_no = 1; at < text.size(); ++line_no) {
+    const size_t end = std::min(text.find('\n', at), text.size());
+    const std::string line = text.substr(at, end - at);
+    at = end + 1;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const json e = json::parse(line, nullptr, false);
+    if (e.is_object() && (!e.contains("step") || e["step"].is_number_integer())) {
+      if (e.value("step", int64_t(0)) <= step) kept += line + "\n";
+    } else if (end < text.size()) {
+      std::printf("warning: %s: dropped line %lld (%zu bytes), which is damaged: not a JSON object with an integer step; "
+                  "the lines after it are kept\n", path_.c_str(), static_cast<long long>(line_no), line.size());
+    }
+  }
   write_file_atomic(path_, kept);
 }
 

@@ -3,7 +3,8 @@
 // metrics.jsonl holds one JSON event a line ("train", "val", "transition", "boundary", "nonfinite",
 // ...; report.hpp's read_metrics reads them back), config.json the run's config. With
 // logging/tensorboard, every event's numbers also go to a TensorBoard event file beside them, as the
-// scalars `<event>/<field>` (`<event>/<field>/<key>` for a field that maps names to numbers; scalars_of).
+// scalars `<event>/<field>` (`<event>/<field>/<key>` for a field that maps names to numbers; scalars_of). A failed write of
+// either file stops the run (a UserError naming the file): no figure is lost silently.
 // Only the writer (rank 0, or the only process) writes files; every process prints its lines.
 #pragma once
 
@@ -44,10 +45,12 @@ class MetricsLog {
 
   // Creates the run directory and writes config.json.
   void write_config(const nlohmann::json& config) const;
-  // Appends one event to metrics.jsonl (and its numbers to the TensorBoard file).
+  // Appends one event to metrics.jsonl (and its numbers to the TensorBoard file); a failed write is a
+  // UserError naming the file (the run stops, exit 2), and leaves no part of the line.
   void event(const nlohmann::json& e) const;
   // Drops the events of the steps after `step` (a resumed run redoes them), and a torn last line, from
-  // both files.
+  // both files; a damaged line or record in the middle is dropped too (a warning says where), and the
+  // intact ones after it are kept.
   void truncate_after(int64_t step) const;
 
   // Prints the step line and logs the "train" event with the loss and the speed (`tokens_per_step`
