@@ -17,19 +17,24 @@ MetricsLog::MetricsLog(std::string run_dir, bool writer, bool tensorboard)
   if (writer_ && tensorboard) tensorboard_ = std::make_unique<EventFileWriter>(run_dir_);
 }
 
+// The numbers under `v`, tagged `tag`, `tag/<key>`, `tag/<key>/<key>`, ... Lists are not measurements
+// (the transition's adapted weights, its trainable token ids): a chart a list item would be noise.
+static void add_numbers(const json& v, const std::string& tag, std::vector<ScalarValue>& out) {
+  if (v.is_number()) {
+    out.push_back({tag, v.get<float>()});
+  } else if (v.is_object()) {
+    for (const auto& [key, x] : v.items()) add_numbers(x, tag + "/" + key, out);
+  }
+}
+
 std::vector<ScalarValue> scalars_of(const json& e) {
   std::vector<ScalarValue> out;
   const std::string kind = e.value("event", std::string("event"));
   for (const auto& [field, v] : e.items()) {
-    if (field == "event" || field == "step") continue;
-    if ((field == "tokens" || field == "stage") && kind != "train") continue;
-    if (v.is_number()) {
-      out.push_back({kind + "/" + field, v.get<float>()});
-    } else if (v.is_object()) {
-      const std::string group = kind == "val" && field == "per_dataset" ? "loss" : field;
-      for (const auto& [name, x] : v.items())
-        if (x.is_number()) out.push_back({kind + "/" + group + "/" + name, x.get<float>()});
-    }
+    if (field == "event" || field == "step") continue;  // the record's name and its x
+    // One name the charts have always had: the validation losses per dataset beside the score val/loss.
+    const std::string name = kind == "val" && field == "per_dataset" ? "loss" : field;
+    add_numbers(v, kind + "/" + name, out);
   }
   return out;
 }

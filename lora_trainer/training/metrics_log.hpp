@@ -2,8 +2,8 @@
 //
 // metrics.jsonl holds one JSON event a line ("train", "val", "transition", "boundary", "nonfinite",
 // ...; report.hpp's read_metrics reads them back), config.json the run's config. With
-// logging/tensorboard, every event's numbers also go to a TensorBoard event file beside them, as the
-// scalars `<event>/<field>` (`<event>/<field>/<key>` for a field that maps names to numbers; scalars_of). A failed write of
+// logging/tensorboard, every number of every event also goes to a TensorBoard event file beside them, as
+// the scalar `<event>/<field>` (`<event>/<field>/<key>` inside an object; scalars_of). A failed write of
 // either file stops the run (a UserError naming the file): no figure is lost silently.
 // Only the writer (rank 0, or the only process) writes files; every process prints its lines.
 #pragma once
@@ -66,10 +66,11 @@ class MetricsLog {
   std::unique_ptr<EventFileWriter> tensorboard_;  // null without logging/tensorboard, and on other ranks
 };
 
-// The TensorBoard scalars of an event: every number of it but its step, as `<event>/<field>`, a field
-// that maps names to numbers as `<event>/<field>/<name>` (the "val" event's per_dataset as
-// `val/loss/<name>`); `tokens` and `stage` only of the "train" event (the others repeat them); strings,
-// booleans and lists are left out.
+// The TensorBoard scalars of an event: every number of it but its step (the x axis), tagged with the
+// path that leads to it, `<event>/<field>`, `<event>/<field>/<key>` inside an object (the "val" event's
+// per_dataset as `val/loss/<name>`); strings, booleans and lists (of names, of token ids: not
+// measurements) are left out. One rule, no list of fields: a field added to an event is charted with no
+// change here.
 std::vector<ScalarValue> scalars_of(const nlohmann::json& event);
 
 }  // namespace lt
