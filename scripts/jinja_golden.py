@@ -207,6 +207,20 @@ PROBES = [
     "{{ 'a' 'b' }}|{{ [1,2,3][1] }}|{{ {'a':{'b':3}}['a']['b'] }}|{{ (1 + 2) * 3 }}|{{ 2 ** 3 ** 2 }}|{{ 10 - 2 - 3 }}",
     "{{ 'abc' ~ 5 * 2 }}|{{ 1 if zero else 2 if t else 3 }}|{{ not t or t }}|{{ lst|length > 2 }}",
     "{{ }}", "{% if %}x{% endif %}", "{% for x in lst %}", "{% endif %}", "{{ x|nosuchfilter }}", "{{ x is nosuchtest }}", "{{ 'unclosed }}",
+    # Macros see themselves and the template's top level as it is when they are called (closures over
+    # the frames around their definition): recursion, mutual recursion, later definitions and sets.
+    "{% macro fact(n) %}{% if n <= 1 %}1{% else %}{{ n * fact(n - 1)|int }}{% endif %}{% endmacro %}{{ fact(10) }}",
+    "{% set tree = {'name': 'a', 'children': [{'name': 'b', 'children': []}, {'name': 'c', 'children': [{'name': 'd', 'children': []}]}]} %}"
+    "{% macro walk(node, depth=0) %}{{ '-' * depth }}{{ node.name }};{% for c in node.children %}{{ walk(c, depth + 1) }}{% endfor %}{% endmacro %}{{ walk(tree) }}",
+    "{% macro a(n) %}{{ n }}{% if n %}{{ b(n - 1) }}{% endif %}{% endmacro %}{% macro b(n) %}[{{ a(n) }}]{% endmacro %}{{ a(3) }}",
+    "{% macro f() %}{{ x }}{% endmacro %}{% set x = 1 %}{{ f() }}{% set x = 2 %}{{ f() }}|{% macro g() %}{{ h() }}{% endmacro %}{% macro h() %}H{% endmacro %}{{ g() }}",
+    "{% for i in [1, 2] %}{% macro f(n) %}{{ i }}{% if n %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(2) }}{% endfor %}",
+    "{% macro f() %}{{ x }}{% endmacro %}{% for x in [5] %}{{ f() }}{% endfor %}|{% set x = 5 %}{% macro g(x) %}{{ x }}{% endmacro %}{{ g(1) }}{{ x }}",
+    "{% macro outer() %}{% macro inner(n) %}{{ n }}{% if n %}{{ inner(n - 1) }}{% endif %}{% endmacro %}{{ inner(2) }}{% endmacro %}{{ outer() }}",
+    "{% for i in [1] %}{% set x = 1 %}{% macro f() %}{{ x }}{% endmacro %}{% set x = 2 %}{{ f() }}{% endfor %}",
+    "{% macro f(n) %}{% set y = n %}{% if n %}{{ f(n - 1) }}{% endif %}{{ y }}{% endmacro %}{{ f(3) }}",
+    "{% macro f(n) %}{% if n < 150 %}{{ f(n + 1) }}{% else %}{{ n }}{% endif %}{% endmacro %}{{ f(0) }}",
+    "{% for i in [1, 2] %}{% macro f() %}{{ i }}{% endmacro %}{% endfor %}{{ f() }}",
 ]
 
 

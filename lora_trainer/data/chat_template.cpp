@@ -118,12 +118,16 @@ ChatTemplate::ChatTemplate(const std::string& source, std::string name, ojson sp
     : template_(source, name), name_(std::move(name)), special_(std::move(special_tokens)),
       has_generation_(template_.has_generation()) {}
 
-jinja::Rendered ChatTemplate::render(const ojson& messages, bool add_generation_prompt, const ojson& variables) const {
+jinja::Rendered ChatTemplate::render(const ojson& messages, bool add_generation_prompt, const ojson& variables,
+                                     int64_t steps_spent) const {
   ojson ctx = special_;
   for (auto it = variables.begin(); it != variables.end(); ++it) ctx[it.key()] = it.value();
   ctx["messages"] = messages;
   ctx["add_generation_prompt"] = add_generation_prompt;
-  return template_.render(ctx);
+  jinja::RenderOptions options;
+  options.limits = limits_;
+  options.steps_spent = steps_spent;
+  return template_.render(ctx, nullptr, options);
 }
 
 ChatText ChatTemplate::for_training(const ojson& record, ChatLoss loss, const ojson& variables, const std::string& where) const {
@@ -132,30 +136,43 @@ ChatText ChatTemplate::for_training(const ojson& record, ChatLoss loss, const oj
   ojson vars = variables;
   for (const char* k : {"tools", "documents"})
     if (record.contains(k)) vars[k] = record[k];
+  int64_t steps = 0;          // the renders of one conversation share one budget of steps
+  bool every_prefix = false;  // the prefix rule for every turn (the renders grow with the square of the length)
   auto run = [&](const ojson& msgs, bool gen_prompt) {
     try {
-      return render(msgs, gen_prompt, vars);
+      jinja::Rendered r = render(msgs, gen_prompt, vars, steps);
+      steps = r.steps;
+      return r;
     } catch (const jinja::TemplateError& e) {
-      throw UserError(where + ": " + (e.raised ? "the chat template refused this conversation: " + e.message : std::string(e.what())));
+      std::string why = e.raised ? "the chat template refused this conversation: " + e.message : std::string(e.what());
+      if (e.limit == "steps" && every_prefix)
+        why += " (this template's assistant turns cannot be read from one render, so the conversation is rendered "
+               "up to each of them: the work grows with the square of its length)";
+      throw UserError(where + ": " + why);
     }
   };
   const jinja::Rendered full = run(messages, false);
-  ChatText out{full.text, {}};
+  ChatText out{full.text, {}, 0};
   if (loss == ChatLoss::All) {
     out.loss.emplace_back(0, full.text.size());
+    out.steps = steps;
+    return out;
+  }
+  if (has_generation_) {
+    auto spans = full.generation;
+    if (loss == ChatLoss::LastAssistant && !spans.empty()) spans.erase(spans.begin(), spans.end() - 1);
+    out.loss = spans;
+    out.steps = steps;
     return out;
   }
   std::vector<size_t> turns;
   for (size_t i = 0; i < messages.size(); ++i)
     if (messages[i]["role"] == "assistant") turns.push_back(i);
-  if (has_generation_) {
-    auto spans = full.generation;
-    if (loss == ChatLoss::LastAssistant && !spans.empty()) spans.erase(spans.begin(), spans.end() - 1);
-    out.loss = spans;
-    return out;
-  }
   if (loss == ChatLoss::LastAssistant && !turns.empty()) turns.erase(turns.begin(), turns.end() - 1);
-  for (size_t i : turns) {
+
+  // The prefix rule for turn i: [length of the render up to it with the generation prompt, length of the
+  // render through it), when each render begins the next and the full one. Returns the first render too.
+  auto by_prefixes = [&](size_t i, std::string* before_text) -> std::pair<size_t, size_t> {
     const std::string before = i == 0 ? std::string() : run(head(messages, i), true).text;
     const std::string through = run(head(messages, i + 1), false).text;
     if (through.compare(0, before.size(), before) != 0 || full.text.compare(0, through.size(), through) != 0)
@@ -168,9 +185,65 @@ ChatText ChatTemplate::for_training(const ojson& record, ChatLoss loss, const oj
                              "{% generation %} tags around what the assistant writes: --chat-template FILE.jinja"
                            : "use --loss-on last (only the final assistant turn is learned), or give a copy of the template "
                              "with {% generation %} tags around what the assistant writes: --chat-template FILE.jinja"));
-    const auto span = trimmed(through, before.size(), through.size());
+    if (before_text) *before_text = before;
+    return {before.size(), through.size()};
+  };
+
+  // Turn i read from the full render: from where the template's loop began message i, past the
+  // generation prompt `gen`, to where it began message i + 1 (or the end).
+  const std::vector<int64_t>& starts = full.message_starts;
+  std::string gen;
+  bool have_gen = false;
+  auto by_position = [&](size_t i) -> std::pair<size_t, size_t> {
+    const std::pair<size_t, size_t> none{1, 0};  // no span: the positions do not give one
+    if (starts.size() != messages.size()) return none;
+    size_t b = 0, e = full.text.size();
+    if (i > 0) {
+      if (starts[i] < 0 || !have_gen) return none;
+      const auto p = static_cast<size_t>(starts[i]);
+      if (full.text.compare(p, gen.size(), gen) != 0) return none;
+      b = p + gen.size();
+    }
+    if (i + 1 < messages.size()) {
+      if (starts[i + 1] < 0) return none;
+      e = static_cast<size_t>(starts[i + 1]);
+    }
+    return b <= e ? std::make_pair(b, e) : none;
+  };
+
+  // The prefix rule on the 1st, 2nd, 4th, 8th... and last turn: their renders add up to a few full ones.
+  std::vector<std::pair<size_t, size_t>> spans(turns.size(), {1, 0});
+  std::vector<bool> checked(turns.size(), false);
+  bool positions_hold = true;
+  for (size_t t = 0; t < turns.size(); t = 2 * t + 1) checked[t] = true;
+  if (!turns.empty()) checked.back() = true;
+  for (size_t t = 0; t < turns.size(); ++t) {
+    if (!checked[t]) continue;
+    const size_t i = turns[t];
+    std::string before;
+    spans[t] = by_prefixes(i, &before);
+    if (i > 0 && !have_gen && starts.size() == messages.size() && starts[i] >= 0 &&
+        static_cast<size_t>(starts[i]) <= before.size()) {
+      gen = before.substr(static_cast<size_t>(starts[i]));  // what the generation prompt adds
+      have_gen = true;
+    }
+    positions_hold = positions_hold && by_position(i) == spans[t];
+  }
+  for (size_t t = 0; t < turns.size() && positions_hold; ++t) {
+    if (checked[t]) continue;
+    spans[t] = by_position(turns[t]);
+    positions_hold = spans[t].first <= spans[t].second;
+  }
+  if (!positions_hold) {  // the loop could not be followed: the prefix rule for every turn
+    every_prefix = true;
+    for (size_t t = 0; t < turns.size(); ++t)
+      if (!checked[t]) spans[t] = by_prefixes(turns[t], nullptr);
+  }
+  for (const auto& [b, e] : spans) {
+    const auto span = trimmed(full.text, b, e);
     if (span.second > span.first) out.loss.push_back(span);
   }
+  out.steps = steps;
   return out;
 }
 

@@ -15,6 +15,13 @@
 // end-of-turn token included (whitespace after it is not). Where a template renders an earlier turn
 // differently once later turns follow (Qwen3 drops earlier turns' reasoning), the prefixes do not line up
 // and only the last assistant turn can be found; that is refused with a message saying so.
+//
+// Rendering every prefix costs the square of the conversation's length (20,000 messages: minutes). So
+// the turns are read from one render of the whole conversation instead, where the template's loop began
+// each message (jinja::Rendered::message_starts), and the prefix rule is applied to the first, second,
+// fourth, eighth... and last assistant turns only: their spans must agree with the positions, which
+// makes the work linear in the conversation's length. A template whose loop cannot be followed that
+// way (no loop over the messages, or one inside a macro) gets the prefix rule for every turn.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +49,7 @@ ChatLoss parse_chat_loss(const std::string& s);  // "assistant", "last", "all"
 struct ChatText {
   std::string text;
   std::vector<std::pair<size_t, size_t>> loss;
+  int64_t steps = 0;  // the template's work for it, over all its renders (jinja::Limits::steps)
 };
 
 // Token ids and a mask (1 = counts in the loss) of equal length.
@@ -57,10 +65,15 @@ class ChatTemplate {
   static ChatTemplate from_model_dir(const std::string& dir, const std::string& which = "");
   ChatTemplate(const std::string& source, std::string name, nlohmann::ordered_json special_tokens);
 
+  // The bounds of every render (--chat-limit NAME=N); jinja::Limits' defaults until set.
+  void set_limits(const jinja::Limits& limits) { limits_ = limits; }
+
   // The render of `messages` (a JSON array of {"role", "content", ...}) with `variables` (an object:
-  // tools, documents, enable_thinking, ...) added to the template's.
+  // tools, documents, enable_thinking, ...) added to the template's; `steps_spent` by earlier renders
+  // of the same conversation count against the limit.
   jinja::Rendered render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                         const nlohmann::ordered_json& variables = nlohmann::ordered_json::object()) const;
+                         const nlohmann::ordered_json& variables = nlohmann::ordered_json::object(),
+                         int64_t steps_spent = 0) const;
 
   // A record {"messages": [...], "tools"?, "documents"?} or {"prompt", "completion"} (a user turn and an
   // assistant turn), rendered without the generation prompt, with its loss ranges. Throws UserError
@@ -77,6 +90,7 @@ class ChatTemplate {
   std::string name_;
   nlohmann::ordered_json special_;
   bool has_generation_;
+  jinja::Limits limits_;
 };
 
 // Tokenizes `chat.text` as a whole (so that ids equal the tokenizer's on that text) and marks the

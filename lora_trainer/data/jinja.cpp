@@ -29,7 +29,13 @@ struct Scope;
 
 struct Expr {
   virtual ~Expr() = default;
-  virtual Value eval(Scope& sc) const = 0;
+  // Every expression evaluated is a step of work, and recursion is checked against the stack (limits.hpp).
+  Value eval(Scope& sc) const {
+    step();
+    check_stack();
+    return do_eval(sc);
+  }
+  virtual Value do_eval(Scope& sc) const = 0;
 };
 using ExprPtr = std::unique_ptr<Expr>;
 
@@ -54,30 +60,82 @@ using Body = std::vector<NodePtr>;
 // Where a render writes, and its variables.
 struct Renderer {
   std::string out;
+  int capture = 0;  // > 0 while `out` is a macro's, a {% set %} block's or a {% filter %} block's own text
   std::vector<std::pair<size_t, size_t>> generation;
   std::function<std::string(const std::string&)> strftime_now;
   std::string name;
   std::unordered_map<std::string, Value> globals;
-  int macro_depth = 0;  // macros calling macros: bounded, as Python's recursion limit bounds jinja2
+  std::unordered_map<const Dict*, size_t> message_index;  // the context's messages, by identity
+  std::vector<int64_t> message_starts;                    // Rendered::message_starts
+  // Every namespace made, so that one holding itself (ns.x = [ns]) is emptied, and freed, at the end.
+  std::vector<std::weak_ptr<Dict>> namespaces;
+  ~Renderer() {
+    for (auto& w : namespaces)
+      if (auto d = w.lock()) d->clear();
+  }
 };
+
+// The variables of a template, a for loop or a macro call. Shared: a macro sees the frames around its
+// definition as they are when it is called (itself, and macros and names set later at the top level
+// included), as jinja2's closures do.
+using Frame = std::unordered_map<std::string, Value>;
 
 struct Scope {
   Renderer* r;
-  std::vector<std::unordered_map<std::string, Value>> frames;
+  std::vector<std::shared_ptr<Frame>> frames;
 
   Value lookup(const std::string& n) const {
     for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
-      auto f = it->find(n);
-      if (f != it->end()) return f->second;
+      auto f = (*it)->find(n);
+      if (f != (*it)->end()) return f->second;
     }
     auto g = r->globals.find(n);
     return g != r->globals.end() ? g->second : Value::undefined(n);
   }
-  void set(const std::string& n, Value v) { frames.back()[n] = std::move(v); }
+  void set(const std::string& n, Value v) { (*frames.back())[n] = std::move(v); }
+  void push() { frames.push_back(std::make_shared<Frame>()); }
 };
 
+// Text written aside while alive (a macro's output, a {% set %} or {% filter %} block's): `out` is the
+// block's own, and the render's is back after.
+struct Capture {
+  Renderer& r;
+  std::string saved;
+  explicit Capture(Renderer& renderer) : r(renderer) {
+    std::swap(saved, r.out);
+    ++r.capture;
+  }
+  std::string take() {  // the block's text; the render's is back
+    std::swap(saved, r.out);
+    --r.capture;
+    done = true;
+    return std::move(saved);
+  }
+  ~Capture() {
+    if (!done) { std::swap(saved, r.out); --r.capture; }
+  }
+  bool done = false;
+};
+
+template <typename F>
+void at_line(const Scope& sc, int line, F&& f);
+
+// Every statement run is a step of work, checked against the limits at its line.
 void run_body(const Body& body, Scope& sc) {
-  for (const auto& n : body) n->run(sc);
+  for (const auto& n : body) {
+    at_line(sc, n->line, [] {
+      step();
+      check_stack();
+    });
+    n->run(sc);
+  }
+}
+
+// Text written to the output: counted, and bounded by the limit `output`.
+void write(Renderer& r, const std::string& text) {
+  charge_bytes(text.size());
+  check_output(plus(r.out.size(), text.size()));
+  r.out += text;
 }
 
 // Runs `f` for the statement at `line`: an EvalError becomes a TemplateError naming the template and line.
@@ -88,7 +146,7 @@ void at_line(const Scope& sc, int line, F&& f) {
   } catch (const EvalError& e) {
     const std::string where = sc.r->name + " line " + std::to_string(line);
     throw TemplateError(e.raised ? where + ": the template raised an error: " + e.message : where + ": " + e.message,
-                        e.message, e.raised);
+                        e.message, e.raised, e.limit);
   }
 }
 
@@ -97,19 +155,19 @@ void at_line(const Scope& sc, int line, F&& f) {
 struct Literal : Expr {
   Value v;
   explicit Literal(Value v) : v(std::move(v)) {}
-  Value eval(Scope&) const override { return v; }
+  Value do_eval(Scope&) const override { return v; }
 };
 
 struct Name : Expr {
   std::string name;
   explicit Name(std::string n) : name(std::move(n)) {}
-  Value eval(Scope& sc) const override { return sc.lookup(name); }
+  Value do_eval(Scope& sc) const override { return sc.lookup(name); }
 };
 
 struct ListExpr : Expr {
   std::vector<ExprPtr> items;
   bool tuple = false;
-  Value eval(Scope& sc) const override {
+  Value do_eval(Scope& sc) const override {
     List l;
     for (const auto& e : items) l.push_back(e->eval(sc));
     return Value::of_list(std::move(l), tuple);
@@ -118,7 +176,7 @@ struct ListExpr : Expr {
 
 struct DictExpr : Expr {
   std::vector<std::pair<ExprPtr, ExprPtr>> items;
-  Value eval(Scope& sc) const override {
+  Value do_eval(Scope& sc) const override {
     Dict d;
     for (const auto& [k, v] : items) {
       Value key = k->eval(sc);
@@ -136,17 +194,17 @@ struct DictExpr : Expr {
 struct GetAttr : Expr {
   ExprPtr obj;
   std::string attr;
-  Value eval(Scope& sc) const override { return get_attr(obj->eval(sc), attr); }
+  Value do_eval(Scope& sc) const override { return get_attr(obj->eval(sc), attr); }
 };
 
 struct GetItem : Expr {
   ExprPtr obj, key;
-  Value eval(Scope& sc) const override { return get_item(obj->eval(sc), key->eval(sc)); }
+  Value do_eval(Scope& sc) const override { return get_item(obj->eval(sc), key->eval(sc)); }
 };
 
 struct Slice : Expr {
   ExprPtr obj, start, stop, step;
-  Value eval(Scope& sc) const override;
+  Value do_eval(Scope& sc) const override;
 };
 void eval_args(const CallArgs& a, Scope& sc, Args& args, Kwargs& kwargs) {
   for (const auto& e : a.args) args.push_back(e->eval(sc));
@@ -156,7 +214,7 @@ void eval_args(const CallArgs& a, Scope& sc, Args& args, Kwargs& kwargs) {
 struct Call : Expr {
   ExprPtr fn;
   CallArgs a;
-  Value eval(Scope& sc) const override {
+  Value do_eval(Scope& sc) const override {
     Value f = fn->eval(sc);
     Args args;
     Kwargs kwargs;
@@ -171,7 +229,7 @@ struct Filter : Expr {
   std::string name;
   FilterFn f;
   CallArgs a;
-  Value eval(Scope& sc) const override {
+  Value do_eval(Scope& sc) const override {
     Value v = value->eval(sc);
     Args args;
     Kwargs kwargs;
@@ -185,7 +243,7 @@ struct Test : Expr {
   TestFn f;
   CallArgs a;
   bool negated = false;
-  Value eval(Scope& sc) const override {
+  Value do_eval(Scope& sc) const override {
     Value v = value->eval(sc);
     Args args;
     Kwargs kwargs;
@@ -197,13 +255,14 @@ struct Test : Expr {
 struct Unary : Expr {
   char op;  // '!' not, '-', '+'
   ExprPtr e;
-  Value eval(Scope& sc) const override {
+  Value do_eval(Scope& sc) const override {
     Value v = e->eval(sc);
     if (op == '!') return Value::boolean(!truthy(v));
     if (v.is_undefined()) undefined_error(v);
     if (!v.is_number()) fail(std::string("bad operand type for unary ") + op + ": '" + type_name(v) + "'");
     if (v.kind == Value::Kind::Float) return Value::real(op == '-' ? -v.f : v.f);
-    return Value::integer(op == '-' ? -v.integer_value() : v.integer_value());
+    if (op == '-') return binary("-", Value::integer(0), v);  // -(-2**63) overflows
+    return Value::integer(v.integer_value());
   }
 };
 
@@ -211,7 +270,7 @@ struct Unary : Expr {
 struct Binary : Expr {
   std::string op;
   ExprPtr l, r;
-  Value eval(Scope& sc) const override {
+  Value do_eval(Scope& sc) const override {
     if (op == "and") { Value x = l->eval(sc); return truthy(x) ? r->eval(sc) : x; }
     if (op == "or") { Value x = l->eval(sc); return truthy(x) ? x : r->eval(sc); }
     return binary(op, l->eval(sc), r->eval(sc));
@@ -220,13 +279,13 @@ struct Binary : Expr {
 
 struct Conditional : Expr {
   ExprPtr cond, yes, no;  // no: may be null (Undefined)
-  Value eval(Scope& sc) const override {
+  Value do_eval(Scope& sc) const override {
     if (truthy(cond->eval(sc))) return yes->eval(sc);
     return no ? no->eval(sc) : Value::undefined();
   }
 };
 
-Value Slice::eval(Scope& sc) const {
+Value Slice::do_eval(Scope& sc) const {
   Value v = obj->eval(sc);
   auto ev = [&](const ExprPtr& e) { return e ? e->eval(sc) : Value::none(); };
   return slice(v, ev(start), ev(stop), ev(step));
@@ -236,13 +295,15 @@ Value Slice::eval(Scope& sc) const {
 
 struct TextNode : Node {
   std::string text;
-  void run(Scope& sc) const override { sc.r->out += text; }
+  void run(Scope& sc) const override {
+    at_line(sc, line, [&] { write(*sc.r, text); });
+  }
 };
 
 struct OutputNode : Node {
   ExprPtr e;
   void run(Scope& sc) const override {
-    at_line(sc, line, [&] { sc.r->out += to_str(e->eval(sc)); });
+    at_line(sc, line, [&] { write(*sc.r, to_str(e->eval(sc))); });
   }
 };
 
@@ -273,35 +334,47 @@ struct ForNode : Node {
   void run(Scope& sc) const override {
     List items;
     at_line(sc, line, [&] { items = iterate(iter->eval(sc)); });
-    sc.frames.emplace_back();
+    sc.push();
     if (filter) {
       List kept;
       for (const auto& x : items) {
         bool keep = false;
-        at_line(sc, line, [&] { assign(sc, targets, x); keep = truthy(filter->eval(sc)); });
-        if (keep) kept.push_back(x);
+        at_line(sc, line, [&] {
+          assign(sc, targets, x);
+          keep = truthy(filter->eval(sc));
+          if (keep) kept.push_back(x);
+        });
       }
       items = std::move(kept);
     }
     const int64_t n = static_cast<int64_t>(items.size());
+    Renderer& r = *sc.r;
     for (int64_t k = 0; k < n; ++k) {
-      Dict loop{{"index", Value::integer(k + 1)},
-                {"index0", Value::integer(k)},
-                {"revindex", Value::integer(n - k)},
-                {"revindex0", Value::integer(n - k - 1)},
-                {"first", Value::boolean(k == 0)},
-                {"last", Value::boolean(k == n - 1)},
-                {"length", Value::integer(n)},
-                {"depth", Value::integer(1)},
-                {"depth0", Value::integer(0)},
-                {"previtem", k > 0 ? items[static_cast<size_t>(k - 1)] : Value::undefined("previtem")},
-                {"nextitem", k + 1 < n ? items[static_cast<size_t>(k + 1)] : Value::undefined("nextitem")}};
-      loop.emplace_back("cycle", Value::function([k](Args& args, Kwargs&) {
-        if (args.empty()) fail("loop.cycle() needs at least one value");
-        return args[static_cast<size_t>(k) % args.size()];
-      }));
-      sc.set("loop", Value::of_dict(std::move(loop), true));
-      at_line(sc, line, [&] { assign(sc, targets, items[static_cast<size_t>(k)]); });
+      const Value& item = items[static_cast<size_t>(k)];
+      if (r.capture == 0 && item.kind == Value::Kind::Dict && !r.message_index.empty()) {
+        auto m = r.message_index.find(item.dict.get());
+        if (m != r.message_index.end()) r.message_starts[m->second] = static_cast<int64_t>(r.out.size());
+      }
+      at_line(sc, line, [&] {
+        step();  // an iteration with an empty body is work too
+        Dict loop{{"index", Value::integer(k + 1)},
+                  {"index0", Value::integer(k)},
+                  {"revindex", Value::integer(n - k)},
+                  {"revindex0", Value::integer(n - k - 1)},
+                  {"first", Value::boolean(k == 0)},
+                  {"last", Value::boolean(k == n - 1)},
+                  {"length", Value::integer(n)},
+                  {"depth", Value::integer(1)},
+                  {"depth0", Value::integer(0)},
+                  {"previtem", k > 0 ? items[static_cast<size_t>(k - 1)] : Value::undefined("previtem")},
+                  {"nextitem", k + 1 < n ? items[static_cast<size_t>(k + 1)] : Value::undefined("nextitem")}};
+        loop.emplace_back("cycle", Value::function([k](Args& args, Kwargs&) {
+          if (args.empty()) fail("loop.cycle() needs at least one value");
+          return args[static_cast<size_t>(k) % args.size()];
+        }));
+        sc.set("loop", Value::of_dict(std::move(loop), true));
+        assign(sc, targets, item);
+      });
       try {
         run_body(body, sc);
       } catch (const BreakLoop&) {
@@ -326,11 +399,9 @@ struct SetNode : Node {
       if (value) {
         v = value->eval(sc);
       } else {
-        std::string saved;
-        std::swap(saved, sc.r->out);
+        Capture text(*sc.r);
         run_body(block, sc);
-        std::swap(saved, sc.r->out);
-        v = Value::string(saved);
+        v = Value::string(text.take());
       }
       if (!ns_name.empty()) {
         Value ns = sc.lookup(ns_name);
@@ -350,15 +421,14 @@ struct FilterBlockNode : Node {  // {% filter name(args) %}...{% endfilter %}
   CallArgs a;
   Body body;
   void run(Scope& sc) const override {
-    std::string saved;
-    std::swap(saved, sc.r->out);
+    Capture text(*sc.r);
     run_body(body, sc);
-    std::swap(saved, sc.r->out);
+    std::string saved = text.take();
     at_line(sc, line, [&] {
       Args args;
       Kwargs kwargs;
       eval_args(a, sc, args, kwargs);
-      sc.r->out += to_str(f(Value::string(saved), args, kwargs));
+      write(*sc.r, to_str(f(Value::string(std::move(saved)), args, kwargs)));
     });
   }
 };
@@ -387,16 +457,21 @@ struct MacroNode : Node {
   void run(Scope& sc) const override {
     const MacroNode* self = this;
     Renderer* r = sc.r;
-    auto outer = std::make_shared<std::vector<std::unordered_map<std::string, Value>>>(sc.frames);
+    // The frames around the definition, by reference (weak: a frame holds the macro, which must not
+    // keep the frame alive). One that has ended (a loop's, when the macro was stored away) is gone.
+    std::vector<std::weak_ptr<Frame>> outer(sc.frames.begin(), sc.frames.end());
     sc.set(name, Value::function([self, r, outer](Args& args, Kwargs& kwargs) {
-      if (r->macro_depth >= 100) fail("macro '" + self->name + "' calls itself more than 100 deep");
+      Budget* b = active_budget();
+      if (b && b->depth >= b->limits.depth) over_depth(*b, self->name);
       struct Depth {
-        int& d;
-        explicit Depth(int& x) : d(x) { ++d; }
-        ~Depth() { --d; }
-      } depth(r->macro_depth);
-      Scope inner{r, *outer};
-      inner.frames.emplace_back();
+        Budget* b;
+        explicit Depth(Budget* x) : b(x) { if (b) ++b->depth; }
+        ~Depth() { if (b) --b->depth; }
+      } depth(b);
+      Scope inner{r, {}};
+      for (const auto& w : outer)
+        if (auto f = w.lock()) inner.frames.push_back(std::move(f));
+      inner.push();
       if (args.size() > self->params.size()) fail("macro '" + self->name + "' takes no more than " + std::to_string(self->params.size()) + " arguments");
       for (size_t k = 0; k < self->params.size(); ++k) {
         const auto& [pname, dflt] = self->params[k];
@@ -408,11 +483,9 @@ struct MacroNode : Node {
       for (const auto& [k, v] : kwargs)
         if (std::none_of(self->params.begin(), self->params.end(), [&](const auto& p) { return p.first == k; }))
           fail("macro '" + self->name + "' takes no keyword argument '" + k + "'");
-      std::string saved;
-      std::swap(saved, r->out);
+      Capture text(*r);
       run_body(self->body, inner);
-      std::swap(saved, r->out);
-      Value v = Value::string(saved);
+      Value v = Value::string(text.take());
       v.markup = true;
       return v;
     }));
@@ -984,16 +1057,19 @@ class Parser {
 // Globals: raise_exception, namespace, range, dict, strftime_now.
 void add_globals(Renderer& r) {
   r.globals["raise_exception"] = Value::function([](Args& a, Kwargs&) -> Value {
-    throw EvalError{a.empty() ? std::string("(no message)") : to_str(a[0]), true};
+    throw EvalError{a.empty() ? std::string("(no message)") : to_str(a[0]), true, ""};
   });
-  r.globals["namespace"] = Value::function([](Args& a, Kwargs& kw) {
+  Renderer* rp = &r;
+  r.globals["namespace"] = Value::function([rp](Args& a, Kwargs& kw) {
     Dict d;
     for (const auto& x : a) {
       if (!x.is_mapping()) fail("namespace() takes keyword arguments or a dict");
       for (const auto& kv : *x.dict) d.push_back(kv);
     }
     for (const auto& kv : kw) d.push_back(kv);
-    return Value::of_dict(std::move(d), true);
+    Value ns = Value::of_dict(std::move(d), true);
+    rp->namespaces.push_back(ns.dict);
+    return ns;
   });
   r.globals["dict"] = Value::function([](Args& a, Kwargs& kw) {
     Dict d;
@@ -1009,14 +1085,18 @@ void add_globals(Renderer& r) {
     if (a.size() == 1) e = int_arg(a[0], 0);
     else { b = int_arg(a[0], 0); e = int_arg(a[1], 0); if (a.size() == 3) st = int_arg(a[2], 1); }
     if (st == 0) fail("range() step must not be zero");
+    // Counted before it is made (a step near 2**63 must not overflow), and bounded as jinja2's sandbox
+    // bounds it (MAX_RANGE).
+    const uint64_t dist = st > 0 ? (e > b ? static_cast<uint64_t>(e) - static_cast<uint64_t>(b) : 0)
+                                 : (b > e ? static_cast<uint64_t>(b) - static_cast<uint64_t>(e) : 0);
+    const uint64_t mag = st > 0 ? static_cast<uint64_t>(st) : static_cast<uint64_t>(-(st + 1)) + 1;
+    const uint64_t n = dist == 0 ? 0 : (dist - 1) / mag + 1;
+    if (n > 100000) fail("range() of " + std::to_string(n) + " items: the sandbox allows at most 100000 (as jinja2's does)");
     List l;
-    for (int64_t k = b; st > 0 ? k < e : k > e; k += st) {
-      l.push_back(Value::integer(k));
-      if (l.size() > 100000) fail("range() of more than 100000 items");
-    }
+    for (uint64_t k = 0; k < n; ++k)  // b + k * st, in unsigned arithmetic: the sum fits, a partial product may not
+      l.push_back(Value::integer(static_cast<int64_t>(static_cast<uint64_t>(b) + k * static_cast<uint64_t>(st))));
     return Value::of_list(std::move(l));
   });
-  Renderer* rp = &r;
   r.globals["strftime_now"] = Value::function([rp](Args& a, Kwargs&) {
     const std::string fmt = a.empty() ? "" : to_str(a[0]);
     if (rp->strftime_now) return Value::string(rp->strftime_now(fmt));
@@ -1049,20 +1129,39 @@ Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
-Rendered Template::render(const nlohmann::ordered_json& context, const std::function<std::string(const std::string&)>& strftime_now) const {
+Rendered Template::render(const nlohmann::ordered_json& context, const std::function<std::string(const std::string&)>& strftime_now,
+                          const RenderOptions& options) const {
+  Budget budget;
+  budget.limits = options.limits;
+  budget.steps = options.steps_spent;
+  ActiveBudget active(budget);
   Renderer r;
   r.name = name_;
   r.strftime_now = strftime_now;
   add_globals(r);
-  Scope sc{&r, {{}}};
-  if (context.is_object())
-    for (auto it = context.begin(); it != context.end(); ++it) sc.set(it.key(), from_json(it.value()));
+  Scope sc{&r, {}};
+  sc.push();
+  if (context.is_object()) {
+    for (auto it = context.begin(); it != context.end(); ++it) {
+      try {
+        sc.set(it.key(), from_json(it.value()));
+      } catch (const EvalError& e) {
+        throw TemplateError(name_ + ": the variable '" + it.key() + "': " + e.message, e.message, false, e.limit);
+      }
+    }
+    const Value messages = sc.lookup("messages");
+    if (messages.kind == Value::Kind::List) {
+      r.message_starts.assign(messages.list->size(), -1);
+      for (size_t k = 0; k < messages.list->size(); ++k)
+        if ((*messages.list)[k].kind == Value::Kind::Dict) r.message_index.emplace((*messages.list)[k].dict.get(), k);
+    }
+  }
   try {
     root_->run(sc);
   } catch (const EvalError& e) {  // outside any statement (should not happen)
-    throw TemplateError(name_ + ": " + e.message, e.message, e.raised);
+    throw TemplateError(name_ + ": " + e.message, e.message, e.raised, e.limit);
   }
-  return {std::move(r.out), std::move(r.generation)};
+  return {std::move(r.out), std::move(r.generation), std::move(r.message_starts), budget.steps};
 }
 
 }  // namespace lt::jinja

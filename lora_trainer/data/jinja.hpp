@@ -10,7 +10,7 @@
 // str by code point, list, tuple, dict in insertion order) with Python's printing, arithmetic and
 // comparisons; the filters, tests, string/dict methods and globals that chat templates use
 // (jinja/builtins.hpp lists them). Anything else is refused when the template is parsed, or when it runs, with
-// the template's name and line. Checked byte for byte against python3-jinja2 (tests/data/test_jinja.cpp,
+// the template's name and line; so is a render past its limits of work and memory (jinja/limits.hpp). Checked byte for byte against python3-jinja2 (tests/data/test_jinja.cpp,
 // scripts/jinja_golden.py).
 #pragma once
 
@@ -25,17 +25,28 @@
 #include <nlohmann/json.hpp>
 
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/data/jinja/limits.hpp"
 
 namespace lt::jinja {
 
 // A template that could not be parsed or failed while rendering, as "NAME line N: reason"; a template's
-// own raise_exception(msg) is one of these too (`raised` true, `message` msg).
+// own raise_exception(msg) is one of these too (`raised` true, `message` msg), and so is a render
+// stopped by its limits (`limit`: which one, limits.hpp).
 class TemplateError : public UserError {
  public:
-  TemplateError(const std::string& what, std::string message, bool raised)
-      : UserError(what), message(std::move(message)), raised(raised) {}
+  TemplateError(const std::string& what, std::string message, bool raised, std::string limit = "")
+      : UserError(what), message(std::move(message)), raised(raised), limit(std::move(limit)) {}
   std::string message;
   bool raised;
+  std::string limit;
+};
+
+// How a render is bounded (limits.hpp).
+struct RenderOptions {
+  Limits limits;
+  // Steps spent by earlier renders of the same task (the renders of one conversation), counted against
+  // limits.steps with this render's own.
+  int64_t steps_spent = 0;
 };
 
 // What a render produced: the text, and the [begin, end) byte ranges of text written inside
@@ -43,6 +54,11 @@ class TemplateError : public UserError {
 struct Rendered {
   std::string text;
   std::vector<std::pair<size_t, size_t>> generation;
+  // For each item of the context's `messages`: where in `text` the last `for` iteration over it began
+  // (while writing the text itself, not a macro's or a {% set %} block's), or -1. ChatTemplate finds
+  // the turns of a conversation from them.
+  std::vector<int64_t> message_starts;
+  int64_t steps = 0;  // steps_spent and this render's
 };
 
 struct Node;
@@ -57,8 +73,11 @@ class Template {
 
   // Renders with the variables of `context` (an object; key order is kept, as in Python's dicts, for
   // tojson and items()). `now` formats strftime_now(fmt): the current local time when not given.
+  // A render that passes options.limits stops with a TemplateError naming the template, the line and the
+  // limit.
   Rendered render(const nlohmann::ordered_json& context,
-                  const std::function<std::string(const std::string&)>& strftime_now = nullptr) const;
+                  const std::function<std::string(const std::string&)>& strftime_now = nullptr,
+                  const RenderOptions& options = {}) const;
 
   const std::string& name() const { return name_; }
   // Whether the template has {% generation %} blocks (outside comments and raw text).

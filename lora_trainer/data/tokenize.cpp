@@ -356,9 +356,12 @@ nlohmann::ordered_json chat_variables(const std::vector<std::string>& vars) {
     const size_t eq = v.find('=');
     if (eq == std::string::npos || eq == 0)
       throw UserError("--chat-var " + v + ": expected KEY=VALUE (e.g. enable_thinking=false; VALUE is JSON, or else a string)");
-    const std::string value = v.substr(eq + 1);
-    nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(value, nullptr, false);
-    out[v.substr(0, eq)] = parsed.is_discarded() ? nlohmann::ordered_json(value) : parsed;
+    const std::string key = v.substr(0, eq), value = v.substr(eq + 1);
+    // JSON is read with parse_ordered_json's bounds (nesting, duplicate keys): a value nested 100,000
+    // deep is an error naming the option, not a crash where the value is copied or freed.
+    out[key] = nlohmann::ordered_json::accept(value)
+                   ? parse_ordered_json(value, "--chat-var " + key, "VALUE is JSON, or else taken as a string")
+                   : nlohmann::ordered_json(value);
   }
   return out;
 }
@@ -367,11 +370,14 @@ nlohmann::ordered_json chat_variables(const std::vector<std::string>& vars) {
 
 TokenizeResult tokenize_jsonl_to_chat(const TokenizeOptions& o) {
   check_val_fraction(o);
+  jinja::Limits limits;
+  for (const auto& l : o.chat_limits) limits.set(l);
   if (o.tokenizer.rfind("hf:", 0) != 0 || o.tokenizer.size() == 3)
     throw UserError("tokenize --format chat needs --tokenizer hf:DIR: the model directory whose tokenizer and chat template "
                     "(tokenizer_config.json) turn the conversations into tokens");
   auto tok = make_tokenizer(o.tokenizer);
-  const ChatTemplate tmpl = ChatTemplate::from_model_dir(o.tokenizer.substr(3), o.chat_template);
+  ChatTemplate tmpl = ChatTemplate::from_model_dir(o.tokenizer.substr(3), o.chat_template);
+  tmpl.set_limits(limits);
   const ChatLoss loss = parse_chat_loss(o.loss_on);
   const nlohmann::ordered_json vars = chat_variables(o.chat_vars);
   const auto ours = o.show ? std::vector<std::string>() : check_dataset_target(o);

@@ -32,6 +32,7 @@ struct TokenizeOptions {
   std::string chat_template;            // which of a list of named templates ("" = default)
   std::string loss_on = "assistant";    // assistant, last or all (parse_chat_loss)
   std::vector<std::string> chat_vars;   // KEY=VALUE template variables (e.g. enable_thinking=false)
+  std::vector<std::string> chat_limits; // NAME=N bounds on the template's renders (jinja::Limits::set)
   bool show = false;                    // print each record's text, ids and mask as JSON lines; write nothing
 };
 

@@ -7,8 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -215,4 +217,154 @@ TEST_CASE("sample --chat renders the user message with the chat template and pri
   r = lt::test::launch({"sample", tmp / "base", "--prompt", "ab", "--chat", "--tokenizer", "byte"});
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("--tokenizer hf:DIR"));
+}
+
+namespace {
+
+// A record: a system message (or none), then `pairs` user/assistant turns.
+ojson long_conversation(size_t pairs, bool system = true) {
+  ojson m = ojson::array();
+  if (system) m.push_back({{"role", "system"}, {"content", "Be brief."}});
+  for (size_t k = 0; k < pairs; ++k) {
+    m.push_back({{"role", "user"}, {"content", "Question " + std::to_string(k) + "?"}});
+    m.push_back({{"role", "assistant"}, {"content", "Answer " + std::to_string(k) + (k % 3 ? "." : " \n")}});
+  }
+  return ojson{{"messages", m}};
+}
+
+// The prefix rule as for_training applied it to every turn before (one render up to each turn with the
+// generation prompt and one through it); throws when the renders do not line up.
+std::vector<std::pair<size_t, size_t>> prefix_spans(const lt::ChatTemplate& t, const ojson& record) {
+  const ojson& msgs = record["messages"];
+  const std::string full = t.render(msgs, false).text;
+  std::vector<std::pair<size_t, size_t>> out;
+  ojson head = ojson::array();
+  for (size_t i = 0; i < msgs.size(); head.push_back(msgs[i]), ++i) {
+    if (msgs[i]["role"] != "assistant") continue;
+    const std::string before = i == 0 ? "" : t.render(head, true).text;
+    ojson through_msgs = head;
+    through_msgs.push_back(msgs[i]);
+    const std::string through = t.render(through_msgs, false).text;
+    if (through.compare(0, before.size(), before) != 0 || full.compare(0, through.size(), through) != 0)
+      throw std::runtime_error("the prefixes do not line up at message " + std::to_string(i + 1));
+    size_t e = through.size();
+    while (e > before.size() && std::isspace(static_cast<unsigned char>(through[e - 1]))) --e;
+    if (e > before.size()) out.emplace_back(before.size(), e);
+  }
+  return out;
+}
+
+lt::ChatTemplate chat_template(const std::string& name) {
+  const ojson special = ojson::parse(lt::read_file(kSrc + "/tests/data/chat_templates/special_tokens.json"));
+  return lt::ChatTemplate(lt::read_file(kSrc + "/tests/data/chat_templates/" + name + ".jinja"), name,
+                          special.contains(name) ? special[name] : ojson::object());
+}
+
+}  // namespace
+
+TEST_CASE("chat: a long conversation's turns are read from one render, as the prefix rule finds them, in linear work", "[chat]") {
+  // Every real template: the spans of 20 turns equal the prefix rule's (the 1st, 2nd, 4th, 8th, 16th and
+  // 20th are found by it; the rest from the one render), or both refuse the conversation.
+  int compared = 0;
+  for (const std::string name : {"qwen2_5", "qwen3", "llama3", "llama3_1", "llama3_2", "mistral_nemo", "gemma3", "deepseek_v3",
+                                 "command_r_plus", "with_generation"}) {
+    for (bool system : {true, false}) {
+      INFO(name << (system ? " with" : " without") << " a system message");
+      const lt::ChatTemplate t = chat_template(name);
+      const ojson record = long_conversation(20, system);
+      std::vector<std::pair<size_t, size_t>> want;
+      bool refused = false;
+      try {
+        want = prefix_spans(t, record);
+      } catch (const std::exception&) {
+        refused = true;
+      }
+      if (name == "with_generation") {  // its own tags: one render in any case
+        CHECK(t.for_training(record, lt::ChatLoss::Assistant, ojson::object(), "x").loss.size() == 20);
+        continue;
+      }
+      if (refused) {
+        CHECK_THROWS_AS(t.for_training(record, lt::ChatLoss::Assistant, ojson::object(), "x"), lt::UserError);
+        continue;
+      }
+      const lt::ChatText got = t.for_training(record, lt::ChatLoss::Assistant, ojson::object(), "x");
+      CHECK(got.loss == want);
+      CHECK(got.loss.size() == 20);
+      ++compared;
+    }
+  }
+  CHECK(compared >= 8);
+
+  // The work of 2N messages is twice that of N (rendering every prefix made it four times), and a few
+  // full renders' worth.
+  for (const std::string name : {"qwen2_5", "llama3_2"}) {
+    INFO(name);
+    const lt::ChatTemplate t = chat_template(name);
+    const ojson n = long_conversation(1000), two_n = long_conversation(2000);
+    const int64_t steps_n = t.for_training(n, lt::ChatLoss::Assistant, ojson::object(), "x").steps;
+    const lt::ChatText c = t.for_training(two_n, lt::ChatLoss::Assistant, ojson::object(), "x");
+    CHECK(c.loss.size() == 2000);
+    const double ratio = static_cast<double>(c.steps) / static_cast<double>(steps_n);
+    INFO("steps " << steps_n << " -> " << c.steps);
+    CHECK(ratio > 1.6);
+    CHECK(ratio < 2.4);
+    CHECK(c.steps < 8 * t.render(two_n["messages"], false).steps);
+  }
+}
+
+TEST_CASE("chat: a template whose loop cannot be followed gets the prefix rule for every turn", "[chat]") {
+  // Messages taken by index, rendered inside a macro, or looped over again at the end: the one render's
+  // positions are missing or wrong, the checked turns disagree with them, and every turn is rendered.
+  for (const std::string source : {
+           "{% for i in range(messages|length) %}{% set m = messages[i] %}<{{ m.role }}>{{ m.content }}</s>\n{% endfor %}"
+           "{% if add_generation_prompt %}<assistant>{% endif %}",
+           "{% macro turn(m) %}<{{ m.role }}>{{ m.content }}</s>\n{% endmacro %}{% for m in messages %}{{ turn(m) }}{% endfor %}"
+           "{% if add_generation_prompt %}<assistant>{% endif %}",
+           "{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>\n{% endfor %}{% for m in messages %}{% endfor %}"
+           "{% if add_generation_prompt %}<assistant>{% endif %}"}) {
+    INFO(source);
+    const lt::ChatTemplate t(source, "t.jinja", ojson::object());
+    const ojson record = long_conversation(12);
+    const lt::ChatText got = t.for_training(record, lt::ChatLoss::Assistant, ojson::object(), "x");
+    CHECK(got.loss == prefix_spans(t, record));
+    CHECK(got.loss.size() == 12);
+    CHECK(got.text.substr(got.loss[5].first, got.loss[5].second - got.loss[5].first) == "Answer 5.</s>");
+  }
+}
+
+TEST_CASE("tokenize --format chat: --chat-limit bounds the template, --chat-var is read with JSON's bounds", "[chat][launcher]") {
+  lt::test::TempDir tmp;
+  const std::string dir = model_dir(tmp, "qwen2_5.jinja");
+  const std::string data = tmp / "data", in = tmp / "in.jsonl";
+  lt::write_file_atomic(in, kConversation.dump() + "\n");
+  // A template that loops without end (a copy given as a file): stopped, naming the record, the template
+  // file, its line and the limit; a raised limit is taken.
+  const std::string looping = tmp / "looping.jinja";
+  lt::write_file_atomic(looping, "{% for m in messages %}{{ m.content }}\n{% for i in range(100000) %}{% for j in range(100000) %}"
+                                 "{% endfor %}{% endfor %}{% endfor %}");
+  const std::vector<std::string> base = {"tokenize", in, "--format", "chat", "--tokenizer", "hf:" + dir, "--name", "c", "--data-dir", data};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return lt::test::launch(args);
+  };
+  auto r = with({"--chat-template", looping, "--chat-limit", "steps=100000"});
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains(in + ":1: " + looping + " line 2: the template did more than 100000 steps") &&
+                        Contains("--chat-limit steps=N"));
+  r = with({"--chat-limit", "steps=1000", "--chat-limit", "output=100000000"});  // too low for the real template
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("more than 1000 steps"));
+  CHECK(with({"--chat-limit", "steps=10000000"}).code == 0);
+  r = with({"--chat-limit", "time=5"});
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("--chat-limit time=5") && Contains("steps, output, string, list, depth"));
+
+  // --chat-var: JSON nested 60,000 deep (an argument's most) is refused naming the variable; a value
+  // nested 100 deep reaches the template.
+  r = with({"--chat-var", "x=" + std::string(60000, '[') + std::string(60000, ']')});
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("--chat-var x: nested more than 512 levels deep"));
+  CHECK(with({"--chat-var", "x=" + std::string(100, '[') + std::string(100, ']'), "--chat-var", "y=[not json"}).code == 0);
 }

@@ -30,6 +30,7 @@
 #include "lora_trainer/formats/huggingface.hpp"
 #include "lora_trainer/cli/registry.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
+#include "lora_trainer/data/jinja.hpp"
 #include "lora_trainer/data/tokenize.hpp"
 #include "lora_trainer/data/tokenizer.hpp"
 
@@ -451,6 +452,79 @@ TEST_CASE("fuzz: conversations and chat templates for tokenize --format chat", "
   }
   records.check();
   templates.check();
+}
+
+TEST_CASE("fuzz: generated and damaged chat templates render, or fail naming the template and line, within the limits", "[fuzz]") {
+  // Templates put together from pieces that loop, recurse, multiply strings and lists, nest and print,
+  // with hostile numbers, then sometimes damaged byte by byte. Low limits keep each render to
+  // milliseconds; whatever stops it must be a TemplateError naming the template and the line.
+  const char* pieces[] = {
+      "{% for i in range(N) %}B{% endfor %}", "{% for m in messages %}{{ m.role }}: {{ m.content|trim }}\n{% endfor %}",
+      "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(N) }}",
+      "{% macro g(n) %}B{{ g(n + 1) }}{% endmacro %}{{ g(N) }}", "{{ 'x' * N }}", "{{ [1, 'a'] * N }}", "{{ 2 ** N }}",
+      "{{ N ** N }}", "{{ -N // -1 }}{{ N % -1 }}{{ N * N }}{{ N + N }}", "{{ messages|tojson(indent=N) }}",
+      "{% set ns = namespace(s='ab') %}{% for i in range(N) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+      "{% set ns = namespace(l=[]) %}{% for i in range(N) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ ns.l }}",
+      "{{ ('ab' * N).replace('a', 'xyz')|length }}", "{{ 'a'|center(N) }}", "{{ ('a\n' * N)|indent(N) }}",
+      "{{ range(N)|list|unique|length }}{{ range(N)|list|sort|first }}", "{{ (range(N)|list) == (range(N)|list) }}",
+      "{{ raise_exception('no') }}", "{{ undefined_name.x }}", "{% if messages[0].role == 'system' %}S{% endif %}",
+      "{{ messages[N] }}{{ 'abc'[N] }}{{ [1, 2, 3][N:N] }}", "{{ ('a' * N).split('a')|length }}", "{{ '{0}{0}'.format('y' * N) }}",
+      "{% set x %}{% for i in range(N) %}yy{% endfor %}{% endset %}{{ x|length }}{{ x|wordcount }}", "{{ [[[[N]]]] }}{{ ((((N)))) }}",
+      "{% if N %}{% if N %}{% for i in [N] %}B{% endfor %}{% endif %}{% endif %}", "{{ N|int }}{{ N|float }}{{ N|abs }}{{ N|round }}",
+      "{{ range(N, -N, -N)|length }}", "{{ (messages * N)|map(attribute='role')|join(',') }}", "{{ '%s%d' % ('a' * N, N) }}",
+      "{% filter upper %}{% for i in range(N) %}b{% endfor %}{% endfilter %}", "{% generation %}B{% endgeneration %}",
+  };
+  const char* numbers[] = {"0", "1", "7", "40", "100", "100000", "1000000000", "9223372036854775807", "-3", "2.5", "1e300"};
+  const json context = json::parse(R"({"messages": [{"role": "system", "content": "  Be brief. "}, {"role": "user", "content": "Hi?"},
+      {"role": "assistant", "content": "Hello."}], "add_generation_prompt": true, "bos_token": "<s>"})");
+  jinja::Limits limits;
+  limits.steps = 200000;
+  limits.output = 1 << 20;
+  limits.string = 1 << 20;
+  limits.list = 100000;
+  limits.depth = 50;
+  jinja::RenderOptions options;
+  options.limits = limits;
+  Tally tally{"chat templates"};
+  int rendered = 0, stopped = 0;
+  std::map<std::string, int> by_limit;
+  for (uint64_t seed : seeds(600)) {
+    Mutator m(seed);
+    std::string source;
+    for (size_t k = 0, n = 1 + m.below(4); k < n; ++k) {
+      std::string piece = pieces[m.below(sizeof pieces / sizeof *pieces)];
+      for (size_t at; (at = piece.find('N')) != std::string::npos;) piece.replace(at, 1, numbers[m.below(sizeof numbers / sizeof *numbers)]);
+      for (size_t at; (at = piece.find('B')) != std::string::npos;)  // a body: another piece, or text
+        piece.replace(at, 1, m.chance(30) ? std::string(pieces[m.below(4)]) : std::string("t\n"));
+      for (size_t at; (at = piece.find('N')) != std::string::npos;) piece.replace(at, 1, "3");
+      for (size_t at; (at = piece.find('B')) != std::string::npos;) piece.replace(at, 1, "u");
+      source += (m.chance(30) ? "\n" : "") + piece;
+    }
+    if (m.chance(30)) source = m.bytes(source);
+    tally.run(seed, [&] {
+      try {
+        const jinja::Template t(source, "fuzzed.jinja");
+        const jinja::Rendered r = t.render(context, nullptr, options);
+        CHECK(r.text.size() <= static_cast<size_t>(limits.output));
+        CHECK(r.steps <= limits.steps);
+        ++rendered;
+      } catch (const jinja::TemplateError& e) {
+        const std::string what = e.what();
+        if (what.rfind("fuzzed.jinja line ", 0) != 0)
+          throw std::runtime_error("seed " + std::to_string(seed) + ": an error without the template's name and line: " + what);
+        if (!e.limit.empty()) ++by_limit[e.limit];
+        ++stopped;
+        throw;
+      }
+    });
+  }
+  tally.check();
+  INFO(rendered << " rendered, " << stopped << " stopped");
+  CHECK(rendered > 50);
+  for (const char* limit : {"steps", "string", "depth"}) {
+    INFO(limit);
+    CHECK(by_limit[limit] > 0);  // the limits were reached, not just the syntax refused
+  }
 }
 
 TEST_CASE("fuzz: a dataset's meta.json, shape.json and token files, as training opens them", "[fuzz]") {

@@ -18,6 +18,8 @@ struct SampleArgs {
   std::string checkpoint, prompt, tokenizer = "auto", system;
   bool chat = false;
   CLI::Option* system_opt = nullptr;
+  std::vector<std::string> chat_limits;
+  CLI::Option* limit_opt = nullptr;
   GenerateOptions gen;
   std::vector<std::string> overrides;
 };
@@ -39,7 +41,10 @@ int sample(const SampleArgs& a) {
       throw UserError("sample --chat renders the prompt with the model's chat template: give --tokenizer hf:DIR (the model "
                       "directory holding tokenizer.json and tokenizer_config.json), or sample an imported model whose "
                       "directory still holds them");
-    const ChatTemplate tmpl = ChatTemplate::from_model_dir(tokenizer_name.substr(3));
+    ChatTemplate tmpl = ChatTemplate::from_model_dir(tokenizer_name.substr(3));
+    jinja::Limits limits;
+    for (const auto& l : a.chat_limits) limits.set(l);
+    tmpl.set_limits(limits);
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
     messages.push_back({{"role", "user"}, {"content", a.prompt}});
@@ -49,6 +54,8 @@ int sample(const SampleArgs& a) {
     if (eos.size() == 1) o.stop_id = eos[0];
   } else if (a.system_opt->count() > 0) {
     throw UserError("sample --system belongs to --chat (a system message rendered with the model's chat template)");
+  } else if (a.limit_opt->count() > 0) {
+    throw UserError("sample --chat-limit belongs to --chat (it bounds the renders of the model's chat template)");
   }
   auto ema = t->ema_weights();  // with eval/use_ema, the moving average generates
   auto ids = generate(t->model(), t->runtime(), tok->encode(prompt), o);
@@ -72,6 +79,9 @@ Command add_sample(CLI::App& app) {
                 "render --prompt as a user message with the model's chat template (generation prompt added) and print "
                 "the reply, generated up to the template's end-of-turn token; needs the model's tokenizer files (hf:DIR)");
   a->system_opt = sub->add_option("--system", a->system, "with --chat: a system message before the user's");
+  a->limit_opt = sub->add_option("--chat-limit", a->chat_limits,
+                                 "with --chat: raise a bound on the template's render, NAME=N (steps, output, string, list, "
+                                 "depth; docs/chat.md); repeat it for several");
   sub->add_option("--tokens", a->gen.max_new_tokens, "tokens to generate")->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   sub->add_option("--temperature", a->gen.temperature, "softmax temperature; 0 = greedy")->capture_default_str()

@@ -74,6 +74,10 @@ Command add_tokenize(CLI::App& app) {
   a->chat_only.push_back(sub->add_option("--chat-var", tok.chat_vars,
                                          "chat: a template variable KEY=VALUE (VALUE as JSON, else a string), e.g. "
                                          "enable_thinking=false; repeat it for several"));
+  a->chat_only.push_back(sub->add_option("--chat-limit", tok.chat_limits,
+                                         "chat: raise a bound on the template's renders, NAME=N: steps (work per "
+                                         "conversation), output (bytes), string (bytes of one string), list (items of "
+                                         "one list), depth (macros in macros); repeat it for several"));
   a->chat_only.push_back(sub->add_flag("--show", tok.show,
                                        "chat: print each record's rendered text, token ids and loss mask as a JSON line "
                                        "and write nothing"));

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 
@@ -46,6 +47,7 @@ List split(const std::string& s, const Value& sep, int64_t maxsplit, bool from_r
       size_t e = k;
       while (e < cps.size() && !is_space(cps[e])) ++e;
       words.emplace_back(k, e);
+      check_list(words.size());
       k = e;
     }
     if (maxsplit >= 0 && static_cast<int64_t>(words.size()) > maxsplit) {  // a remainder after maxsplit splits
@@ -69,18 +71,21 @@ List split(const std::string& s, const Value& sep, int64_t maxsplit, bool from_r
   if (!from_right) {
     size_t b = 0;
     while (true) {
-      const size_t f = (maxsplit < 0 || static_cast<int64_t>(parts.size()) < maxsplit) ? s.find(d, b) : std::string::npos;
+      const size_t f = (maxsplit < 0 || static_cast<int64_t>(parts.size()) < maxsplit) ? detail::find(s, d, b) : std::string::npos;
       if (f == std::string::npos) { parts.push_back(s.substr(b)); break; }
       parts.push_back(s.substr(b, f - b));
+      check_list(parts.size());
       b = f + d.size();
     }
   } else {
+    charge_bytes(times(s.size(), d.size()));  // rfind compares at each position
     size_t e = s.size();
     while (true) {
       size_t f = std::string::npos;
       if ((maxsplit < 0 || static_cast<int64_t>(parts.size()) < maxsplit) && e >= d.size()) f = s.rfind(d, e - d.size());
       if (f == std::string::npos) { parts.push_back(s.substr(0, e)); break; }
       parts.push_back(s.substr(f + d.size(), e - f - d.size()));
+      check_list(parts.size());
       e = f;
     }
     std::reverse(parts.begin(), parts.end());
@@ -109,8 +114,9 @@ Value string_method(const Value& obj, const std::string& m) {
                                 "isspace", "isupper", "join", "lower", "lstrip", "replace", "rfind", "rsplit", "rstrip",
                                 "split", "splitlines", "startswith", "strip", "title", "upper"};
   if (std::find(std::begin(known), std::end(known), m) == std::end(known)) return Value::undefined(m);
-  const std::string s = obj.s;
-  return Value::function([s, m](Args& a, Kwargs& kw) -> Value {
+  const Text text = obj.s;  // shared, not copied
+  return Value::function([text, m](Args& a, Kwargs& kw) -> Value {
+    const std::string& s = text.str();
     auto arg = [&](size_t k, const char* name) { return kwarg(kw, a, k, name); };
     if (m == "strip") return Value::string(strip(s, arg(0, "chars"), true, true));
     if (m == "lstrip") return Value::string(strip(s, arg(0, "chars"), true, false));
@@ -132,13 +138,16 @@ Value string_method(const Value& obj, const std::string& m) {
         for (size_t k = 0; k <= cps.size(); ++k) {
           if (count < 0 || static_cast<int64_t>(k) < count) out += to;
           if (k < cps.size()) append_utf8(out, cps[k]);
+          check_string(out.size());
         }
         return Value::string(out);
       }
       while (count != 0) {
-        const size_t f = s.find(from, b);
+        const size_t f = detail::find(s, from, b);
         if (f == std::string::npos) break;
-        out += s.substr(b, f - b) + to;
+        out.append(s, b, f - b);
+        out += to;
+        check_string(out.size());
         b = f + from.size();
         if (count > 0) --count;
       }
@@ -149,17 +158,20 @@ Value string_method(const Value& obj, const std::string& m) {
       if (m == "count") {
         if (x.empty()) return Value::integer(static_cast<int64_t>(decode(s).size()) + 1);
         int64_t n = 0;
-        for (size_t f = s.find(x); f != std::string::npos; f = s.find(x, f + x.size())) ++n;
+        for (size_t f = detail::find(s, x); f != std::string::npos; f = detail::find(s, x, f + x.size())) ++n;
         return Value::integer(n);
       }
-      const size_t f = m == "find" ? s.find(x) : s.rfind(x);
+      if (m == "rfind") charge_bytes(times(s.size(), x.size()));
+      const size_t f = m == "find" ? detail::find(s, x) : s.rfind(x);
       return Value::integer(f == std::string::npos ? -1 : static_cast<int64_t>(decode(s.substr(0, f)).size()));
     }
     if (m == "join") {
       std::string out;
       bool first = true;
       for (const auto& v : iterate(arg(0, "iterable"))) {
-        out += (first ? "" : s) + need_string(v, "join").s;
+        if (!first) out += s;
+        out += need_string(v, "join").s;
+        check_string(out.size());
         first = false;
       }
       return Value::string(out);
@@ -179,7 +191,7 @@ Value string_method(const Value& obj, const std::string& m) {
         if (field.find_first_of(":!") != std::string::npos) fail("format specs and conversions in str.format are not supported");
         Value v;
         if (field.empty() || std::all_of(field.begin(), field.end(), [](char d) { return std::isdigit(static_cast<unsigned char>(d)); })) {
-          const size_t i = field.empty() ? auto_index++ : std::stoul(field);
+          const size_t i = field.empty() ? auto_index++ : field.size() > 9 ? SIZE_MAX : std::stoul(field);
           if (i >= a.size()) fail("Replacement index " + std::to_string(i) + " out of range for positional args tuple");
           v = a[i];
         } else {
@@ -188,6 +200,7 @@ Value string_method(const Value& obj, const std::string& m) {
           v = it->second;
         }
         out += to_str(v);
+        check_string(out.size());
       }
       return Value::string(out);
     }
@@ -196,6 +209,7 @@ Value string_method(const Value& obj, const std::string& m) {
       std::string cur;
       for (size_t k = 0; k < s.size(); ++k) {
         if (s[k] == '\n' || s[k] == '\r') {
+          check_list(out.size() + 1);
           out.push_back(Value::string(cur));
           cur.clear();
           if (s[k] == '\r' && k + 1 < s.size() && s[k + 1] == '\n') ++k;
@@ -319,6 +333,7 @@ Value attribute_path(const Value& v, const std::string& path) {
     const std::string part = path.substr(b, e == std::string::npos ? std::string::npos : e - b);
     const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
     if (cur.is_undefined()) return cur;
+    if (digits && part.size() > 18) return Value::undefined(part);  // no list is that long
     cur = digits ? get_item(cur, Value::integer(std::stoll(part))) : get_item(cur, Value::string(part));
     if (e == std::string::npos) return cur;
     b = e + 1;
@@ -416,7 +431,9 @@ const std::unordered_map<std::string, FilterFn>& filters() {
          std::string out;
          bool first = true;
          for (const auto& x : iterate(v)) {
-           out += (first ? "" : sep) + to_str(attr.is_undefined() ? x : attribute_path(x, to_str(attr)));
+           if (!first) out += sep;
+           out += to_str(attr.is_undefined() ? x : attribute_path(x, to_str(attr)));
+           check_string(out.size());
            first = false;
          }
          return Value::string(out);
@@ -498,14 +515,18 @@ const std::unordered_map<std::string, FilterFn>& filters() {
       {"int", FILTER(int) {
          const Value d = kwarg(kw, a, 0, "default", Value::integer(0));
          if (v.kind == Value::Kind::Int || v.kind == Value::Kind::Bool) return Value::integer(v.integer_value());
-         if (v.kind == Value::Kind::Float) return Value::integer(static_cast<int64_t>(v.f));
+         if (v.kind == Value::Kind::Float) return Value::integer(float_to_int(v.f));
          if (v.is_string()) {
            const std::string t = strip(v.s, Value::undefined(), true, true);
            char* end = nullptr;
+           errno = 0;
            const long long n = std::strtoll(t.c_str(), &end, 10);
-           if (!t.empty() && *end == '\0') return Value::integer(n);
+           if (!t.empty() && *end == '\0') {
+             if (errno == ERANGE) fail("int: " + str_repr(t) + " does not fit 64 bits (this engine's integers are 64-bit)");
+             return Value::integer(n);
+           }
            const double x = std::strtod(t.c_str(), &end);
-           if (!t.empty() && *end == '\0') return Value::integer(static_cast<int64_t>(x));
+           if (!t.empty() && *end == '\0') return Value::integer(float_to_int(x));
          }
          return d;
        }},
@@ -523,7 +544,10 @@ const std::unordered_map<std::string, FilterFn>& filters() {
       {"abs", FILTER(abs) {
          (void)a; (void)kw;
          if (v.kind == Value::Kind::Float) return Value::real(std::fabs(v.f));
-         if (v.is_number()) return Value::integer(std::llabs(v.integer_value()));
+         if (v.is_number()) {
+           if (v.integer_value() == INT64_MIN) fail("abs: -9223372036854775808 has no 64-bit absolute value");
+           return Value::integer(std::llabs(v.integer_value()));
+         }
          fail(std::string("bad operand type for abs(): '") + type_name(v) + "'");
        }},
       {"round", FILTER(round) {
@@ -540,7 +564,9 @@ const std::unordered_map<std::string, FilterFn>& filters() {
        }},
       {"indent", FILTER(indent) {
          const Value w = kwarg(kw, a, 0, "width", Value::integer(4));
-         const std::string pad = w.is_string() ? w.s : std::string(static_cast<size_t>(std::max<int64_t>(0, int_arg(w, 4))), ' ');
+         const size_t width = w.is_string() ? 0 : static_cast<size_t>(std::max<int64_t>(0, int_arg(w, 4)));
+         check_string(width);
+         const std::string pad = w.is_string() ? w.s.str() : std::string(width, ' ');
          const bool first = truthy(kwarg(kw, a, 1, "first")), blank = truthy(kwarg(kw, a, 2, "blank"));
          const std::string s = to_str(v);
          std::string out;
@@ -551,6 +577,7 @@ const std::unordered_map<std::string, FilterFn>& filters() {
            const std::string line = s.substr(b, e == std::string::npos ? std::string::npos : e - b);
            if ((is_first ? first : true) && (blank || !strip(line, Value::undefined(), true, true).empty())) out += pad;
            out += line;
+           check_string(out.size());
            if (e == std::string::npos) break;
            out += '\n';
            b = e + 1;
@@ -562,6 +589,7 @@ const std::unordered_map<std::string, FilterFn>& filters() {
          const std::string str = to_str(v);
          const int64_t width = int_arg(kwarg(kw, a, 0, "width", Value::integer(80)), 80), n = length(Value::string(str));
          if (width <= n) return Value::string(str);
+         check_string(plus(str.size(), static_cast<size_t>(width - n)));
          const int64_t marg = width - n, left = marg / 2 + (marg & width & 1);  // CPython's str.center
          return Value::string(std::string(static_cast<size_t>(left), ' ') + str + std::string(static_cast<size_t>(marg - left), ' '));
        }},
@@ -575,7 +603,10 @@ const std::unordered_map<std::string, FilterFn>& filters() {
            if (static_cast<int64_t>(cur.size()) == n) { out.push_back(Value::of_list(cur)); cur.clear(); }
          }
          if (!cur.empty()) {
-           if (!fill.is_undefined()) while (static_cast<int64_t>(cur.size()) < n) cur.push_back(fill);
+           if (!fill.is_undefined()) {
+             check_list(static_cast<size_t>(n));
+             while (static_cast<int64_t>(cur.size()) < n) cur.push_back(fill);
+           }
            out.push_back(Value::of_list(cur));
          }
          return Value::of_list(std::move(out));
@@ -605,7 +636,10 @@ const std::unordered_map<std::string, TestFn>& tests() {
       {"callable", TEST(callable) { (void)a; return v.kind == Value::Kind::Function; }},
       {"odd", TEST(odd) { (void)a; return v.is_number() && v.integer_value() % 2 != 0; }},
       {"even", TEST(even) { (void)a; return v.is_number() && v.integer_value() % 2 == 0; }},
-      {"divisibleby", TEST(divisibleby) { return !a.empty() && a[0].integer_value() != 0 && v.integer_value() % a[0].integer_value() == 0; }},
+      {"divisibleby", TEST(divisibleby) {
+         if (a.empty() || a[0].integer_value() == 0) return false;
+         return a[0].integer_value() == -1 || v.integer_value() % a[0].integer_value() == 0;  // INT64_MIN % -1 traps
+       }},
       {"eq", TEST(eq) { return !a.empty() && equal(v, a[0]); }},
       {"equalto", TEST(equalto) { return !a.empty() && equal(v, a[0]); }},
       {"==", TEST(==) { return !a.empty() && equal(v, a[0]); }},

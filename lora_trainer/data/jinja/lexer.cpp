@@ -2,6 +2,7 @@
 #include "lora_trainer/data/jinja/lexer.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cctype>
 #include <cstdlib>
 
@@ -175,8 +176,10 @@ std::vector<Token> tokenize(const std::string& s, const std::function<void(const
       std::string num = s.substr(k, e - k);
       num.erase(std::remove(num.begin(), num.end(), '_'), num.end());
       Token t{real ? Token::Kind::Float : Token::Kind::Int, num};
+      errno = 0;
       if (real) t.f = std::strtod(num.c_str(), nullptr);
       else t.i = std::strtoll(num.c_str(), nullptr, 10);
+      if (!real && errno == ERANGE) error("the integer " + num + " does not fit 64 bits (this engine's integers are 64-bit)");
       out.push_back(t);
       k = e;
       continue;

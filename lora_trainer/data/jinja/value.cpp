@@ -12,12 +12,63 @@ using ojson = nlohmann::ordered_json;
 
 // ---------------------------------------------------------------------------------------------------
 // Errors while evaluating: the statement that ran it adds the template's name and line.
-[[noreturn]] void fail(const std::string& msg) { throw EvalError{msg, false}; }
+[[noreturn]] void fail(const std::string& msg) { throw EvalError{msg, false, ""}; }
+
+// ---------------------------------------------------------------------------------------------------
+// Lists and dicts: counted against the limits, freed without recursion.
+
+namespace {
+
+// Lists and dicts whose last reference went while another one was being freed: the outermost deleter
+// frees them in a loop, so that freeing a deeply nested value does not recurse.
+struct Graveyard {
+  std::vector<List*> lists;
+  std::vector<Dict*> dicts;
+  bool freeing = false;
+};
+
+template <class T>
+void bury(T* p, std::vector<T*> Graveyard::*pile) {
+  thread_local Graveyard g;
+  (g.*pile).push_back(p);
+  if (g.freeing) return;
+  g.freeing = true;
+  while (!g.lists.empty() || !g.dicts.empty()) {
+    if (!g.lists.empty()) {
+      List* l = g.lists.back();
+      g.lists.pop_back();
+      delete l;
+    } else {
+      Dict* d = g.dicts.back();
+      g.dicts.pop_back();
+      delete d;
+    }
+  }
+  g.freeing = false;
+}
+
+// An item's memory, in steps of 16 bytes.
+constexpr int64_t kItemSteps = static_cast<int64_t>(sizeof(Value) / 16);
+
+}  // namespace
+
+std::shared_ptr<List> shared_list(List l) {
+  check_list(l.size());
+  step(static_cast<int64_t>(l.size()) * kItemSteps);
+  return std::shared_ptr<List>(new List(std::move(l)), [](List* p) { bury(p, &Graveyard::lists); });
+}
+
+std::shared_ptr<Dict> shared_dict(Dict d) {
+  check_list(d.size());
+  step(static_cast<int64_t>(d.size()) * kItemSteps);
+  return std::shared_ptr<Dict>(new Dict(std::move(d)), [](Dict* p) { bury(p, &Graveyard::dicts); });
+}
 
 // ---------------------------------------------------------------------------------------------------
 // UTF-8 by code point, as Python's str.
 
 std::vector<uint32_t> decode(const std::string& s) {
+  charge_bytes(s.size());
   std::vector<uint32_t> out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
@@ -53,6 +104,7 @@ void append_utf8(std::string& out, uint32_t cp) {
 std::string encode(const std::vector<uint32_t>& cps, size_t begin, size_t end) {
   std::string out;
   end = std::min(end, cps.size());
+  if (begin < end) check_string(end - begin);
   for (size_t i = begin; i < end; ++i) append_utf8(out, cps[i]);
   return out;
 }
@@ -147,6 +199,32 @@ const char* type_name(const Value& v) {
   fail(v.s.empty() ? "a value is undefined" : "'" + v.s + "' is undefined");
 }
 
+namespace {
+
+// from_json, repr, equal, less and to_json recurse into lists and dicts: a value nested deeper than this (a list
+// built around itself in a loop, or one holding itself) is an error, not a stack overflow.
+constexpr int kMaxValueDepth = 512;
+struct Recursion {
+  Recursion() {
+    step();
+    if (++level() > kMaxValueDepth) {
+      --level();
+      fail("a value nested more than " + std::to_string(kMaxValueDepth) + " levels deep, or holding itself");
+    }
+  }
+  ~Recursion() { --level(); }
+  Recursion(const Recursion&) = delete;
+  Recursion& operator=(const Recursion&) = delete;
+  static int& level() {
+    thread_local int n = 0;
+    return n;
+  }
+};
+
+}  // namespace
+
+std::string repr(const Value& v);
+
 Value from_json(const ojson& j) {
   switch (j.type()) {
     case ojson::value_t::null: return Value::none();
@@ -161,17 +239,26 @@ Value from_json(const ojson& j) {
     case ojson::value_t::number_float: return Value::real(j.get<double>());
     case ojson::value_t::string: return Value::string(j.get<std::string>());
     case ojson::value_t::array: {
+      Recursion guard;
       List l;
       for (const auto& x : j) l.push_back(from_json(x));
       return Value::of_list(std::move(l));
     }
     case ojson::value_t::object: {
+      Recursion guard;
       Dict d;
       for (auto it = j.begin(); it != j.end(); ++it) d.emplace_back(it.key(), from_json(it.value()));
       return Value::of_dict(std::move(d));
     }
     default: return Value::none();
   }
+}
+
+int64_t float_to_int(double x) {
+  // -2^63 and 2^63 are exact as doubles; NaN fails both comparisons.
+  if (!(x >= -9223372036854775808.0 && x < 9223372036854775808.0))
+    fail("cannot convert the float " + float_repr(x) + " to an integer (this engine's integers are 64-bit)");
+  return static_cast<int64_t>(x);
 }
 
 bool truthy(const Value& v) {
@@ -240,30 +327,6 @@ std::string str_repr(const std::string& s) {  // Python's repr of a str
   return out + q;
 }
 
-std::string repr(const Value& v);
-
-namespace {
-
-// repr, equal, less and to_json recurse into lists and dicts: a value nested deeper than this (a list
-// built around itself in a loop, or one holding itself) is an error, not a stack overflow.
-constexpr int kMaxValueDepth = 512;
-struct Recursion {
-  Recursion() {
-    if (++level() > kMaxValueDepth) {
-      --level();
-      fail("a value nested more than " + std::to_string(kMaxValueDepth) + " levels deep, or holding itself");
-    }
-  }
-  ~Recursion() { --level(); }
-  Recursion(const Recursion&) = delete;
-  Recursion& operator=(const Recursion&) = delete;
-  static int& level() {
-    thread_local int n = 0;
-    return n;
-  }
-};
-
-}  // namespace
 
 // str(v), as {{ v }} prints it.
 std::string to_str(const Value& v) {
@@ -271,7 +334,7 @@ std::string to_str(const Value& v) {
     case Value::Kind::Undefined: return "";
     case Value::Kind::None: return "None";
     case Value::Kind::Bool: return v.b ? "True" : "False";
-    case Value::Kind::Int: return v.s.empty() ? std::to_string(v.i) : v.s;
+    case Value::Kind::Int: return v.s.empty() ? std::to_string(v.i) : v.s.str();
     case Value::Kind::Float: return float_repr(v.f);
     case Value::Kind::String: return v.s;
     default: return repr(v);
@@ -285,14 +348,25 @@ std::string repr(const Value& v) {
     case Value::Kind::List: case Value::Kind::Tuple: {
       const bool t = v.kind == Value::Kind::Tuple;
       std::string out = t ? "(" : "[";
-      for (size_t k = 0; k < v.list->size(); ++k) out += (k ? ", " : "") + repr((*v.list)[k]);
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        const size_t before = out.size();
+        out += (k ? ", " : "") + repr((*v.list)[k]);
+        charge_bytes(out.size() - before);
+        check_string(out.size());
+      }
       if (t && v.list->size() == 1) out += ",";
       return out + (t ? ")" : "]");
     }
     case Value::Kind::Dict: {
       std::string out = "{";
       bool first = true;
-      for (const auto& [k, x] : *v.dict) { out += (first ? "" : ", ") + str_repr(k) + ": " + repr(x); first = false; }
+      for (const auto& [k, x] : *v.dict) {
+        const size_t before = out.size();
+        out += (first ? "" : ", ") + str_repr(k) + ": " + repr(x);
+        charge_bytes(out.size() - before);
+        check_string(out.size());
+        first = false;
+      }
       return out + "}";
     }
     case Value::Kind::Namespace: return "<Namespace>";
@@ -303,6 +377,7 @@ std::string repr(const Value& v) {
 }
 
 bool equal(const Value& a, const Value& b) {
+  step();
   if (a.is_number() && b.is_number()) {
     if (a.kind == Value::Kind::Float || b.kind == Value::Kind::Float) return a.number() == b.number();
     return a.integer_value() == b.integer_value();
@@ -311,7 +386,7 @@ bool equal(const Value& a, const Value& b) {
   Recursion guard;
   switch (a.kind) {
     case Value::Kind::Undefined: case Value::Kind::None: return true;
-    case Value::Kind::String: return a.s == b.s;
+    case Value::Kind::String: charge_bytes(std::min(a.s.size(), b.s.size())); return a.s == b.s;
     case Value::Kind::List: case Value::Kind::Tuple:
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
@@ -330,11 +405,15 @@ bool equal(const Value& a, const Value& b) {
 
 // a < b (Python's ordering of numbers, strings and sequences; anything else is a TypeError).
 bool less(const Value& a, const Value& b) {
+  step();
   if (a.is_number() && b.is_number()) {
     if (a.kind == Value::Kind::Float || b.kind == Value::Kind::Float) return a.number() < b.number();
     return a.integer_value() < b.integer_value();
   }
-  if (a.is_string() && b.is_string()) return a.s < b.s;  // UTF-8 byte order is code point order
+  if (a.is_string() && b.is_string()) {  // UTF-8 byte order is code point order
+    charge_bytes(std::min(a.s.size(), b.s.size()));
+    return a.s.str() < b.s.str();
+  }
   if (a.is_sequence() && b.is_sequence()) {
     Recursion guard;
     const size_t n = std::min(a.list->size(), b.list->size());
@@ -351,15 +430,17 @@ bool less(const Value& a, const Value& b) {
 List iterate(const Value& v) {
   switch (v.kind) {
     case Value::Kind::Undefined: return {};
-    case Value::Kind::List: case Value::Kind::Tuple: return *v.list;
+    case Value::Kind::List: case Value::Kind::Tuple: step(static_cast<int64_t>(v.list->size())); return *v.list;
     case Value::Kind::Dict: {
       List keys;
       for (const auto& [k, x] : *v.dict) keys.push_back(Value::string(k));
       return keys;
     }
     case Value::Kind::String: {
+      const std::vector<uint32_t> cps = decode(v.s);
+      check_list(cps.size());
       List chars;
-      for (uint32_t c : decode(v.s)) { std::string s; append_utf8(s, c); chars.push_back(Value::string(s)); }
+      for (uint32_t c : cps) { std::string s; append_utf8(s, c); chars.push_back(Value::string(s)); }
       return chars;
     }
     default: fail(std::string("'") + type_name(v) + "' object is not iterable");
@@ -370,7 +451,7 @@ bool contains(const Value& container, const Value& item) {
   switch (container.kind) {
     case Value::Kind::String:
       if (!item.is_string()) fail(std::string("'in <string>' requires string as left operand, not ") + type_name(item));
-      return container.s.find(item.s) != std::string::npos;
+      return detail::find(container.s, item.s) != std::string::npos;
     case Value::Kind::List: case Value::Kind::Tuple:
       return std::any_of(container.list->begin(), container.list->end(), [&](const Value& x) { return equal(x, item); });
     case Value::Kind::Dict: return item.is_string() && container.find(item.s) != nullptr;
@@ -382,7 +463,17 @@ bool contains(const Value& container, const Value& item) {
 int64_t length(const Value& v) {
   switch (v.kind) {
     case Value::Kind::Undefined: return 0;
-    case Value::Kind::String: return static_cast<int64_t>(decode(v.s).size());
+    case Value::Kind::String: {  // decode's count, without its copy (4 bytes a character)
+      const std::string& t = v.s;
+      charge_bytes(t.size());
+      int64_t n = 0;
+      for (size_t i = 0; i < t.size(); ++n) {
+        const auto c = static_cast<unsigned char>(t[i]);
+        const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+        i += i + len > t.size() ? 1 : len;
+      }
+      return n;
+    }
     case Value::Kind::List: case Value::Kind::Tuple: return static_cast<int64_t>(v.list->size());
     case Value::Kind::Dict: return static_cast<int64_t>(v.dict->size());
     default: fail(std::string("object of type '") + type_name(v) + "' has no len()");
@@ -426,13 +517,16 @@ void to_json(std::string& out, const Value& v, const JsonStyle& st, int depth) {
   Recursion guard;
   auto newline = [&](int d) {
     if (st.indent < 0) return;
+    const size_t pad = times(static_cast<size_t>(st.indent), static_cast<size_t>(d));
+    check_string(plus(out.size(), pad));
+    charge_bytes(pad);
     out += '\n';
-    out += std::string(static_cast<size_t>(st.indent * d), ' ');
+    out.append(pad, ' ');
   };
   switch (v.kind) {
     case Value::Kind::None: out += "null"; return;
     case Value::Kind::Bool: out += v.b ? "true" : "false"; return;
-    case Value::Kind::Int: out += v.s.empty() ? std::to_string(v.i) : v.s; return;
+    case Value::Kind::Int: out += v.s.empty() ? std::to_string(v.i) : v.s.str(); return;
     case Value::Kind::Float:
       out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : float_repr(v.f);
       return;
@@ -444,6 +538,7 @@ void to_json(std::string& out, const Value& v, const JsonStyle& st, int depth) {
         if (k) out += st.item_sep;
         newline(depth + 1);
         to_json(out, (*v.list)[k], st, depth + 1);
+        check_string(out.size());
       }
       newline(depth);
       out += ']';
@@ -461,6 +556,7 @@ void to_json(std::string& out, const Value& v, const JsonStyle& st, int depth) {
         json_string(out, items[k]->first, st.ensure_ascii);
         out += st.key_sep;
         to_json(out, items[k]->second, st, depth + 1);
+        check_string(out.size());
       }
       newline(depth);
       out += '}';
@@ -484,8 +580,8 @@ std::string percent_format(const std::string& fmt, const Value& values) {
     const Value& v = args[next++];
     if (c == 's') out += to_str(v);
     else if (c == 'r') out += repr(v);
-    else if ((c == 'd' || c == 'i') && v.is_number()) out += std::to_string(v.kind == Value::Kind::Float ? static_cast<int64_t>(v.f) : v.integer_value());
-    else if (c == 'f' && v.is_number()) { char buf[64]; std::snprintf(buf, sizeof buf, "%f", v.number()); out += buf; }
+    else if ((c == 'd' || c == 'i') && v.is_number()) out += std::to_string(v.kind == Value::Kind::Float ? float_to_int(v.f) : v.integer_value());
+    else if (c == 'f' && v.is_number()) { char buf[400]; std::snprintf(buf, sizeof buf, "%f", v.number()); out += buf; }
     else fail(std::string("unsupported format %") + c + " for a " + type_name(v) + " (supported: %s %r %d %i %f %%)");
   }
   if (next < args.size() && values.kind == Value::Kind::Tuple) fail("not all arguments converted during string formatting");
@@ -505,7 +601,7 @@ Value binary(const std::string& op, const Value& a, const Value& b) {
   if (a.is_undefined()) undefined_error(a);
   if (b.is_undefined()) undefined_error(b);
   if (op == "+") {
-    if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
+    if (a.is_string() && b.is_string()) return Value::string(a.s.str() + b.s.str());
     if (a.is_sequence() && b.kind == a.kind) {
       List l = *a.list;
       l.insert(l.end(), b.list->begin(), b.list->end());
@@ -513,10 +609,17 @@ Value binary(const std::string& op, const Value& a, const Value& b) {
     }
   }
   if (op == "*" && (a.is_string() || a.is_sequence()) && (b.kind == Value::Kind::Int || b.kind == Value::Kind::Bool)) {
-    const int64_t n = std::max<int64_t>(0, b.integer_value());
-    if (a.is_string()) { std::string s; for (int64_t k = 0; k < n; ++k) s += a.s; return Value::string(s); }
+    const auto n = static_cast<size_t>(std::max<int64_t>(0, b.integer_value()));
+    if (a.is_string()) {
+      check_string(times(a.s.size(), n));  // before the memory is taken: 'x' * 10**12 is refused, not attempted
+      std::string s;
+      s.reserve(a.s.size() * n);
+      for (size_t k = 0; k < n; ++k) s += a.s;
+      return Value::string(s);
+    }
+    check_list(times(a.list->size(), n));
     List l;
-    for (int64_t k = 0; k < n; ++k) l.insert(l.end(), a.list->begin(), a.list->end());
+    for (size_t k = 0; k < n; ++k) l.insert(l.end(), a.list->begin(), a.list->end());
     return Value::of_list(std::move(l), a.kind == Value::Kind::Tuple);
   }
   if (op == "%" && a.is_string()) return Value::string(percent_format(a.s, b));
@@ -537,17 +640,31 @@ Value binary(const std::string& op, const Value& a, const Value& b) {
     if (op == "//") return Value::real(std::floor(x / y));
     if (op == "%") { double m = std::fmod(x, y); if (m != 0 && ((m < 0) != (y < 0))) m += y; return Value::real(m); }
   } else {
+    // Python's integers have no bound; this engine's are 64-bit, and a result past them is an error
+    // rather than a wrapped number (or, for 2 ** 4000000000000000000, a loop of that many steps).
     const int64_t x = a.integer_value(), y = b.integer_value();
-    if (op == "+") return Value::integer(x + y);
-    if (op == "-") return Value::integer(x - y);
-    if (op == "*") return Value::integer(x * y);
+    int64_t r = 0;
+    auto overflow = [&]() -> Value {
+      fail("integer overflow: " + to_str(a) + " " + op + " " + to_str(b) +
+           " does not fit 64 bits (this engine's integers are 64-bit; jinja2's have no bound)");
+    };
+    if (op == "+") return __builtin_add_overflow(x, y, &r) ? overflow() : Value::integer(r);
+    if (op == "-") return __builtin_sub_overflow(x, y, &r) ? overflow() : Value::integer(r);
+    if (op == "*") return __builtin_mul_overflow(x, y, &r) ? overflow() : Value::integer(r);
     if (op == "**") {
       if (y < 0) return Value::real(std::pow(static_cast<double>(x), static_cast<double>(y)));
-      int64_t p = 1;
-      for (int64_t k = 0; k < y; ++k) p *= x;
+      int64_t p = 1, base = x;  // by squaring: 64 multiplications at most
+      for (int64_t e = y; e > 0; e >>= 1) {
+        if ((e & 1) && __builtin_mul_overflow(p, base, &p)) return overflow();
+        if (e > 1 && __builtin_mul_overflow(base, base, &base)) return overflow();
+      }
       return Value::integer(p);
     }
     if (y == 0) fail("integer division or modulo by zero");
+    if (x == INT64_MIN && y == -1) {
+      if (op == "%") return Value::integer(0);
+      return overflow();
+    }
     int64_t q = x / y, m = x % y;
     if (m != 0 && ((m < 0) != (y < 0))) { --q; m += y; }
     if (op == "//") return Value::integer(q);
@@ -580,8 +697,11 @@ Value slice(const Value& v, const Value& start, const Value& stop, const Value& 
     return std::min(std::max<int64_t>(k, -1), n - 1);
   };
   const int64_t b = clamp(opt(start, "start"), stp > 0 ? 0 : n - 1), e = clamp(opt(stop, "stop"), stp > 0 ? n : -1);
-  std::vector<int64_t> idx;
-  for (int64_t k = b; stp > 0 ? k < e : k > e; k += stp) idx.push_back(k);
+  std::vector<int64_t> idx;  // b, b + step, ... short of e: counted first, so that a huge step cannot overflow
+  const uint64_t dist = static_cast<uint64_t>(stp > 0 ? e - b : b - e);
+  const uint64_t mag = stp > 0 ? static_cast<uint64_t>(stp) : static_cast<uint64_t>(-(stp + 1)) + 1;
+  const uint64_t count = (stp > 0 ? e > b : b > e) ? (dist - 1) / mag + 1 : 0;
+  for (uint64_t j = 0; j < count; ++j) idx.push_back(b + static_cast<int64_t>(j) * stp);
   if (v.is_string()) {
     std::string s;
     for (int64_t k : idx) append_utf8(s, cps[static_cast<size_t>(k)]);
