@@ -1,4 +1,5 @@
-// Bounds on a render's work and memory (jinja/limits.hpp).
+// Bounds on a render's work and memory (jinja/limits.hpp), and the freeing of lists and dicts without
+// recursion (value.hpp's shared_list, shared_dict).
 #include "lora_trainer/data/jinja/limits.hpp"
 
 #include <pthread.h>
@@ -116,6 +117,58 @@ void check_output(size_t n) {
                         raise_hint("output"),
                     false, "output"};
 }
+
+// ---------------------------------------------------------------------------------------------------
+// Lists and dicts (value.hpp): counted against the limits, freed without recursion.
+
+namespace {
+
+// Lists and dicts whose last reference went while another one was being freed: the outermost deleter
+// frees them in a loop, so that freeing a deeply nested value does not recurse.
+struct Graveyard {
+  std::vector<List*> lists;
+  std::vector<Dict*> dicts;
+  bool freeing = false;
+};
+
+template <class T>
+void bury(T* p, std::vector<T*> Graveyard::*pile) {
+  thread_local Graveyard g;
+  (g.*pile).push_back(p);
+  if (g.freeing) return;
+  g.freeing = true;
+  while (!g.lists.empty() || !g.dicts.empty()) {
+    if (!g.lists.empty()) {
+      List* l = g.lists.back();
+      g.lists.pop_back();
+      delete l;
+    } else {
+      Dict* d = g.dicts.back();
+      g.dicts.pop_back();
+      delete d;
+    }
+  }
+  g.freeing = false;
+}
+
+// An item's memory, in steps of 16 bytes.
+constexpr int64_t kItemSteps = static_cast<int64_t>(sizeof(Value) / 16);
+
+}  // namespace
+
+std::shared_ptr<List> shared_list(List l) {
+  check_list(l.size());
+  step(static_cast<int64_t>(l.size()) * kItemSteps);
+  return std::shared_ptr<List>(new List(std::move(l)), [](List* p) { bury(p, &Graveyard::lists); });
+}
+
+std::shared_ptr<Dict> shared_dict(Dict d) {
+  check_list(d.size());
+  step(static_cast<int64_t>(d.size()) * kItemSteps);
+  return std::shared_ptr<Dict>(new Dict(std::move(d)), [](Dict* p) { bury(p, &Graveyard::dicts); });
+}
+
+// ---------------------------------------------------------------------------------------------------
 
 size_t find(const std::string& hay, const std::string& needle, size_t from) {
   if (from > hay.size()) return std::string::npos;

@@ -15,56 +15,6 @@ using ojson = nlohmann::ordered_json;
 [[noreturn]] void fail(const std::string& msg) { throw EvalError{msg, false, ""}; }
 
 // ---------------------------------------------------------------------------------------------------
-// Lists and dicts: counted against the limits, freed without recursion.
-
-namespace {
-
-// Lists and dicts whose last reference went while another one was being freed: the outermost deleter
-// frees them in a loop, so that freeing a deeply nested value does not recurse.
-struct Graveyard {
-  std::vector<List*> lists;
-  std::vector<Dict*> dicts;
-  bool freeing = false;
-};
-
-template <class T>
-void bury(T* p, std::vector<T*> Graveyard::*pile) {
-  thread_local Graveyard g;
-  (g.*pile).push_back(p);
-  if (g.freeing) return;
-  g.freeing = true;
-  while (!g.lists.empty() || !g.dicts.empty()) {
-    if (!g.lists.empty()) {
-      List* l = g.lists.back();
-      g.lists.pop_back();
-      delete l;
-    } else {
-      Dict* d = g.dicts.back();
-      g.dicts.pop_back();
-      delete d;
-    }
-  }
-  g.freeing = false;
-}
-
-// An item's memory, in steps of 16 bytes.
-constexpr int64_t kItemSteps = static_cast<int64_t>(sizeof(Value) / 16);
-
-}  // namespace
-
-std::shared_ptr<List> shared_list(List l) {
-  check_list(l.size());
-  step(static_cast<int64_t>(l.size()) * kItemSteps);
-  return std::shared_ptr<List>(new List(std::move(l)), [](List* p) { bury(p, &Graveyard::lists); });
-}
-
-std::shared_ptr<Dict> shared_dict(Dict d) {
-  check_list(d.size());
-  step(static_cast<int64_t>(d.size()) * kItemSteps);
-  return std::shared_ptr<Dict>(new Dict(std::move(d)), [](Dict* p) { bury(p, &Graveyard::dicts); });
-}
-
-// ---------------------------------------------------------------------------------------------------
 // UTF-8 by code point, as Python's str.
 
 std::vector<uint32_t> decode(const std::string& s) {

@@ -45,7 +45,7 @@ using Function = std::function<Value(Args&, Kwargs&)>;
 
 // A list or dict to share between values, counted against the limits (its items), and freed without
 // recursion: a list built around itself 100,000 times in a loop is freed a level at a time, not by
-// 100,000 nested destructors.
+// 100,000 nested destructors (limits.cpp).
 std::shared_ptr<List> shared_list(List l);
 std::shared_ptr<Dict> shared_dict(Dict d);
 
