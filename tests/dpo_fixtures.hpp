@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fixtures.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 namespace lt::test {
 

@@ -15,6 +15,7 @@
 #include "lora_trainer/formats/export.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/data/tokenize.hpp"
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace lt::test {

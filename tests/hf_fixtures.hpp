@@ -15,6 +15,7 @@
 #include "lora_trainer/cli/registry.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
 #include "lora_trainer/training/trainer.hpp"
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "catch.hpp"
 #include "fixtures.hpp"

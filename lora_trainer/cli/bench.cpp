@@ -20,6 +20,7 @@
 #include "lora_trainer/cli/registry.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
 

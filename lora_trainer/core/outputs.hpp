@@ -2,7 +2,7 @@
 // temporary beside the final name, then one rename), the record each directory write leaves of its
 // files and writer, the temporaries' names that prove them ours, and the clearing of an interrupted
 // write's leftovers. A command deletes only what it can prove it wrote (docs/design.md, "Files from
-// outside, and what the commands write"). No torch; util.hpp includes it.
+// outside, and what the commands write"). No torch; uses util.
 #pragma once
 
 #include <filesystem>

@@ -1,4 +1,4 @@
-// Small shared pieces with no torch dependency: the user-facing error type, atomic file writes (outputs.hpp), JSON
+// Small shared pieces with no torch dependency: the user-facing error type, JSON
 // reading that turns bad input into a UserError, closest-name suggestions, a scoped signal handler, a
 // terminal progress line and a wall clock.
 #pragma once
@@ -13,8 +13,6 @@
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
-
-#include "lora_trainer/core/outputs.hpp"
 
 namespace lt {
 

@@ -15,6 +15,7 @@
 #include "lora_trainer/data/chat_template.hpp"
 #include "lora_trainer/data/hf_tokenizer.hpp"
 #include "lora_trainer/data/tokenizer.hpp"
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace fs = std::filesystem;

@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/formats/state_h5.hpp"
 #include "lora_trainer/peft/lora.hpp"

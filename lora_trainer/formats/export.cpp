@@ -15,6 +15,7 @@
 #include "lora_trainer/formats/safetensors.hpp"
 #include "lora_trainer/models/model.hpp"
 #include "lora_trainer/peft/lora.hpp"
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace fs = std::filesystem;

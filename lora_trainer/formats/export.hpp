@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lora_trainer/core/named_tensors.hpp"
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/models/model.hpp"
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace lt {

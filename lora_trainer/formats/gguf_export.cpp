@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/data/tokenize.hpp"
 #include "lora_trainer/data/tokenizer_choice.hpp"

@@ -16,6 +16,7 @@
 #include "lora_trainer/formats/hf_families.hpp"
 #include "lora_trainer/models/model.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace fs = std::filesystem;

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace fs = std::filesystem;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace fs = std::filesystem;

@@ -50,7 +50,7 @@ std::vector<std::string> read_event_records(const std::string& path, std::vector
 // Appends scalars to a directory's event file. Each record is written with one write() and the file
 // closed after it, so a kill leaves at most a cut last record, which the next writer drops; a failed
 // write (a full disk, the file size limit) leaves no part of the record and stops the run with a
-// UserError naming the file (append_file, core/util.hpp).
+// UserError naming the file (append_file, core/outputs.hpp).
 class EventFileWriter {
  public:
   // The event file this class wrote in `dir` before (the newest, if several), or a new one; a new file

@@ -9,6 +9,7 @@
 #include "lora_trainer/core/options.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/training/report.hpp"
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace fs = std::filesystem;

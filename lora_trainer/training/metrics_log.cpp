@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace fs = std::filesystem;

@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace lt {

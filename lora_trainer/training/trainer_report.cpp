@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/training/report.hpp"

@@ -14,6 +14,7 @@
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "fixtures.hpp"
 #include "launch.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using lt::test::Contains;

@@ -6,6 +6,7 @@
 #include "lora_trainer/cli/registry.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "fixtures.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using lt::test::Contains;

@@ -17,6 +17,7 @@
 #include "lora_trainer/data/tokenize.hpp"
 #include "fixtures.hpp"
 #include "launch.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using lt::test::Contains;

@@ -16,6 +16,7 @@
 
 #include "fixtures.hpp"
 #include "launch.hpp"
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/data/chat_template.hpp"
 #include "lora_trainer/data/tokenize.hpp"

@@ -5,6 +5,7 @@
 
 #include "lora_trainer/data/data.hpp"
 #include "fixtures.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using lt::test::Contains;

@@ -9,6 +9,7 @@
 #include "fixtures.hpp"
 #include "launch.hpp"
 #include "lora_trainer/data/packing.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using lt::test::Contains;

@@ -10,6 +10,7 @@
 #include "lora_trainer/data/packing.hpp"
 #include "lora_trainer/models/gpt2.hpp"
 #include "lora_trainer/models/llama.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using lt::test::Contains;

@@ -24,6 +24,7 @@
 
 #include "lora_trainer/data/tokenize.hpp"
 #include "lora_trainer/data/tokenizer.hpp"
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace fs = std::filesystem;

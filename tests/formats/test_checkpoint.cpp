@@ -6,6 +6,7 @@
 
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "fixtures.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using lt::test::Contains;

@@ -21,6 +21,7 @@
 #include "launch.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/training/trainer.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using nlohmann::json;

@@ -15,6 +15,7 @@
 #include "lora_trainer/data/tokenizer_choice.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/formats/huggingface.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 namespace fs = std::filesystem;
 using namespace lt;

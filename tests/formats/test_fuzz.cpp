@@ -33,6 +33,7 @@
 #include "lora_trainer/data/jinja.hpp"
 #include "lora_trainer/data/tokenize.hpp"
 #include "lora_trainer/data/tokenizer.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using nlohmann::json;

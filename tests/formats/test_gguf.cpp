@@ -19,6 +19,7 @@
 #include "launch.hpp"
 #include "lora_trainer/formats/gguf_export.hpp"
 #include "lora_trainer/formats/huggingface.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 namespace fs = std::filesystem;
 using namespace lt;

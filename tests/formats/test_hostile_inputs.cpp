@@ -26,6 +26,7 @@
 #include "lora_trainer/cli/registry.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
 #include "lora_trainer/data/tokenize.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using lt::test::Contains;

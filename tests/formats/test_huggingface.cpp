@@ -18,6 +18,7 @@
 #include "fixtures.hpp"
 #include "hf_fixtures.hpp"
 #include "launch.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using lt::test::Contains;

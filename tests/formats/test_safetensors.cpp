@@ -7,6 +7,7 @@
 
 #include "lora_trainer/formats/safetensors.hpp"
 #include "fixtures.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using lt::test::Contains;

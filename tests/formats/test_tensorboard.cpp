@@ -22,6 +22,7 @@
 #include "launch.hpp"
 #include "lora_trainer/formats/tensorboard.hpp"
 #include "lora_trainer/training/metrics_log.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 namespace fs = std::filesystem;
 using namespace lt;

@@ -17,6 +17,7 @@
 #include "lora_trainer/formats/safetensors.hpp"
 #include "fixtures.hpp"
 #include "hf_fixtures.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using lt::test::Contains;

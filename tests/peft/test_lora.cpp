@@ -14,6 +14,7 @@
 #include "lora_trainer/training/trainer.hpp"
 #include "fixtures.hpp"
 #include "lora_fixtures.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using lt::test::Contains;

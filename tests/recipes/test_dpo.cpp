@@ -13,6 +13,7 @@
 #include "dpo_fixtures.hpp"
 #include "fixtures.hpp"
 #include "launch.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 using lt::test::Contains;

@@ -18,6 +18,7 @@
 #include "lora_trainer/models/layers.hpp"
 #include "lora_trainer/peft/frozen_weight.hpp"
 #include "lora_trainer/peft/lora.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;

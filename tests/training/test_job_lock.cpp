@@ -8,6 +8,7 @@
 
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/training/job.hpp"
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "fixtures.hpp"
 #include "launch.hpp"

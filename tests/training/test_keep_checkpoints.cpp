@@ -8,6 +8,7 @@
 #include "lora_trainer/training/job.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "fixtures.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
 namespace fs = std::filesystem;

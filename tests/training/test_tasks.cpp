@@ -12,6 +12,7 @@
 #include "launch.hpp"
 #include "lora_trainer/data/tokenize.hpp"
 #include "lora_trainer/training/tasks.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 namespace fs = std::filesystem;
 using namespace lt;

@@ -16,6 +16,7 @@
 #include "lora_trainer/formats/huggingface.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
 #include "lora_trainer/training/tasks.hpp"
+#include "lora_trainer/core/outputs.hpp"
 
 namespace fs = std::filesystem;
 using namespace lt;

@@ -4,6 +4,7 @@
 
 #include "lora_trainer/cli/commands/command.hpp"
 #include "lora_trainer/cli/registry.hpp"
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace fs = std::filesystem;

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "lora_trainer/cli/commands/command.hpp"
+#include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/data/tokenize.hpp"
 #include "lora_trainer/training/trainer.hpp"
