@@ -261,7 +261,7 @@ TEST_CASE("outputs: files and directories named like our temporaries but not mad
   CHECK(read_file(out + "/a.txt") == "a");
 }
 
-TEST_CASE("outputs: a re-export drops only what its earlier export recorded; shards, an index and models of the user's stay", "[outputs]") {
+TEST_CASE("outputs: a re-export drops only what its earlier export recorded, and shards, an index and models of the user's stay", "[outputs]") {
   test::TempDir d;
   const std::string adapter = std::string(LT_SOURCE_DIR) + "/tests/data/checkpoints/format1_lora";
   const std::string peft = d / "peft";
@@ -313,7 +313,7 @@ TEST_CASE("outputs: a re-export drops only what its earlier export recorded; sha
   CHECK_THAT(r.out, Contains("model-00001-of-00001.safetensors may be that export's or yours"));
 }
 
-TEST_CASE("outputs: a re-tokenize drops only its earlier dataset's files; a meta.json that is not ours needs --force", "[outputs]") {
+TEST_CASE("outputs: a re-tokenize drops only its earlier dataset's files, and a meta.json that is not ours needs --force", "[outputs]") {
   test::TempDir d;
   const std::string data = d / "data", text = d / "text";
   write_file_atomic(text + "/doc.txt", test::generated_text(1, 400));

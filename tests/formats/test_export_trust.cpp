@@ -151,7 +151,7 @@ TEST_CASE("tokenizer auto: the tokenizer a job's data was tokenized with, record
 }
 
 TEST_CASE("export: a value the written dtype cannot hold is refused, naming the tensor, its magnitude and the dtype's "
-          "limit; nothing is written", "[export][gguf]") {
+          "limit, and nothing is written", "[export][gguf]") {
   TempDir d;
   import_hf(hf_golden("llama") + "/model", d / "imported");  // float32
   const std::string w = "params/model.layers.0.mlp.down_proj.weight";

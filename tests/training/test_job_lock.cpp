@@ -39,7 +39,7 @@ void make_entry(const std::string& path, bool dir = true) {
 
 }  // namespace
 
-TEST_CASE("JobDirLock: the writer removes only its job's leftovers, at any depth; lookalikes of anyone else stay", "[job]") {
+TEST_CASE("JobDirLock: the writer removes only its job's leftovers, at any depth, and lookalikes of anyone else stay", "[job]") {
   test::TempDir dir;
   const std::string job = dir / "checkpoints/p/g/j";
   // What this job's own writes leave when killed: a save in progress, a checkpoint half-deleted,
