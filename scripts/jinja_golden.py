@@ -221,6 +221,8 @@ PROBES = [
     "{% macro f(n) %}{% set y = n %}{% if n %}{{ f(n - 1) }}{% endif %}{{ y }}{% endmacro %}{{ f(3) }}",
     "{% macro f(n) %}{% if n < 150 %}{{ f(n + 1) }}{% else %}{{ n }}{% endif %}{% endmacro %}{{ f(0) }}",
     "{% for i in [1, 2] %}{% macro f() %}{{ i }}{% endmacro %}{% endfor %}{{ f() }}",
+    # float overflow and 0 to a negative power are errors in Python, not inf
+    "{{ 10.0 ** 400 }}", "{{ 2 ** 10000.0 }}", "{{ 0 ** -1 }}", "{{ 0.0 ** -2 }}", "{{ 2 ** -1 }}|{{ 2.0 ** 0.5 }}",
 ]
 
 

@@ -585,7 +585,13 @@ Value binary(const std::string& op, const Value& a, const Value& b) {
     if (op == "+") return Value::real(x + y);
     if (op == "-") return Value::real(x - y);
     if (op == "*") return Value::real(x * y);
-    if (op == "**") return Value::real(std::pow(x, y));
+    if (op == "**") {  // Python: an overflow and 0.0 to a negative power are errors, not inf
+      if (x == 0 && y < 0) fail("0.0 cannot be raised to a negative power");
+      const double r = std::pow(x, y);
+      if (std::isinf(r) && std::isfinite(x) && std::isfinite(y))
+        fail("(34, 'Numerical result out of range'): " + to_str(a) + " ** " + to_str(b) + " overflows a float");
+      return Value::real(r);
+    }
     if (y == 0) fail("float division by zero");
     if (op == "//") return Value::real(std::floor(x / y));
     if (op == "%") { double m = std::fmod(x, y); if (m != 0 && ((m < 0) != (y < 0))) m += y; return Value::real(m); }
@@ -602,7 +608,10 @@ Value binary(const std::string& op, const Value& a, const Value& b) {
     if (op == "-") return __builtin_sub_overflow(x, y, &r) ? overflow() : Value::integer(r);
     if (op == "*") return __builtin_mul_overflow(x, y, &r) ? overflow() : Value::integer(r);
     if (op == "**") {
-      if (y < 0) return Value::real(std::pow(static_cast<double>(x), static_cast<double>(y)));
+      if (y < 0) {
+        if (x == 0) fail("0.0 cannot be raised to a negative power");
+        return Value::real(std::pow(static_cast<double>(x), static_cast<double>(y)));
+      }
       int64_t p = 1, base = x;  // by squaring: 64 multiplications at most
       for (int64_t e = y; e > 0; e >>= 1) {
         if ((e & 1) && __builtin_mul_overflow(p, base, &p)) return overflow();
