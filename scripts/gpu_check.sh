@@ -420,7 +420,7 @@ say "summary"
   for s in "${STAGES[@]}"; do printf '  %-10s %s\n' "$s" "${STATUS[$s]}"; done
   echo
   if ((BUILD_OK)); then
-    # Our library's OpenMP and LibTorch's should be one runtime (docs/performance.md, "Prepared for the next GPU run").
+    # Our library's OpenMP and LibTorch's should be one runtime (docs/performance.md, "One NVIDIA H200": "Not measured yet").
     omps="$(ldd "$BUILD/lora_trainer" 2>/dev/null | awk '/gomp|iomp|libomp/ {print $1}' | sort -u | tr '\n' ' ')"
     echo "OpenMP runtimes lora_trainer loads: ${omps:-none}"
     (($(wc -w <<<"$omps") > 1)) && echo "  WARNING: more than one OpenMP runtime: our CPU kernels and LibTorch's may not share threads"

@@ -51,8 +51,8 @@ struct ModelOptions {
   using Attention = RuntimeOptions::Attention;
   Attention attention = Attention::Auto;
   // runtime/loss: which kernels compute the loss of bf16 logits (cross_entropy.hpp). auto: this
-  // project's fused kernel on the CPU, LibTorch's log_softmax + nll_loss on CUDA (the fused CUDA
-  // kernel is chosen explicitly until it has been timed on a GPU: docs/performance.md).
+  // project's fused kernel on the CPU, and on CUDA in a build with its CUDA kernels (measured faster on
+  // both: docs/performance.md); LibTorch's log_softmax + nll_loss on CUDA in a build without them.
   using Loss = RuntimeOptions::Loss;
   Loss loss = Loss::Auto;
   // training/activation_checkpointing: the blocks recompute their activations in the backward
