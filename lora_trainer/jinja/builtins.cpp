@@ -1,5 +1,5 @@
 // The Jinja engine's builtins (jinja/builtins.hpp).
-#include "lora_trainer/data/jinja/builtins.hpp"
+#include "lora_trainer/jinja/builtins.hpp"
 
 #include <algorithm>
 #include <cctype>

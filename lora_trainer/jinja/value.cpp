@@ -1,5 +1,5 @@
 // The Jinja engine's values (jinja/value.hpp): printing, comparisons and operators as Python does them.
-#include "lora_trainer/data/jinja/value.hpp"
+#include "lora_trainer/jinja/value.hpp"
 
 #include <algorithm>
 #include <cmath>

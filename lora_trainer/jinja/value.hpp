@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lora_trainer/data/jinja/limits.hpp"
+#include "lora_trainer/jinja/limits.hpp"
 
 namespace lt::jinja::detail {
 

@@ -1,6 +1,6 @@
 // The Jinja engine (jinja.hpp): the syntax tree, its parser and the render. Values and operators are in
 // jinja/value.hpp, the lexer in jinja/lexer.hpp, filters, tests and methods in jinja/builtins.hpp.
-#include "lora_trainer/data/jinja.hpp"
+#include "lora_trainer/jinja/jinja.hpp"
 
 #include <algorithm>
 #include <initializer_list>
@@ -8,9 +8,9 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "lora_trainer/data/jinja/builtins.hpp"
-#include "lora_trainer/data/jinja/lexer.hpp"
-#include "lora_trainer/data/jinja/value.hpp"
+#include "lora_trainer/jinja/builtins.hpp"
+#include "lora_trainer/jinja/lexer.hpp"
+#include "lora_trainer/jinja/value.hpp"
 
 namespace lt::jinja {
 

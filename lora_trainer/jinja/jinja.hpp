@@ -25,7 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lora_trainer/core/util.hpp"
-#include "lora_trainer/data/jinja/limits.hpp"
+#include "lora_trainer/jinja/limits.hpp"
 
 namespace lt::jinja {
 

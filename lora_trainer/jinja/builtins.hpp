@@ -17,7 +17,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "lora_trainer/data/jinja/value.hpp"
+#include "lora_trainer/jinja/value.hpp"
 
 namespace lt::jinja::detail {
 
