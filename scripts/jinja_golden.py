@@ -9,7 +9,7 @@ trim_blocks, lstrip_blocks and the loop controls; its tojson; raise_exception; s
 strftime_now fixed to one date so that renders are reproducible, and {% generation %} recording the
 assistant spans as transformers' AssistantTracker does. Needs jinja2 (Debian: python3-jinja2).
 
-Files written (tests/data/test_jinja.cpp reads them):
+Files written (tests/jinja/test_jinja.cpp reads them):
   conversations.jsonl  60 generated conversations (messages, tools, documents, add_generation_prompt,
                        enable_thinking): systems, several turns, tool calls, reasoning, Unicode,
                        whitespace, quotes; some break a template's rules on purpose.

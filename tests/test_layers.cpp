@@ -21,11 +21,12 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
     {"core", {"kernels"}},                                // errors, files, config, runtime, c10d
     {"peft", {"core", "kernels"}},                        // adapters over any module tree, frozen storages
     {"models", {"core", "kernels", "peft"}},              // the families and their layers
-    {"data", {"core"}},                                   // datasets, tokenizers, stage plans
-    {"formats", {"core", "kernels", "peft", "models", "data"}},  // files in and out
-    {"training", {"core", "kernels", "peft", "models", "data", "formats"}},
-    {"recipes", {"core", "kernels", "peft", "models", "data", "formats", "training"}},
-    {"cli", {"core", "kernels", "peft", "models", "data", "formats", "training", "recipes"}},
+    {"jinja", {"core"}},                                  // the Jinja engine of chat templates
+    {"data", {"core", "jinja"}},                          // datasets, tokenizers, stage plans, chat templates
+    {"formats", {"core", "kernels", "peft", "models", "jinja", "data"}},  // files in and out
+    {"training", {"core", "kernels", "peft", "models", "jinja", "data", "formats"}},
+    {"recipes", {"core", "kernels", "peft", "models", "jinja", "data", "formats", "training"}},
+    {"cli", {"core", "kernels", "peft", "models", "jinja", "data", "formats", "training", "recipes"}},
 };
 
 // Includes that go up today, each with the change that removes it (none left: import-hf's read of

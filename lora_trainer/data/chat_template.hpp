@@ -31,7 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lora_trainer/data/jinja.hpp"
+#include "lora_trainer/jinja/jinja.hpp"
 
 namespace lt {
 

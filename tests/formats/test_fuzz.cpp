@@ -30,7 +30,7 @@
 #include "lora_trainer/formats/huggingface.hpp"
 #include "lora_trainer/cli/registry.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
-#include "lora_trainer/data/jinja.hpp"
+#include "lora_trainer/jinja/jinja.hpp"
 #include "lora_trainer/data/tokenize.hpp"
 #include "lora_trainer/data/tokenizer.hpp"
 #include "lora_trainer/core/outputs.hpp"

@@ -1,4 +1,4 @@
-// The Jinja engine (lora_trainer/data/jinja.hpp) renders as Python's jinja2 does in transformers'
+// The Jinja engine (lora_trainer/jinja/jinja.hpp) renders as Python's jinja2 does in transformers'
 // apply_chat_template environment: byte for byte on 12 chat templates (11 of real models, one with
 // {% generation %}) x 60 conversations, the spans of {% generation %} blocks, the templates' own
 // raise_exception messages, and ~90 one-line probes of printing, arithmetic, filters, tests, methods,
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "lora_trainer/core/util.hpp"
-#include "lora_trainer/data/jinja.hpp"
+#include "lora_trainer/jinja/jinja.hpp"
 
 using lt::test::Contains;
 using ojson = nlohmann::ordered_json;

@@ -1,6 +1,6 @@
 // Bounds on a render's work and memory (jinja/limits.hpp), and the freeing of lists and dicts without
 // recursion (value.hpp's shared_list, shared_dict).
-#include "lora_trainer/data/jinja/limits.hpp"
+#include "lora_trainer/jinja/limits.hpp"
 
 #include <pthread.h>
 
@@ -10,7 +10,7 @@
 #include <cstring>
 
 #include "lora_trainer/core/util.hpp"
-#include "lora_trainer/data/jinja/value.hpp"
+#include "lora_trainer/jinja/value.hpp"
 
 namespace lt::jinja {
 

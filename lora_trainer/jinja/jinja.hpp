@@ -10,7 +10,7 @@
 // str by code point, list, tuple, dict in insertion order) with Python's printing, arithmetic and
 // comparisons; the filters, tests, string/dict methods and globals that chat templates use
 // (jinja/builtins.hpp lists them). Anything else is refused when the template is parsed, or when it runs, with
-// the template's name and line; so is a render past its limits of work and memory (jinja/limits.hpp). Checked byte for byte against python3-jinja2 (tests/data/test_jinja.cpp,
+// the template's name and line; so is a render past its limits of work and memory (jinja/limits.hpp). Checked byte for byte against python3-jinja2 (tests/jinja/test_jinja.cpp,
 // scripts/jinja_golden.py).
 #pragma once
 
@@ -25,7 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lora_trainer/core/util.hpp"
-#include "lora_trainer/data/jinja/limits.hpp"
+#include "lora_trainer/jinja/limits.hpp"
 
 namespace lt::jinja {
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "lora_trainer/data/jinja/value.hpp"
+#include "lora_trainer/jinja/value.hpp"
 
 namespace lt::jinja::detail {
 
@@ -30,5 +30,12 @@ Value call(const Value& f, Args& args, Kwargs& kwargs);
 Value get_attr(const Value& obj, const std::string& attr);  // jinja2's getattr: an attribute (method) first
 Value get_item(const Value& obj, const Value& key);          // jinja2's getitem: the item first
 int64_t int_arg(const Value& v, int64_t dflt);               // an integer argument, or dflt for None/Undefined
+
+// What the filters share with the methods (methods.cpp).
+Value kwarg(Kwargs& kw, Args& args, size_t pos, const char* name, Value dflt = Value::undefined());
+const Value& need_string(const Value& v, const char* what);
+std::string strip(const std::string& s, const Value& chars, bool left, bool right);
+List split(const std::string& s, const Value& sep, int64_t maxsplit, bool from_right);
+Value string_method(const Value& obj, const std::string& m);
 
 }  // namespace lt::jinja::detail

@@ -1,13 +1,13 @@
 // The Jinja engine's lexer (jinja/lexer.hpp).
-#include "lora_trainer/data/jinja/lexer.hpp"
+#include "lora_trainer/jinja/lexer.hpp"
 
 #include <algorithm>
 #include <cerrno>
 #include <cctype>
 #include <cstdlib>
 
-#include "lora_trainer/data/jinja.hpp"
-#include "lora_trainer/data/jinja/value.hpp"
+#include "lora_trainer/jinja/jinja.hpp"
+#include "lora_trainer/jinja/value.hpp"
 
 namespace lt::jinja::detail {
 

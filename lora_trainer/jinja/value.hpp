@@ -13,7 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lora_trainer/data/jinja/limits.hpp"
+#include "lora_trainer/jinja/limits.hpp"
+#include "lora_trainer/jinja/unicode.hpp"
 
 namespace lt::jinja::detail {
 
@@ -24,17 +25,6 @@ struct EvalError {
   std::string limit;  // the limit that was hit (limits.hpp: steps, output, string, list, depth, stack), or ""
 };
 [[noreturn]] void fail(const std::string& msg);
-
-// UTF-8 by code point, as Python's str.
-std::vector<uint32_t> decode(const std::string& s);
-void append_utf8(std::string& out, uint32_t cp);
-std::string encode(const std::vector<uint32_t>& cps, size_t begin = 0, size_t end = std::string::npos);
-bool is_space(uint32_t c);  // Python's str.isspace
-// Python's str.upper/lower for Latin, Greek and Cyrillic. mode: 0 lower, 1 upper, 2 title, 3 capitalize.
-uint32_t upper_cp(uint32_t c);
-uint32_t lower_cp(uint32_t c);
-bool cased(uint32_t c);
-std::string change_case(const std::string& s, int mode);
 
 struct Value;
 using List = std::vector<Value>;

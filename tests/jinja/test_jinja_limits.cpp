@@ -1,4 +1,4 @@
-// The Jinja engine's bounds (lora_trainer/data/jinja/limits.hpp): a template that loops, recurses or
+// The Jinja engine's bounds (lora_trainer/jinja/limits.hpp): a template that loops, recurses or
 // grows a string, a list or its output without end stops with a TemplateError naming the template, the
 // line, the limit and how to raise it, in about a second, instead of running until killed; a raised
 // limit lets it render. Values nested past any bound (a context variable, a list built around itself)
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "lora_trainer/core/util.hpp"
-#include "lora_trainer/data/jinja.hpp"
+#include "lora_trainer/jinja/jinja.hpp"
 
 using lt::test::Contains;
 using ojson = nlohmann::ordered_json;
