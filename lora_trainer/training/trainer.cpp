@@ -92,10 +92,8 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
   boundary_step_ = full_stages_ > 0 ? stages_[static_cast<size_t>(full_stages_ - 1)].end_step : 0;
   schedule_ = full_schedule(boundary_step_);  // phase 1's schedule ends at the boundary
   if (plan.has_lora_phase()) {
-    lora_ = std::make_unique<LoraState>();
-    lora_->options = LoraOptions::from_config(cfg_);
-    lora_->selection = select_lora_params();  // now, not at the boundary hours later
-    lora_->schedule = lora_->options.schedule.make(total_steps_ - boundary_step_);
+    lora_ = std::make_unique<LoraPhase>(cfg_, model_, dist_, rt_.device, opts_.shard_params, opts_.seed,
+                                        total_steps_ - boundary_step_);
   }
 }
 
@@ -116,7 +114,8 @@ void Trainer::settle_weights_for_load() {
   if (!weights_pending_) return;
   const NamedTensors params = base_params(*model_);
   // NF4 or sharded in the template: a stand-in, no storage.
-  const std::set<std::string> quantized = quantized_weights(), sharded = sharded_weights();
+  std::set<std::string> quantized, sharded;
+  if (lora_) quantized = lora_->quantized_weights(), sharded = lora_->sharded_weights();
   for (size_t i = 0; i < params.size(); ++i) {
     torch::Tensor p = params[i].second;
     const auto options = p.options().device(rt_.device);
@@ -130,9 +129,7 @@ void Trainer::settle_weights_for_load() {
 }
 
 bool Trainer::frozen_from_start(size_t i, const std::string& name) const {
-  if (!lora_ || boundary_step_ > 0) return false;
-  if (name == lora_->selection.token_embedding) return false;  // its rows train: they start from its f32 values
-  return i < lora_->selection.saved.size() && !lora_->selection.saved[i];
+  return lora_ && boundary_step_ == 0 && lora_->freezes(i, name);
 }
 
 void Trainer::build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale) {
@@ -506,7 +503,7 @@ void Trainer::run() {
     finish();
     return;
   }
-  if (lora_ && !lora_->base_note.empty() && is_main()) std::printf("%s\n", lora_->base_note.c_str());
+  if (lora_ && !lora_->base_note().empty() && is_main()) std::printf("%s\n", lora_->base_note().c_str());
   int64_t n_params = 0;
   for (auto& [n, t] : base_params(*model_)) n_params += t.numel();
   std::printf("job %s (%s): %.2fM parameters, %s%s, step %lld of %lld (%lld tokens per step)\n", spec_.name.c_str(),
@@ -558,7 +555,7 @@ std::vector<Phase> Trainer::own_phases() const {
     out.push_back({Trainable::AllParameters, 0, full_stages_, 0, boundary_step_, schedule_, next_token, nullptr});
   if (lora_)
     out.push_back({Trainable::Adapters, full_stages_, static_cast<int>(stages_.size()), boundary_step_, total_steps_,
-                   lora_->schedule, next_token, nullptr});
+                   lora_->schedule(), next_token, nullptr});
   return out;
 }
 
@@ -570,8 +567,8 @@ double Trainer::current_lr() const {
 }
 
 void Trainer::check_can_start() {
-  if (lora_) check_lora_can_start();
-  if (opts_.shard_params != ShardMode::None && !shards_base() && !sharded_params_ && is_main()) {
+  if (lora_) lora_->check_can_start(spec_.name, boundary_step_, step_);
+  if (opts_.shard_params != ShardMode::None && !(lora_ && lora_->shards_base()) && !sharded_params_ && is_main()) {
     std::printf("note: distributed/shard_params=%s has no effect in this run: %s\n", shard_mode_name(opts_.shard_params).c_str(),
                 dist_.active() ? "the job has no LoRA phase, whose frozen base it shards (distributed/shard_params=all "
                                  "shards the parameters phase 1 trains too)"

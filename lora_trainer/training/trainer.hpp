@@ -25,8 +25,9 @@
 // Empty pre-LoRA lists start the job in phase 2: give it a pretrained base with
 // `run ... --restore <plain checkpoint>` (its weights become the frozen base; this job's counters
 // start at zero). Recipes are parts of a trainer, not subclasses (trainer_part.hpp: DPO, continual
-// learning). The LoRA phase's members are in trainer_lora.cpp, the report of a LoRA job in
-// trainer_report.cpp, the state as a checkpoint in trainer_state.cpp.
+// learning). The LoRA phase is a component the trainer holds (lora_phase.hpp) and calls at the
+// boundary and at save/restore (trainer_lora.cpp); the report of a LoRA job is lora_report.hpp's; the
+// state as a checkpoint is in trainer_state.cpp.
 //
 // With several ranks (distributed.hpp) each rank takes an equal, disjoint share of every global batch
 // (batch_size / ranks rows, in micro-batches of per_device_batch_size), the gradients are summed over
@@ -60,7 +61,7 @@
 #include "lora_trainer/training/optim.hpp"
 #include "lora_trainer/training/plan.hpp"
 #include "lora_trainer/training/sharded_params.hpp"
-#include "lora_trainer/training/lora_options.hpp"
+#include "lora_trainer/training/lora_phase.hpp"
 #include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/data/stage_plan.hpp"
@@ -210,7 +211,9 @@ class Trainer : public RestorableJob {
   // The LoRA phase (trainer_lora.cpp). A plan without one has no boundary (boundary_step() is the last
   // step), no adapters and no LoRA options.
   bool has_lora_phase() const { return lora_ != nullptr; }
-  bool in_lora_phase() const { return lora_ && lora_->entered; }
+  bool in_lora_phase() const { return lora_ && lora_->entered(); }
+  // The LoRA phase (lora_phase.hpp), or null.
+  const LoraPhase* lora_phase() const { return lora_.get(); }
   // The step count at the transition: the end of the full-parameter phase.
   int64_t boundary_step() const { return boundary_step_; }
   // The boundary, the mission's entry: saves `pre_lora_checkpoint` when phase 1 ran and it is not there
@@ -231,7 +234,6 @@ class Trainer : public RestorableJob {
   // The report of a finished LoRA job: per-phase speed, parameter counts, validation perplexity per
   // dataset before and after the LoRA phase, written to report.md beside loss.svg (the loss curves with
   // the boundary marked) in the run directory; "" when no training was logged in it. run() prints it.
-  // (trainer_report.cpp)
   std::string report();
 
   // Set by SIGINT/SIGTERM; the loop saves and exits after the step in flight (with several ranks, after
@@ -326,88 +328,15 @@ class Trainer : public RestorableJob {
   // On rank 0 of a finished job: report_finished, then each part's after_run.
   void finish();
 
-  // The LoRA phase (trainer_lora.cpp). What the LoRA settings select in this model, resolved once by
-  // the constructor (so a setting that does not fit fails before phase 1, not at the boundary); the
-  // masks are over base_params(*model_), whose names and order no restore changes.
-  struct LoraSelection {
-    std::vector<bool> targets;    // param_filter: the weights that get adapters
-    std::vector<bool> saved;      // modules_to_save: the base parameters that train in full
-    std::string token_embedding;  // the weight whose rows trainable_token_indices trains; "" when off
-    std::vector<std::string> target_names;  // the targets' names, in model order
-  };
-  // A LoRA phase's state: its options and selection, then what the transition made.
-  struct LoraState {
-    LoraOptions options;
-    LoraSelection selection;
-    Schedule schedule;  // over the LoRA phase's steps
-    bool entered = false;
-    LoraParams adapters;
-    std::vector<std::string> saved;  // parameter names selected by modules_to_save, in model order
-    TrainableTokens token_rows;      // trainable_token_indices' rows
-    std::string adapters_from;       // where the adapters started from (init_from), "" = drawn
-    // Without phase one: where the frozen base came from ({"path", "job", "step"}), or "random" when
-    // training/allow_random_base let it start from initialised weights; null before either.
-    nlohmann::json base;
-    // What this job's LoRA-phase checkpoints refer to instead of copying the frozen base (frozen_base.hpp);
-    // none: they hold a copy (logging/save_frozen_base, a random base, a restored self-contained state).
-    std::optional<FrozenBaseRef> frozen_base;
-    std::string base_note;  // where a restore read the base from, printed when the job runs
-  };
-  LoraSelection select_lora_params() const;
-  // The base weights the LoRA phase stores as NF4 (optimization/lora/quantize_base=nf4): the adaptable
-  // (linear) weights of the blocks but the modules_to_save; none without it.
-  std::set<std::string> quantized_weights() const;
-  // The adaptable (linear) weights of the blocks but the modules_to_save: what a QLoRA base quantizes
-  // and a sharded base shards.
-  std::set<std::string> frozen_block_weights() const;
-  // Whether the LoRA phase's frozen base is sharded across the ranks (distributed/shard_params=lora or
-  // all, with several ranks), and which weights: frozen_block_weights() then, else none.
-  bool shards_base() const;
-  std::set<std::string> sharded_weights() const;
-  // Puts the sharded_weights (frozen already) into one BlockShard a block, gathered by the model around
-  // each block's forward (block_shard.hpp); once, when shards_base().
-  void shard_base();
-  // transition_to_lora's change of state alone: freezes the base as bf16 (no gradients, no optimizer
-  // state) except the modules_to_save, the quantized_weights as NF4, creates adapters for param_filter's targets with
-  // inject_lora_params (on the trainer's device, deterministic from the seed), attaches them, and
-  // rebuilds the optimizer over the adapters and the modules_to_save. A restore of a LoRA state calls it
-  // to build the template its tensors load into.
-  void freeze_base_and_inject();
-  // The LoRA phase's optimizer, over what trains in it, by name: the adapters, the modules_to_save, the
-  // token rows (each at its lr ratio).
-  void build_lora_optimizer();
-  void log_transition();
-  // optimization/lora/init_from: the source's A and B (and DoRA magnitudes) copied into the fresh
-  // adapters (at the transition only; a restore in the LoRA phase reads them from its checkpoint).
-  void load_initial_adapters();
+  // The LoRA phase's side of the trainer (trainer_lora.cpp). enter_lora_phase: phase one's sharded
+  // parameters whole again, the phase entered (LoraPhase::enter), its optimizer built; a restore of a
+  // LoRA state calls it to build the template its tensors load into.
+  void enter_lora_phase();
   // A LoRA job's side of a restore, before the trainer's: a plain state or export given to a job
   // without phase 1 becomes the frozen base (true: loaded, nothing more to do); a LoRA state (past the
   // boundary) is checked against this job's settings and gets its LoRA template (the transition); a
   // plain state must be at or before the boundary.
   bool restore_lora_template(const CheckpointMeta& ck);
-  // The LoRA phase's frozen base parameters (the base's but the modules_to_save), by name, in model
-  // order; empty outside the LoRA phase.
-  NamedTensors frozen_tensors();
-  // The CRC of the bf16 values of the frozen weights stored as NF4 (frozen_base_digest's `crcs`).
-  std::map<std::string, uint32_t> frozen_crcs();
-  // At the transition: the reference this job's checkpoints record for the frozen base (the job's own
-  // pre_lora_checkpoint, or the base it loaded), unless logging/save_frozen_base asks for copies or
-  // there is nothing to refer to.
-  void refer_to_frozen_base();
-  // A LoRA state's side of a restore: the frozen base from the place its checkpoint refers to, its
-  // digest checked (training/frozen_base_path when it moved), or nothing when the checkpoint holds it.
-  void load_frozen_base(const CheckpointMeta& ck);
-  // Without the params/* (and nf4/*) of the frozen base when this job's checkpoints refer to it (a save), or when
-  // `ck` does (the tensors a restore loads from it).
-  void drop_frozen_base(NamedTensors& tensors, bool referenced);
-  // The checkpoint's `lora` block, and what the trainer takes back from it after a full restore.
-  nlohmann::json lora_metadata() const;
-  void restore_lora_metadata(const CheckpointMeta& ck);
-  // check_can_start's LoRA half.
-  void check_lora_can_start();
-  // The report's lines of the two phases (trainer_report.cpp): steps, tokens, tokens/s (per phase: the
-  // step lines' sum and count).
-  std::string phases_text(const double tps[2], const int n_tps[2]) const;
 
   const TrainingOptions opts_;  // declared first: the members after it are built from it
   Distributed& dist_;
@@ -428,7 +357,7 @@ class Trainer : public RestorableJob {
   std::vector<std::unique_ptr<MixtureSampler>> samplers_;
   std::map<int, uint64_t> restored_cursors_;  // from a checkpoint, applied when the sampler is rebuilt
   Schedule schedule_;  // the full-parameter phase's, over its steps
-  std::unique_ptr<LoraState> lora_;  // null when the plan has no LoRA phase
+  std::unique_ptr<LoraPhase> lora_;  // null when the plan has no LoRA phase
   int full_stages_ = 0;              // the plan's first stages, those of the full-parameter phase
   int64_t boundary_step_ = 0;        // the full-parameter phase's end step (total_steps_ without LoRA)
   int64_t batch_size_, micro_batch_, block_size_, total_steps_ = 0;

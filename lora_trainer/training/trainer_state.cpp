@@ -84,8 +84,7 @@ json Trainer::checkpoint_metadata() const {
   if (!base_model_.is_null()) m["base_model"] = base_model_;
   if (const std::string t = data_tokenizer(); !t.empty()) m["tokenizer"] = t;
   if (ema_) m["ema"] = {{"decay", ema_->decay()}, {"params", names_of(ema_->params())}};
-  if (lora_) m["lora"] = lora_metadata();
-  if (in_lora_phase() && lora_->frozen_base) m["frozen_base"] = lora_->frozen_base->to_json();
+  if (lora_) lora_->add_metadata(m, boundary_step_);
   for (const auto& part : parts_) part->add_metadata(m);
   return m;
 }
@@ -117,7 +116,7 @@ void Trainer::save(const std::string& suffix, bool update_latest) {
     return;
   }
   NamedTensors tensors = state_tensors();
-  drop_frozen_base(tensors, in_lora_phase() && lora_->frozen_base.has_value());  // referred to, not copied
+  if (lora_) lora_->drop_frozen_base(tensors, lora_->refers_to_base());  // referred to, not copied
   if (optimizer_->sharded()) {  // the whole state: each rank contributes its share of the moments, zeros elsewhere
     std::vector<torch::Tensor> moments;
     for (auto& [n, t] : tensors)
@@ -232,7 +231,7 @@ void Trainer::restore_state(const CheckpointMeta& ck) {
   // Parameters and moments are loaded in place; the step count and RNG state come back as the fresh
   // scalars that state_tensors() made for them, and are applied here.
   NamedTensors into = state_tensors();
-  drop_frozen_base(into, in_lora_phase() && ck.raw.contains("frozen_base"));  // loaded by load_frozen_base
+  if (lora_) lora_->drop_frozen_base(into, in_lora_phase() && ck.raw.contains("frozen_base"));  // loaded by load_frozen_base
   // The EMA is loaded where both have one; a checkpoint without it (saved with optimization/ema/decay 0)
   // starts this job's average at its weights, and one with it loads into a job without one as weights only.
   const bool ema_saved = meta.contains("ema");
@@ -270,7 +269,7 @@ void Trainer::restore_state(const CheckpointMeta& ck) {
   best_stage_ = meta.value("best_stage", 0);
   base_model_ = meta.value("base_model", json());
   restore_tokenizer(ck);
-  if (lora_) restore_lora_metadata(ck);
+  if (lora_) lora_->restored(ck);
   const std::string& from_job = ck.job_name;
   if (from_job != spec_.name)  // another job's state: say what was loaded and that its counters go on
     std::fprintf(stderr,
@@ -312,18 +311,19 @@ void Trainer::load_weights_from(const BaseWeights& src) {
   const NamedTensors params = base_params(*model_);
   // A QLoRA job without phase one quantizes its base's block weights as they come, one at a time: the
   // whole base is never in memory in bf16 (quantized_weights()).
-  const std::set<std::string> to_quantize = boundary_step_ == 0 ? quantized_weights() : std::set<std::string>();
+  const std::set<std::string> to_quantize = lora_ && boundary_step_ == 0 ? lora_->quantized_weights() : std::set<std::string>();
   const std::map<std::string, LoraAdaptable*> layers = adaptable_layers(*model_);
   // A sharded base (distributed/shard_params=lora) without phase one is sharded before it loads: its
   // block weights frozen as stand-ins, in one BlockShard a block, and each rank stores of each weight as
   // it comes only what it keeps (NF4 quantized first). No rank ever holds the whole base.
-  const std::set<std::string> to_shard = boundary_step_ == 0 && model_->block_shards().empty() ? sharded_weights() : std::set<std::string>();
+  const std::set<std::string> to_shard =
+      lora_ && boundary_step_ == 0 && model_->block_shards().empty() ? lora_->sharded_weights() : std::set<std::string>();
   for (const auto& [name, p] : params) {
     if (!to_shard.count(name)) continue;
     p.set_data(frozen_stand_in(p.sizes(), rt_.device));
     layers.at(name)->freeze_weight(to_quantize.count(name) ? FrozenFormat::Nf4 : FrozenFormat::Bf16);
   }
-  shard_base();
+  if (lora_) lora_->shard_base();
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string& name = params[i].first;
     torch::Tensor p = params[i].second;
@@ -386,7 +386,7 @@ void Trainer::restore_from_model_dir(const std::string& dir) {
                     " (`lora_trainer run` takes them from the directory by itself when the config leaves them at their "
                     "defaults; the settings above were given otherwise)");
   load_weights_from(*src);
-  if (lora_) lora_->base = {{"path", src->base_model()["hf_dir"]}, {"format", "hf"}, {"step", 0}};
+  if (lora_) lora_->set_base({{"path", src->base_model()["hf_dir"]}, {"format", "hf"}, {"step", 0}});
   std::fprintf(stderr, "initialised weights from the Hugging Face model %s; this job starts at step %lld\n", dir.c_str(),
                (long long)step_);
 }

@@ -1,5 +1,6 @@
-// The trainer's report of a finished job (report.md and loss.svg in the run directory): per-phase speed,
-// parameter counts, validation perplexity per dataset before and after the LoRA phase, DPO's figures.
+// The report of a finished LoRA job (lora_report.hpp), from its run's metrics.jsonl.
+#include "lora_trainer/training/lora_report.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -8,10 +9,10 @@
 
 #include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
-#include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/training/report.hpp"
 
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 namespace lt {
 
@@ -178,21 +179,15 @@ std::string tasks_table(const json* before, const json* after, bool with_before)
 }  // namespace
 
 // The two phases' lines: their steps, tokens and speed (phase 1: skipped, with where the base came from).
-std::string Trainer::phases_text(const double tps[2], const int n_tps[2]) const {
+static std::string phases_text(const LoraReportFacts& f, const double tps[2], const int n_tps[2]) {
   std::ostringstream r;
   char line[256];
-  if (boundary_step_ == 0) {
-    if (lora_->base.is_object() && lora_->base.value("format", std::string()) == "hf")
-      r << "phase 1: skipped; the frozen base is the Hugging Face model " << lora_->base.value("path", std::string("?")) << "\n";
-    else if (lora_->base.is_object())
-      r << "phase 1: skipped; the frozen base is " << lora_->base.value("path", std::string("?")) << " (job "
-        << lora_->base.value("job", std::string("?")) << ", step " << lora_->base.value("step", int64_t(0)) << ")\n";
-    else
-      r << "phase 1: skipped; the base is randomly initialised (training/allow_random_base)\n";
+  if (f.boundary_step == 0) {
+    r << f.skipped_phase_one;
   } else {
     // Phase 1 may have run in another run (this one restored past it): then there is no speed to report.
-    std::snprintf(line, sizeof line, "phase 1 (full parameters): steps 1-%lld, %lld tokens, ", (long long)boundary_step_,
-                  (long long)(boundary_step_ * tokens_per_step()));
+    std::snprintf(line, sizeof line, "phase 1 (full parameters): steps 1-%lld, %lld tokens, ", (long long)f.boundary_step,
+                  (long long)(f.boundary_step * f.tokens_per_step));
     r << line;
     if (n_tps[0] == 0) {
       r << "not run by this run (restored from a later checkpoint)\n";
@@ -201,40 +196,37 @@ std::string Trainer::phases_text(const double tps[2], const int n_tps[2]) const 
       r << line;
     }
   }
-  std::snprintf(line, sizeof line, "phase 2 (LoRA): steps %lld-%lld, %lld tokens, %.0f tok/s\n", (long long)boundary_step_ + 1,
-                (long long)total_steps_, (long long)((total_steps_ - boundary_step_) * tokens_per_step()),
+  std::snprintf(line, sizeof line, "phase 2 (LoRA): steps %lld-%lld, %lld tokens, %.0f tok/s\n", (long long)f.boundary_step + 1,
+                (long long)f.total_steps, (long long)((f.total_steps - f.boundary_step) * f.tokens_per_step),
                 n_tps[1] ? tps[1] / n_tps[1] : 0.0);
   r << line;
   return r.str();
 }
 
-std::string Trainer::report() {
-  if (!lora_) return "";  // the report compares the phases of a LoRA job
-  auto metrics = read_metrics(run_dir());
-  const RunEvents ev = scan(metrics, boundary_step_);
+std::string write_lora_report(const LoraReportFacts& f) {
+  auto metrics = read_metrics(f.run_dir);
+  const RunEvents ev = scan(metrics, f.boundary_step);
   if (ev.n_tps[0] + ev.n_tps[1] == 0) return "";
-  std::string svg = (fs::path(run_dir()) / "loss.svg").string();
-  write_loss_plot(metrics, {{boundary_step_, "LoRA from here"}}, "job " + spec_.name + ": loss", svg);
+  std::string svg = (fs::path(f.run_dir) / "loss.svg").string();
+  write_loss_plot(metrics, {{f.boundary_step, "LoRA from here"}}, "job " + f.job + ": loss", svg);
 
   std::ostringstream r;
-  r << "\n== report: job " << spec_.name << " (" << spec_.kind << ") ==\n";
-  r << phases_text(ev.tps, ev.n_tps);
+  r << "\n== report: job " << f.job << " (" << f.kind << ") ==\n";
+  r << phases_text(f, ev.tps, ev.n_tps);
   if (ev.transition) r << parameters_text(*ev.transition);
-  r << perplexity_table(ev.before, ev.after, boundary_step_ > 0);
-  r << tasks_table(ev.before, ev.after, boundary_step_ > 0);
+  r << perplexity_table(ev.before, ev.after, f.boundary_step > 0);
+  r << tasks_table(ev.before, ev.after, f.boundary_step > 0);
   r << dpo_text(ev);
   if (!ev.before && !ev.after) r << "validation: none recorded (training/validation is off)\n";
   r << "unigram baseline perplexity (validation under the training split's token frequencies):";
   char line[256];
-  for (const auto& smp : plan_datasets()) {
-    if (smp.style != DatasetStyle::PMD) continue;
-    const auto& ds = dynamic_cast<const PmdDataset&>(catalog_->get(smp));
-    std::snprintf(line, sizeof line, "  %s %.1f", smp.name.c_str(), std::exp(unigram_val_loss(ds, model_->options().vocab_size)));
+  for (const auto& [name, ppl] : f.unigram_perplexity) {
+    std::snprintf(line, sizeof line, "  %s %.1f", name.c_str(), ppl);
     r << line;
   }
-  r << "\ncheckpoints: " << job_dir() << "\n";
-  r << "metrics: " << (fs::path(run_dir()) / "metrics.jsonl").string() << "\nplot: " << svg << "\n";
-  write_file_atomic((fs::path(run_dir()) / "report.md").string(), r.str());
+  r << "\ncheckpoints: " << f.job_dir << "\n";
+  r << "metrics: " << (fs::path(f.run_dir) / "metrics.jsonl").string() << "\nplot: " << svg << "\n";
+  write_file_atomic((fs::path(f.run_dir) / "report.md").string(), r.str());
   return r.str();
 }
 
