@@ -35,7 +35,7 @@ fi
 
 # OpenBLAS's OpenMP build runs the f32 matmuls on LibTorch's own threads; its pthreads build (preferred
 # by Debian's alternatives when both are installed) would get one thread beside them
-# (docs/performance.md, "BLAS threads").
+# (docs/changelog.md, 2026-11-27, "BLAS threads").
 for lib in libblas.so.3 liblapack.so.3 libopenblas.so.0; do
   want=/usr/lib/x86_64-linux-gnu/openblas-openmp/$lib
   now=$(readlink -f "/usr/lib/x86_64-linux-gnu/$lib" 2>/dev/null || true)
