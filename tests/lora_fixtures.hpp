@@ -9,6 +9,7 @@
 
 #include "lora_trainer/models/gpt2.hpp"
 #include "lora_trainer/recipes/dpo_part.hpp"
+#include "lora_trainer/recipes/lora_train.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "catch.hpp"
 #include "fixtures.hpp"

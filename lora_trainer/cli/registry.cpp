@@ -3,6 +3,7 @@
 #include "lora_trainer/recipes/continual.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/recipes/dpo_part.hpp"
+#include "lora_trainer/recipes/lora_train.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/core/util.hpp"
 

@@ -11,7 +11,7 @@
 //                             the reference is a frozen bf16 copy of the starting weights, taken when the
 //                             base is loaded and saved in every checkpoint as ref/<name>.
 //
-// lora/train whose post-LoRA datasets are contrastive (make_lora_train): a trainer over both phases'
+// lora/train whose post-LoRA datasets are contrastive (make_lora_train, lora_train.hpp): a trainer over both phases'
 // stages with DPO on its LoRA phase. Phase 1 is next-token training on the pre-LoRA datasets as in any
 // lora/train job; at the boundary transition_to_lora puts on the adapters (B = 0), and phase 2 trains
 // them with DPO's loss, the reference being the base with the adapters off, as in dpo/train's LoRA form.
@@ -100,14 +100,8 @@ class DpoPart : public TrainerPart {
 ConfigSchema dpo_train_schema();
 std::unique_ptr<Trainer> make_dpo_train(JobSpec spec, Config cfg, std::string out_dir);
 
-// Whether lora/train's LoRA phase trains with DPO: true when every post-LoRA dataset of `plan` (the
-// stages after the first `pre_lora_stages`) is contrastive, false when none is. A UserError naming the
-// datasets and their styles for a mix, and for preference pairs among the pre-LoRA datasets (phase 1
-// is next-token training).
-bool lora_phase_is_dpo(const StagePlan& plan, size_t pre_lora_stages);
-// lora/train's schema: Trainer::lora_schema and optimization/dpo/{beta, label_smoothing} for a DPO phase 2.
-ConfigSchema lora_train_schema();
-// The lora/train job: a trainer of its two phases, with a DpoPart when lora_phase_is_dpo.
-std::unique_ptr<Trainer> make_lora_train(JobSpec spec, Config cfg, std::string out_dir);
+// A UserError naming `job` when `t` trains modules_to_save: DPO's reference is the model with its
+// adapters off, and modules trained beside them would leak into it.
+void check_no_modules_to_save(const Trainer& t, const char* job);
 
 }  // namespace lt

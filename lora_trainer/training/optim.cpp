@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 
 #include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/core/util.hpp"
+#include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/kernels/adamw.hpp"
 #include "lora_trainer/kernels/parallel.hpp"
 
@@ -58,6 +61,49 @@ int match_param_rule(const std::vector<ParamRule>& rules, const std::string& nam
   for (size_t i = 0; i < rules.size(); ++i)
     if (name.find(rules[i].match) != std::string::npos) return static_cast<int>(i);
   return -1;
+}
+
+void check_param_rules(const std::vector<ParamRule>& rules, const NamedTensors& params) {
+  for (const auto& rule : rules) {
+    std::vector<std::string> names;
+    for (const auto& [n, p] : params) {
+      names.push_back(n);
+      if (p.dim() == 2)
+        names.insert(names.end(), {LoraParams::a_name(n), LoraParams::b_name(n), LoraParams::magnitude_name(n)});
+    }
+    if (std::none_of(names.begin(), names.end(), [&](const std::string& n) { return n.find(rule.match) != std::string::npos; }))
+      throw UserError("optimization/param_groups: \"" + rule.match + "\" matches no parameter of this model (nor an "
+                      "adapter's lora_A/lora_B/lora_magnitude); names look like " + names.front() + ", " + names[names.size() / 2]);
+  }
+}
+
+std::vector<int> apply_param_rules(const std::vector<ParamRule>& rules, const NamedTensors& params,
+                                   std::vector<double>& lr_scale) {
+  std::vector<int> rule_of;
+  for (size_t i = 0; i < params.size(); ++i) {
+    rule_of.push_back(match_param_rule(rules, params[i].first));
+    if (rule_of.back() >= 0) lr_scale[i] *= rules[static_cast<size_t>(rule_of.back())].lr_ratio;
+  }
+  return rule_of;
+}
+
+std::string describe_param_groups(const std::vector<ParamRule>& rules, const std::vector<int>& rule_of,
+                                  const NamedTensors& params) {
+  std::string out;
+  for (size_t r = 0; r < rules.size(); ++r) {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < rule_of.size(); ++i)
+      if (rule_of[i] == static_cast<int>(r)) names.push_back(params[i].first);
+    char what[96];
+    std::snprintf(what, sizeof what, "lr x%g%s", rules[r].lr_ratio,
+                  rules[r].weight_decay < 0 ? "" : rules[r].weight_decay ? ", weight decay" : ", no weight decay");
+    std::string shown = names.size() <= 4 ? join(names)
+                                          : join(std::vector<std::string>(names.begin(), names.begin() + 3)) + ", ... (" +
+                                                std::to_string(names.size()) + " in all)";
+    out += "param group " + std::to_string(r) + " (match \"" + rules[r].match + "\", " + what +
+           "): " + (names.empty() ? std::string("no trainable parameter now") : shown) + "\n";
+  }
+  return out;
 }
 
 std::vector<std::string> AdamW::param_names() const {

@@ -92,6 +92,15 @@ struct ParamRule {
 std::vector<ParamRule> parse_param_rules(const nlohmann::json& v);
 // The index of the first rule matching `name`, or -1.
 int match_param_rule(const std::vector<ParamRule>& rules, const std::string& name);
+// A UserError naming optimization/param_groups when a rule matches no parameter of `params` (a
+// model's base parameters) nor an adapter a LoRA phase could put on one of its matrices.
+void check_param_rules(const std::vector<ParamRule>& rules, const NamedTensors& params);
+// The rule each of `params` takes (-1: none), its lr_ratio multiplied into `lr_scale`.
+std::vector<int> apply_param_rules(const std::vector<ParamRule>& rules, const NamedTensors& params,
+                                   std::vector<double>& lr_scale);
+// "param group R (match ..., lr xF, ...): names" a line per rule, over the `params` rule_of assigns.
+std::string describe_param_groups(const std::vector<ParamRule>& rules, const std::vector<int>& rule_of,
+                                  const NamedTensors& params);
 
 // lr(step) for step in [0, total_steps).
 //   constant: warmup then flat.

@@ -69,4 +69,80 @@ int64_t ShardedParams::shard_bytes() const {
   return n;
 }
 
+std::string ShardedParams::param_of_state(const std::string& state_name) const {
+  for (const std::string& prefix : {kParamsPrefix, std::string("optim/exp_avg/"), std::string("optim/exp_avg_sq/"), kEmaPrefix})
+    if (state_name.rfind(prefix, 0) == 0 && contains(state_name.substr(prefix.size()))) return state_name.substr(prefix.size());
+  return "";
+}
+
+NamedTensors ShardedParams::whole_stand_ins(NamedTensors local) const {
+  for (auto& [name, t] : local) {
+    const std::string param = param_of_state(name);
+    if (!param.empty()) t = torch::zeros({1}, t.options()).expand(shape(param));
+  }
+  return local;
+}
+
+TensorStream ShardedParams::gathered(const NamedTensors& whole, const NamedTensors& local, const std::string& what) {
+  // One block's sharded tensors of one kind (its parameters, or one of their moments, or their average)
+  // gathered at a time, in the order of the names, which keeps each block's tensors of a kind together.
+  struct Gathered {
+    std::map<std::string, torch::Tensor> by_name;
+    std::string key;
+    std::map<std::string, torch::Tensor> tensors;
+  };
+  auto g = std::make_shared<Gathered>();
+  g->by_name.insert(local.begin(), local.end());
+  TensorStream stream;
+  for (const auto& [name, t] : whole) {
+    stream.names.push_back(name);
+    stream.bytes += static_cast<uint64_t>(t.numel()) * t.element_size();
+  }
+  stream.get = [this, g, whole, local, what](size_t i) -> torch::Tensor {
+    const std::string& name = whole[i].first;
+    const std::string param = param_of_state(name);
+    if (param.empty()) return local[i].second;
+    const std::string prefix = name.substr(0, name.size() - param.size());
+    const std::string key = prefix + std::to_string(block_of(param));
+    if (key != g->key) {
+      g->tensors.clear();  // the last block's buffers go before the next block's come
+      g->tensors = gather_block(param, [&](const std::string& p) { return g->by_name.at(prefix + p); },
+                                "gathering " + prefix + " of block " + std::to_string(block_of(param)) + " for " + what);
+      g->key = key;
+    }
+    return g->tensors.at(param);
+  };
+  return stream;
+}
+
+TensorWriter ShardedParams::keep_local_part(const NamedTensors& local) const {
+  auto by_name = std::make_shared<std::map<std::string, torch::Tensor>>(local.begin(), local.end());
+  return [this, by_name](const std::string& name, const torch::Tensor& value) {
+    const std::string param = param_of_state(name);
+    if (param.empty()) return false;
+    torch::NoGradGuard ng;
+    by_name->at(name).copy_(local_part(param, value));
+    return true;
+  };
+}
+
+void ShardedParams::visit_whole(const NamedTensors& params,
+                                const std::function<void(const std::string&, const torch::Tensor&)>& visit) {
+  size_t block = SIZE_MAX;
+  std::map<std::string, torch::Tensor> whole;  // the gathered block's
+  for (const auto& [name, p] : params) {
+    if (!contains(name)) {
+      visit(name, p);
+      continue;
+    }
+    if (block_of(name) != block) {
+      block = block_of(name);
+      whole.clear();
+      whole = gather_block(name, [&](const std::string& n) { return piece(n); },
+                           "gathering the parameters of block " + std::to_string(block));
+    }
+    visit(name, whole.at(name));
+  }
+}
+
 }  // namespace lt

@@ -23,6 +23,8 @@
 
 #include "lora_trainer/core/distributed.hpp"
 #include "lora_trainer/core/named_tensors.hpp"
+#include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/formats/state_h5.hpp"
 #include "lora_trainer/models/model.hpp"
 #include "lora_trainer/peft/block_shard.hpp"
 
@@ -56,6 +58,27 @@ class ShardedParams {
   void unshard(const std::function<c10::ScalarType(const std::string&)>& dtype_of);
   // The bytes of parameters this rank stores (its shards, padding included).
   int64_t shard_bytes() const;
+
+  // The state of a checkpoint (the trainer's state_tensors) holds every tensor whole, by the names an
+  // unsharded run gives them: a sharded parameter's value ("params/"), moments ("optim/exp_avg/",
+  // "optim/exp_avg_sq/") and average ("ema/"). These make that state from this rank's pieces.
+  //
+  // The sharded parameter a state tensor's name is of, or "".
+  std::string param_of_state(const std::string& state_name) const;
+  // `local` (this rank's state: the pieces under the whole tensors' names) with each piece replaced by a
+  // stand-in of the whole tensor's shape and dtype, without storage: what a restore reads into (it keeps
+  // its part: keep_local_part) and save() gathers.
+  NamedTensors whole_stand_ins(NamedTensors local) const;
+  // The whole state to write, made tensor by tensor in `whole`'s order from `local` (same names and
+  // order): a sharded tensor's block gathered when first asked for (a collective: every rank must read
+  // the stream through in the same order; rank 0 writes it, the others only gather).
+  TensorStream gathered(const NamedTensors& whole, const NamedTensors& local, const std::string& what);
+  // A restore's writer: a sharded tensor's value read whole, this rank's part copied into its piece in
+  // `local` (true); other tensors are left to the load (false).
+  TensorWriter keep_local_part(const NamedTensors& local) const;
+  // Calls visit(name, value) for each of `params` (the model's, in order) with its whole value: the
+  // sharded ones' blocks gathered in turn (a collective), the others as they are.
+  void visit_whole(const NamedTensors& params, const std::function<void(const std::string&, const torch::Tensor&)>& visit);
 
  private:
   CausalLM& model_;

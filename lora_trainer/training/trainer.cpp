@@ -32,28 +32,9 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
       divergence_(opts_.on_nonfinite, spec_.name, job_dir()) {
   rt_ = Runtime::from_config(cfg_);
   batch_size_ = opts_.batch_size;
-  const int64_t ranks = dist_.world_size();
-  if (batch_size_ % ranks != 0)
-    throw UserError("training/batch_size (" + std::to_string(batch_size_) + ") must be a multiple of the number of ranks (" +
-                    std::to_string(ranks) + "): each rank takes an equal share of every batch");
-  rank_rows_ = batch_size_ / ranks;
-  const int64_t micro = opts_.per_device_batch_size;
-  micro_batch_ = micro < 0 ? rank_rows_ : micro;
-  if (ranks > 1 && micro_batch_ > rank_rows_) {
-    // More ranks than the config was written for: each rank's share is one micro-batch.
-    if (dist_.is_main())
-      std::printf("note: with %lld ranks each takes %lld rows a step, fewer than training/per_device_batch_size (%lld): "
-                  "each rank runs them as one micro-batch\n",
-                  (long long)ranks, (long long)rank_rows_, (long long)micro_batch_);
-    micro_batch_ = rank_rows_;
-  }
-  if (rank_rows_ % micro_batch_ != 0)
-    throw UserError(ranks == 1 ? "training/batch_size (" + std::to_string(batch_size_) +
-                                     ") must be a multiple of training/per_device_batch_size (" + std::to_string(micro_batch_) + ")"
-                               : "with " + std::to_string(ranks) + " ranks each takes training/batch_size / " + std::to_string(ranks) +
-                                     " = " + std::to_string(rank_rows_) + " rows a step, which must be a multiple of "
-                                     "training/per_device_batch_size (" + std::to_string(micro_batch_) +
-                                     "); set it to a divisor of " + std::to_string(rank_rows_) + ", or -1");
+  const TrainingOptions::RankRows rows = opts_.rank_rows(dist_.world_size(), dist_.is_main());
+  rank_rows_ = rows.rows;
+  micro_batch_ = rows.micro_batch;
   torch::manual_seed(opts_.seed);
   model_ = make_model(ModelOptions::from_config(cfg_));
   block_size_ = model_->options().block_size;
@@ -67,18 +48,7 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
   if (opts_.use_ema && opts_.optimizer.ema_decay <= 0)
     throw UserError("eval/use_ema is true but optimization/ema/decay is 0, so there is no average to use: set "
                     "optimization/ema/decay (e.g. 0.999), or eval/use_ema=false");
-  // A rule must match some parameter, or some adapter a LoRA phase could put on a matrix.
-  for (const auto& rule : opts_.optimizer.param_rules) {
-    std::vector<std::string> names;
-    for (const auto& [n, p] : base_params(*model_)) {
-      names.push_back(n);
-      if (p.dim() == 2)
-        names.insert(names.end(), {LoraParams::a_name(n), LoraParams::b_name(n), LoraParams::magnitude_name(n)});
-    }
-    if (std::none_of(names.begin(), names.end(), [&](const std::string& n) { return n.find(rule.match) != std::string::npos; }))
-      throw UserError("optimization/param_groups: \"" + rule.match + "\" matches no parameter of this model (nor an "
-                      "adapter's lora_A/lora_B/lora_magnitude); names look like " + names.front() + ", " + names[names.size() / 2]);
-  }
+  check_param_rules(opts_.optimizer.param_rules, base_params(*model_));  // before the first optimizer is built
   // distributed/shard_params=all: phase one's block parameters kept 1/N a rank from here on.
   if (opts_.shard_params == ShardMode::All && dist_.active() && !starts_with_adapters)
     sharded_params_ = std::make_unique<ShardedParams>(model_, dist_, rt_.device);
@@ -137,11 +107,7 @@ void Trainer::build_optimizer(NamedTensors params, double weight_decay, std::vec
   o.weight_decay = weight_decay;
   const auto& rules = opts_.optimizer.param_rules;
   if (lr_scale.empty()) lr_scale.assign(params.size(), 1.0);
-  std::vector<int> rule_of;
-  for (size_t i = 0; i < params.size(); ++i) {
-    rule_of.push_back(match_param_rule(rules, params[i].first));
-    if (rule_of.back() >= 0) lr_scale[i] *= rules[static_cast<size_t>(rule_of.back())].lr_ratio;
-  }
+  const std::vector<int> rule_of = apply_param_rules(rules, params, lr_scale);
   optimizer_ = std::make_unique<AdamW>(std::move(params), o, std::move(lr_scale));
   if (sharded_params_)  // a piece is 1-D: it decays as the matrix it is part of
     for (size_t i = 0; i < optimizer_->params().size(); ++i)
@@ -150,31 +116,15 @@ void Trainer::build_optimizer(NamedTensors params, double weight_decay, std::vec
   for (size_t i = 0; i < rule_of.size(); ++i)
     if (rule_of[i] >= 0 && rules[static_cast<size_t>(rule_of[i])].weight_decay >= 0)
       optimizer_->set_decay(i, rules[static_cast<size_t>(rule_of[i])].weight_decay == 1);
-  if (!rules.empty() && is_main()) log_param_groups(rule_of);
+  if (!rules.empty() && is_main()) {
+    std::printf("%s", describe_param_groups(rules, rule_of, optimizer_->params()).c_str());
+    std::fflush(stdout);
+  }
   if (dist_.active() && shard_optimizer_state()) optimizer_->shard(dist_.rank(), dist_.world_size());
   // A new trainable set (the start, the LoRA transition) starts a new average; a rebuilt optimizer over
   // the same parameters (a benchmark's reset_optimizer) keeps it.
   if (opts_.optimizer.ema_decay > 0 && (!ema_ || optimizer_->param_names() != names_of(ema_->params())))
     ema_ = std::make_unique<Ema>(optimizer_->params(), opts_.optimizer.ema_decay);
-}
-
-void Trainer::log_param_groups(const std::vector<int>& rule_of) const {
-  const auto& rules = opts_.optimizer.param_rules;
-  const auto& params = optimizer_->params();
-  for (size_t r = 0; r < rules.size(); ++r) {
-    std::vector<std::string> names;
-    for (size_t i = 0; i < rule_of.size(); ++i)
-      if (rule_of[i] == static_cast<int>(r)) names.push_back(params[i].first);
-    char what[96];
-    std::snprintf(what, sizeof what, "lr x%g%s", rules[r].lr_ratio,
-                  rules[r].weight_decay < 0 ? "" : rules[r].weight_decay ? ", weight decay" : ", no weight decay");
-    std::string shown = names.size() <= 4 ? join(names)
-                                          : join(std::vector<std::string>(names.begin(), names.begin() + 3)) + ", ... (" +
-                                                std::to_string(names.size()) + " in all)";
-    std::printf("param group %zu (match \"%s\", %s): %s\n", r, rules[r].match.c_str(), what,
-                names.empty() ? "no trainable parameter now" : shown.c_str());
-  }
-  std::fflush(stdout);
 }
 
 bool Trainer::shard_optimizer_state() const {

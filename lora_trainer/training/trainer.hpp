@@ -287,8 +287,6 @@ class Trainer : public RestorableJob {
   // (Re)builds the optimizer over `params` (which must require gradients) with the configured betas
   // and epsilon, the given weight decay and per-parameter lr multipliers (empty: 1 for all).
   void build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale = {});
-  // The parameters each optimization/param_groups rule took (rule_of[i]: the rule of trainable i, or -1).
-  void log_param_groups(const std::vector<int>& rule_of) const;
   nlohmann::json checkpoint_metadata() const;
   // A UserError naming the architecture/ key when the checkpoint's model computes differently from ours
   // with the same shapes (activation, heads, norm epsilon, rotary base, family).
@@ -310,12 +308,9 @@ class Trainer : public RestorableJob {
   // state_tensors() as this rank holds them: a sharded parameter's piece, its moments' and average's
   // pieces, under the whole tensors' names.
   NamedTensors local_state_tensors();
-  // The sharded parameter a state tensor's name is of ("params/", "optim/exp_avg/", "optim/exp_avg_sq/"
-  // or "ema/" and a name sharded_params_ holds), or "".
-  std::string sharded_param_of(const std::string& state_name) const;
   // save() with phase 1's parameters sharded: every rank gathers the sharded tensors block by block, in
   // the order rank 0 writes them.
-  void save_sharded(const std::string& dir, const NamedTensors& whole, const NamedTensors& local, const std::string& suffix);
+  void save_sharded(const std::string& dir, const std::string& suffix);
   // The periodic validation's line and event, and the `best` checkpoint when the score improved.
   void validate_and_keep_best(bool stage_end);
   // Saves the periodic checkpoint when one is due or a signal asked to stop; true when the run stops.

@@ -17,22 +17,8 @@ namespace fs = std::filesystem;
 namespace lt {
 
 NamedTensors Trainer::state_tensors() {
-  NamedTensors out = local_state_tensors();
-  if (!sharded_params_) return out;
-  for (auto& [name, t] : out) {
-    const std::string param = sharded_param_of(name);
-    if (!param.empty())  // the whole tensor's shape and dtype, no storage: save() gathers it, a restore keeps its part
-      t = torch::zeros({1}, t.options()).expand(sharded_params_->shape(param));
-  }
-  return out;
-}
-
-std::string Trainer::sharded_param_of(const std::string& state_name) const {
-  if (!sharded_params_) return "";
-  for (const std::string& prefix : {kParamsPrefix, std::string("optim/exp_avg/"), std::string("optim/exp_avg_sq/"), kEmaPrefix})
-    if (state_name.rfind(prefix, 0) == 0 && sharded_params_->contains(state_name.substr(prefix.size())))
-      return state_name.substr(prefix.size());
-  return "";
+  // With phase 1's parameters sharded, stand-ins of the whole tensors: save() gathers them, a restore keeps its part.
+  return sharded_params_ ? sharded_params_->whole_stand_ins(local_state_tensors()) : local_state_tensors();
 }
 
 NamedTensors Trainer::local_state_tensors() {
@@ -90,27 +76,15 @@ json Trainer::checkpoint_metadata() const {
 }
 
 void Trainer::visit_whole_params(const std::function<void(const std::string&, const torch::Tensor&)>& visit) {
-  size_t block = SIZE_MAX;
-  std::map<std::string, torch::Tensor> whole;  // the gathered block's
-  for (const auto& [name, p] : named_params(*model_)) {
-    if (!sharded_params_ || !sharded_params_->contains(name)) {
-      visit(name, p);
-      continue;
-    }
-    if (sharded_params_->block_of(name) != block) {
-      block = sharded_params_->block_of(name);
-      whole.clear();
-      whole = sharded_params_->gather_block(name, [&](const std::string& n) { return sharded_params_->piece(n); },
-                                            "gathering the parameters of block " + std::to_string(block));
-    }
-    visit(name, whole.at(name));
-  }
+  if (sharded_params_) sharded_params_->visit_whole(named_params(*model_), visit);
+  else
+    for (const auto& [name, p] : named_params(*model_)) visit(name, p);
 }
 
 void Trainer::save(const std::string& suffix, bool update_latest) {
   std::string dir = (fs::path(job_dir()) / suffix).string();
   if (sharded_params_) {
-    save_sharded(dir, state_tensors(), local_state_tensors(), suffix);
+    save_sharded(dir, suffix);
     if (update_latest && is_main()) write_latest(job_dir(), suffix);
     dist_.barrier("saving checkpoint " + suffix);
     return;
@@ -131,8 +105,8 @@ void Trainer::save(const std::string& suffix, bool update_latest) {
   dist_.barrier("saving checkpoint " + suffix);  // the others go on once it is complete
 }
 
-void Trainer::save_sharded(const std::string& dir, const NamedTensors& whole, const NamedTensors& local,
-                           const std::string& suffix) {
+void Trainer::save_sharded(const std::string& dir, const std::string& suffix) {
+  const NamedTensors local = local_state_tensors();
   // Every rank checks what it holds; all decide alike on the sum of their findings.
   std::exception_ptr found;
   try {
@@ -147,31 +121,7 @@ void Trainer::save_sharded(const std::string& dir, const NamedTensors& whole, co
     throw TrainingDiverged("training diverged: after step " + std::to_string(step_) + " of job " + spec_.name + ", another rank's "
                            "part of the parameters holds NaN or infinite values (that rank names the tensor), so checkpoint " +
                            suffix + " was not saved. " + divergence_advice());
-  std::map<std::string, torch::Tensor> by_name(local.begin(), local.end());
-  // One block's sharded tensors of one kind (its parameters, or one of their moments, or their average)
-  // gathered at a time, in the order of the names, which keeps each block's tensors of a kind together.
-  std::string gathered_key;
-  std::map<std::string, torch::Tensor> gathered;
-  TensorStream stream;
-  for (const auto& [name, t] : whole) {
-    stream.names.push_back(name);
-    stream.bytes += static_cast<uint64_t>(t.numel()) * t.element_size();
-  }
-  stream.get = [&](size_t i) -> torch::Tensor {
-    const std::string& name = whole[i].first;
-    const std::string param = sharded_param_of(name);
-    if (param.empty()) return local[i].second;
-    const std::string prefix = name.substr(0, name.size() - param.size());
-    const std::string key = prefix + std::to_string(sharded_params_->block_of(param));
-    if (key != gathered_key) {
-      gathered.clear();  // the last block's buffers go before the next block's come
-      gathered = sharded_params_->gather_block(param, [&](const std::string& p) { return by_name.at(prefix + p); },
-                                               "gathering " + prefix + " of block " + std::to_string(sharded_params_->block_of(param)) +
-                                                   " for checkpoint " + suffix);
-      gathered_key = key;
-    }
-    return gathered.at(param);
-  };
+  TensorStream stream = sharded_params_->gathered(state_tensors(), local, "checkpoint " + suffix);
   MappedLargeAllocations mapped;  // each gathered block's memory returned when the next comes
   if (is_main()) {
     save_checkpoint(dir, stream, checkpoint_metadata());
@@ -242,17 +192,7 @@ void Trainer::restore_state(const CheckpointMeta& ck) {
   if (!ema_ && ema_saved)
     for (const auto& [n, t] : into) prefixes.insert(n.substr(0, n.find('/') + 1));
   // With phase 1's parameters sharded, this rank keeps its part of each of their tensors.
-  const NamedTensors local = sharded_params_ ? local_state_tensors() : NamedTensors();
-  const std::map<std::string, torch::Tensor> local_by_name(local.begin(), local.end());
-  TensorWriter keep_part = nullptr;
-  if (sharded_params_)
-    keep_part = [&](const std::string& name, const torch::Tensor& value) {
-      const std::string param = sharded_param_of(name);
-      if (param.empty()) return false;
-      torch::NoGradGuard ng;
-      local_by_name.at(name).copy_(sharded_params_->local_part(param, value));
-      return true;
-    };
+  const TensorWriter keep_part = sharded_params_ ? sharded_params_->keep_local_part(local_state_tensors()) : nullptr;
   load_checkpoint_into(ck, into, std::vector<std::string>(prefixes.begin(), prefixes.end()), keep_part);
   if (ema_ && !ema_saved) {
     ema_->reset();

@@ -1,5 +1,7 @@
 #include "lora_trainer/training/training_options.hpp"
 
+#include <cstdio>
+
 #include "lora_trainer/training/tasks.hpp"
 
 #include "lora_trainer/core/options.hpp"
@@ -124,6 +126,32 @@ TrainingOptions TrainingOptions::from_config(const Config& cfg) {
   o.shard_optimizer = distributed.shard_optimizer;
   o.shard_params = distributed.shard_params;
   return o;
+}
+
+TrainingOptions::RankRows TrainingOptions::rank_rows(int64_t ranks, bool main) const {
+  RankRows r;
+  if (batch_size % ranks != 0)
+    throw UserError("training/batch_size (" + std::to_string(batch_size) + ") must be a multiple of the number of ranks (" +
+                    std::to_string(ranks) + "): each rank takes an equal share of every batch");
+  r.rows = batch_size / ranks;
+  const int64_t micro = per_device_batch_size;
+  r.micro_batch = micro < 0 ? r.rows : micro;
+  if (ranks > 1 && r.micro_batch > r.rows) {
+    // More ranks than the config was written for: each rank's share is one micro-batch.
+    if (main)
+      std::printf("note: with %lld ranks each takes %lld rows a step, fewer than training/per_device_batch_size (%lld): "
+                  "each rank runs them as one micro-batch\n",
+                  (long long)ranks, (long long)r.rows, (long long)r.micro_batch);
+    r.micro_batch = r.rows;
+  }
+  if (r.rows % r.micro_batch != 0)
+    throw UserError(ranks == 1 ? "training/batch_size (" + std::to_string(batch_size) +
+                                     ") must be a multiple of training/per_device_batch_size (" + std::to_string(r.micro_batch) + ")"
+                               : "with " + std::to_string(ranks) + " ranks each takes training/batch_size / " + std::to_string(ranks) +
+                                     " = " + std::to_string(r.rows) + " rows a step, which must be a multiple of "
+                                     "training/per_device_batch_size (" + std::to_string(r.micro_batch) +
+                                     "); set it to a divisor of " + std::to_string(r.rows) + ", or -1");
+  return r;
 }
 
 }  // namespace lt

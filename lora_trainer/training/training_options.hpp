@@ -58,6 +58,14 @@ struct TrainingOptions {
   int64_t keep_checkpoints{};  // logging/keep_checkpoints: the newest periodic checkpoints kept; 0 = all
   bool tensorboard{};          // logging/tensorboard: a TensorBoard event file beside metrics.jsonl
   static TrainingOptions from_config(const Config& cfg);
+
+  // Each rank's share of the global batch with `ranks` ranks, and its micro-batch (gradient
+  // accumulation): a UserError naming training/batch_size or training/per_device_batch_size when they do
+  // not divide; a per_device_batch_size larger than a rank's share becomes the share (noted on `main`).
+  struct RankRows {
+    int64_t rows = 0, micro_batch = 0;
+  };
+  RankRows rank_rows(int64_t ranks, bool main) const;
 };
 
 // Options of every trainer (runtime, optimizer, model, data, logging) and the plain trainer's

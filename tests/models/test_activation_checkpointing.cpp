@@ -5,6 +5,7 @@
 #include "catch.hpp"
 
 #include "lora_trainer/recipes/dpo_part.hpp"
+#include "lora_trainer/recipes/lora_train.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/cli/bench.hpp"

@@ -13,6 +13,7 @@
 #include "lora_trainer/formats/hf_families.hpp"
 #include "lora_trainer/formats/huggingface.hpp"
 #include "lora_trainer/recipes/dpo_part.hpp"
+#include "lora_trainer/recipes/lora_train.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
 #include "fixtures.hpp"

@@ -6,6 +6,7 @@
 
 #include "lora_trainer/kernels/cross_entropy.hpp"
 #include "lora_trainer/recipes/dpo_part.hpp"
+#include "lora_trainer/recipes/lora_train.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "fixtures.hpp"
