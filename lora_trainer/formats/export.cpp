@@ -136,18 +136,23 @@ std::string read_referenced_base(const CheckpointMeta& ck, const std::string& ba
 
 namespace {
 
-// A QLoRA checkpoint's NF4 weights as the values its products used, dequant(quant(W)) in bf16: from its
-// nf4/<name>.* when it copies its base, else quantized again from the referenced base's values (`all`
-// holds them as params/<name>); with `base_values` false only their shapes.
+// A QLoRA checkpoint's NF4 weights (any quantizing storage's: lora.quantize_base) as the values its
+// products used, dequant(quant(W)) in bf16: from its nf4/<name>.* (<storage>/<name>.*) when it copies
+// its base, else quantized again from the referenced base's values (`all` holds them as params/<name>);
+// with `base_values` false only their shapes. The storage makes W as for a product (frozen_values), from
+// a template of the recorded shape its fields are loaded into, as a restore loads them.
 void dequantize_base(const CheckpointMeta& ck, NamedTensors& all, bool base_values) {
   if (!ck.lora || ck.lora->quantized.empty()) return;
-  std::map<std::string, torch::Tensor> nf4;
+  const FrozenFormat format = ck.lora->quantize_base;  // a quantizing one (LoraMetadata::from_json)
+  const std::string prefix = frozen_storage(format).state_prefix();  // nf4/
+  std::map<std::string, torch::Tensor> stored_fields;
   for (const auto& [n, t] : all)
-    if (n.rfind(kNf4Prefix, 0) == 0) nf4[n.substr(kNf4Prefix.size())] = t;
-  all.erase(std::remove_if(all.begin(), all.end(), [](const auto& t) { return t.first.rfind(kNf4Prefix, 0) == 0; }), all.end());
+    if (n.rfind(prefix, 0) == 0) stored_fields[n.substr(prefix.size())] = t;
+  all.erase(std::remove_if(all.begin(), all.end(), [&](const auto& t) { return t.first.rfind(prefix, 0) == 0; }), all.end());
   std::map<std::string, torch::Tensor*> params;
   for (auto& [n, t] : all)
     if (n.rfind(kParamsPrefix, 0) == 0) params[n.substr(kParamsPrefix.size())] = &t;
+  torch::NoGradGuard ng;
   for (const auto& [name, shape] : ck.lora->quantized) {
     auto stored = params.find(name);
     if (!base_values) {
@@ -159,22 +164,24 @@ void dequantize_base(const CheckpointMeta& ck, NamedTensors& all, bool base_valu
         throw UserError(ck.dir + "/metadata.json: lora.quantized gives " + name + " the shape " + shape_text(shape) +
                         ", its frozen base holds it as " + shape_text(stored->second->sizes().vec()) +
                         "; the checkpoint is damaged or hand-edited. " + use_another_checkpoint(ck.job_name));
-      *stored->second = dequantize_nf4(quantize_nf4(stored->second->to(torch::kBFloat16)), torch::kBFloat16);
+      *stored->second = frozen_values(*frozen_storage(format).make(stored->second->to(torch::kBFloat16)));
       continue;
     }
-    // The stored fields in place of a zero storage of the recorded shape, each of its size and dtype.
-    Nf4Tensor q = Nf4Tensor::zeros(shape, torch::kCPU);
-    for (auto [f, t] : q.fields()) {
-      auto it = nf4.find(name + "." + f);
-      if (it == nf4.end())
-        throw UserError(ck.dir + ": its metadata lists " + name + " as stored in NF4 (lora.quantized) but it holds no " +
-                        kNf4Prefix + name + "." + f + "; is the checkpoint complete? " + use_another_checkpoint(ck.job_name));
-      if (it->second.sizes() != t->sizes() || it->second.scalar_type() != t->scalar_type())
-        throw UserError(ck.dir + ": the NF4 storage of " + name + " (" + kNf4Prefix + name + "." + f + ") does not fit its shape " +
-                        shape_text(shape) + " in lora.quantized; the checkpoint is damaged. " + use_another_checkpoint(ck.job_name));
-      *t = it->second;
+    // The stored fields loaded into a template storage of the recorded shape, each of its size and dtype.
+    const auto storage = frozen_storage(format).make(frozen_stand_in(shape, torch::kCPU));
+    for (auto& [f, t] : storage->state()) {
+      auto it = stored_fields.find(name + "." + f);
+      if (it == stored_fields.end())
+        throw UserError(ck.dir + ": its metadata lists " + name + " as stored in " + frozen_storage(format).shown() +
+                        " (lora.quantized) but it holds no " + prefix + name + "." + f + "; is the checkpoint complete? " +
+                        use_another_checkpoint(ck.job_name));
+      if (it->second.sizes() != t.sizes() || it->second.scalar_type() != t.scalar_type())
+        throw UserError(ck.dir + ": the " + frozen_storage(format).shown() + " storage of " + name + " (" + prefix + name + "." + f +
+                        ") does not fit its shape " + shape_text(shape) + " in lora.quantized; the checkpoint is damaged. " +
+                        use_another_checkpoint(ck.job_name));
+      t.copy_(it->second);
     }
-    all.emplace_back(kParamsPrefix + name, dequantize_nf4(q, torch::kBFloat16));
+    all.emplace_back(kParamsPrefix + name, frozen_values(*storage));
   }
 }
 

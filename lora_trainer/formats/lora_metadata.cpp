@@ -20,7 +20,7 @@ json LoraMetadata::to_json() const {
             {"modules_to_save_lr_ratio", modules_to_save_lr_ratio},
             {"trainable_tokens", json(trainable_tokens)},  // {} for none
             {"adapters_from", adapters_from},
-            {"quantize_base", quantize_base},
+            {"quantize_base", to_string(quantize_base)},
             {"quantized", json(quantized)},
             {"base", base}};
   if (boundary_step) j["boundary_step"] = *boundary_step;
@@ -54,7 +54,11 @@ LoraMetadata LoraMetadata::from_json(const json& l, const std::string& file) {
     const json tokens = l.value("trainable_tokens", json::object());
     for (const auto& [name, ids] : tokens.items()) m.trainable_tokens[name] = ids.get<std::vector<int64_t>>();
     m.adapters_from = l.value("adapters_from", std::string());
-    m.quantize_base = l.value("quantize_base", std::string("none"));
+    try {
+      m.quantize_base = parse_frozen_format(l.value("quantize_base", std::string("bf16")));
+    } catch (const std::invalid_argument& e) {
+      throw UserError(file + ": lora.quantize_base: " + e.what() + tail);
+    }
     const json quantized = l.value("quantized", json::object());
     if (!quantized.is_object())
       throw UserError(file + ": lora.quantized is " + quantized.dump() + ", not an object of weight names and shapes" + tail);
@@ -74,8 +78,9 @@ LoraMetadata LoraMetadata::from_json(const json& l, const std::string& file) {
   if (m.rank < 1 || !std::isfinite(m.alpha))
     throw UserError(file + ": lora.rank " + std::to_string(m.rank) + " and lora.alpha " + json(m.alpha).dump() +
                     ": the rank is a positive integer and alpha a finite number" + tail);
-  if (m.quantize_base != "none" && m.quantize_base != "nf4")
-    throw UserError(file + ": lora.quantize_base is \"" + m.quantize_base + "\"; this version knows \"none\" and \"nf4\"" + tail);
+  if (!m.quantized.empty() && !frozen_storage(m.quantize_base).quantizes())
+    throw UserError(file + ": lora.quantized lists " + std::to_string(m.quantized.size()) + " weights stored quantized, and "
+                    "lora.quantize_base is \"" + to_string(m.quantize_base) + "\"" + tail);
   if (m.trainable_tokens.size() > 1)
     throw UserError(file + ": lora.trainable_tokens names " + std::to_string(m.trainable_tokens.size()) +
                     " embeddings; a model has one token embedding" + tail);

@@ -30,9 +30,10 @@ struct LoraMetadata {
   // The trainable token rows, {embedding weight: ids}: {} or one entry.
   std::map<std::string, std::vector<int64_t>> trainable_tokens;
   std::string adapters_from;  // init_from's source; "" = drawn
-  // optimization/lora/quantize_base: "none" (a bf16 base) or "nf4"; `quantized` the base weights stored
-  // as NF4 and their shapes (nf4/<name>.* in a checkpoint that copies its base).
-  std::string quantize_base = "none";
+  // optimization/lora/quantize_base: the frozen storage of the blocks' linear weights (frozen_storage.hpp:
+  // "bf16", written "none" by older versions, or "nf4"); `quantized` the base weights stored in it and
+  // their shapes (<storage>/<name>.*, nf4/<name>.*, in a checkpoint that copies its base), none for bf16.
+  FrozenFormat quantize_base = FrozenFormat::Bf16;
   std::map<std::string, std::vector<int64_t>> quantized;
   // Without phase 1: where the base came from, {"path", "job", "step"} of a checkpoint or {"path",
   // "format": "hf", "step": 0} of a Hugging Face model directory, or "random"; null otherwise.

@@ -2,15 +2,17 @@
 
 #include <c10/util/accumulate.h>
 
+#include <deque>
+#include <stdexcept>
+
 #include "lora_trainer/core/checksum.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/core/util.hpp"
 #include "lora_trainer/kernels/cpu_gemm.hpp"
 #include "lora_trainer/kernels/nf4.hpp"
 #include "lora_trainer/peft/block_shard.hpp"
 
 namespace lt {
-
-const char* to_string(FrozenFormat format) { return format == FrozenFormat::Nf4 ? "nf4" : "bf16"; }
 
 torch::Tensor weight_for(const torch::Tensor& W, const torch::Tensor& x) {
   if (!W.defined() || W.scalar_type() == x.scalar_type()) return W;
@@ -323,9 +325,11 @@ struct MadeWeightBiasFn : public torch::autograd::Function<MadeWeightBiasFn> {
   }
 };
 
+}  // namespace
+
 // x W^T (+ b) for a storage that makes W for each product (nf4): W made in the forward and again in
 // the backward.
-torch::Tensor made_linear(const FrozenWeight& storage, const torch::Tensor& x_in, const torch::Tensor& b) {
+torch::Tensor made_weight_linear(const FrozenWeight& storage, const torch::Tensor& x_in, const torch::Tensor& b) {
   // Under autocast, x cast as autocast's linear casts it (its cache included), outside the function:
   // the graph then sums x's gradients where a bf16 base's graph sums them, in the same dtype.
   const auto device = x_in.device().type();
@@ -338,12 +342,18 @@ torch::Tensor made_linear(const FrozenWeight& storage, const torch::Tensor& x_in
 }
 
 // frozen_lora_linear for such a storage: W made for the forward and again for the backward, never kept.
-torch::Tensor made_lora_linear(const FrozenWeight& storage, const torch::Tensor& x, const torch::Tensor& b, const torch::Tensor& A,
-                               const torch::Tensor& B, double scale) {
+torch::Tensor made_weight_lora_linear(const FrozenWeight& storage, const torch::Tensor& x, const torch::Tensor& b,
+                                      const torch::Tensor& A, const torch::Tensor& B, double scale) {
   TORCH_CHECK(storage.merges_lora(x, b), "frozen_lora_linear: a ", to_string(storage.format()), " weight is not cast to x's ",
               x.scalar_type(), " for its product");
   return lora_cast_linear(LoraCastSource{torch::Tensor(), b, &storage}, x, A, B, scale, kFrozenCastBlockBytes);
 }
+
+torch::Tensor frozen_values(const FrozenWeight& storage) {
+  return storage.for_matmul(torch::empty({0}, torch::kBFloat16)).cpu();
+}
+
+namespace {
 
 // QLoRA's storage: NF4 blocks with double quantization (kernels/nf4.hpp), on the weight's device
 // (moved to x's if a product runs elsewhere).
@@ -360,10 +370,10 @@ class Nf4Weight : public FrozenWeight {
     if (q_.device() != x.device()) q_ = q_.to(x.device());
     return dequantize_nf4(q_, torch::kBFloat16);
   }
-  torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& b) const override { return made_linear(*this, x, b); }
+  torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& b) const override { return made_weight_linear(*this, x, b); }
   torch::Tensor linear_with_adapter(const torch::Tensor& x, const torch::Tensor& b, const torch::Tensor& A, const torch::Tensor& B,
                                     double scale) const override {
-    return made_lora_linear(*this, x, b, A, B, scale);
+    return made_weight_lora_linear(*this, x, b, A, B, scale);
   }
   int64_t bytes() const override { return q_.bytes(); }
   FrozenFormat format() const override { return FrozenFormat::Nf4; }
@@ -433,11 +443,11 @@ class ShardedWeight : public FrozenWeight {
   }
   torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& b) const override {
     // bf16: W is a view of the gathered bytes, which it keeps alive for the product and its backward.
-    return format_ == FrozenFormat::Nf4 ? made_linear(*this, x, b) : frozen_linear(x, for_matmul(x), b);
+    return format_ == FrozenFormat::Nf4 ? made_weight_linear(*this, x, b) : frozen_linear(x, for_matmul(x), b);
   }
   torch::Tensor linear_with_adapter(const torch::Tensor& x, const torch::Tensor& b, const torch::Tensor& A, const torch::Tensor& B,
                                     double scale) const override {
-    return format_ == FrozenFormat::Nf4 ? made_lora_linear(*this, x, b, A, B, scale)
+    return format_ == FrozenFormat::Nf4 ? made_weight_lora_linear(*this, x, b, A, B, scale)
                                         : frozen_lora_linear(x, for_matmul(x), b, A, B, scale);
   }
   int64_t bytes() const override {
@@ -475,9 +485,15 @@ class ShardedWeight : public FrozenWeight {
 
 }  // namespace
 
+bool shardable(FrozenFormat format) { return format == FrozenFormat::Bf16 || format == FrozenFormat::Nf4; }
+
 std::shared_ptr<FrozenWeight> shard_weight(const std::shared_ptr<FrozenWeight>& storage, torch::Tensor weight,
                                            const std::shared_ptr<BlockShard>& block) {
   TORCH_CHECK(!storage->sharded(), "shard_weight: already sharded");
+  if (!shardable(storage->format()))
+    throw UserError(std::string("distributed/shard_params keeps the frozen base 1/N a rank in bf16 or nf4; a base stored as ") +
+                    to_string(storage->format()) + " (optimization/lora/quantize_base=" + to_string(storage->format()) +
+                    ") cannot be sharded. Set distributed/shard_params=none, or another quantize_base");
   auto sharded = std::make_shared<ShardedWeight>(storage, weight, block);
   weight.set_data(frozen_stand_in(weight.sizes(), weight.device()));
   return sharded;
@@ -497,19 +513,80 @@ bool is_frozen_stand_in(const torch::Tensor& t) {
 }
 
 std::shared_ptr<FrozenWeight> freeze_weight(torch::Tensor weight, FrozenFormat format) {
-  switch (format) {
-    case FrozenFormat::Bf16:
-      weight.set_data(weight.detach().to(torch::kBFloat16));  // as Module::to casts a parameter
-      weight.requires_grad_(false);
-      return std::make_shared<Bf16Weight>(std::move(weight));
-    case FrozenFormat::Nf4: {
-      auto storage = std::make_shared<Nf4Weight>(weight);
-      weight.set_data(frozen_stand_in(weight.sizes(), weight.device()));
-      weight.requires_grad_(false);
-      return storage;
-    }
+  std::shared_ptr<FrozenWeight> storage = frozen_storage(format).make(weight);
+  TORCH_CHECK(storage && storage->format() == format, "freeze_weight: the ", to_string(format), " storage's make gave another storage");
+  if (!storage->held_by_parameter()) weight.set_data(frozen_stand_in(weight.sizes(), weight.device()));
+  weight.requires_grad_(false);
+  return storage;
+}
+
+// The registry (frozen_storage.hpp): bf16 and nf4 first, in FrozenFormat's order, then what is registered.
+struct FrozenStorageRegistry {
+  std::deque<FrozenStorage> storages;  // a deque: entries stay where they are as others are added
+
+  static FrozenStorageRegistry& get() {
+    static FrozenStorageRegistry registry;
+    return registry;
   }
-  throw std::logic_error("freeze_weight: unknown format");
+  FrozenStorageRegistry() {
+    storages.push_back({"bf16", "bf16", [](torch::Tensor weight) -> std::shared_ptr<FrozenWeight> {
+                          weight.set_data(weight.detach().to(torch::kBFloat16));  // as Module::to casts a parameter
+                          return std::make_shared<Bf16Weight>(std::move(weight));
+                        }});
+    storages.push_back({"nf4", "NF4", [](torch::Tensor weight) -> std::shared_ptr<FrozenWeight> {
+                          return std::make_shared<Nf4Weight>(weight);
+                        }});
+  }
+  static FrozenFormat format(size_t i) { return FrozenFormat(static_cast<int>(i)); }
+};
+
+const FrozenFormat FrozenFormat::Bf16{0};
+const FrozenFormat FrozenFormat::Nf4{1};
+
+FrozenFormat register_frozen_storage(FrozenStorage storage) {
+  auto& r = FrozenStorageRegistry::get();
+  const std::string& name = storage.name;
+  bool plain = !name.empty();
+  for (char c : name) plain = plain && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
+  if (!plain) throw std::invalid_argument("register_frozen_storage: \"" + name + "\" is not a name of lower-case letters, digits and '_'");
+  for (const char* taken : {"none", "params", "ema", "optim", "rng"})
+    if (name == taken) throw std::invalid_argument("register_frozen_storage: \"" + name + "\" is a name a checkpoint or a config uses otherwise");
+  for (const auto& s : r.storages)
+    if (s.name == name) throw std::invalid_argument("register_frozen_storage: a storage named \"" + name + "\" is registered already");
+  if (!storage.make) throw std::invalid_argument("register_frozen_storage: \"" + name + "\" has no make");
+  r.storages.push_back(std::move(storage));
+  return FrozenStorageRegistry::format(r.storages.size() - 1);
+}
+
+const FrozenStorage& frozen_storage(FrozenFormat format) {
+  const auto& s = FrozenStorageRegistry::get().storages;
+  TORCH_CHECK(format.id() >= 0 && static_cast<size_t>(format.id()) < s.size(), "frozen_storage: no storage ", format.id());
+  return s[static_cast<size_t>(format.id())];
+}
+
+const char* to_string(FrozenFormat format) { return frozen_storage(format).name.c_str(); }
+
+std::vector<std::string> frozen_format_names() {
+  std::vector<std::string> out;
+  for (const auto& s : FrozenStorageRegistry::get().storages) out.push_back(s.name);
+  return out;
+}
+
+std::vector<FrozenFormat> quantizing_frozen_formats() {
+  std::vector<FrozenFormat> out;
+  const auto& s = FrozenStorageRegistry::get().storages;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (s[i].quantizes()) out.push_back(FrozenStorageRegistry::format(i));
+  return out;
+}
+
+FrozenFormat parse_frozen_format(const std::string& name) {
+  if (name == "none") return FrozenFormat::Bf16;  // the older name
+  const auto& s = FrozenStorageRegistry::get().storages;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (s[i].name == name) return FrozenStorageRegistry::format(i);
+  throw std::invalid_argument("\"" + name + "\" is no frozen storage; the storages are " + join(frozen_format_names()) +
+                              " (\"none\" is bf16's older name)");
 }
 
 }  // namespace lt

@@ -14,6 +14,10 @@
 //         in the backward (x's gradient), so no bf16 copy outlives its product; on the device of x (the
 //         CUDA kernel there). Its products are bit for bit those of a bf16 base holding dequant(quant(W)).
 //         It keeps the CRC of the bf16 values it quantized, for the frozen base's digest.
+//   another  registered by name (frozen_storage.hpp's registry): one file that defines its FrozenWeight
+//         and registers it (docs/design.md's worked example, tests/peft/test_int8_storage.cpp's int8).
+//         optimization/lora/quantize_base=<name> stores the blocks' linear weights in it, a checkpoint
+//         keeps its state() as <name>/<weight>.<field>, the export merges into what for_matmul makes.
 //   sharded  either of the two kept 1/N a rank (distributed/shard_params=lora, block_shard.hpp): the
 //         tensors that keep W (the bf16 W, or NF4's codes and scales) are part of their block's
 //         BlockShard, and whole only while the block is gathered; the parameter is a stand-in as for
@@ -30,11 +34,9 @@
 
 #include <torch/torch.h>
 
-namespace lt {
+#include "lora_trainer/peft/frozen_storage.hpp"
 
-// The storages a frozen base can take.
-enum class FrozenFormat { Bf16, Nf4 };
-const char* to_string(FrozenFormat format);
+namespace lt {
 
 class FrozenWeight {
  public:
@@ -73,7 +75,20 @@ class FrozenWeight {
   virtual bool sharded() const { return false; }
 };
 
+// x W^T (+ b) and x W^T (+ b) + scale (x A) B for a storage that makes W for each product (nf4, a
+// quantized storage's linear and linear_with_adapter): W made by storage.for_matmul in the forward and
+// again in the backward for x's gradient, never kept between; the numbers of frozen_linear and
+// frozen_lora_linear on a stored bf16 W of the same values. `storage` outlives the step's graph.
+torch::Tensor made_weight_linear(const FrozenWeight& storage, const torch::Tensor& x, const torch::Tensor& b);
+torch::Tensor made_weight_lora_linear(const FrozenWeight& storage, const torch::Tensor& x, const torch::Tensor& b,
+                                      const torch::Tensor& A, const torch::Tensor& B, double scale);
+
+// W's bf16 values as `storage` makes them for a product, on the CPU (an export's merge).
+torch::Tensor frozen_values(const FrozenWeight& storage);
+
 class BlockShard;
+// Whether a storage of `format` can be sharded (bf16 and nf4; sharded_storage's layout knows theirs).
+bool shardable(FrozenFormat format);
 // `storage` (of the layer parameter `weight`) as a sharded storage of the same format, its tensors
 // added to `block`'s layout; the parameter becomes a stand-in. Call finish_sharding on each such
 // storage once `block` is sealed: it stores what this rank keeps of W's values (zeros when the storage
@@ -112,8 +127,8 @@ torch::Tensor frozen_lora_linear(const torch::Tensor& x, const torch::Tensor& W,
 
 // Freezes `weight` (a layer's registered parameter) in `format`: no gradient, and for bf16 the tensor
 // itself cast to bf16 in place (its name and identity stay: the checkpoint and the optimizer's
-// bookkeeping see the same parameter); for nf4 its bf16 values quantized, and the tensor made the
-// stand-in above in place.
+// bookkeeping see the same parameter); for nf4 (any other storage: the registry's make) its bf16 values
+// quantized, and the tensor made the stand-in above in place.
 std::shared_ptr<FrozenWeight> freeze_weight(torch::Tensor weight, FrozenFormat format);
 
 // A frozen weight's stand-in (nf4): one bf16 zero expanded to `shape`, on `device`; and whether `t` is

@@ -70,15 +70,20 @@ static const OptionGroup<LoraOptions>& lora_options() {
                "directory (adapter_config.json + adapter_model.safetensors) with the same targets, rank and scale. Applied at "
                "the transition; \"\" = drawn by optimization/lora/init",
                &O::init_from)
-          .add("optimization/lora/quantize_base", OptType::String, "none",
+          .add("optimization/lora/quantize_base", OptType::String, "bf16",
                "QLoRA: \"nf4\" stores the frozen linear weights of the blocks as 4-bit NormalFloat, exactly as bitsandbytes "
                "(blocks of 64, double-quantized scales: about 0.52 bytes a parameter instead of 2), each dequantized to bf16 "
                "for its matmul; the embeddings, norms and output head stay bf16. Quantized when the job loads its base (no "
-               "pre-LoRA stages) or at the transition. \"none\": the whole base in bf16",
-               [](O& o, const json& v) {
-                 o.quantize_base = v.get<std::string>() == quantize_base_name(FrozenFormat::Nf4) ? FrozenFormat::Nf4 : FrozenFormat::Bf16;
-               },
-               check_one_of({"none", "nf4"}))
+               "pre-LoRA stages) or at the transition. \"bf16\" (or its older name \"none\"): the whole base in bf16",
+               [](O& o, const json& v) { o.quantize_base = parse_frozen_format(v.get<std::string>()); },
+               [](const json& v) {
+                 try {
+                   parse_frozen_format(v.get<std::string>());
+                   return std::string();
+                 } catch (const std::invalid_argument&) {
+                   return "must be one of: " + join(frozen_format_names()) + " (or none, bf16's older name)";
+                 }
+               })
           .add("optimization/lora/rslora", OptType::Bool, false,
                "rank-stabilised LoRA: scale the adapters by alpha/sqrt(r) instead of alpha/r (PEFT's use_rslora)",
                &O::rslora)
@@ -103,8 +108,6 @@ static const OptionGroup<LoraOptions>& lora_options() {
                &O::weight_decay, check_nonnegative());
   return g;
 }
-
-const char* quantize_base_name(FrozenFormat format) { return format == FrozenFormat::Nf4 ? "nf4" : "none"; }
 
 void add_lora_options(ConfigSchema& s) { lora_options().declare(s); }
 

@@ -43,16 +43,13 @@ struct LoraOptions {
   bool save_frozen_base{};
   std::string frozen_base_path;
   // optimization/lora/quantize_base: how the frozen linear weights of the blocks are stored (bf16, or
-  // QLoRA's nf4); the embeddings, norms and output head stay bf16.
+  // QLoRA's nf4: a storage of frozen_storage.hpp's registry, by its name); the embeddings, norms and
+  // output head stay bf16.
   FrozenFormat quantize_base = FrozenFormat::Bf16;
   static LoraOptions from_config(const Config& cfg);
 };
 
 void add_lora_options(ConfigSchema& s);
-
-// optimization/lora/quantize_base's value for a base format, as the config and the checkpoint's
-// lora.quantize_base name it: "none" (bf16) or "nf4".
-const char* quantize_base_name(FrozenFormat format);
 
 // lora.cpp knows its settings, not the config: its errors get their key (optimization/lora/...) here.
 template <class F>

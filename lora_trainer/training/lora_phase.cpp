@@ -72,9 +72,9 @@ void LoraPhase::add_metadata(json& out, int64_t boundary_step) const {
   m.modules_to_save_lr_ratio = options_.modules_to_save_lr_ratio;
   m.trainable_tokens = token_rows_of(token_rows_);
   m.adapters_from = adapters_from_;
-  m.quantize_base = quantize_base_name(options_.quantize_base);
+  m.quantize_base = options_.quantize_base;
   for (const auto& [name, storage] : frozen_storages(*model_))
-    if (storage->format() == FrozenFormat::Nf4) m.quantized[name] = storage->shape();
+    if (frozen_storage(storage->format()).quantizes()) m.quantized[name] = storage->shape();
   m.base = base_;
   out["lora"] = m.to_json();
   if (refers_to_base()) out["frozen_base"] = frozen_base_->to_json();
@@ -113,7 +113,7 @@ std::set<std::string> LoraPhase::frozen_block_weights() const {
 }
 
 std::set<std::string> LoraPhase::quantized_weights() const {
-  if (options_.quantize_base != FrozenFormat::Nf4) return {};
+  if (!frozen_storage(options_.quantize_base).quantizes()) return {};
   return frozen_block_weights();
 }
 
@@ -123,6 +123,10 @@ std::set<std::string> LoraPhase::sharded_weights() const { return shards_base() 
 
 void LoraPhase::shard_base() {
   if (!shards_base() || !model_->block_shards().empty()) return;
+  if (!quantized_weights().empty() && !shardable(options_.quantize_base))
+    throw UserError("distributed/shard_params=" + shard_mode_name(shard_params_) + " keeps the frozen base 1/N a rank in bf16 "
+                    "or nf4; optimization/lora/quantize_base=" + to_string(options_.quantize_base) + " cannot be sharded. Set "
+                    "distributed/shard_params=none, or another quantize_base");
   std::vector<std::vector<std::string>> blocks(static_cast<size_t>(model_->options().n_layer));
   const std::set<std::string> sharded = sharded_weights();
   for (const auto& name : adaptable_weights(*model_))  // model order
@@ -160,7 +164,7 @@ void LoraPhase::load_frozen_base(const CheckpointMeta& ck) {
   FrozenBaseRef ref = FrozenBaseRef::from_json(ck.raw["frozen_base"], ck.dir);
   std::map<std::string, torch::Tensor> frozen;
   for (auto& [name, p] : frozen_tensors()) frozen[name] = p;
-  const auto storages = frozen_storages(*model_);  // NF4 weights: quantized again from the base's values
+  const auto storages = frozen_storages(*model_);  // NF4 (quantized) weights: quantized again from the base's values
   std::vector<std::string> problems;
   for (const auto& [name, shape] : ref.tensors)
     if (!frozen.count(name)) problems.push_back(name);
@@ -195,9 +199,13 @@ void LoraPhase::drop_frozen_base(NamedTensors& tensors, bool referenced) const {
   for (const auto& [name, p] : frozen_tensors()) frozen.insert(name);
   auto is_frozen = [&](const std::string& t) {
     if (t.rfind(kParamsPrefix, 0) == 0) return frozen.count(t.substr(kParamsPrefix.size())) > 0;
-    if (t.rfind(kNf4Prefix, 0) != 0) return false;
-    const std::string rest = t.substr(kNf4Prefix.size());  // <weight>.<field>
-    return frozen.count(rest.substr(0, rest.rfind('.'))) > 0;
+    for (FrozenFormat format : quantizing_frozen_formats()) {  // nf4/<weight>.<field>, <storage>/<weight>.<field>
+      const std::string prefix = frozen_storage(format).state_prefix();
+      if (t.rfind(prefix, 0) != 0) continue;
+      const std::string rest = t.substr(prefix.size());
+      return frozen.count(rest.substr(0, rest.rfind('.'))) > 0;
+    }
+    return false;
   };
   tensors.erase(std::remove_if(tensors.begin(), tensors.end(), [&](const auto& t) { return is_frozen(t.first); }), tensors.end());
 }
@@ -256,7 +264,7 @@ LoraPhase::Trained LoraPhase::enter() {
   // The base: bf16 (the blocks' linear weights NF4 with quantize_base=nf4), no gradients, and (below) no
   // optimizer state; the modules_to_save stay f32 and train.
   const std::set<std::string> quantized = quantized_weights();
-  freeze_base(*model_, saved_, [&](const std::string& w) { return quantized.count(w) ? FrozenFormat::Nf4 : FrozenFormat::Bf16; });
+  freeze_base(*model_, saved_, [&](const std::string& w) { return quantized.count(w) ? options_.quantize_base : FrozenFormat::Bf16; });
 
   // The adapters become parameters of their layers; from here on they are found by name. DoRA's
   // magnitudes start at the row norms of the W the products use: an NF4 weight's dequantized values.
@@ -341,13 +349,14 @@ json LoraPhase::log_transition(int64_t step, int64_t tokens) {
     auto storage = storages.find(name);
     base_bytes += storage != storages.end() ? storage->second->bytes() : p.numel() * 2;
     if (storage == storages.end()) continue;
-    if (storage->second->format() == FrozenFormat::Nf4) quantized += p.numel();
+    if (frozen_storage(storage->second->format()).quantizes()) quantized += p.numel();
     if (storage->second->sharded()) sharded += p.numel();
   }
   char base_text[160];
   if (quantized > 0)
-    std::snprintf(base_text, sizeof base_text, "%lld of them NF4: %.3f GB, %.3f bytes a parameter", (long long)quantized,
-                  base_bytes / 1e9, static_cast<double>(base_bytes) / std::max<int64_t>(1, frozen));
+    std::snprintf(base_text, sizeof base_text, "%lld of them %s: %.3f GB, %.3f bytes a parameter", (long long)quantized,
+                  frozen_storage(options_.quantize_base).shown().c_str(), base_bytes / 1e9,
+                  static_cast<double>(base_bytes) / std::max<int64_t>(1, frozen));
   else
     std::snprintf(base_text, sizeof base_text, "bf16: %.3f GB", base_bytes / 1e9);
   const std::string base_where = sharded == 0 ? "" : " on each of " + std::to_string(dist_.world_size()) + " ranks: " +
@@ -360,11 +369,13 @@ json LoraPhase::log_transition(int64_t step, int64_t tokens) {
               100.0 * trainable / std::max<int64_t>(1, frozen + trainable), (long long)adapters, saved_text.c_str(),
               (long long)frozen, base_text, base_where.c_str());
   std::fflush(stdout);
-  return {{"event", "transition"}, {"step", step}, {"tokens", tokens}, {"trainable_params", trainable},
+  json event = {{"event", "transition"}, {"step", step}, {"tokens", tokens}, {"trainable_params", trainable},
              {"adapter_params", adapters}, {"saved_params", saved_numel}, {"token_params", token_numel},
              {"frozen_params", frozen}, {"frozen_bytes", base_bytes}, {"quantized_params", quantized},
              {"adapted", adapters_.names}, {"modules_to_save", saved_},
              {"trainable_tokens", json(token_rows_of(token_rows_))}};
+  if (quantized > 0) event["quantized_as"] = frozen_storage(options_.quantize_base).shown();  // the report's "of them NF4"
+  return event;
 }
 
 // A LoRA state's rank and DoRA against this job's, before its template is built. The adapters'
@@ -377,11 +388,10 @@ static void check_same_recipe(const CheckpointMeta& ck, const LoraOptions& ours)
                     "optimization/lora/rank=" + std::to_string(ours.rank) + ". Set it as the job that saved the "
                     "checkpoint had it; if its adapters are not of rank " + std::to_string(theirs.rank) + ", its metadata "
                     "is damaged: " + use_another_checkpoint(ck.job_name));
-  const std::string quantize = quantize_base_name(ours.quantize_base);
-  if (theirs.quantize_base != quantize)
-    throw UserError(ck.dir + " trained its adapters on a " + (theirs.quantize_base == "nf4" ? "4-bit NF4" : "bf16") +
-                    " base (lora.quantize_base \"" + theirs.quantize_base + "\"); this job has optimization/lora/quantize_base=" +
-                    quantize + ". Set it as the job that saved the checkpoint had it (to go on from its adapters on the other "
+  if (theirs.quantize_base != ours.quantize_base)
+    throw UserError(ck.dir + " trained its adapters on a base stored as " + frozen_storage(theirs.quantize_base).shown() +
+                    " (lora.quantize_base \"" + to_string(theirs.quantize_base) + "\"); this job has optimization/lora/quantize_base=" +
+                    to_string(ours.quantize_base) + ". Set it as the job that saved the checkpoint had it (to go on from its adapters on the other "
                     "base, start a new job with optimization/lora/init_from=" + ck.dir + ")");
   if (theirs.dora != ours.dora)
     throw UserError(ck.dir + (theirs.dora ? " trained DoRA adapters (a magnitude per output feature)" : " trained plain LoRA "

@@ -1,7 +1,8 @@
 // LoraPhase: the LoRA phase of a job as one component. It owns the phase's options (optimization/lora/*),
 // what they select in the model (param_filter's targets, the modules_to_save, the token rows), the
-// frozen-base policy (how the base is stored: bf16 or NF4, a FrozenWeight storage each; whether it is
-// sharded across the ranks; whether checkpoints copy it or refer to the file that holds it), the
+// frozen-base policy (how the base is stored: bf16, NF4 or another storage of frozen_storage.hpp's
+// registry, a FrozenWeight each; whether it is sharded across the ranks; whether checkpoints copy it or
+// refer to the file that holds it), the
 // transition's change of state (freeze the base, inject_lora_params, attach the adapters), its block of
 // the checkpoint metadata (LoraMetadata, written here and read back by CheckpointMeta once), the checks a
 // restore makes against this job's settings, and the lines it reports.
@@ -82,14 +83,17 @@ class LoraPhase {
   // The adaptable (linear) weights of the blocks but the modules_to_save: what a QLoRA base quantizes
   // and a sharded base shards.
   std::set<std::string> frozen_block_weights() const;
-  // Those stored as NF4 (optimization/lora/quantize_base=nf4); none without it.
+  // Those stored quantized, in quantize_base()'s storage (optimization/lora/quantize_base=nf4, or another
+  // storage of the registry but bf16); none without it.
   std::set<std::string> quantized_weights() const;
+  FrozenFormat quantize_base() const { return options_.quantize_base; }
   // Whether the frozen base is sharded across the ranks (distributed/shard_params=lora or all, with
   // several ranks), and which weights: frozen_block_weights() then, else none.
   bool shards_base() const;
   std::set<std::string> sharded_weights() const;
   // Puts the sharded_weights (frozen already) into one BlockShard a block, gathered by the model around
-  // each block's forward (block_shard.hpp); once, when shards_base().
+  // each block's forward (block_shard.hpp); once, when shards_base(). A UserError for a quantize_base
+  // that cannot be sharded (shardable(): bf16 and nf4 can).
   void shard_base();
 
   // The transition's change of state: freezes the base (bf16, the quantized_weights NF4; no gradients)

@@ -71,7 +71,8 @@ std::string parameters_text(const json& transition) {
       r << " + " << tk << " in the trainable token rows of " << name << ": " << ids.dump();
   const int64_t quantized = transition.value("quantized_params", int64_t(0));
   if (quantized > 0)
-    std::snprintf(line, sizeof line, "), %lld frozen (%lld of them NF4: a %.3f GB base)\n", (long long)fr, (long long)quantized,
+    std::snprintf(line, sizeof line, "), %lld frozen (%lld of them %s: a %.3f GB base)\n", (long long)fr, (long long)quantized,
+                  transition.value("quantized_as", std::string("NF4")).c_str(),  // NF4 in events before the storage registry
                   transition.value("frozen_bytes", int64_t(0)) / 1e9);
   else
     std::snprintf(line, sizeof line, "), %lld frozen (bf16 base)\n", (long long)fr);

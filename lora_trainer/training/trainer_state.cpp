@@ -24,7 +24,8 @@ NamedTensors Trainer::state_tensors() {
 NamedTensors Trainer::local_state_tensors() {
   NamedTensors out;
   // Every parameter of the model, the adapters' included (the LoRA phase's "<layer>.lora_A", ...); a
-  // weight stored as NF4 by its codes and scales (nf4/<name>.<field>) instead of its stand-in.
+  // weight stored as NF4 by its codes and scales (nf4/<name>.<field>; another storage's state() as
+  // <storage>/<name>.<field>) instead of its stand-in.
   const auto storages = frozen_storages(*model_);
   for (auto& [name, t] : named_params(*model_)) {
     auto storage = storages.find(name);
@@ -32,7 +33,8 @@ NamedTensors Trainer::local_state_tensors() {
       out.emplace_back(kParamsPrefix + name, sharded_params_ && sharded_params_->contains(name) ? sharded_params_->piece(name) : t);
       continue;
     }
-    for (auto& [field, v] : storage->second->state()) out.emplace_back(kNf4Prefix + name + "." + field, v);
+    const std::string prefix = frozen_storage(storage->second->format()).state_prefix();  // nf4/
+    for (auto& [field, v] : storage->second->state()) out.emplace_back(prefix + name + "." + field, v);
   }
   for (auto& kv : optimizer_->state()) out.push_back(kv);
   if (ema_)
@@ -252,6 +254,7 @@ void Trainer::load_weights_from(const BaseWeights& src) {
   // A QLoRA job without phase one quantizes its base's block weights as they come, one at a time: the
   // whole base is never in memory in bf16 (quantized_weights()).
   const std::set<std::string> to_quantize = lora_ && boundary_step_ == 0 ? lora_->quantized_weights() : std::set<std::string>();
+  const FrozenFormat quantize_as = lora_ ? lora_->quantize_base() : FrozenFormat::Bf16;
   const std::map<std::string, LoraAdaptable*> layers = adaptable_layers(*model_);
   // A sharded base (distributed/shard_params=lora) without phase one is sharded before it loads: its
   // block weights frozen as stand-ins, in one BlockShard a block, and each rank stores of each weight as
@@ -261,7 +264,7 @@ void Trainer::load_weights_from(const BaseWeights& src) {
   for (const auto& [name, p] : params) {
     if (!to_shard.count(name)) continue;
     p.set_data(frozen_stand_in(p.sizes(), rt_.device));
-    layers.at(name)->freeze_weight(to_quantize.count(name) ? FrozenFormat::Nf4 : FrozenFormat::Bf16);
+    layers.at(name)->freeze_weight(to_quantize.count(name) ? quantize_as : FrozenFormat::Bf16);
   }
   if (lora_) lora_->shard_base();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -282,7 +285,7 @@ void Trainer::load_weights_from(const BaseWeights& src) {
     }
     if (to_quantize.count(name) && layers.count(name)) {
       p.set_data(t.to(rt_.device, torch::kBFloat16));
-      layers.at(name)->freeze_weight(FrozenFormat::Nf4);  // its bf16 values quantized, the parameter a stand-in
+      layers.at(name)->freeze_weight(quantize_as);  // its bf16 values quantized, the parameter a stand-in
       ++quantized;
       continue;
     }
@@ -297,7 +300,8 @@ void Trainer::load_weights_from(const BaseWeights& src) {
     std::fprintf(stderr, "loaded %s: %.2f GB of %s weights in %.1f s%s%s%s\n", src.path().c_str(), src.bytes() / 1e9,
                  src.dtype().c_str(), now_seconds() - t0,
                  frozen > 0 ? "; the weights the LoRA phase freezes are kept in bf16 from the start" : "",
-                 quantized > 0 ? ("; " + std::to_string(quantized) + " linear weights of the blocks quantized to NF4 as they "
+                 quantized > 0 ? ("; " + std::to_string(quantized) + " linear weights of the blocks quantized to " +
+                                  frozen_storage(quantize_as).shown() + " as they "
                                   "came (optimization/lora/quantize_base)").c_str() : "",
                  to_shard.empty() ? "" : ("; the blocks' " + std::to_string(to_shard.size()) + " linear weights sharded across the " +
                                           std::to_string(dist_.world_size()) + " ranks as they came (distributed/shard_params)").c_str());
