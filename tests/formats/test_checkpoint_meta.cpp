@@ -44,7 +44,8 @@ TEST_CASE("checkpoint metadata: the fixture's fields read as typed values", "[ch
   REQUIRE(ck.best_score);
   CHECK(*ck.best_score == Approx(5.295351982116699));
   CHECK(ck.best_stage == 0);
-  CHECK(ck.cursors == std::map<int, uint64_t>{{0, 16}, {1, 8}});
+  const std::map<int, uint64_t> cursors = {{0, 16}, {1, 8}};
+  CHECK(ck.cursors == cursors);
   REQUIRE(ck.ema);
   CHECK(ck.ema->decay == Approx(0.9));
   CHECK(ck.ema->params.size() == 25);
