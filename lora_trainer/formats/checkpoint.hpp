@@ -116,7 +116,7 @@ struct CheckpointMeta {
   static CheckpointMeta read(const std::string& dir);
 };
 
-// CheckpointMeta::read(dir).raw: the metadata as JSON (listings, exports).
+// CheckpointMeta::read(dir).raw: the metadata as JSON, checked (tests; readers take CheckpointMeta's typed fields).
 nlohmann::json read_checkpoint_metadata(const std::string& dir);
 
 // Every tensor in the checkpoint, on the CPU, sorted by name, named as format kCheckpointFormatVersion
