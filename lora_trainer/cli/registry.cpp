@@ -87,18 +87,17 @@ std::unique_ptr<RestorableJob> from_checkpoint_path(const std::string& checkpoin
                                                      const std::string& out_dir,
                                                      const std::vector<std::string>& overrides) {
   const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
-  const json& meta = ck.raw;
-  if (!meta.contains("config") || !meta.contains("job"))
+  if (!ck.has_config || !ck.job)
     throw UserError(checkpoint + ": metadata has no saved config/job; it cannot be restored as a job");
-  std::string kind = kind_of(meta["config"], checkpoint + "/metadata.json");
+  std::string kind = kind_of(ck.config, checkpoint + "/metadata.json");
   const JobClass& cls = job_registry().find(kind);
   Config cfg(cls.schema());
-  cfg.merge_json(meta["config"], checkpoint + "/metadata.json");
+  cfg.merge_json(ck.config, checkpoint + "/metadata.json");
   for (const auto& o : overrides) cfg.apply_override(o);
   if (cfg.get_string("job/kind") != kind)
     throw UserError("job/kind cannot change on restore: " + checkpoint + " is a " + kind +
                     " state. To start a job of another kind from its weights, use `run NAME CONFIG OUT_DIR --restore`");
-  JobSpec spec = JobSpec::from_json(meta["job"]);
+  JobSpec spec = JobSpec::from_json(ck.job->to_json());
   if (!name.empty()) spec.name = name;
   auto job = cls.make(spec, std::move(cfg), out_dir);
   job->restore_from_checkpoint(ck);

@@ -32,19 +32,13 @@ void collect_dataset_names(const nlohmann::json& v, std::vector<std::string>& ou
 
 }  // namespace
 
-TokenizerClues checkpoint_tokenizer_clues(const nlohmann::json& meta, const std::string& checkpoint, int64_t vocab_size) {
+TokenizerClues checkpoint_tokenizer_clues(const std::string& checkpoint, const std::string& recorded, int64_t step,
+                                         const nlohmann::json& config, const std::string& hf_dir, int64_t vocab_size) {
   TokenizerClues c;
   c.checkpoint = checkpoint;
   c.vocab_size = vocab_size;
-  if (!meta.is_object()) return c;
-  const nlohmann::json t = meta.value("tokenizer", nlohmann::json());
-  if (!t.is_null() && !t.is_string())
-    throw UserError(checkpoint + "/metadata.json: \"tokenizer\" must be a tokenizer's name (byte, gpt2, hf:DIR), not " +
-                    t.dump() + "; the checkpoint is damaged or hand-edited");
-  if (t.is_string()) c.recorded = t.get<std::string>();
-  const nlohmann::json step = meta.value("step", nlohmann::json());
-  c.trained = step.is_number_integer() && step.get<int64_t>() > 0;
-  const nlohmann::json config = meta.value("config", nlohmann::json());
+  c.recorded = recorded;
+  c.trained = step > 0;
   if (config.is_object()) {
     const nlohmann::json data = config.value("data", nlohmann::json());
     if (data.is_object() && data.value("dir", nlohmann::json()).is_string()) c.data_dir = data["dir"].get<std::string>();
@@ -53,8 +47,7 @@ TokenizerClues checkpoint_tokenizer_clues(const nlohmann::json& meta, const std:
       for (const auto& [key, v] : training.items())
         if (key.find("dataset") != std::string::npos) collect_dataset_names(v, c.datasets);
   }
-  const nlohmann::json base = meta.value("base_model", nlohmann::json());
-  if (base.is_object() && base.value("hf_dir", nlohmann::json()).is_string()) c.hf_dir = base["hf_dir"].get<std::string>();
+  c.hf_dir = hf_dir;
   return c;
 }
 

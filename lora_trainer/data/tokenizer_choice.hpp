@@ -23,10 +23,11 @@ struct TokenizerClues {
   int64_t vocab_size = 0;             // architecture/vocab_size
 };
 
-// The clues a checkpoint's metadata.json (`meta`) gives, read without building its job: "tokenizer",
-// step, data/dir and the datasets of the saved config's training/*dataset* keys, base_model.hf_dir.
-// A "tokenizer" that is not a string is a UserError naming the file.
-TokenizerClues checkpoint_tokenizer_clues(const nlohmann::json& meta, const std::string& checkpoint, int64_t vocab_size);
+// The clues a checkpoint's metadata gives, read without building its job (formats/checkpoint.hpp's
+// CheckpointMeta, which checked their types: this area is below it): its "tokenizer" (`recorded`, ""
+// none), step, data/dir and the datasets of the saved config's training/*dataset* keys, base_model.hf_dir.
+TokenizerClues checkpoint_tokenizer_clues(const std::string& checkpoint, const std::string& recorded, int64_t step,
+                                         const nlohmann::json& config, const std::string& hf_dir, int64_t vocab_size);
 
 // The tokenizer the datasets `names` under `data_dir` were tokenized with (their meta.json), "" when
 // none of them is there or says; a UserError naming two datasets that say different tokenizers.

@@ -72,7 +72,7 @@ void add_magnitude(AdapterSource& s, const std::string& w, bool found, const tor
 AdapterSource from_checkpoint(const std::string& path, const std::vector<std::string>& targets) {
   const CheckpointMeta ck = CheckpointMeta::read(path);
   if (ck.kind != StateKind::Lora || !ck.lora)
-    throw UserError(std::string(kKey) + ": " + path + " is a " + ck.raw.value("kind", std::string("?")) +
+    throw UserError(std::string(kKey) + ": " + path + " is a " + state_kind_name(ck.kind) +
                     " checkpoint; adapters come from a LoRA-phase checkpoint (kind lora) or a PEFT adapter directory");
   const LoraMetadata& l = *ck.lora;
   AdapterSource s;

@@ -76,7 +76,7 @@ class CheckpointWeights : public BaseWeights {
  public:
   CheckpointWeights(const CheckpointMeta& ck, const NamedTensors& expected) : reader_(ck) {
     path_ = ck.dir;
-    base_model_ = ck.raw.value("base_model", json());
+    base_model_ = ck.base_model;
     std::set<std::string> unmatched;
     // A LoRA state's adapters are beside its base: they are not the model's.
     for (const auto& n : reader_.names())

@@ -78,6 +78,13 @@ void check_metadata_fields(const std::string& dir, const nlohmann::json& meta) {
       if (!r.is_array() || r.size() != 2 || !r[0].is_number_unsigned() || !r[1].is_number_unsigned()) return false;
     return true;
   }, "an object {\"bytes\", \"structure_crc32\", \"data\": [[offset, length], ...]}", false);
+  need("ema", [](const J& v) {
+    if (!v.is_object() || !v.contains("decay") || !v["decay"].is_number() || !v.contains("params") || !v["params"].is_array())
+      return false;
+    for (const auto& e : v["params"])
+      if (!e.is_string()) return false;
+    return true;
+  }, "an object {\"decay\", \"params\": [names]}", false);
   need("lora", [](const J& v) {
     if (!v.is_object()) return false;
     if (v.contains("rank") && !(v["rank"].is_number_integer() && v["rank"].get<int64_t>() > 0)) return false;
@@ -86,9 +93,60 @@ void check_metadata_fields(const std::string& dir, const nlohmann::json& meta) {
     if (v.contains("in_lora_phase") && !v["in_lora_phase"].is_boolean()) return false;
     return true;
   }, "an object (rank > 0, alpha, boundary_step, in_lora_phase, targets)", meta.value("kind", std::string()) == "lora");
+  const J& t = meta.contains("tokenizer") ? meta["tokenizer"] : J();
+  if (!t.is_null() && !t.is_string())
+    throw UserError(dir + "/metadata.json: \"tokenizer\" must be a tokenizer's name (byte, gpt2, hf:DIR), not " +
+                    t.dump() + "; the checkpoint is damaged or hand-edited");
+}
+
+// The fields check_metadata_fields checked, as values.
+void read_metadata_fields(const nlohmann::json& meta, CheckpointMeta& ck) {
+  using J = nlohmann::json;
+  if (meta.contains("job")) {
+    const J& j = meta["job"];
+    CheckpointMeta::Job job;
+    job.name = j.value("name", job.name);
+    job.project = j.value("project", job.project);
+    job.group = j.value("group", job.group);
+    job.kind = j.value("kind", job.kind);
+    ck.job = job;
+  }
+  ck.has_config = meta.contains("config");
+  if (ck.has_config) ck.config = meta["config"];
+  if (meta.contains("tokenizer") && meta["tokenizer"].is_string()) ck.tokenizer = meta["tokenizer"].get<std::string>();
+  ck.base_model = meta.value("base_model", J());
+  ck.total_steps = meta.value("total_steps", int64_t(0));
+  const J best = meta.value("best_score", J());
+  if (best.is_number()) ck.best_score = best.get<double>();
+  ck.best_stage = meta.value("best_stage", 0);
+  ck.trainable_params = meta.value("trainable_params", std::vector<std::string>());
+  if (meta.contains("ema"))
+    ck.ema = CheckpointMeta::Ema{meta["ema"]["decay"].get<double>(), meta["ema"]["params"].get<std::vector<std::string>>()};
+  if (meta.contains("data"))
+    for (auto& [k, v] : meta["data"]["cursors"].items()) ck.cursors[std::stoi(k)] = v.get<uint64_t>();
+  if (meta.contains("frozen_base")) ck.frozen_base = FrozenBaseRef::from_json(meta["frozen_base"], ck.dir);
+  auto source = [&](const char* key) -> std::optional<std::string> {
+    if (!meta.contains(key)) return std::nullopt;
+    return meta[key].is_string() ? meta[key].get<std::string>() : std::string("?");
+  };
+  ck.exported_from = source("exported_from");
+  ck.imported_from = source("imported_from");
 }
 
 }  // namespace
+
+nlohmann::json CheckpointMeta::Job::to_json() const {
+  return {{"name", name}, {"project", project}, {"group", group}, {"kind", kind}};
+}
+
+nlohmann::json CheckpointMeta::base_hf_config() const {
+  return base_model.is_object() && base_model.contains("hf_config") ? base_model["hf_config"] : nlohmann::json();
+}
+
+std::string CheckpointMeta::base_hf_dir() const {
+  return base_model.is_object() && base_model.value("hf_dir", nlohmann::json()).is_string()
+             ? base_model["hf_dir"].get<std::string>() : "";
+}
 
 StateKind parse_state_kind(const std::string& name) {
   if (name == "plain") return StateKind::Plain;
@@ -288,6 +346,7 @@ CheckpointMeta CheckpointMeta::read(const std::string& dir) {
       if (ck.raw.contains("lora")) ck.lora = LoraMetadata::from_json(ck.raw["lora"], dir + "/metadata.json");
       check_lora_metadata(ck);
     }
+    read_metadata_fields(ck.raw, ck);
   });
   return ck;
 }

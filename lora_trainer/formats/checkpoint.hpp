@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lora_trainer/core/named_tensors.hpp"
+#include "lora_trainer/formats/frozen_base_ref.hpp"
 #include "lora_trainer/formats/lora_metadata.hpp"
 #include "lora_trainer/formats/state_h5.hpp"
 
@@ -79,14 +80,43 @@ struct CheckpointMeta {
   bool weights_only = false;  // made by `export` or `import-hf`: weights, no training state
   std::string job_name;       // the job that saved it; "?" when not recorded
   std::optional<LoraMetadata> lora;  // its "lora" block (LoRA kinds' full states), parsed and checked
-  nlohmann::json raw;         // the whole file, for the fields the layers above own (config, job, lora, data, ...)
+  // Its "job" block (job.hpp's JobSpec, absent keys at JobSpec's defaults); nullopt when not recorded.
+  struct Job {
+    std::string name, project = "general", group = "default", kind;
+    nlohmann::json to_json() const;
+  };
+  std::optional<Job> job;
+  bool has_config = false;    // "config" recorded (every full state and export has it)
+  nlohmann::json config = nlohmann::json::object();  // the saved job's resolved config ({} when not recorded)
+  std::string tokenizer;      // the tokenizer its job's data was tokenized with (byte, gpt2, hf:DIR); "" none
+  nlohmann::json base_model;  // where its model came from (base_weights.hpp's base_model()); null when none
+  int64_t total_steps = 0;    // its schedule's length (full states)
+  std::optional<double> best_score;  // the best validation score so far; nullopt when none
+  int best_stage = 0;         // the stage it was reached in
+  std::vector<std::string> trainable_params;  // the optimizer's parameters, in order (full states)
+  struct Ema {
+    double decay = 0;
+    std::vector<std::string> params;
+  };
+  std::optional<Ema> ema;     // its "ema" block: it holds the moving average (ema/<name>); nullopt when not
+  std::map<int, uint64_t> cursors;  // data.cursors: rows drawn, by stage (full states)
+  std::optional<FrozenBaseRef> frozen_base;  // the frozen base it refers to instead of holding it (frozen_base.hpp)
+  // Where a weights-only checkpoint came from: "exported_from" (export) or "imported_from" (import-hf);
+  // "?" where the value is not a string, nullopt when not recorded.
+  std::optional<std::string> exported_from, imported_from;
+  nlohmann::json raw;         // the whole file: `inspect` prints it, recipes read their own blocks (dpo, forgetting)
+
+  // base_model.hf_config (an imported model's own config.json), null when none; base_model.hf_dir ("" when none).
+  nlohmann::json base_hf_config() const;
+  std::string base_hf_dir() const;
 
   // UserError naming the directory when it is not a complete checkpoint of this format version, or
-  // naming the field of metadata.json that is missing or has the wrong type.
+  // naming the field of metadata.json that is missing or has the wrong type. Absent optional fields
+  // (older checkpoints) read as the defaults above.
   static CheckpointMeta read(const std::string& dir);
 };
 
-// CheckpointMeta::read(dir).raw: the metadata as JSON (listings, exports).
+// CheckpointMeta::read(dir).raw: the metadata as JSON, checked (tests; readers take CheckpointMeta's typed fields).
 nlohmann::json read_checkpoint_metadata(const std::string& dir);
 
 // Every tensor in the checkpoint, on the CPU, sorted by name, named as format kCheckpointFormatVersion

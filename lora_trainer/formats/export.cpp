@@ -75,11 +75,10 @@ std::vector<std::string> check_export_target(const std::string& source, const st
   } else if (!record) {
     json_context((dst / "metadata.json").string(), [&] {
       if (is_checkpoint(dst.string())) {
-        json m = read_checkpoint_metadata(dst.string());
-        auto source_of = [&](const char* key) { return m[key].is_string() ? m[key].get<std::string>() : std::string("?"); };
-        if (m.value("weights_only", false) && m.contains("exported_from")) earlier = source_of("exported_from");
-        if (m.value("weights_only", false) && m.contains("imported_from")) {
-          earlier = source_of("imported_from");
+        const CheckpointMeta m = CheckpointMeta::read(dst.string());
+        if (m.weights_only && m.exported_from) earlier = *m.exported_from;
+        if (m.weights_only && m.imported_from) {
+          earlier = *m.imported_from;
           earlier_kind = "import";
         }
         if (!earlier.empty()) legacy = {"metadata.json", "state.h5"};
@@ -117,8 +116,9 @@ std::vector<std::string> check_export_target(const std::string& source, const st
                   "names this command writes are then replaced, every other file is kept). Nothing was written");
 }
 
-ModelOptions checkpoint_model_options(const json& meta, const std::string& checkpoint) {
-  const json& c = meta.value("config", json::object());
+ModelOptions checkpoint_model_options(const CheckpointMeta& ck) {
+  const std::string& checkpoint = ck.dir;
+  const json& c = ck.config;
   if (!c.contains("architecture") || !c["architecture"].is_object())
     throw UserError(checkpoint + ": its metadata has no saved config with architecture/*");
   Config cfg = model_config();
@@ -128,8 +128,8 @@ ModelOptions checkpoint_model_options(const json& meta, const std::string& check
 
 std::string read_referenced_base(const CheckpointMeta& ck, const std::string& base,
                                  const std::function<void(const std::string&, const torch::Tensor&)>& take) {
-  const FrozenBaseRef ref = FrozenBaseRef::from_json(ck.raw["frozen_base"], ck.dir);
-  const ModelOptions options = checkpoint_model_options(ck.raw, ck.dir);
+  const FrozenBaseRef ref = ck.frozen_base ? *ck.frozen_base : FrozenBaseRef::from_json(json(), ck.dir);  // names the field
+  const ModelOptions options = checkpoint_model_options(ck);
   CausalLM model = make_model(options);  // the parameters' names and shapes (allocated, never touched)
   return read_frozen_base(ref, ck.dir, base, options.family, base_params(*model), take);
 }
@@ -190,15 +190,14 @@ void dequantize_base(const CheckpointMeta& ck, NamedTensors& all, bool base_valu
 NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema, const std::string& base, bool base_values) {
   const std::string& checkpoint = ck.dir;
   NamedTensors all = read_checkpoint_tensors(ck);
-  if (ck.raw.contains("frozen_base")) {
+  if (ck.frozen_base) {
     if (base_values) {
       read_referenced_base(ck, base, [&](const std::string& n, const torch::Tensor& t) { all.emplace_back(kParamsPrefix + n, t); });
     } else {
-      const FrozenBaseRef ref = FrozenBaseRef::from_json(ck.raw["frozen_base"], ck.dir);
-      for (const auto& [n, shape] : ref.tensors) all.emplace_back(kParamsPrefix + n, torch::empty(shape, torch::kBFloat16));
+      for (const auto& [n, shape] : ck.frozen_base->tensors) all.emplace_back(kParamsPrefix + n, torch::empty(shape, torch::kBFloat16));
     }
   }
-  if (ck.raw.contains("frozen_base") || (ck.lora && !ck.lora->quantized.empty())) {
+  if (ck.frozen_base || (ck.lora && !ck.lora->quantized.empty())) {
     dequantize_base(ck, all, base_values);
     std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   }
@@ -252,7 +251,7 @@ MergedWeights merged_weights(const std::string& checkpoint, bool use_ema, const 
                              const std::string& command) {
   MergedWeights m;
   const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
-  m.meta = ck.raw;
+  m.ck = ck;
   ParamTensors stored = param_tensors(export_tensors(ck, use_ema, base));
   const std::map<std::string, torch::Tensor>& lora = stored.adapters;
   if (stored.base.empty()) throw UserError(checkpoint + " holds no parameters (params/*)");
@@ -296,20 +295,20 @@ void export_merged(const std::string& checkpoint, const std::string& out, bool u
                    const std::string& base) {
   const auto ours = check_export_target(checkpoint, out, "export", force);
   MergedWeights m = merged_weights(checkpoint, use_ema, base);
-  const json& meta = m.meta;
+  const CheckpointMeta& ck = m.ck;
   NamedTensors params;
   for (auto& [n, t] : m.params) params.emplace_back(kParamsPrefix + n, t);
   const int merged = m.merged;
   json out_meta = {{"kind", state_kind_name(StateKind::Plain)},
                    {"weights_only", true},
-                   {"step", meta.value("step", int64_t(0))},
-                   {"tokens", meta.value("tokens", int64_t(0))},
+                   {"step", ck.step},
+                   {"tokens", ck.tokens},
                    {"exported_from", fs::absolute(checkpoint).string()},
                    {"merged_adapters", merged},
-                   {"job", meta.value("job", json::object())},
-                   {"config", meta.value("config", json::object())}};
-  if (meta.contains("base_model")) out_meta["base_model"] = meta["base_model"];
-  if (meta.contains("tokenizer")) out_meta["tokenizer"] = meta["tokenizer"];  // what its weights read text with
+                   {"job", ck.job ? ck.job->to_json() : json::object()},
+                   {"config", ck.config}};
+  if (!ck.base_model.is_null()) out_meta["base_model"] = ck.base_model;
+  if (!ck.tokenizer.empty()) out_meta["tokenizer"] = ck.tokenizer;  // what its weights read text with
   save_checkpoint(out, params, out_meta, ours);
   std::printf("exported %s -> %s (%zu tensors, %d adapters merged%s, float32)\n", checkpoint.c_str(), out.c_str(),
               params.size(), merged,

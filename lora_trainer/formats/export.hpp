@@ -15,6 +15,7 @@
 #include "lora_trainer/core/named_tensors.hpp"
 #include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/models/model.hpp"
 
 namespace lt {
@@ -26,7 +27,7 @@ namespace lt {
 // merged in f32 and then cast once to `dtype` (the stored base's own dtype when `dtype` is Undefined:
 // base_dtype), one tensor at a time, so no f32 copy of the whole model is made for a bf16 export.
 struct MergedWeights {
-  nlohmann::json meta;
+  CheckpointMeta ck;  // its metadata
   NamedTensors params;
   torch::ScalarType dtype = torch::kFloat32;
   int merged = 0;
@@ -53,7 +54,6 @@ torch::ScalarType base_dtype(const NamedTensors& base);
 // A checkpoint that refers to its frozen base (frozen_base.hpp) gets the base's params/* (bf16) from
 // where it records, or from `base` (export --base), their digest checked; with `base_values` false
 // only their shapes (uninitialised tensors: an export that writes the adapters alone).
-struct CheckpointMeta;  // checkpoint.hpp
 NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema, const std::string& base = "", bool base_values = true);
 
 // The frozen base a checkpoint refers to (its metadata's frozen_base): read tensor by tensor through
@@ -65,7 +65,7 @@ std::string read_referenced_base(const CheckpointMeta& ck, const std::string& ba
 
 // A checkpoint's model options, from its saved (resolved) config (keys an older checkpoint lacks had
 // their defaults); a UserError when it has none.
-ModelOptions checkpoint_model_options(const nlohmann::json& meta, const std::string& checkpoint);
+ModelOptions checkpoint_model_options(const CheckpointMeta& ck);
 
 // Writes a weights-only plain checkpoint of `checkpoint` with any adapters merged in; it initialises
 // another job (`run ... --restore OUT`), e.g. as the pretrained base of a LoRA job.

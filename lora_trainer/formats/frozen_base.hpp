@@ -23,22 +23,10 @@
 
 #include "lora_trainer/core/named_tensors.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/formats/frozen_base_ref.hpp"
 #include "lora_trainer/models/model.hpp"
 
 namespace lt {
-
-struct FrozenBaseRef {
-  std::string path;      // absolute, as saved
-  std::string relative;  // from the checkpoint's directory ("" when not recorded)
-  std::string format;    // "hf" or "checkpoint"
-  std::map<std::string, std::vector<int64_t>> tensors;  // our names -> shapes
-  uint64_t bytes = 0;    // their bf16 bytes
-  std::string digest;
-
-  nlohmann::json to_json() const;
-  // The block of checkpoint `dir`'s metadata; a UserError naming the field that is missing or wrong.
-  static FrozenBaseRef from_json(const nlohmann::json& j, const std::string& dir);
-};
 
 // FNV-1a (64-bit) over each tensor's name and the CRC-32 of its bf16 bytes, in name order, as 16 hex
 // digits. The tensors may be of any dtype and device; they are taken as bf16. `crcs` gives the CRC of

@@ -113,13 +113,12 @@ torch::ScalarType dtype_named(const std::string& dtype, const std::string& forma
                   ": expected source, float32, float16 or bfloat16. Nothing was written");
 }
 
-void set_hyperparameters(GgufWriter& g, const std::string& arch, const ModelOptions& o, const json& meta) {
+void set_hyperparameters(GgufWriter& g, const std::string& arch, const ModelOptions& o, const CheckpointMeta& ck) {
   const std::string a = arch + ".";
   // The context the model was trained for: an imported model's own max_position_embeddings (a rotary
   // model keeps a shorter block_size for training), else the block size.
   int64_t context = o.block_size;
-  const json hf = meta.contains("base_model") && meta["base_model"].is_object() ? meta["base_model"].value("hf_config", json())
-                                                                                  : json();
+  const json hf = ck.base_hf_config();
   if (o.family != ModelFamily::Gpt2 && hf.is_object() && hf.value("max_position_embeddings", json()).is_number_integer())
     context = std::max<int64_t>(context, hf["max_position_embeddings"].get<int64_t>());
   g.set_u32(a + "context_length", static_cast<uint32_t>(context));
@@ -152,9 +151,10 @@ void add_rope_factors(GgufWriter& g, const ModelOptions& o) {
                                         .to(torch::kFloat32));
 }
 
-std::string tokenizer_for(const std::string& requested, const json& meta, const std::string& checkpoint, const ModelOptions& o) {
+std::string tokenizer_for(const std::string& requested, const CheckpointMeta& ck, const ModelOptions& o) {
   if (requested != "auto") return requested;
-  return auto_tokenizer(checkpoint_tokenizer_clues(meta, checkpoint, o.vocab_size), "export --format gguf");
+  return auto_tokenizer(checkpoint_tokenizer_clues(ck.dir, ck.tokenizer, ck.step, ck.config, ck.base_hf_dir(), o.vocab_size),
+                        "export --format gguf");
 }
 
 std::string pre_tokenizer_name(const BpeVocabulary& v, const std::string& tokenizer) {
@@ -210,9 +210,8 @@ void check_activation(const ModelOptions& options, const std::string& arch, cons
                 "its tanh approximation, so its logits will differ slightly from ours\n");
 }
 
-std::string model_name(const std::string& checkpoint, const json& meta) {
-  const json job = meta.value("job", json());
-  const std::string name = job.is_object() ? job.value("name", std::string()) : std::string();
+std::string model_name(const std::string& checkpoint, const CheckpointMeta& ck) {
+  const std::string name = ck.job ? ck.job->name : std::string();
   return name.empty() ? fs::path(fs::absolute(checkpoint)).lexically_normal().filename().string() : name;
 }
 
@@ -222,14 +221,14 @@ void export_gguf(const std::string& checkpoint, const std::string& out, const Gg
   const torch::ScalarType dtype = dtype_named(o.dtype, "gguf");
   const auto ours = check_export_target(checkpoint, out, "export", o.force);
   // What the metadata decides is checked before the weights are read and merged.
-  const json meta = CheckpointMeta::read(checkpoint).raw;
-  const ModelOptions options = checkpoint_model_options(meta, checkpoint);
-  const std::string arch = architecture_of(options), tokenizer = tokenizer_for(o.tokenizer, meta, checkpoint, options);
+  const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
+  const ModelOptions options = checkpoint_model_options(ck);
+  const std::string arch = architecture_of(options), tokenizer = tokenizer_for(o.tokenizer, ck, options);
   check_activation(options, arch, checkpoint, "gguf");
   GgufWriter g;
   g.set_string("general.architecture", arch);
-  g.set_string("general.name", model_name(checkpoint, meta));
-  set_hyperparameters(g, arch, options, meta);
+  g.set_string("general.name", model_name(checkpoint, ck));
+  set_hyperparameters(g, arch, options, ck);
   set_tokenizer(g, tokenizer, options);
   MergedWeights w = merged_weights(checkpoint, o.use_ema, o.base, dtype, "export --format gguf");
   g.set_u32("general.file_type", file_type(w.dtype));
@@ -264,7 +263,7 @@ void export_gguf_adapter(const std::string& checkpoint, const std::string& out, 
   const auto ours = check_export_target(checkpoint, out, "export", o.force);
   const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
   if (ck.kind != StateKind::Lora || !ck.lora)
-    throw UserError("export --format gguf-adapter: " + checkpoint + " is a " + ck.raw.value("kind", std::string("?")) +
+    throw UserError("export --format gguf-adapter: " + checkpoint + " is a " + state_kind_name(ck.kind) +
                     " checkpoint without adapters; an adapter comes from a LoRA-phase checkpoint (for the whole model "
                     "use --format gguf). Nothing was written");
   const LoraMetadata& l = *ck.lora;
@@ -279,7 +278,7 @@ void export_gguf_adapter(const std::string& checkpoint, const std::string& out, 
   if (l.targets.empty())
     throw UserError("export --format gguf-adapter: " + checkpoint + " holds no adapters yet (a checkpoint saved before its "
                     "LoRA phase began: lora.targets is empty); export one of the LoRA phase. Nothing was written");
-  const ModelOptions options = checkpoint_model_options(ck.raw, checkpoint);
+  const ModelOptions options = checkpoint_model_options(ck);
   const std::string arch = architecture_of(options);
   check_activation(options, arch, checkpoint, "gguf-adapter");
   ParamTensors params = param_tensors(export_tensors(ck, o.use_ema, o.base, /*base_values=*/false));
@@ -289,7 +288,7 @@ void export_gguf_adapter(const std::string& checkpoint, const std::string& out, 
   GgufWriter g;
   g.set_string("general.architecture", arch);
   g.set_string("general.type", "adapter");
-  g.set_string("general.name", model_name(checkpoint, ck.raw));
+  g.set_string("general.name", model_name(checkpoint, ck));
   g.set_string("adapter.type", "lora");
   g.set_f32("adapter.lora.alpha", static_cast<float>(alpha));
   for (const auto& target : l.targets) {

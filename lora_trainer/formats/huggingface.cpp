@@ -105,7 +105,7 @@ std::vector<std::string> import_checked(const std::string& hf_dir, const std::st
 // The checkpoint's parameters in f32 with any adapters merged (what export_merged writes), its
 // metadata and its architecture.
 struct MergedCheckpoint {
-  json meta;
+  CheckpointMeta ck;
   ModelOptions options;
   NamedTensors params;  // our names, without "params/"
   torch::ScalarType dtype = torch::kFloat32;
@@ -124,8 +124,8 @@ std::string hf_dtype_name(torch::ScalarType t) {
 MergedCheckpoint read_merged(const std::string& checkpoint, bool use_ema, const std::string& base, torch::ScalarType dtype) {
   MergedWeights w = merged_weights(checkpoint, use_ema, base, dtype, "export --format hf");
   MergedCheckpoint m;
-  m.meta = std::move(w.meta);
-  m.options = checkpoint_model_options(m.meta, checkpoint);
+  m.ck = std::move(w.ck);
+  m.options = checkpoint_model_options(m.ck);
   m.params = std::move(w.params);
   m.dtype = w.dtype;
   return m;
@@ -143,8 +143,7 @@ void export_hf(const std::string& checkpoint, const std::string& out, bool use_e
                                    dtype == "source" ? c10::ScalarType::Undefined : dtype == "float32" ? torch::kFloat32 : torch::kBFloat16);
   const std::string dtype_name = hf_dtype_name(m.dtype);
   // An imported model keeps its own config (token ids, task settings); the architecture is ours.
-  const json imported = m.meta.contains("base_model") && m.meta["base_model"].contains("hf_config")
-                            ? m.meta["base_model"]["hf_config"] : json();
+  const json imported = m.ck.base_hf_config();
   const json hf = hf_config_for(m.options, imported, dtype_name);
   NamedTensors tensors = to_hf(m.options.family, m.params);
   m.params.clear();
@@ -315,16 +314,15 @@ json peft_config(const LoraMetadata& l, ModelFamily family, const std::vector<st
 void write_peft(const std::string& checkpoint, const std::string& out, bool use_ema, const std::vector<std::string>& ours,
                 const std::string& base) {
   const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
-  const json& meta = ck.raw;
   if (ck.kind != StateKind::Lora || !ck.lora)
-    throw UserError("export --format peft: " + checkpoint + " is a " + meta.value("kind", std::string("?")) +
+    throw UserError("export --format peft: " + checkpoint + " is a " + state_kind_name(ck.kind) +
                     " checkpoint without adapters; a PEFT adapter comes from a LoRA-phase checkpoint. For full weights "
                     "use --format hf. Nothing was written");
   const LoraMetadata& l = *ck.lora;
   // The adapters and what trained beside them; of a frozen base the checkpoint refers to, only its shapes.
   ParamTensors params = param_tensors(export_tensors(ck, use_ema, base, /*base_values=*/false));
   const StoredParams stored{{params.base.begin(), params.base.end()}, std::move(params.adapters)};
-  const ModelOptions options = checkpoint_model_options(meta, checkpoint);
+  const ModelOptions options = checkpoint_model_options(ck);
   const ModelFamily family = options.family;
   // Every weight of this model that can take an adapter, as a PEFT module path without base_model.model.
   std::vector<std::string> all, adaptable;
@@ -340,7 +338,7 @@ void write_peft(const std::string& checkpoint, const std::string& out, bool use_
   const PeftModulesToSave saved = add_modules_to_save(l, options, stored, tensors);
   const json token_indices = add_token_rows(checkpoint, l, family, stored, tensors);
   const json config = peft_config(l, family, peft_target_modules(adapted, all), saved, token_indices,
-                                  meta.value("base_model", json()));
+                                  ck.base_model);
   publish_dir(out, [&](const fs::path& dir) {
     write_safetensors((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
     write_file_atomic((dir / "adapter_config.json").string(), config.dump(2) + "\n");

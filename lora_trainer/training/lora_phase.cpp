@@ -157,11 +157,11 @@ void LoraPhase::refer_to_frozen_base(const std::string& source, const std::strin
 }
 
 void LoraPhase::load_frozen_base(const CheckpointMeta& ck) {
-  if (!ck.raw.contains("frozen_base")) {  // a self-contained state: the load below reads the base, and so on
+  if (!ck.frozen_base) {  // a self-contained state: the load below reads the base, and so on
     frozen_base_.reset();
     return;
   }
-  FrozenBaseRef ref = FrozenBaseRef::from_json(ck.raw["frozen_base"], ck.dir);
+  FrozenBaseRef ref = *ck.frozen_base;
   std::map<std::string, torch::Tensor> frozen;
   for (auto& [name, p] : frozen_tensors()) frozen[name] = p;
   const auto storages = frozen_storages(*model_);  // NF4 (quantized) weights: quantized again from the base's values
@@ -421,7 +421,7 @@ void LoraPhase::check_restorable(const CheckpointMeta& ck, int64_t boundary_step
     throw UserError(ck.dir + "/metadata.json: a LoRA state without its \"lora\" block (rank, alpha, targets): the "
                     "checkpoint is damaged or hand-edited; " + use_another_checkpoint(ck.job_name));
   check_same_recipe(ck, options_);
-  if (shards_base() && !ck.raw.contains("frozen_base"))
+  if (shards_base() && !ck.frozen_base)
     throw UserError(ck.dir + " holds its own copy of the frozen base (it was saved with logging/save_frozen_base=true, or "
                     "its base had no file to refer to); a job with distributed/shard_params=" + shard_mode_name(shard_params_) +
                     " reads its base from the file its checkpoints refer to, one tensor at a time. Continue it with "

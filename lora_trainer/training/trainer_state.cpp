@@ -136,7 +136,7 @@ void Trainer::save_sharded(const std::string& dir, const std::string& suffix) {
 // rotary base would load silently into a model computing another (GPT-2's own weights need gelu_tanh).
 // A key the checkpoint's config lacks (an older checkpoint) had its default.
 void Trainer::check_same_architecture(const CheckpointMeta& ck) const {
-  const json arch = ck.raw.value("config", json::object()).value("architecture", json::object());
+  const json arch = ck.config.value("architecture", json::object());
   for (const char* key : {"family", "activation", "n_heads", "norm_eps", "rope_theta", "rope_scaling", "rope_factor",
                           "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context"}) {
     const std::string path = std::string("architecture/") + key;
@@ -160,7 +160,6 @@ void Trainer::restore_from_checkpoint(const CheckpointMeta& ck) {
 void Trainer::restore_state(const CheckpointMeta& ck) {
   if (lora_ && restore_lora_template(ck)) return;  // a base for a job without phase 1
   const std::string& dir = ck.dir;
-  const json& meta = ck.raw;
   if (ck.weights_only) {
     load_weights_from(ck);
     return;
@@ -175,7 +174,7 @@ void Trainer::restore_state(const CheckpointMeta& ck) {
                     "the token budget (training/tokens, or training/post_lora_tokens) to " + std::to_string(ck.step) +
                     " steps or more, or " + use_another_checkpoint(ck.job_name));
   check_same_architecture(ck);
-  auto names = meta.value("trainable_params", std::vector<std::string>());
+  const std::vector<std::string>& names = ck.trainable_params;
   if (names != optimizer_->param_names())
     throw UserError(dir + ": its trainable parameters (" + std::to_string(names.size()) +
                     ") differ from this job's (" + std::to_string(optimizer_->param_names().size()) +
@@ -183,10 +182,10 @@ void Trainer::restore_state(const CheckpointMeta& ck) {
   // Parameters and moments are loaded in place; the step count and RNG state come back as the fresh
   // scalars that state_tensors() made for them, and are applied here.
   NamedTensors into = state_tensors();
-  if (lora_) lora_->drop_frozen_base(into, in_lora_phase() && ck.raw.contains("frozen_base"));  // loaded by load_frozen_base
+  if (lora_) lora_->drop_frozen_base(into, in_lora_phase() && ck.frozen_base.has_value());  // loaded by load_frozen_base
   // The EMA is loaded where both have one; a checkpoint without it (saved with optimization/ema/decay 0)
   // starts this job's average at its weights, and one with it loads into a job without one as weights only.
-  const bool ema_saved = meta.contains("ema");
+  const bool ema_saved = ck.ema.has_value();
   if (ema_ && !ema_saved)
     into.erase(std::remove_if(into.begin(), into.end(), [](const auto& p) { return p.first.rfind(kEmaPrefix, 0) == 0; }),
                into.end());
@@ -206,10 +205,9 @@ void Trainer::restore_state(const CheckpointMeta& ck) {
   }
   step_ = ck.step;
   tokens_ = ck.tokens;
-  const json best = meta.value("best_score", json());
-  best_score_ = best.is_number() ? std::optional<double>(best.get<double>()) : std::nullopt;
-  best_stage_ = meta.value("best_stage", 0);
-  base_model_ = meta.value("base_model", json());
+  best_score_ = ck.best_score;
+  best_stage_ = ck.best_stage;
+  base_model_ = ck.base_model;
   restore_tokenizer(ck);
   if (lora_) lora_->restored(ck);
   const std::string& from_job = ck.job_name;
@@ -221,8 +219,7 @@ void Trainer::restore_state(const CheckpointMeta& ck) {
                  spec_.name.c_str());
   // Samplers are rebuilt when next used (a checkpoint read for eval needs no training data).
   for (auto& s : samplers_) s.reset();
-  restored_cursors_.clear();
-  for (auto& [k, v] : meta["data"]["cursors"].items()) restored_cursors_[std::stoi(k)] = v.get<uint64_t>();
+  restored_cursors_ = ck.cursors;
 }
 
 void Trainer::load_weights_from(const CheckpointMeta& ck) {
@@ -237,12 +234,8 @@ void Trainer::load_weights_from(const CheckpointMeta& ck) {
 }
 
 void Trainer::restore_tokenizer(const CheckpointMeta& ck) {
-  const json t = ck.raw.value("tokenizer", json());
-  if (!t.is_null() && !t.is_string())
-    throw UserError(ck.dir + "/metadata.json: \"tokenizer\" must be a tokenizer's name (byte, gpt2, hf:DIR), not " +
-                    t.dump() + "; the checkpoint is damaged or hand-edited");
   restored_dir_ = ck.dir;
-  restored_tokenizer_ = t.is_string() ? t.get<std::string>() : "";
+  restored_tokenizer_ = ck.tokenizer;  // its type checked by CheckpointMeta::read
   restored_trained_ = ck.step > 0;
 }
 

@@ -30,10 +30,10 @@ int list_job_checkpoints(const std::string& name, const std::string& out) {
           std::printf("  warning: %s\n", e.what());
         }
         for (const auto& suffix : list_checkpoints(job_dir.string())) {
-          auto meta = read_checkpoint_metadata((job_dir / suffix).string());
+          const CheckpointMeta ck = CheckpointMeta::read((job_dir / suffix).string());
           std::printf("  %-28s kind %-6s step %8lld  tokens %12lld%s\n", suffix.c_str(),
-                      meta.value("kind", std::string("?")).c_str(), (long long)meta.value("step", int64_t(0)),
-                      (long long)meta.value("tokens", int64_t(0)), latest && *latest == suffix ? "  (latest)" : "");
+                      state_kind_name(ck.kind).c_str(), (long long)ck.step,
+                      (long long)ck.tokens, latest && *latest == suffix ? "  (latest)" : "");
           ++found;
         }
       }

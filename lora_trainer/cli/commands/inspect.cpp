@@ -21,7 +21,7 @@ std::string verify_frozen_base(const CheckpointMeta& ck, const std::string& base
   size_t tensors = 0;
   const std::string where = read_referenced_base(ck, base, [&](const std::string&, const torch::Tensor&) { ++tensors; });
   return "frozen base " + where + ": " + std::to_string(tensors) + " tensors read; the digest of their bf16 values matches "
-         "the one recorded (" + ck.raw["frozen_base"].value("digest", std::string()) + ")";
+         "the one recorded (" + (ck.frozen_base ? ck.frozen_base->digest : std::string()) + ")";
 }
 
 int inspect(const InspectArgs& a) {
@@ -31,7 +31,7 @@ int inspect(const InspectArgs& a) {
   }
   std::printf("%s\n", verify_checkpoint(a.checkpoint).c_str());
   const CheckpointMeta ck = CheckpointMeta::read(a.checkpoint);
-  if (ck.raw.contains("frozen_base")) std::printf("%s\n", verify_frozen_base(ck, a.base).c_str());
+  if (ck.frozen_base) std::printf("%s\n", verify_frozen_base(ck, a.base).c_str());
   return 0;
 }
 

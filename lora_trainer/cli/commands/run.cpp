@@ -35,7 +35,7 @@ struct RunArgs {
 void note_config_changes(const RestorableJob& job, const std::string& checkpoint) {
   using nlohmann::json;
   if (distributed().rank() != 0) return;
-  const json saved = read_checkpoint_metadata(checkpoint).value("config", json::object()).flatten();
+  const json saved = CheckpointMeta::read(checkpoint).config.flatten();
   const json now = job.config().to_json().flatten();
   std::vector<std::string> changed;
   for (auto it = now.begin(); it != now.end(); ++it) {
@@ -95,17 +95,16 @@ std::string check_recorded_base(const RunArgs& a, std::vector<std::string>& over
   if (!latest) return a.restore;  // a first run: --restore as given
   const std::string checkpoint = (fs::path(job_dir) / *latest).string();
   if (!is_checkpoint(checkpoint)) return a.restore;  // restore_latest says what is wrong with it
-  const json meta = read_checkpoint_metadata(checkpoint);
-  const json lora = meta.value("lora", json());
-  const json base = lora.is_object() ? lora.value("base", json()) : json();
+  const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
+  const json base = ck.lora ? ck.lora->base : json();
   // From its first run's --restore (no phase one): where, and whether a Hugging Face model (its architecture).
   const bool from_restore = base.is_object() && base.value("path", json()).is_string();
   const std::string recorded = from_restore ? base["path"].get<std::string>() : "";
   const bool hf = from_restore && base.value("format", std::string()) == "hf";
   bool base_missing = false;  // the checkpoint refers to its frozen base, which is not where it says
   std::string referred, located;  // where it says, and where it is
-  if (meta.contains("frozen_base")) {
-    const FrozenBaseRef ref = FrozenBaseRef::from_json(meta["frozen_base"], checkpoint);
+  if (ck.frozen_base) {
+    const FrozenBaseRef& ref = *ck.frozen_base;
     referred = ref.path;
     try {
       located = locate_frozen_base(ref, checkpoint, "");
@@ -139,7 +138,7 @@ std::string check_recorded_base(const RunArgs& a, std::vector<std::string>& over
     const std::vector<std::string> arch = json_context(path, [&] { return hf_architecture(hf_config, path); });
     Config saved = model_config();
     json_context(checkpoint + "/metadata.json", [&] {
-      saved.merge_json({{"architecture", meta.value("config", json::object()).value("architecture", json::object())}},
+      saved.merge_json({{"architecture", ck.config.value("architecture", json::object())}},
                        checkpoint + "/metadata.json");
     });
     std::vector<std::string> differ;
