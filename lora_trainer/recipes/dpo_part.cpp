@@ -193,10 +193,9 @@ ConfigSchema dpo_train_schema() {
   ConfigSchema s;
   add_job_options(s, "dpo/train");
   add_trainer_options(s);
-  s.remove("training/dataset");
-  s.add("training/dataset", OptType::Samplings,
-        json::array({{{"name", "preferences"}, {"rate", 1}, {"style", "contrastive"}}}),
-        "mixture of contrastive datasets (preference pairs: `tokenize --format pairs`) to train on");
+  s.remove("training/dataset");  // declared again below (last, as before) with DPO's own default and doc
+  add_train_plan_options(s, json::array({{{"name", "preferences"}, {"rate", 1}, {"style", "contrastive"}}}),
+                         "mixture of contrastive datasets (preference pairs: `tokenize --format pairs`) to train on");
   add_lora_options(s);  // the adapters' keys, as lora/train has them (LoraOptions reads them in the LoRA form)
   add_dpo_options(s);
   return s;
