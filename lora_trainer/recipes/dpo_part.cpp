@@ -5,6 +5,7 @@
 
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/training/lora_options.hpp"
 
 namespace lt {
 
@@ -57,7 +58,8 @@ void DpoPart::check_training_datasets(const std::vector<Sampling>& datasets) con
 
 void DpoPart::before_run() {
   // lora/train: its phase 1 trains the base, or the trainer asks for one as for any lora/train job.
-  if (!lora_train_ && trainer_.step() == 0 && !has_base_ && !trainer_.config().get_bool("training/allow_random_base"))
+  // dpo/train's schema has the LoRA keys in both forms (dpo_train_schema), training/allow_random_base among them.
+  if (!lora_train_ && trainer_.step() == 0 && !has_base_ && !LoraOptions::from_config(trainer_.config()).allow_random_base)
     throw UserError("job " + trainer_.spec().name + " (dpo/train) tunes a pretrained model on preferences: add `--restore "
                     "CHECKPOINT` (a plain checkpoint, an `export`, or an `import-hf` output). To train on randomly "
                     "initialised weights on purpose, set training/allow_random_base=true");
