@@ -146,9 +146,7 @@ void DpoPart::PairLoss::end_step() {
 
 void DpoPart::add_window_metrics(json& metrics) {
   if (window_.pairs == 0) return;  // lora/train's phase 1: no DPO step since the last line
-  json m = window_.means();
-  m.erase("dpo_loss");  // the step line's loss already is
-  metrics.update(m);
+  metrics.update(window_.figures().step_json());  // the step line's loss already is the DPO loss
   window_ = DpoStats();
 }
 
@@ -177,15 +175,12 @@ std::vector<DatasetEval> DpoPart::measure(const std::vector<Sampling>& datasets,
   std::vector<DatasetEval> out;
   for (int64_t d = 0; d < D; ++d) {
     if (datasets[static_cast<size_t>(d)].style != DatasetStyle::CONTRASTIVE) continue;
-    const DpoStats stats = DpoStats::from_tensor(sums[d]);
-    const json means = stats.means();
     DatasetEval e;
     e.name = datasets[static_cast<size_t>(d)].name;
     e.style = datasets[static_cast<size_t>(d)].style;
-    e.loss = means["dpo_loss"].get<double>();
-    e.tokens = static_cast<int64_t>(stats.pairs);
-    e.reward_margin = means["reward_margin"].get<double>();
-    e.accuracy = means["accuracy"].get<double>();
+    e.dpo = DpoStats::from_tensor(sums[d]).figures();
+    e.loss = e.dpo.loss;
+    e.tokens = e.dpo.pairs;
     out.push_back(e);
   }
   return out;
