@@ -132,8 +132,9 @@ std::unique_ptr<RestorableJob> make_bench_job(const BenchOptions& o, const fs::p
   const Config pc = make_config(o.config_path, ov);
   if (pc.get_string("job/kind") != "lora/train")
     throw UserError(o.config_path + ": bench needs a lora/train config (its job/kind is " + pc.get_string("job/kind") + ")");
-  const int64_t vocab = pc.get_int("architecture/vocab_size");
-  const int64_t tps = pc.get_int("training/batch_size") * pc.get_int("architecture/block_size");
+  const ModelOptions model = ModelOptions::from_config(pc);
+  const int64_t vocab = model.vocab_size;
+  const int64_t tps = TrainingOptions::from_config(pc).batch_size * model.block_size;
   const int64_t per_phase = (o.warmup_steps + o.steps) * tps;
   write_random_dataset((tmp / "data" / "random").string(), vocab, std::max<int64_t>(per_phase * 2, 1 << 20));
   const std::string data = R"([[{"name":"random","rate":1}]])";

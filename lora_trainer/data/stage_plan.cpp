@@ -6,16 +6,11 @@
 
 namespace lt {
 
-StagePlan StagePlan::from_config(const Config& cfg, const std::string& tokens_key, const std::string& dataset_key,
-                                 const std::string& hint) {
-  StagePlan plan;
-  plan.tokens = cfg.get(tokens_key).get<std::vector<int64_t>>();
-  const nlohmann::json& data = cfg.get(dataset_key);
-  if (plan.tokens.size() != data.size())
-    throw UserError(tokens_key + " has " + std::to_string(plan.tokens.size()) + " stages but " + dataset_key + " has " +
-                    std::to_string(data.size()) + "; give one dataset mixture per token budget" + hint);
-  for (const auto& d : data) plan.datasets.push_back(parse_samplings(d));
-  return plan;
+void StagePlan::check_one_mixture_per_budget(const std::string& tokens_key, const std::string& dataset_key,
+                                             const std::string& hint) const {
+  if (tokens.size() != datasets.size())
+    throw UserError(tokens_key + " has " + std::to_string(tokens.size()) + " stages but " + dataset_key + " has " +
+                    std::to_string(datasets.size()) + "; give one dataset mixture per token budget" + hint);
 }
 
 StagePlan& StagePlan::append(const StagePlan& next) {

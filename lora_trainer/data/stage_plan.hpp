@@ -1,6 +1,6 @@
 // The stage plan: consecutive stages of a training job, each a token budget and a dataset mixture.
 //
-// A config names the budgets and mixtures (StagePlan::from_config); split_stages turns them into
+// A config names the budgets and mixtures (training/plan.hpp reads them); split_stages turns them into
 // stages of whole steps, [first_step, end_step) each, for a given number of tokens per step. The
 // trainers own their stages; this file only plans them and answers which stage a step belongs to.
 #pragma once
@@ -24,11 +24,11 @@ struct Stage {
 struct StagePlan {
   std::vector<int64_t> tokens;
   std::vector<std::vector<Sampling>> datasets;
-  // The stages of a token-budget list (`tokens_key`) and a list of dataset mixtures (`dataset_key`, one
-  // list of samplings per budget) of the config; UserError naming both when their lengths differ,
-  // ending with `hint`.
-  static StagePlan from_config(const Config& cfg, const std::string& tokens_key, const std::string& dataset_key,
-                               const std::string& hint = "");
+  // A UserError naming `tokens_key` and `dataset_key` (the config's keys of the two lists, read by
+  // training/plan.cpp's option groups) when there is not one dataset mixture per token budget, ending
+  // with `hint`.
+  void check_one_mixture_per_budget(const std::string& tokens_key, const std::string& dataset_key,
+                                    const std::string& hint = "") const;
   // This plan's stages, then `next`'s.
   StagePlan& append(const StagePlan& next);
 };

@@ -94,7 +94,7 @@ std::vector<std::string> import_checked(const std::string& hf_dir, const std::st
   std::printf("imported %s (%s: %lld layers, d_model %lld, %lld heads, vocab %lld, context %lld, %s) -> %s (%zu tensors, "
               "%s)\n",
               hf_dir.c_str(), kind.c_str(), (long long)o.n_layer, (long long)o.d_model, (long long)o.n_head,
-              (long long)o.vocab_size, (long long)o.block_size, cfg.get_string("architecture/activation").c_str(), out.c_str(),
+              (long long)o.vocab_size, (long long)o.block_size, activation_name(o.activation), out.c_str(),
               stored.names.size(), written.c_str());
   std::printf("a job that loads it (`run ... --restore %s`) needs this architecture:\n ", out.c_str());
   for (const auto& a : arch) std::printf(" %s", a.c_str());

@@ -23,6 +23,14 @@ ModelFamily parse_model_family(const std::string& s) {
 
 const char* to_string(ModelFamily f) { return f == ModelFamily::Gpt2 ? "gpt2" : "llama"; }
 
+// architecture/activation's values, in the order of ModelOptions::Activation.
+static const std::vector<std::string>& activation_names() {
+  static const std::vector<std::string> names = {"gelu", "gelu_tanh", "silu"};
+  return names;
+}
+
+const char* activation_name(ModelOptions::Activation a) { return activation_names().at(static_cast<size_t>(a)).c_str(); }
+
 // architecture/* and training/activation_checkpointing, each bound to the ModelOptions field it sets.
 // runtime/attention and runtime/loss are the runtime's keys (RuntimeOptions), taken by from_config.
 static const OptionGroup<ModelOptions>& model_options() {
@@ -45,12 +53,9 @@ static const OptionGroup<ModelOptions>& model_options() {
                "the MLP's activation: gelu (exact, erf), gelu_tanh (the tanh approximation of GPT-2 and HF's gelu_new) "
                "or silu (llama only: the gate of SwiGLU, what Llama, Qwen2 and Mistral use)",
                [](O& o, const json& v) {
-                 const std::string act = v.get<std::string>();
-                 o.activation = act == "silu"        ? O::Activation::Silu
-                                : act == "gelu_tanh" ? O::Activation::GeluTanh
-                                                     : O::Activation::Gelu;
+                 o.activation = enum_named<O::Activation>(activation_names(), v.get<std::string>(), "architecture/activation");
                },
-               check_one_of({"gelu", "gelu_tanh", "silu"}))
+               check_one_of(activation_names()))
           .add("architecture/family", OptType::String, "gpt2",
                "model family: gpt2 (learned positions, LayerNorm, GELU MLP, tied head; GPT-2's parameter names) or llama "
                "(Llama/Qwen2/Mistral: rotary positions, RMSNorm, gated MLP, grouped-query attention; HF's parameter names)",

@@ -70,6 +70,9 @@ struct ModelOptions {
   static ModelOptions from_config(const Config& cfg);
 };
 
+// architecture/activation's name of an activation: "gelu", "gelu_tanh" or "silu".
+const char* activation_name(ModelOptions::Activation a);
+
 // A config of only the keys ModelOptions::from_config reads (architecture/*, runtime/attention and
 // runtime/loss, training/activation_checkpointing) at their defaults: a model's options without any
 // job's schema (an import, a checkpoint read for export).

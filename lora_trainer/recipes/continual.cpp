@@ -76,21 +76,16 @@ FadeAt fade_at(const std::vector<Stage>& stages, int64_t step, int64_t overlap_s
   return f;
 }
 
-static StagePlan benchmark_plan(const Config& cfg) {
-  StagePlan plan = StagePlan::from_config(cfg, "training/tokens", "training/dataset");
-  if (plan.tokens.empty()) throw UserError("training/tokens is empty: a benchmark needs at least one stage");
+static TrainingPlan benchmark_plan(const Config& cfg) {
+  TrainingPlan plan = TrainingPlan::from_stage_lists_config(cfg);
+  if (plan.stages.tokens.empty()) throw UserError("training/tokens is empty: a benchmark needs at least one stage");
   return plan;
 }
 
 ConfigSchema continual_schema() {
   ConfigSchema s = Trainer::schema();
   s.add("job/kind", OptType::String, "continual/train/benchmark", "the registered job class that runs this config");
-  s.add("training/tokens", OptType::IntList, json::array({262144, 262144, 262144}),
-        "token budget of each stage (A, B, C, ...)", check_positive_list());
-  s.add("training/dataset", OptType::SamplingStages,
-        json::parse(R"([[{"name":"english","rate":1,"style":"pmd"}],[{"name":"code","rate":1,"style":"pmd"}],
-                        [{"name":"english","rate":1,"style":"pmd"}]])"),
-        "dataset mixture of each stage (one list of samplings per budget)");
+  add_stage_lists_plan_options(s);  // training/tokens and training/dataset as lists, one stage each
   add_continual_options(s);
   return s;
 }
@@ -103,7 +98,7 @@ ConfigSchema continual_lora_schema() {
 }
 
 std::unique_ptr<Trainer> make_continual(JobSpec spec, Config cfg, std::string out_dir) {
-  const TrainingPlan plan = TrainingPlan::full(benchmark_plan(cfg));
+  const TrainingPlan plan = benchmark_plan(cfg);
   auto t = std::make_unique<Trainer>(std::move(spec), cfg, std::move(out_dir), plan);
   t->add_part(std::make_unique<ContinualPart>(*t, ContinualOptions::from_config(cfg), -1));
   return t;

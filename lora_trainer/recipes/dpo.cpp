@@ -102,10 +102,16 @@ DpoStats DpoStats::from_tensor(const torch::Tensor& t) {
   return s;
 }
 
-nlohmann::json DpoStats::means() const {
+DpoFigures DpoStats::figures() const {
   const double n = std::max(1.0, pairs);
-  return {{"dpo_loss", loss / n}, {"reward_margin", margin / n}, {"accuracy", correct / n},
-          {"chosen_reward", chosen / n}, {"rejected_reward", rejected / n}};
+  DpoFigures f;
+  f.loss = loss / n;
+  f.reward_margin = margin / n;
+  f.accuracy = correct / n;
+  f.chosen_reward = chosen / n;
+  f.rejected_reward = rejected / n;
+  f.pairs = static_cast<int64_t>(pairs);
+  return f;
 }
 
 }  // namespace lt

@@ -19,6 +19,7 @@
 
 #include "lora_trainer/core/config.hpp"
 #include "lora_trainer/models/model.hpp"
+#include "lora_trainer/training/dpo_figures.hpp"
 
 namespace lt {
 
@@ -55,8 +56,8 @@ struct DpoStats {
   void add(const DpoStats& s);
   torch::Tensor to_tensor() const;  // (6) f64, in the order above
   static DpoStats from_tensor(const torch::Tensor& t);
-  // {"dpo_loss", "reward_margin", "accuracy", "chosen_reward", "rejected_reward"}: means per pair.
-  nlohmann::json means() const;
+  // The figures: means per pair, and the pairs.
+  DpoFigures figures() const;
 };
 
 }  // namespace lt

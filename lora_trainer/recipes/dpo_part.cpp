@@ -5,6 +5,7 @@
 
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/training/lora_options.hpp"
 
 namespace lt {
 
@@ -56,7 +57,8 @@ void DpoPart::check_training_datasets(const std::vector<Sampling>& datasets) con
 
 void DpoPart::before_run() {
   // lora/train: its phase 1 trains the base, or the trainer asks for one as for any lora/train job.
-  if (!lora_train_ && trainer_.step() == 0 && !has_base_ && !trainer_.config().get_bool("training/allow_random_base"))
+  // dpo/train's schema has the LoRA keys in both forms (dpo_train_schema), training/allow_random_base among them.
+  if (!lora_train_ && trainer_.step() == 0 && !has_base_ && !LoraOptions::from_config(trainer_.config()).allow_random_base)
     throw UserError("job " + trainer_.spec().name + " (dpo/train) tunes a pretrained model on preferences: add `--restore "
                     "CHECKPOINT` (a plain checkpoint, an `export`, or an `import-hf` output). To train on randomly "
                     "initialised weights on purpose, set training/allow_random_base=true");
@@ -143,9 +145,7 @@ void DpoPart::PairLoss::end_step() {
 
 void DpoPart::add_window_metrics(json& metrics) {
   if (window_.pairs == 0) return;  // lora/train's phase 1: no DPO step since the last line
-  json m = window_.means();
-  m.erase("dpo_loss");  // the step line's loss already is
-  metrics.update(m);
+  metrics.update(window_.figures().step_json());  // the step line's loss already is the DPO loss
   window_ = DpoStats();
 }
 
@@ -174,15 +174,12 @@ std::vector<DatasetEval> DpoPart::measure(const std::vector<Sampling>& datasets,
   std::vector<DatasetEval> out;
   for (int64_t d = 0; d < D; ++d) {
     if (datasets[static_cast<size_t>(d)].style != DatasetStyle::CONTRASTIVE) continue;
-    const DpoStats stats = DpoStats::from_tensor(sums[d]);
-    const json means = stats.means();
     DatasetEval e;
     e.name = datasets[static_cast<size_t>(d)].name;
     e.style = datasets[static_cast<size_t>(d)].style;
-    e.loss = means["dpo_loss"].get<double>();
-    e.tokens = static_cast<int64_t>(stats.pairs);
-    e.reward_margin = means["reward_margin"].get<double>();
-    e.accuracy = means["accuracy"].get<double>();
+    e.dpo = DpoStats::from_tensor(sums[d]).figures();
+    e.loss = e.dpo.loss;
+    e.tokens = e.dpo.pairs;
     out.push_back(e);
   }
   return out;
@@ -192,10 +189,9 @@ ConfigSchema dpo_train_schema() {
   ConfigSchema s;
   add_job_options(s, "dpo/train");
   add_trainer_options(s);
-  s.remove("training/dataset");
-  s.add("training/dataset", OptType::Samplings,
-        json::array({{{"name", "preferences"}, {"rate", 1}, {"style", "contrastive"}}}),
-        "mixture of contrastive datasets (preference pairs: `tokenize --format pairs`) to train on");
+  s.remove("training/dataset");  // declared again below (last, as before) with DPO's own default and doc
+  add_train_plan_options(s, json::array({{{"name", "preferences"}, {"rate", 1}, {"style", "contrastive"}}}),
+                         "mixture of contrastive datasets (preference pairs: `tokenize --format pairs`) to train on");
   add_lora_options(s);  // the adapters' keys, as lora/train has them (LoraOptions reads them in the LoRA form)
   add_dpo_options(s);
   return s;

@@ -15,6 +15,7 @@
 #include "lora_trainer/core/distributed.hpp"
 #include "lora_trainer/models/model.hpp"
 #include "lora_trainer/core/runtime.hpp"
+#include "lora_trainer/training/dpo_figures.hpp"
 #include "lora_trainer/training/tasks.hpp"
 
 namespace lt {
@@ -24,9 +25,9 @@ struct DatasetEval {
   DatasetStyle style = DatasetStyle::PMD;
   double loss = 0.0;  // mean cross-entropy per target token (nats); perplexity = exp(loss)
   int64_t tokens = 0;
-  // CONTRASTIVE (dpo.hpp): `loss` is the mean DPO loss per pair, `tokens` the pairs (the weights of
-  // validation_score), and these the mean reward margin and the share of pairs ranked right.
-  double reward_margin = 0.0, accuracy = 0.0;
+  // CONTRASTIVE (dpo.hpp): DPO's figures; `loss` is their mean DPO loss per pair and `tokens` their
+  // pairs (the weights of validation_score).
+  DpoFigures dpo;
 };
 
 struct ValResult {

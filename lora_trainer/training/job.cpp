@@ -42,6 +42,13 @@ static OptionGroup<JobSpec> job_options(const std::string& kind) {
 
 void add_job_options(ConfigSchema& s, const std::string& kind) { job_options(kind).declare(s); }
 
+JobSpec JobSpec::from_config(const Config& cfg, std::string name) {
+  JobSpec s;
+  s.name = std::move(name);
+  job_options(s.kind).read_into(cfg, s);
+  return s;
+}
+
 static void check_name_part(const std::string& what, const std::string& v) {
   const std::string problem = name_problem(v);
   if (!problem.empty()) throw UserError(what + " " + problem);

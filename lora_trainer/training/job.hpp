@@ -24,6 +24,8 @@ struct JobSpec {
   std::string kind;               // the registered job class ("train", "lora/train", ...)
   json to_json() const;
   static JobSpec from_json(const json& j);
+  // The job `name` of a config: its job/kind, job/project and job/group, as the job itself reads them.
+  static JobSpec from_config(const Config& cfg, std::string name);
 };
 
 // <out>/checkpoints/<project>/<group>/<name>: where a job keeps its checkpoints and `latest`.

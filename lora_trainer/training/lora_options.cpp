@@ -5,7 +5,7 @@
 namespace lt {
 
 // optimization/lora/* and training/allow_random_base, each bound to the LoraOptions field it sets.
-// optimization/min_lr_ratio, phase 1's key, is read by from_config: both phases decay to it.
+// optimization/min_lr_ratio, phase 1's key (TrainingOptions), is taken by from_config: both phases decay to it.
 static void read_token_indices(LoraOptions& c, const json& tokens) {
   if (tokens.is_object() && tokens.size() > 1)
     throw UserError("optimization/lora/trainable_token_indices: " + tokens.dump() + " names " + std::to_string(tokens.size()) +
@@ -113,7 +113,7 @@ void add_lora_options(ConfigSchema& s) { lora_options().declare(s); }
 
 LoraOptions LoraOptions::from_config(const Config& cfg) {
   LoraOptions c = lora_options().read(cfg);
-  c.schedule.min_lr_ratio = cfg.get_double("optimization/min_lr_ratio");  // shared with phase 1
+  c.schedule.min_lr_ratio = TrainingOptions::from_config(cfg).optimizer.schedule.min_lr_ratio;  // shared with phase 1
   return c;
 }
 

@@ -9,6 +9,7 @@
 
 #include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/training/dpo_figures.hpp"
 #include "lora_trainer/training/report.hpp"
 
 namespace fs = std::filesystem;
@@ -38,7 +39,7 @@ RunEvents scan(const std::vector<json>& metrics, int64_t boundary_step) {
       int phase = step > boundary_step ? 1 : 0;
       r.tps[phase] += e.value("tok_per_s", 0.0);
       ++r.n_tps[phase];
-      if (phase == 1 && e.contains("reward_margin")) {
+      if (phase == 1 && e.contains(DpoFigures::kRewardMargin)) {
         if (!r.first_dpo) r.first_dpo = &e;
         r.last_dpo = &e;
       }
@@ -127,29 +128,19 @@ std::string perplexity_table(const json* before, const json* after, bool with_be
 // step lines' figures (averages over the steps since the line before), first and last.
 std::string dpo_text(const RunEvents& ev) {
   std::ostringstream r;
-  char line[256];
-  auto has_dpo = [](const json* e) { return e && e->contains("reward_margin") && !(*e)["reward_margin"].empty(); };
+  auto has_dpo = [](const json* e) { return e && DpoFigures::in_val_event(*e); };
   if (has_dpo(ev.after)) {
-    std::snprintf(line, sizeof line, "%-36s  %10s  %13s  %8s\n", "validation DPO", "dpo loss", "reward margin", "accuracy");
-    r << line;
-    for (auto& [name, unused] : (*ev.after)["reward_margin"].items())
+    r << DpoFigures::report_header();
+    for (auto& [name, unused] : (*ev.after)[DpoFigures::kRewardMargin].items())
       for (const auto& [what, e] : {std::pair<const char*, const json*>{"before LoRA", ev.before}, {"after LoRA", ev.after}}) {
-        if (!has_dpo(e) || !(*e)["reward_margin"].contains(name)) continue;
-        std::snprintf(line, sizeof line, "  %-34s  %10.4f  %13.4f  %8.3f\n", (name + ", " + label(what, e)).c_str(),
-                      metric_value((*e)["per_dataset"].value(name, json())), metric_value((*e)["reward_margin"][name]),
-                      metric_value((*e)["accuracy"].value(name, json())));
-        r << line;
+        if (!has_dpo(e) || !(*e)[DpoFigures::kRewardMargin].contains(name)) continue;
+        r << DpoFigures::from_val_event(*e, name).report_row(name + ", " + label(what, e));
       }
   }
   if (ev.first_dpo && ev.last_dpo) {
     const json &a = *ev.first_dpo, &b = *ev.last_dpo;
-    std::snprintf(line, sizeof line,
-                  "DPO steps (step lines %lld -> %lld): loss %.4f -> %.4f, reward margin %.4f -> %.4f, accuracy %.3f -> "
-                  "%.3f\n",
-                  (long long)a.value("step", int64_t(0)), (long long)b.value("step", int64_t(0)), a.value("loss", 0.0),
-                  b.value("loss", 0.0), a.value("reward_margin", 0.0), b.value("reward_margin", 0.0),
-                  a.value("accuracy", 0.0), b.value("accuracy", 0.0));
-    r << line;
+    r << DpoFigures::report_steps_line(a.value("step", int64_t(0)), DpoFigures::from_step_json(a),
+                                       b.value("step", int64_t(0)), DpoFigures::from_step_json(b));
   }
   return r.str();
 }

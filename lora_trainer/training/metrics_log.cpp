@@ -86,7 +86,12 @@ void MetricsLog::log_train(const StepLine& l, StepWindow& window, int64_t tokens
   const double tok_per_s = window.steps * tokens_per_step / std::max(1e-9, window.seconds);
   window = StepWindow();
   std::string extra;
-  for (const auto& [name, v] : l.extra.items()) {
+  json others = l.extra;
+  if (l.extra.contains(DpoFigures::kRewardMargin)) {  // DPO's figures (recipes/dpo_part.cpp), as DpoFigures prints them
+    extra = DpoFigures::from_json(l.extra).step_text();
+    for (const auto& k : DpoFigures().step_json().items()) others.erase(k.key());
+  }
+  for (const auto& [name, v] : others.items()) {
     char buf[96];
     std::snprintf(buf, sizeof buf, " | %s %.4f", name.c_str(), v.get<double>());
     extra += buf;
@@ -102,20 +107,18 @@ void MetricsLog::log_train(const StepLine& l, StepWindow& window, int64_t tokens
 
 void MetricsLog::log_validation(int64_t step, int64_t tokens, int stage, const ValResult& v, bool stage_end) const {
   std::string per;
-  json per_json = json::object(), ppl_json = json::object(), margin_json = json::object(), accuracy_json = json::object();
+  json per_json = json::object(), ppl_json = json::object(), dpo_json = json::object();
   for (const auto& e : v.per_dataset) {
-    char buf[160];
     per_json[e.name] = e.loss;
-    if (e.style == DatasetStyle::CONTRASTIVE) {  // DPO's loss: no perplexity
-      std::snprintf(buf, sizeof buf, " %s dpo loss %.4f (margin %.4f, accuracy %.3f)", e.name.c_str(), e.loss,
-                    e.reward_margin, e.accuracy);
-      margin_json[e.name] = e.reward_margin;
-      accuracy_json[e.name] = e.accuracy;
+    if (e.style == DatasetStyle::CONTRASTIVE) {  // DPO's figures: no perplexity
+      per += e.dpo.validation_text(e.name);
+      e.dpo.add_to_val_event(dpo_json, e.name);
     } else {
+      char buf[160];
       std::snprintf(buf, sizeof buf, " %s %.4f (ppl %.1f)", e.name.c_str(), e.loss, std::exp(e.loss));
       ppl_json[e.name] = std::exp(e.loss);
+      per += buf;
     }
-    per += buf;
   }
   json task_accuracy = json::object(), task_accuracy_norm = json::object(), task_exact_match = json::object();
   for (const auto& t : v.tasks) {
@@ -134,10 +137,7 @@ void MetricsLog::log_validation(int64_t step, int64_t tokens, int stage, const V
   std::fflush(stdout);
   json ev = {{"event", "val"}, {"step", step}, {"tokens", tokens}, {"stage", stage}, {"loss", v.loss},
              {"per_dataset", per_json}, {"perplexity", ppl_json}, {"stage_end", stage_end}};
-  if (!margin_json.empty()) {
-    ev["reward_margin"] = margin_json;
-    ev["accuracy"] = accuracy_json;
-  }
+  ev.update(dpo_json);  // reward_margin and accuracy by dataset, when there are preference pairs
   if (!task_accuracy.empty()) {
     ev["task_accuracy"] = task_accuracy;
     ev["task_accuracy_norm"] = task_accuracy_norm;

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "lora_trainer/core/config.hpp"
 #include "lora_trainer/data/stage_plan.hpp"
@@ -34,13 +35,29 @@ struct TrainingPlan {
   bool has_lora_phase() const { return full_stages < stages.tokens.size(); }
   // Every parameter over every stage of `stages`.
   static TrainingPlan full(StagePlan stages);
-  // The `train` job's: training/tokens over training/dataset, every parameter.
+  // The `train` job's (and dpo/train's): training/tokens over training/dataset, every parameter.
   static TrainingPlan from_train_config(const Config& cfg);
+  // continual/train/benchmark's: a stage per budget of training/tokens, over the mixture of
+  // training/dataset at its place, every parameter. A UserError when the lists differ in length.
+  static TrainingPlan from_stage_lists_config(const Config& cfg);
   // lora/train's: the stages of training/pre_lora_tokens and training/pre_lora_dataset (every parameter),
   // then those of training/post_lora_tokens and training/post_lora_dataset (the adapters). A UserError
   // when a token list and its dataset list differ in length, or when there is no post-LoRA stage.
   static TrainingPlan from_lora_config(const Config& cfg);
 };
+
+// The keys of a job's stage plan, declared once for each shape of plan, each bound to the StagePlan
+// field it fills (plan.cpp's OptionGroups, core/options.hpp); TrainingPlan's from_*_config read them.
+// train's: training/tokens (one budget, an Int) and training/dataset (one mixture, Samplings); dpo/train
+// declares them with its own default mixture and its doc.
+void add_train_plan_options(ConfigSchema& s);
+void add_train_plan_options(ConfigSchema& s, json default_dataset, std::string dataset_doc);
+// continual/train/benchmark's: training/tokens (a budget a stage, an IntList) and training/dataset (a
+// mixture a stage, SamplingStages).
+void add_stage_lists_plan_options(ConfigSchema& s);
+// lora/train's (and the LoRA kinds built on it): training/pre_lora_tokens, training/pre_lora_dataset,
+// training/post_lora_tokens and training/post_lora_dataset.
+void add_lora_plan_options(ConfigSchema& s);
 
 // A phase of a job's plan: its steps, (first_step, end_step] as step counts, all train the same set of
 // parameters with the same loss, on rows from the same source, over its stages [first_stage, end_stage)

@@ -22,15 +22,7 @@ ConfigSchema Trainer::lora_schema() {
   add_job_options(s, "lora/train");
   add_trainer_options(s);
   s.remove("training/tokens").remove("training/dataset");  // the phases below replace them
-  auto stage = [](const char* name) { return json::array({json::array({{{"name", name}, {"rate", 1}, {"style", "pmd"}}})}); };
-  s.add("training/pre_lora_tokens", OptType::IntList, json::array({2097152}),
-        "token budget of each pre-LoRA (full-parameter) stage; [] starts in the LoRA phase", check_positive_list());
-  s.add("training/pre_lora_dataset", OptType::SamplingStages, stage("english"),
-        "dataset mixture of each pre-LoRA stage (one list of samplings per budget)");
-  s.add("training/post_lora_tokens", OptType::IntList, json::array({524288}),
-        "token budget of each post-LoRA (adapter) stage", check_positive_list());
-  s.add("training/post_lora_dataset", OptType::SamplingStages, stage("code"),
-        "dataset mixture of each post-LoRA stage (one list of samplings per budget)");
+  add_lora_plan_options(s);
   add_lora_options(s);
   return s;
 }

@@ -8,11 +8,10 @@
 #include "lora_trainer/data/data.hpp"
 #include "lora_trainer/training/divergence.hpp"
 #include "lora_trainer/models/model.hpp"
+#include "lora_trainer/training/plan.hpp"
 #include "lora_trainer/core/runtime.hpp"
 
 namespace lt {
-
-static const json kDefaultDataset = json::array({{{"name", "english"}, {"rate", 1}, {"style", "pmd"}}});
 
 // The keys TrainingOptions holds, each bound to its field. distributed/shard_optimizer is declared by
 // add_distributed_options (distributed.hpp) and read by from_config.
@@ -113,10 +112,7 @@ void add_trainer_options(ConfigSchema& s) {
   add_runtime_options(s);
   add_distributed_options(s);
   training_options().declare(s);
-  // The plain trainer's stage plan (its constructor reads them; the LoRA kinds replace them).
-  s.add("training/tokens", OptType::Int, 4194304, "token budget of the run", check_positive());
-  s.add("training/dataset", OptType::Samplings, kDefaultDataset,
-        "datasets of the run with sampling rates (summing to 1); names are directories under data/dir");
+  add_train_plan_options(s);  // the plain trainer's stage plan (TrainingPlan reads it; the LoRA kinds replace it)
   add_model_options(s);
 }
 

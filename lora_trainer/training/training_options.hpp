@@ -71,7 +71,7 @@ struct TrainingOptions {
 // Options of every trainer (runtime, optimizer, model, data, logging) and the plain trainer's
 // training/tokens and training/dataset. They are read by TrainingOptions::from_config (above), by
 // ModelOptions::from_config (architecture/*) and Runtime::from_config (runtime/*); the plain trainer's
-// two by its constructor (its stage plan).
+// two by TrainingPlan::from_train_config (its stage plan, plan.hpp).
 void add_trainer_options(ConfigSchema& s);
 
 }  // namespace lt

@@ -157,12 +157,12 @@ TEST_CASE("dpo/train on a toy preference set: the reward margin and the accuracy
   auto v0 = t->evaluate({kPrefs}, 10)[0];
   for (int i = 0; i < 40; ++i) t->train_step();
   auto v1 = t->evaluate({kPrefs}, 10)[0];
-  INFO("margin " << v0.reward_margin << " -> " << v1.reward_margin << ", accuracy " << v0.accuracy << " -> " << v1.accuracy
+  INFO("margin " << v0.dpo.reward_margin << " -> " << v1.dpo.reward_margin << ", accuracy " << v0.dpo.accuracy << " -> " << v1.dpo.accuracy
                  << ", loss " << v0.loss << " -> " << v1.loss);
-  if (lora) CHECK(v0.accuracy == 0.0);  // the model is its reference: no pair ranked right
-  CHECK(std::abs(v0.reward_margin) < 1e-3);  // full-parameter: the reference is the bf16 copy, not exactly the model
-  CHECK(v1.accuracy >= 0.9);
-  CHECK(v1.reward_margin > v0.reward_margin + 1.0);
+  if (lora) CHECK(v0.dpo.accuracy == 0.0);  // the model is its reference: no pair ranked right
+  CHECK(std::abs(v0.dpo.reward_margin) < 1e-3);  // full-parameter: the reference is the bf16 copy, not exactly the model
+  CHECK(v1.dpo.accuracy >= 0.9);
+  CHECK(v1.dpo.reward_margin > v0.dpo.reward_margin + 1.0);
   CHECK(v1.loss < 0.5 * std::log(2.0));
   CHECK(last_step(*t).correct == last_step(*t).pairs);
 }

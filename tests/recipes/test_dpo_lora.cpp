@@ -65,7 +65,7 @@ TEST_CASE("lora/train with preference pairs after the boundary: next-token phase
   REQUIRE(!t->in_lora_phase());
   const DatasetEval v0 = t->evaluate({kPrefs}, 10)[0];  // no adapters yet: the model is its reference
   CHECK(v0.loss == Approx(std::log(2.0)).epsilon(1e-14));
-  CHECK(v0.reward_margin == 0.0);
+  CHECK(v0.dpo.reward_margin == 0.0);
 
   StepResult r = t->train_step();  // the transition puts on adapters with B = 0: pi = ref exactly
   REQUIRE(t->in_lora_phase());
@@ -77,11 +77,11 @@ TEST_CASE("lora/train with preference pairs after the boundary: next-token phase
 
   for (int i = 1; i < 40; ++i) t->train_step();
   const DatasetEval v1 = t->evaluate({kPrefs}, 10)[0];
-  INFO("margin " << v0.reward_margin << " -> " << v1.reward_margin << ", accuracy " << v0.accuracy << " -> "
-                 << v1.accuracy << ", loss " << v0.loss << " -> " << v1.loss);
-  CHECK(v0.accuracy == 0.0);
-  CHECK(v1.accuracy >= 0.9);
-  CHECK(v1.reward_margin > v0.reward_margin + 1.0);
+  INFO("margin " << v0.dpo.reward_margin << " -> " << v1.dpo.reward_margin << ", accuracy " << v0.dpo.accuracy << " -> "
+                 << v1.dpo.accuracy << ", loss " << v0.loss << " -> " << v1.loss);
+  CHECK(v0.dpo.accuracy == 0.0);
+  CHECK(v1.dpo.accuracy >= 0.9);
+  CHECK(v1.dpo.reward_margin > v0.dpo.reward_margin + 1.0);
   CHECK(v1.loss < 0.5 * std::log(2.0));
   CHECK(dpo.last_step().correct == dpo.last_step().pairs);
 }

@@ -76,8 +76,7 @@ int eval(const EvalArgs& a) {
   if (!a.per_example.empty()) write_file_atomic(a.per_example, per_example_json(tasks, a.tasks).dump() + "\n");
   for (const auto& e : results)
     out["datasets"][e.name] = e.style == DatasetStyle::CONTRASTIVE  // preference pairs: DPO's figures
-                                  ? nlohmann::json{{"dpo_loss", e.loss}, {"reward_margin", e.reward_margin},
-                                                   {"accuracy", e.accuracy}, {"pairs", e.tokens}}
+                                  ? e.dpo.to_json()
                                   : nlohmann::json{{"loss", e.loss}, {"perplexity", std::exp(e.loss)}, {"tokens", e.tokens}};
   if (a.json) {
     std::cout << out.dump(2) << "\n";
@@ -87,8 +86,7 @@ int eval(const EvalArgs& a) {
               state_kind_name(t->state_kind()).c_str(), "dataset", "loss", "perplexity", "tokens");
   for (const auto& e : results) {
     if (e.style == DatasetStyle::CONTRASTIVE)
-      std::printf("%-20s %10.4f (DPO loss over %lld pairs; reward margin %.4f, accuracy %.3f)\n", e.name.c_str(), e.loss,
-                  (long long)e.tokens, e.reward_margin, e.accuracy);
+      std::fputs(e.dpo.eval_line(e.name).c_str(), stdout);
     else
       std::printf("%-20s %10.4f %12.2f %10lld\n", e.name.c_str(), e.loss, std::exp(e.loss), (long long)e.tokens);
   }

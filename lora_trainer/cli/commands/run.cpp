@@ -70,7 +70,8 @@ int start_local_ranks(const RunArgs& a) {
     throw UserError("--nproc starts its own ranks; it cannot be combined with WORLD_SIZE=" +
                     std::string(std::getenv("WORLD_SIZE")) + " in the environment (torchrun starts them instead)");
   Config cfg = make_config(a.config_path, a.overrides);  // a mistake is reported once, before any rank starts
-  JobDirLock lock(job_dir_path(a.out_dir, cfg.get_string("job/project"), cfg.get_string("job/group"), a.name));
+  const JobSpec spec = JobSpec::from_config(cfg, a.name);
+  JobDirLock lock(job_dir_path(a.out_dir, spec.project, spec.group, spec.name));
   setenv("LT_JOB_LOCK_HELD", "1", 1);  // the ranks' own: this launcher holds the lock for them
   std::vector<std::string> args = {a.program, "run", a.name, a.config_path, a.out_dir};
   if (!a.restore.empty()) args.insert(args.end(), {"--restore", a.restore});
@@ -90,7 +91,8 @@ std::string check_recorded_base(const RunArgs& a, std::vector<std::string>& over
   const char* rank = std::getenv("RANK");  // before the ranks are set up: the first rank's notes alone
   const bool says = rank == nullptr || std::string(rank) == "0";
   const Config cfg = make_config(a.config_path, a.overrides);
-  const std::string job_dir = job_dir_path(a.out_dir, cfg.get_string("job/project"), cfg.get_string("job/group"), a.name);
+  const JobSpec spec = JobSpec::from_config(cfg, a.name);
+  const std::string job_dir = job_dir_path(a.out_dir, spec.project, spec.group, spec.name);
   const auto latest = read_latest(job_dir);
   if (!latest) return a.restore;  // a first run: --restore as given
   const std::string checkpoint = (fs::path(job_dir) / *latest).string();
