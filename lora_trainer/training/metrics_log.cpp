@@ -89,7 +89,8 @@ void MetricsLog::log_train(const StepLine& l, StepWindow& window, int64_t tokens
   json others = l.extra;
   if (l.extra.contains(DpoFigures::kRewardMargin)) {  // DPO's figures (recipes/dpo_part.cpp), as DpoFigures prints them
     extra = DpoFigures::from_json(l.extra).step_text();
-    for (const auto& k : DpoFigures().step_json().items()) others.erase(k.key());
+    const json keys = DpoFigures().step_json();  // named: items() of a temporary would dangle in the loop
+    for (const auto& k : keys.items()) others.erase(k.key());
   }
   for (const auto& [name, v] : others.items()) {
     char buf[96];

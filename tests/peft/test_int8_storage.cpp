@@ -95,8 +95,8 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 
 }  // namespace
 
-TEST_CASE("the frozen storages' one name table: bf16, nf4 and a registered int8, printed and parsed alike; \"none\" is "
-          "bf16's older name", "[storage][lora]") {
+TEST_CASE("the frozen storages' one name table: bf16, nf4 and a registered int8, printed and parsed alike, \"none\" read "
+          "as bf16's older name", "[storage][lora]") {
   CHECK(std::string(to_string(FrozenFormat::Bf16)) == "bf16");
   CHECK(std::string(to_string(FrozenFormat::Nf4)) == "nf4");
   CHECK(std::string(to_string(kInt8)) == "int8");
@@ -173,7 +173,7 @@ TEST_CASE("a LoRA job on the registered int8 storage trains the adapters of a bf
 }
 
 TEST_CASE("a LoRA job on the registered int8 storage resumes bit-identically from checkpoints that refer to its base or copy "
-          "it as int8/<weight>.<field>; eval and export read it", "[storage][lora]") {
+          "it as int8/<weight>.<field>, and eval and export read it", "[storage][lora]") {
   for (const auto& extra : std::vector<std::vector<std::string>>{{}, {"logging/save_frozen_base=true"}}) {
     INFO(json(extra).dump());
     test::TwoDatasets d;
