@@ -228,4 +228,34 @@ NamedTensors base_params(torch::nn::Module& m) {
   return out;
 }
 
+static bool same_setting(const nlohmann::json& a, const nlohmann::json& b) {
+  return a == b || (a.is_number() && b.is_number() && a.get<double>() == b.get<double>());
+}
+
+std::vector<std::pair<std::string, nlohmann::json>> differing_architecture(const Config& cfg,
+                                                                           const std::vector<std::string>& settings) {
+  std::vector<std::pair<std::string, nlohmann::json>> out;
+  for (const auto& setting : settings) {
+    const std::string key = setting.substr(0, setting.find('='));
+    if (key == "architecture/block_size") continue;
+    Config theirs = cfg;
+    theirs.apply_override(setting);
+    if (!same_setting(theirs.get(key), cfg.get(key))) out.emplace_back(setting, cfg.get(key));
+  }
+  return out;
+}
+
+void check_same_computation(const Config& cfg, const nlohmann::json& saved, const std::string& source) {
+  for (const char* key : {"family", "activation", "n_heads", "norm_eps", "rope_theta", "rope_scaling", "rope_factor",
+                          "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context"}) {
+    const std::string path = std::string("architecture/") + key;
+    const nlohmann::json theirs = saved.contains(key) ? saved[key] : cfg.schema().find(path)->default_value;
+    const nlohmann::json& ours = cfg.get(path);
+    if (same_setting(theirs, ours)) continue;
+    auto text = [](const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+    throw UserError(source + " holds weights of a model with " + path + "=" + text(theirs) + "; this job has " + text(ours) +
+                    ". Set " + path + "=" + text(theirs) + " (import-hf prints the architecture a job needs)");
+  }
+}
+
 }  // namespace lt

@@ -11,7 +11,10 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "lora_trainer/models/layers.hpp"
@@ -77,6 +80,17 @@ const char* activation_name(ModelOptions::Activation a);
 // runtime/loss, training/activation_checkpointing) at their defaults: a model's options without any
 // job's schema (an import, a checkpoint read for export).
 Config model_config();
+
+// The settings of `settings` (architecture/KEY=VALUE, as a model directory's config.json gives them:
+// hf_architecture) whose value differs from `cfg`'s, each with cfg's value; numbers compare as numbers.
+// architecture/block_size is skipped: the rows' length is a job's choice.
+std::vector<std::pair<std::string, nlohmann::json>> differing_architecture(const Config& cfg,
+                                                                           const std::vector<std::string>& settings);
+// A UserError naming `source` and the key when `saved` (a checkpoint's saved "architecture" block; a key
+// it lacks had its default) gives a model that computes differently from cfg's with the same shapes:
+// family, activation, heads, norm epsilon, rotary base and scaling. The shapes say nothing about these:
+// weights trained with one GELU would load silently into a model computing another.
+void check_same_computation(const Config& cfg, const nlohmann::json& saved, const std::string& source);
 
 // The architecture/* options and training/activation_checkpointing, each bound to the ModelOptions
 // field it sets (model.cpp's OptionGroup); runtime/attention and runtime/loss are the runtime's keys,

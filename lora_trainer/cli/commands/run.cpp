@@ -143,16 +143,8 @@ std::string check_recorded_base(const RunArgs& a, std::vector<std::string>& over
       saved.merge_json({{"architecture", ck.config.value("architecture", json::object())}},
                        checkpoint + "/metadata.json");
     });
-    std::vector<std::string> differ;
-    for (const auto& setting : arch) {
-      const std::string key = setting.substr(0, setting.find('='));
-      if (key == "architecture/block_size") continue;  // the rows' length, the job's choice
-      Config theirs = saved;
-      theirs.apply_override(setting);
-      const json &v = theirs.get(key), &was = saved.get(key);
-      if (!(v == was || (v.is_number() && was.is_number() && v.get<double>() == was.get<double>())))
-        differ.push_back(setting + " (the checkpoint's " + was.dump() + ")");
-    }
+    std::vector<std::string> differ;  // block_size, the rows' length, is the job's choice
+    for (const auto& [setting, was] : differing_architecture(saved, arch)) differ.push_back(setting + " (the checkpoint's " + was.dump() + ")");
     if (!differ.empty())
       throw UserError("the model at " + restore + " is not the one job " + a.name + " started from (" + recorded +
                       "): its config.json gives " + join(differ, ", ") + ". Give with --restore the directory that " +
