@@ -250,6 +250,51 @@ void LoraPhase::load_initial_adapters() {
                                              ") are not loaded: they start from this job's base").c_str());
 }
 
+LoraPhase::BaseLoad LoraPhase::load_base(const std::function<torch::Tensor(const std::string&)>& read) {
+  BaseLoad out;
+  const NamedTensors params = base_params(*model_);
+  const std::set<std::string> to_quantize = quantized_weights();
+  const FrozenFormat quantize_as = options_.quantize_base;
+  const std::map<std::string, LoraAdaptable*> layers = adaptable_layers(*model_);
+  // A sharded base is sharded before it loads: its block weights frozen as stand-ins, in one BlockShard
+  // a block, and each rank stores of each weight as it comes only what it keeps (quantized first).
+  const std::set<std::string> to_shard = model_->block_shards().empty() ? sharded_weights() : std::set<std::string>();
+  for (const auto& [name, p] : params) {
+    if (!to_shard.count(name)) continue;
+    p.set_data(frozen_stand_in(p.sizes(), device_));
+    layers.at(name)->freeze_weight(to_quantize.count(name) ? quantize_as : FrozenFormat::Bf16);
+  }
+  shard_base();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string& name = params[i].first;
+    torch::Tensor p = params[i].second;
+    const torch::Tensor t = read(name);  // cast once below (no copy when it is already the dtype it lives in), placed
+    if (to_shard.count(name)) {
+      layers.at(name)->frozen()->assign(t.to(device_));
+      (to_quantize.count(name) ? out.quantized : out.bf16) += 1;
+      continue;
+    }
+    if (to_quantize.count(name) && layers.count(name)) {
+      p.set_data(t.to(device_, torch::kBFloat16));
+      layers.at(name)->freeze_weight(quantize_as);  // its bf16 values quantized, the parameter a stand-in
+      ++out.quantized;
+      continue;
+    }
+    const bool bf16 = freezes(i, name) && t.scalar_type() == torch::kBFloat16;
+    out.bf16 += bf16 ? 1 : 0;
+    p.set_data(t.to(device_, bf16 ? torch::kBFloat16 : torch::kFloat32));
+  }
+  out.sharded = static_cast<int64_t>(to_shard.size());
+  if (out.bf16 > 0) out.text += "; the weights the LoRA phase freezes are kept in bf16 from the start";
+  if (out.quantized > 0)
+    out.text += "; " + std::to_string(out.quantized) + " linear weights of the blocks quantized to " +
+                frozen_storage(quantize_as).shown() + " as they came (optimization/lora/quantize_base)";
+  if (out.sharded > 0)
+    out.text += "; the blocks' " + std::to_string(out.sharded) + " linear weights sharded across the " +
+                std::to_string(dist_.world_size()) + " ranks as they came (distributed/shard_params)";
+  return out;
+}
+
 LoraPhase::Trained LoraPhase::enter() {
   TORCH_CHECK(!entered_, "transition_to_lora: already in the LoRA phase");
   const NamedTensors params = base_params(*model_);

@@ -23,6 +23,7 @@
 // (next-token) or a recipe part's (DPO's): an objective is a StepLoss (step_loss.hpp), not part of it.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -95,6 +96,18 @@ class LoraPhase {
   // each block's forward (block_shard.hpp); once, when shards_base(). A UserError for a quantize_base
   // that cannot be sharded (shardable(): bf16 and nf4 can).
   void shard_base();
+
+  // A job that starts in the phase loads its base (`read(name)` gives each base parameter in the source's
+  // dtype, one at a time) in the form the phase keeps it, on its device: the blocks' linear weights
+  // quantized (quantize_base) or sharded as they come, so the whole base is never in memory in bf16 nor
+  // on one rank; the weights the phase freezes kept in bf16 when the source stores bf16 (one stored wider
+  // is float32 until the transition rounds it, so that `eval` of a float32 model measures it as it is);
+  // those it trains float32. `text` says what was done, for the load's line.
+  struct BaseLoad {
+    int64_t bf16 = 0, quantized = 0, sharded = 0;
+    std::string text;
+  };
+  BaseLoad load_base(const std::function<torch::Tensor(const std::string&)>& read);
 
   // The transition's change of state: freezes the base (bf16, the quantized_weights NF4; no gradients)
   // but the modules_to_save, gives param_filter's targets adapters with inject_lora_params (on the

@@ -288,9 +288,6 @@ class Trainer : public RestorableJob {
   // and epsilon, the given weight decay and per-parameter lr multipliers (empty: 1 for all).
   void build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale = {});
   nlohmann::json checkpoint_metadata() const;
-  // A UserError naming the architecture/ key when the checkpoint's model computes differently from ours
-  // with the same shapes (activation, heads, norm epsilon, rotary base, family).
-  void check_same_architecture(const CheckpointMeta& ck) const;
   // The micro-batch loop, the one of every job: this rank's micro-batches of `batch`, each through
   // `loss` (forward and backward of its part of the step's mean; gradients accumulate). Returns this
   // rank's part of the step's mean loss.

@@ -132,23 +132,6 @@ void Trainer::save_sharded(const std::string& dir, const std::string& suffix) {
   }
 }
 
-// The shapes say nothing about these: weights trained with one GELU, head count, norm epsilon or
-// rotary base would load silently into a model computing another (GPT-2's own weights need gelu_tanh).
-// A key the checkpoint's config lacks (an older checkpoint) had its default.
-void Trainer::check_same_architecture(const CheckpointMeta& ck) const {
-  const json arch = ck.config.value("architecture", json::object());
-  for (const char* key : {"family", "activation", "n_heads", "norm_eps", "rope_theta", "rope_scaling", "rope_factor",
-                          "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context"}) {
-    const std::string path = std::string("architecture/") + key;
-    const json theirs = arch.contains(key) ? arch[key] : cfg_.schema().find(path)->default_value;
-    const json& ours = cfg_.get(path);
-    if (theirs == ours || (theirs.is_number() && ours.is_number() && theirs.get<double>() == ours.get<double>())) continue;
-    auto text = [](const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
-    throw UserError(ck.dir + " holds weights of a model with " + path + "=" + text(theirs) + "; this job has " + text(ours) +
-                    ". Set " + path + "=" + text(theirs) + " (import-hf prints the architecture a job needs)");
-  }
-}
-
 void Trainer::restore_from_checkpoint(const CheckpointMeta& ck) {
   bool restored = false;
   for (const auto& part : parts_)
@@ -173,7 +156,7 @@ void Trainer::restore_state(const CheckpointMeta& ck) {
                     " tokens): this job would call it finished without having trained to its end. To continue it, raise "
                     "the token budget (training/tokens, or training/post_lora_tokens) to " + std::to_string(ck.step) +
                     " steps or more, or " + use_another_checkpoint(ck.job_name));
-  check_same_architecture(ck);
+  check_same_computation(cfg_, ck.config.value("architecture", json::object()), ck.dir);
   const std::vector<std::string>& names = ck.trainable_params;
   if (names != optimizer_->param_names())
     throw UserError(dir + ": its trainable parameters (" + std::to_string(names.size()) +
@@ -226,7 +209,7 @@ void Trainer::load_weights_from(const CheckpointMeta& ck) {
   if (ck.kind != StateKind::Plain)
     throw UserError(ck.dir + " holds a \"" + state_kind_name(ck.kind) +
                     "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
-  check_same_architecture(ck);
+  check_same_computation(cfg_, ck.config.value("architecture", json::object()), ck.dir);
   load_weights_from(*BaseWeights::open_checkpoint(ck, base_params(*model_)));
   restore_tokenizer(ck);
   std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", ck.dir.c_str(),
@@ -242,62 +225,26 @@ void Trainer::restore_tokenizer(const CheckpointMeta& ck) {
 void Trainer::load_weights_from(const BaseWeights& src) {
   torch::NoGradGuard ng;
   const double t0 = now_seconds();
-  int64_t frozen = 0, quantized = 0;
-  const NamedTensors params = base_params(*model_);
-  // A QLoRA job without phase one quantizes its base's block weights as they come, one at a time: the
-  // whole base is never in memory in bf16 (quantized_weights()).
-  const std::set<std::string> to_quantize = lora_ && boundary_step_ == 0 ? lora_->quantized_weights() : std::set<std::string>();
-  const FrozenFormat quantize_as = lora_ ? lora_->quantize_base() : FrozenFormat::Bf16;
-  const std::map<std::string, LoraAdaptable*> layers = adaptable_layers(*model_);
-  // A sharded base (distributed/shard_params=lora) without phase one is sharded before it loads: its
-  // block weights frozen as stand-ins, in one BlockShard a block, and each rank stores of each weight as
-  // it comes only what it keeps (NF4 quantized first). No rank ever holds the whole base.
-  const std::set<std::string> to_shard =
-      lora_ && boundary_step_ == 0 && model_->block_shards().empty() ? lora_->sharded_weights() : std::set<std::string>();
-  for (const auto& [name, p] : params) {
-    if (!to_shard.count(name)) continue;
-    p.set_data(frozen_stand_in(p.sizes(), rt_.device));
-    layers.at(name)->freeze_weight(to_quantize.count(name) ? quantize_as : FrozenFormat::Bf16);
-  }
-  if (lora_) lora_->shard_base();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const std::string& name = params[i].first;
-    torch::Tensor p = params[i].second;
-    // Read in the source's dtype, cast once (no copy when it is already the one it lives in), placed.
-    // A frozen weight stored in bf16 stays bf16; one stored wider is float32 until the transition
-    // rounds it (so that `eval` of a float32 model measures it as it is).
-    const torch::Tensor t = src.read(name);
-    if (to_shard.count(name)) {
-      layers.at(name)->frozen()->assign(t.to(rt_.device));
-      (to_quantize.count(name) ? quantized : frozen) += 1;
-      continue;
+  LoraPhase::BaseLoad loaded;
+  if (lora_ && boundary_step_ == 0) {  // the LoRA phase's base, stored as the phase keeps it as it comes
+    loaded = lora_->load_base([&](const std::string& name) { return src.read(name); });
+  } else {
+    // Read in the source's dtype, cast once to float32 (no copy when it is already), placed; phase 1's
+    // sharded parameters keep this rank's part.
+    for (const auto& [name, p] : base_params(*model_)) {
+      const torch::Tensor t = src.read(name);
+      if (sharded_params_ && sharded_params_->contains(name))
+        sharded_params_->piece(name).copy_(sharded_params_->local_part(name, t.to(torch::kFloat32)));
+      else
+        p.set_data(t.to(rt_.device, torch::kFloat32));
     }
-    if (sharded_params_ && sharded_params_->contains(name)) {  // phase 1's, sharded: this rank's part
-      sharded_params_->piece(name).copy_(sharded_params_->local_part(name, t.to(torch::kFloat32)));
-      continue;
-    }
-    if (to_quantize.count(name) && layers.count(name)) {
-      p.set_data(t.to(rt_.device, torch::kBFloat16));
-      layers.at(name)->freeze_weight(quantize_as);  // its bf16 values quantized, the parameter a stand-in
-      ++quantized;
-      continue;
-    }
-    const bool bf16 = frozen_from_start(i, name) && t.scalar_type() == torch::kBFloat16;
-    frozen += bf16 ? 1 : 0;
-    p.set_data(t.to(rt_.device, bf16 ? torch::kBFloat16 : torch::kFloat32));
   }
   if (weights_pending_) model_->to(rt_.device);  // the buffers
   weights_pending_ = false;
   base_model_ = src.base_model();
   if (is_main())  // stderr, as every line of a restore: `eval --json` prints its JSON alone on stdout
-    std::fprintf(stderr, "loaded %s: %.2f GB of %s weights in %.1f s%s%s%s\n", src.path().c_str(), src.bytes() / 1e9,
-                 src.dtype().c_str(), now_seconds() - t0,
-                 frozen > 0 ? "; the weights the LoRA phase freezes are kept in bf16 from the start" : "",
-                 quantized > 0 ? ("; " + std::to_string(quantized) + " linear weights of the blocks quantized to " +
-                                  frozen_storage(quantize_as).shown() + " as they "
-                                  "came (optimization/lora/quantize_base)").c_str() : "",
-                 to_shard.empty() ? "" : ("; the blocks' " + std::to_string(to_shard.size()) + " linear weights sharded across the " +
-                                          std::to_string(dist_.world_size()) + " ranks as they came (distributed/shard_params)").c_str());
+    std::fprintf(stderr, "loaded %s: %.2f GB of %s weights in %.1f s%s\n", src.path().c_str(), src.bytes() / 1e9,
+                 src.dtype().c_str(), now_seconds() - t0, loaded.text.c_str());
 }
 
 void Trainer::restore_from_model_dir(const std::string& dir) {
@@ -308,16 +255,7 @@ void Trainer::restore_from_model_dir(const std::string& dir) {
   // rows' length the job trains on, for a rotary model its own choice; a learned table's shape is
   // checked by the load).
   std::vector<std::string> differ;
-  for (const auto& a : src->architecture()) {
-    const size_t eq = a.find('=');
-    const std::string key = a.substr(0, eq);
-    if (key == "architecture/block_size") continue;
-    Config theirs = cfg_;
-    theirs.apply_override(a);
-    const json& v = theirs.get(key);
-    const json& ours = cfg_.get(key);
-    if (!(v == ours || (v.is_number() && ours.is_number() && v.get<double>() == ours.get<double>()))) differ.push_back(a);
-  }
+  for (const auto& [setting, ours] : differing_architecture(cfg_, src->architecture())) differ.push_back(setting);
   if (!differ.empty())
     throw UserError(dir + "/config.json describes another model than this job's architecture: set " + join(differ, " ") +
                     " (`lora_trainer run` takes them from the directory by itself when the config leaves them at their "
