@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <set>
@@ -74,4 +75,40 @@ TEST_CASE("layout: every file of the library lies in an area and includes only i
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     CHECK(text.find("\"lora_trainer/" + to + "\"") != std::string::npos);
   }
+}
+
+TEST_CASE("layout: no file of the library is over 600 lines, and no test name holds a semicolon (ctest splits the name there)",
+          "[layout]") {
+  // A file past 600 lines holds more than one concept: split it along its parts (design.md, "The layout").
+  const fs::path root = fs::path(LT_SOURCE_DIR);
+  int files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(root / "lora_trainer")) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream in(e.path());
+    int lines = 0;
+    for (std::string line; std::getline(in, line);) ++lines;
+    ++files;
+    if (lines > 600) FAIL_CHECK(fs::relative(e.path(), root).string() << " has " << lines << " lines: split it along its parts");
+  }
+  CHECK(files > 80);
+  // ctest's discovery of Catch2 tests cuts a name at ';', so the test it runs is not the one written.
+  const std::regex test_case(R"re(TEST_CASE\(\s*((?:"(?:[^"\\]|\\.)*"\s*)+))re");
+  const std::regex literal(R"re("((?:[^"\\]|\\.)*)")re");
+  int names = 0;
+  for (const auto& e : fs::recursive_directory_iterator(root / "tests")) {
+    if (!e.is_regular_file() || e.path().extension() != ".cpp") continue;
+    std::ifstream in(e.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), test_case); it != std::sregex_iterator(); ++it) {
+      const std::string literals = (*it)[1].str();
+      std::string name;
+      for (auto l = std::sregex_iterator(literals.begin(), literals.end(), literal); l != std::sregex_iterator(); ++l)
+        name += (*l)[1].str();
+      ++names;
+      if (name.find(';') != std::string::npos)
+        FAIL_CHECK(fs::relative(e.path(), root).string() << ": the test \"" << name << "\" has a ';' in its name: ctest "
+                                                         << "would run only the part before it; use a comma");
+    }
+  }
+  CHECK(names > 300);
 }
