@@ -136,6 +136,24 @@ TEST_CASE("sharded base: a resume is bit-identical, and a checkpoint continues o
     }
 }
 
+TEST_CASE("sharded base: a job with phase one started from an export shards its base at the boundary, bit for bit as unsharded",
+          "[distributed][shard]") {
+  // The export's weights are phase one's starting point, not yet frozen: the base is sharded when the
+  // LoRA phase freezes it, as in a job that trains phase one from its own initialisation.
+  test::TempDir dir;
+  const std::string cfg = config(dir);
+  run_ok({"run", "job", cfg, dir / "s", "--nproc", "2"});
+  run_ok({"export", job_dir(dir, "s") + "/pre_lora_checkpoint", dir / "start"});
+  run_ok({"run", "job", cfg, dir / "plain", "--nproc", "2", "--restore", dir / "start"});
+  const Result s = run_ok({"run", "job", cfg, dir / "sharded", "--nproc", "2", "distributed/shard_params=lora", "--restore",
+                           dir / "start"});
+  CHECK_THAT(s.out, Contains("transition to LoRA at step 4") && Contains("sharded (distributed/shard_params)"));
+  const Losses a = losses_of(dir, "plain"), b = losses_of(dir, "sharded");
+  CHECK(a.train.size() == 12);
+  CHECK(a.train == b.train);
+  CHECK(test::state_digests(job_dir(dir, "plain") + "/final/4608") == test::state_digests(job_dir(dir, "sharded") + "/final/4608"));
+}
+
 TEST_CASE("sharded base: what it cannot do is refused with exit 2 before training", "[distributed][shard]") {
   test::TempDir dir;
   const std::string cfg = config(dir);
