@@ -298,6 +298,15 @@ bool Distributed::broadcast_flag(bool flag, const std::string& what) {
   }
 }
 
+bool Distributed::same_on_every_rank(int64_t value, const std::string& what, int64_t* rank0) {
+  // The sums of the values and of their squares equal W times rank 0's only when every value equals it.
+  auto s = torch::tensor({value, value * value, is_main() ? value : int64_t(0)}, torch::kLong);
+  all_reduce_sum({s}, what);
+  const int64_t w = world_size(), first = s[2].item<int64_t>();
+  if (rank0) *rank0 = first;
+  return s[0].item<int64_t>() == w * first && s[1].item<int64_t>() == w * first * first;
+}
+
 void Distributed::barrier(const std::string& what) {
   if (!active()) return;
   const double started = now_seconds();

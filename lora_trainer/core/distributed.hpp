@@ -74,6 +74,9 @@ class Distributed {
   void all_reduce_sum(const std::vector<at::Tensor>& tensors, const std::string& what);
   // Rank 0's value of `flag`, on every rank (for decisions that read files rank 0 writes).
   bool broadcast_flag(bool flag, const std::string& what);
+  // Whether every rank holds the same `value` (one sum of the values, their squares and rank 0's);
+  // `rank0`, when given, gets rank 0's.
+  bool same_on_every_rank(int64_t value, const std::string& what, int64_t* rank0 = nullptr);
   void barrier(const std::string& what);
 
   // A gather under way (all_gather_async): wait() returns once its output holds every rank's bytes,

@@ -107,7 +107,7 @@ std::unique_ptr<Trainer> make_continual(JobSpec spec, Config cfg, std::string ou
 std::unique_ptr<Trainer> make_continual_lora(JobSpec spec, Config cfg, std::string out_dir) {
   auto t = std::make_unique<Trainer>(std::move(spec), cfg, std::move(out_dir), TrainingPlan::from_lora_config(cfg));
   const int64_t boundary = t->boundary_step();
-  t->add_part(std::make_unique<ContinualPart>(*t, ContinualOptions::from_config(cfg), boundary > 0 ? t->stage_of(boundary - 1) : -1));
+  t->add_part(std::make_unique<ContinualPart>(*t, ContinualOptions::from_config(cfg), boundary > 0 ? t->data().stage_of(boundary - 1) : -1));
   return t;
 }
 
@@ -124,26 +124,26 @@ void ContinualPart::plan(std::vector<Phase>& phases) {
 Batch ContinualPart::Fades::next_share(int64_t first, int64_t count) {
   Trainer& t = part_.trainer_;
   const int64_t batch = t.batch_size();
-  FadeAt f = fade_at(t.stages(), t.step(), part_.overlap_steps_, part_.continual_.fade_curve, part_.lora_switch_stage_);
-  if (f.weight <= 0.0) return t.sampler(f.from).next_share(batch, first, count);
+  FadeAt f = fade_at(t.data().stages(), t.step(), part_.overlap_steps_, part_.continual_.fade_curve, part_.lora_switch_stage_);
+  if (f.weight <= 0.0) return t.data().sampler(f.from, t.step()).next_share(batch, first, count);
   // The global batch is the old stage's rows then the new stage's; this rank takes [first, first + count).
   auto rows = largest_remainder({1.0 - f.weight, f.weight}, batch);
   const int64_t end = first + count;
   const int64_t old_first = std::min(first, rows[0]), old_end = std::min(end, rows[0]);
   const int64_t new_first = std::max(first, rows[0]) - rows[0], new_end = std::max(end, rows[0]) - rows[0];
-  Batch old_rows = t.sampler(f.from).next_share(rows[0], old_first, old_end - old_first);
-  Batch new_rows = t.sampler(f.to).next_share(rows[1], new_first, new_end - new_first);
+  Batch old_rows = t.data().sampler(f.from, t.step()).next_share(rows[0], old_first, old_end - old_first);
+  Batch new_rows = t.data().sampler(f.to, t.step()).next_share(rows[1], new_first, new_end - new_first);
   return concat_rows(old_rows, new_rows);
 }
 
 void ContinualPart::on_stage_end(int stage) {
   Trainer& t = trainer_;
-  auto evals = t.evaluate(t.plan_datasets(), continual_.boundary_rows);
+  auto evals = t.evaluate(t.data().datasets(), continual_.boundary_rows);
   json losses = json::object();
   for (const auto& e : evals) losses[e.name] = e.loss;
   matrix_.push_back({{"after_stage", stage}, {"step", t.step()}, {"loss", losses}});
   t.log_event({{"event", "boundary"}, {"step", t.step()}, {"tokens", t.tokens()}, {"after_stage", stage}, {"loss", losses}});
-  const bool last = stage + 1 == static_cast<int>(t.stages().size());
+  const bool last = stage + 1 == static_cast<int>(t.data().stages().size());
   // Reset before the boundary checkpoint, so that a run resumed from it starts the next stage as the
   // uninterrupted run does.
   if (continual_.reset_optimizer && !last) t.reset_optimizer();
@@ -174,7 +174,7 @@ void ContinualPart::restored(const CheckpointMeta& ck) {
 std::string ContinualPart::forgetting_table() const {
   std::ostringstream t;
   std::vector<std::string> names;
-  for (const auto& s : trainer_.plan_datasets()) names.push_back(s.name);
+  for (const auto& s : trainer_.data().datasets()) names.push_back(s.name);
   char cell[64];
   std::snprintf(cell, sizeof cell, "%-22s", "held-out loss after");
   t << cell;
@@ -203,7 +203,7 @@ void ContinualPart::after_run() {
   std::vector<PlotMarker> markers;
   for (const auto& row : matrix_) {
     int stage = row["after_stage"].get<int>();
-    if (stage + 1 < static_cast<int>(t.stages().size()))
+    if (stage + 1 < static_cast<int>(t.data().stages().size()))
       markers.push_back({row["step"].get<int64_t>(),
                          (stage == lora_switch_stage_ ? "LoRA, stage " : "stage ") + std::to_string(stage + 1)});
   }

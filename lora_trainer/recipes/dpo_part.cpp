@@ -160,7 +160,7 @@ std::vector<DatasetEval> DpoPart::measure(const std::vector<Sampling>& datasets,
   auto sums = torch::zeros({D, 6}, torch::kFloat64);  // [dataset, DpoStats]
   for (int64_t d = 0; d < D; ++d) {
     if (datasets[static_cast<size_t>(d)].style != DatasetStyle::CONTRASTIVE) continue;
-    const Dataset& ds = trainer_.open_dataset(datasets[static_cast<size_t>(d)]);
+    const Dataset& ds = trainer_.data().open(datasets[static_cast<size_t>(d)]);
     DpoStats stats;
     for_rank_micro_batches(rows, micro, dist, !model->block_shards().empty(), [&](int64_t first, int64_t n, bool counted) {
       Batch b = validation_rows(ds, trainer_.block_size(), static_cast<uint64_t>(first), n);

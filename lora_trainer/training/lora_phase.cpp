@@ -473,6 +473,19 @@ void LoraPhase::check_restorable(const CheckpointMeta& ck, int64_t boundary_step
                     "distributed/shard_params=none");
 }
 
+void LoraPhase::allocate_base_for_load() {
+  const NamedTensors params = base_params(*model_);
+  const std::set<std::string> quantized = quantized_weights(), sharded = sharded_weights();
+  for (size_t i = 0; i < params.size(); ++i) {
+    torch::Tensor p = params[i].second;
+    if (quantized.count(params[i].first) || sharded.count(params[i].first))
+      p.set_data(frozen_stand_in(p.sizes(), device_));
+    else
+      p.set_data(torch::empty(p.sizes(), p.options().device(device_).dtype(freezes(i, params[i].first) ? torch::kBFloat16 : torch::kFloat32)));
+  }
+  model_->to(device_);  // the buffers
+}
+
 bool LoraPhase::freezes(size_t i, const std::string& name) const {
   if (name == selection_.token_embedding) return false;  // its rows train: they start from its f32 values
   return i < selection_.saved.size() && !selection_.saved[i];

@@ -108,6 +108,10 @@ class LoraPhase {
     std::string text;
   };
   BaseLoad load_base(const std::function<torch::Tensor(const std::string&)>& read);
+  // The base of a job that starts in the phase, allocated for a LoRA state to load into, uninitialised
+  // and on the device: stand-ins (no storage) for the quantized and sharded weights, bf16 the weights
+  // it freezes, float32 the rest; the buffers placed.
+  void allocate_base_for_load();
 
   // The transition's change of state: freezes the base (bf16, the quantized_weights NF4; no gradients)
   // but the modules_to_save, gives param_filter's targets adapters with inject_lora_params (on the

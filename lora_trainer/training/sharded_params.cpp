@@ -1,5 +1,7 @@
 #include "lora_trainer/training/sharded_params.hpp"
 
+#include <cstdio>
+
 #include "lora_trainer/core/runtime.hpp"
 
 namespace lt {
@@ -61,6 +63,20 @@ void ShardedParams::unshard(const std::function<c10::ScalarType(const std::strin
   shards_.clear();
   names_.clear();
   where_.clear();
+}
+
+std::string ShardedParams::describe(int ranks, ShardMode mode) const {
+  int64_t whole = 0;
+  for (const auto& [name, where] : where_) {
+    int64_t n = 1;
+    for (int64_t d : shape(name)) n *= d;
+    whole += n * static_cast<int64_t>(sizeof(float));
+  }
+  char line[320];
+  std::snprintf(line, sizeof line, "phase 1's block parameters sharded across %d ranks (distributed/shard_params=%s): %.1f MB "
+                "of their %.1f MB on each, and as much again of gradients and twice of moments; gathered a block at a time",
+                ranks, shard_mode_name(mode).c_str(), shard_bytes() / 1e6, whole / 1e6);
+  return line;
 }
 
 int64_t ShardedParams::shard_bytes() const {

@@ -58,6 +58,9 @@ class ShardedParams {
   void unshard(const std::function<c10::ScalarType(const std::string&)>& dtype_of);
   // The bytes of parameters this rank stores (its shards, padding included).
   int64_t shard_bytes() const;
+  // The run's line saying what is sharded over `ranks` ranks: this rank's bytes of the parameters beside
+  // their whole float32 size.
+  std::string describe(int ranks, ShardMode mode) const;
 
   // The state of a checkpoint (the trainer's state_tensors) holds every tensor whole, by the names an
   // unsharded run gives them: a sharded parameter's value ("params/"), moments ("optim/exp_avg/",

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/data/tokenize.hpp"
 #include "lora_trainer/models/generate.hpp"
 
 namespace fs = std::filesystem;
@@ -245,6 +246,21 @@ TaskResult run_task(CausalLM& model, const Runtime& rt, const Tokenizer& tok, co
   }
   if (was_training) model->train();
   return r;
+}
+
+void TaskSet::read(const std::vector<std::string>& paths) {
+  for (const auto& path : paths)
+    if (!tasks_.count(path)) tasks_.emplace(path, read_task(path));
+}
+
+std::vector<TaskResult> TaskSet::run(CausalLM& model, const Runtime& rt, const std::vector<std::string>& paths,
+                                     const std::function<std::string()>& tokenizer_name) {
+  std::vector<TaskResult> out;
+  if (paths.empty()) return out;
+  if (!tokenizer_) tokenizer_ = make_tokenizer(tokenizer_name());
+  read(paths);
+  for (const auto& path : paths) out.push_back(run_task(model, rt, *tokenizer_, tasks_.at(path)));
+  return out;
 }
 
 }  // namespace lt

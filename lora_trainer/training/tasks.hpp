@@ -16,6 +16,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -96,5 +99,20 @@ struct TaskResult {
 // Runs `task` on `model` (no gradients, eval mode for the call) with `tok`, under the runtime's
 // precision. Inputs longer than the model's block size keep their last block_size tokens.
 TaskResult run_task(CausalLM& model, const Runtime& rt, const Tokenizer& tok, const Task& task);
+
+// The task files a job evaluates, each read once, and the tokenizer they run with, made when the first
+// one runs.
+class TaskSet {
+ public:
+  // Reads the files not read yet (a UserError names a missing or bad one).
+  void read(const std::vector<std::string>& paths);
+  // run_task of each file on `model`, with the tokenizer `tokenizer_name()` names (asked once).
+  std::vector<TaskResult> run(CausalLM& model, const Runtime& rt, const std::vector<std::string>& paths,
+                              const std::function<std::string()>& tokenizer_name);
+
+ private:
+  std::map<std::string, Task> tasks_;  // by path
+  std::unique_ptr<Tokenizer> tokenizer_;
+};
 
 }  // namespace lt

@@ -43,8 +43,10 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
   const bool starts_with_adapters = plan.has_lora_phase() && plan.full_stages == 0;
   weights_pending_ = true;
   if (!starts_with_adapters) settle_random_weights();
-  catalog_ = std::make_unique<DataCatalog>(opts_.data_dir, model_->options().vocab_size, opts_.pack);
-  plan_stages(plan.stages);
+  data_ = std::make_unique<JobData>(opts_.data_dir, model_->options().vocab_size, opts_.pack, plan.stages, batch_size_,
+                                    block_size_, opts_.seed,
+                                    [this](const std::vector<Sampling>& datasets) { check_training_datasets(datasets); });
+  total_steps_ = data_->total_steps();
   if (opts_.use_ema && opts_.optimizer.ema_decay <= 0)
     throw UserError("eval/use_ema is true but optimization/ema/decay is 0, so there is no average to use: set "
                     "optimization/ema/decay (e.g. 0.999), or eval/use_ema=false");
@@ -59,7 +61,7 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
   if (!starts_with_adapters) phase_one = sharded_params_ ? sharded_params_->pieces_of(named_params(*model_)) : named_params(*model_);
   build_optimizer(std::move(phase_one), opts_.optimizer.adamw.weight_decay);
   full_stages_ = static_cast<int>(plan.full_stages);
-  boundary_step_ = full_stages_ > 0 ? stages_[static_cast<size_t>(full_stages_ - 1)].end_step : 0;
+  boundary_step_ = full_stages_ > 0 ? data_->stages()[static_cast<size_t>(full_stages_ - 1)].end_step : 0;
   schedule_ = full_schedule(boundary_step_);  // phase 1's schedule ends at the boundary
   if (plan.has_lora_phase()) {
     lora_ = std::make_unique<LoraPhase>(cfg_, model_, dist_, rt_.device, opts_.shard_params, opts_.seed,
@@ -78,28 +80,6 @@ void Trainer::settle_random_weights() {
   model_->init_weights(gen);
   model_->to(rt_.device);
   weights_pending_ = false;
-}
-
-void Trainer::settle_weights_for_load() {
-  if (!weights_pending_) return;
-  const NamedTensors params = base_params(*model_);
-  // NF4 or sharded in the template: a stand-in, no storage.
-  std::set<std::string> quantized, sharded;
-  if (lora_) quantized = lora_->quantized_weights(), sharded = lora_->sharded_weights();
-  for (size_t i = 0; i < params.size(); ++i) {
-    torch::Tensor p = params[i].second;
-    const auto options = p.options().device(rt_.device);
-    if (quantized.count(params[i].first) || sharded.count(params[i].first))
-      p.set_data(frozen_stand_in(p.sizes(), rt_.device));
-    else
-      p.set_data(torch::empty(p.sizes(), options.dtype(frozen_from_start(i, params[i].first) ? torch::kBFloat16 : torch::kFloat32)));
-  }
-  model_->to(rt_.device);  // the buffers
-  weights_pending_ = false;
-}
-
-bool Trainer::frozen_from_start(size_t i, const std::string& name) const {
-  return lora_ && boundary_step_ == 0 && lora_->freezes(i, name);
 }
 
 void Trainer::build_optimizer(NamedTensors params, double weight_decay, std::vector<double> lr_scale) {
@@ -145,48 +125,8 @@ void Trainer::sync_sharded_params() {
   dist_.all_reduce_sum(params, "sharing the parameters updated by each rank (step " + std::to_string(step_) + ")");
 }
 
-void Trainer::plan_stages(const StagePlan& plan) {
-  stages_ = split_stages(plan, tokens_per_step());
-  samplers_.clear();
-  samplers_.resize(stages_.size());
-  total_steps_ = stages_.empty() ? 0 : stages_.back().end_step;
-}
-
 Schedule Trainer::full_schedule(int64_t steps) const {
   return opts_.optimizer.schedule.make(steps);
-}
-
-int Trainer::current_stage() const { return stage_of(step_); }
-
-const Dataset& Trainer::open_dataset(const Sampling& smp) {
-  const Dataset& ds = catalog_->get(smp);
-  int64_t vocab = ds.meta().value("vocab_size", int64_t(0));
-  if (vocab > model_->options().vocab_size)
-    throw UserError("dataset \"" + smp.name + "\" was tokenized with a vocabulary of " + std::to_string(vocab) +
-                    " ids, but architecture/vocab_size is " + std::to_string(model_->options().vocab_size) +
-                    "; raise architecture/vocab_size or re-tokenize");
-  return ds;
-}
-
-MixtureSampler& Trainer::sampler(int stage) {
-  auto& s = samplers_.at(static_cast<size_t>(stage));
-  if (!s) {
-    check_training_datasets(stages_[stage].samplings);
-    for (const auto& smp : stages_[stage].samplings) open_dataset(smp);
-    s = std::make_unique<MixtureSampler>(*catalog_, stages_[stage].samplings, block_size_, opts_.seed,
-                                         static_cast<uint64_t>(stage));
-    // A sampler made after a restore continues where the checkpoint says it was; one made fresh
-    // starts at the stage's position by the step count (rows drawn before, e.g. in a fade, are
-    // only known from a checkpoint).
-    uint64_t cursor = static_cast<uint64_t>(std::max<int64_t>(0, step_ - stages_[stage].first_step) * batch_size_);
-    auto restored = restored_cursors_.find(stage);
-    if (restored != restored_cursors_.end()) {
-      cursor = restored->second;
-      restored_cursors_.erase(restored);
-    }
-    s->set_cursor(cursor);
-  }
-  return *s;
 }
 
 double Trainer::forward_backward(const Batch& batch, StepLoss& loss) {
@@ -258,7 +198,7 @@ StepResult Trainer::train_step() {
     torch::manual_seed(mix64(opts_.seed ^ mix64((static_cast<uint64_t>(step_) << 16) + static_cast<uint64_t>(dist_.rank()))));
   const int64_t first = rank_rows_ * dist_.rank();
   Batch batch = phase.batches ? phase.batches->next_share(first, rank_rows_)
-                              : sampler(current_stage()).next_share(batch_size_, first, rank_rows_);
+                              : data_->sampler(current_stage(), step_).next_share(batch_size_, first, rank_rows_);
   const double loss = sum_over_ranks(forward_backward(batch, *phase.loss));
   StepResult r;
   r.grad_norm = clip_gradients();
@@ -281,19 +221,6 @@ StepResult Trainer::train_step() {
   return r;
 }
 
-int Trainer::trained_stage() const {
-  return step_ == 0 ? 0 : stage_of(step_ - 1);
-}
-
-int Trainer::stage_of(int64_t step) const { return lt::stage_of(stages_, step); }
-
-std::vector<Sampling> Trainer::plan_datasets() const { return lt::plan_datasets(stages_); }
-
-void Trainer::check_datasets() {
-  check_training_datasets(plan_datasets());
-  for (const auto& s : plan_datasets()) open_dataset(s);
-}
-
 bool Trainer::step_line_due() const {
   if (step_ % opts_.report_interval == 0) return true;
   for (const Phase& phase : own_phases())
@@ -308,8 +235,7 @@ void Trainer::check_training_datasets(const std::vector<Sampling>& datasets) con
 
 void Trainer::check_measurable(const std::vector<Sampling>& datasets) const {
   for (const auto& s : datasets)
-    if (s.style == DatasetStyle::CONTRASTIVE &&
-        std::none_of(parts_.begin(), parts_.end(), [&](const auto& part) { return part->measures(s.style); }))
+    if (s.style == DatasetStyle::CONTRASTIVE && !some_part_measures(parts_, s.style))
       throw UserError("dataset \"" + s.name + "\" is contrastive (preference pairs): it trains with DPO, in a `dpo/train` "
                       "job or the LoRA phase of a `lora/train` job (as its post-LoRA datasets), not in a " + spec_.kind +
                       " job");
@@ -326,60 +252,31 @@ std::unique_ptr<Ema::Swap> Trainer::ema_weights() {
 std::vector<DatasetEval> Trainer::evaluate(const std::vector<Sampling>& datasets, int64_t rows) {
   check_measurable(datasets);
   auto ema = ema_weights();  // the average in place of the weights while evaluating, with eval/use_ema
-  // The datasets a part measures go to the first part that does; the others' held-out cross-entropy here.
-  std::vector<TrainerPart*> by(datasets.size(), nullptr);
-  std::vector<Sampling> text;
-  for (size_t i = 0; i < datasets.size(); ++i) {
-    for (const auto& part : parts_)
-      if (!by[i] && part->measures(datasets[i].style)) by[i] = part.get();
-    if (!by[i]) text.push_back(datasets[i]);
-  }
-  std::vector<DatasetEval> measured;
-  if (!text.empty())
-    measured = held_out_loss(model_, text, rows, [this](const Sampling& smp) -> const Dataset& { return open_dataset(smp); },
-                             {micro_batch_, block_size_}, rt_, dist_);
-  std::vector<DatasetEval> out(datasets.size());
-  for (size_t i = 0, next = 0; i < datasets.size(); ++i)
-    if (!by[i]) out[i] = measured[next++];
-  for (const auto& part : parts_) {
-    std::vector<DatasetEval> figures = part->measure(datasets, rows);  // those of its styles
-    for (size_t i = 0, next = 0; i < datasets.size(); ++i)
-      if (by[i] == part.get()) out[i] = figures.at(next++);
-  }
-  return out;
+  return measure_datasets(parts_, datasets, rows, [&](const std::vector<Sampling>& text) {  // held-out cross-entropy
+    return held_out_loss(model_, text, rows, [this](const Sampling& smp) -> const Dataset& { return data_->open(smp); },
+                         {micro_batch_, block_size_}, rt_, dist_);
+  });
 }
 
 ValResult Trainer::validate() {
-  const Stage& scored = stages_[static_cast<size_t>(trained_stage())];
+  const Stage& scored = data_->stages()[static_cast<size_t>(trained_stage())];
   const auto& evals = opts_.evaluations;
   bool perplexity = std::find(evals.begin(), evals.end(), "perplexity") != evals.end();
-  ValResult v = validation_score(evaluate(perplexity ? plan_datasets() : scored.samplings, opts_.validation_steps),
+  ValResult v = validation_score(evaluate(perplexity ? data_->datasets() : scored.samplings, opts_.validation_steps),
                                  scored.samplings);
   v.tasks = run_tasks(task_paths(evals));
   return v;
 }
 
-void Trainer::check_tasks() {
-  for (const auto& path : task_paths(opts_.evaluations))
-    if (!tasks_.count(path)) tasks_.emplace(path, read_task(path));
-}
-
 std::vector<TaskResult> Trainer::run_tasks(const std::vector<std::string>& paths) {
-  std::vector<TaskResult> out;
-  if (paths.empty()) return out;
-  if (!task_tokenizer_) task_tokenizer_ = make_tokenizer(tokenizer_name("eval/evaluations"));
+  if (paths.empty()) return {};
   auto ema = ema_weights();
-  for (const auto& path : paths) {
-    auto it = tasks_.find(path);
-    if (it == tasks_.end()) it = tasks_.emplace(path, read_task(path)).first;
-    out.push_back(run_task(model_, rt_, *task_tokenizer_, it->second));
-  }
-  return out;
+  return tasks_.run(model_, rt_, paths, [this] { return tokenizer_name("eval/evaluations"); });
 }
 
 std::string Trainer::data_tokenizer() const {
   std::vector<std::string> names;
-  for (const auto& smp : plan_datasets()) names.push_back(smp.name);
+  for (const auto& smp : data_->datasets()) names.push_back(smp.name);
   try {
     const std::string t = datasets_tokenizer(opts_.data_dir, names);
     if (!t.empty()) return t;
@@ -394,7 +291,7 @@ std::string Trainer::tokenizer_name(const std::string& command) const {
   c.recorded = restored_tokenizer_;
   c.trained = step_ > 0 || restored_trained_;
   c.data_dir = opts_.data_dir;
-  for (const auto& smp : plan_datasets()) c.datasets.push_back(smp.name);
+  for (const auto& smp : data_->datasets()) c.datasets.push_back(smp.name);
   c.hf_dir = base_model_.is_object() ? base_model_.value("hf_dir", std::string()) : std::string();
   c.vocab_size = model_->options().vocab_size;
   return auto_tokenizer(c, command);
@@ -435,17 +332,11 @@ void Trainer::run() {
   for (const auto& part : parts_) part->before_run();
   check_can_start();
   settle_random_weights();  // a job that neither loaded a base nor restored a state: the family's init
-  if (dist_.active()) {
-    // Every rank must continue from the same state: rank 0's step, on every rank. The sums of the
-    // steps and of their squares equal W times rank 0's only when every step equals it.
-    auto s = torch::tensor({step_, step_ * step_, is_main() ? step_ : int64_t(0)}, torch::kLong);
-    dist_.all_reduce_sum({s}, "comparing the ranks' starting steps");
-    const int64_t w = dist_.world_size(), first = s[2].item<int64_t>();
-    if (s[0].item<int64_t>() != w * first || s[1].item<int64_t>() != w * first * first)
-      throw UserError("the ranks start from different steps (rank 0 at step " + std::to_string(first) + ", this rank at " +
-                      std::to_string(step_) + "): every rank must see the same checkpoints under OUT_DIR (" + out_dir_ +
-                      "); on several machines, put OUT_DIR on a shared file system");
-  }
+  int64_t first = step_;  // every rank must continue from the same state: rank 0's step, on every rank
+  if (dist_.active() && !dist_.same_on_every_rank(step_, "comparing the ranks' starting steps", &first))
+    throw UserError("the ranks start from different steps (rank 0 at step " + std::to_string(first) + ", this rank at " +
+                    std::to_string(step_) + "): every rank must see the same checkpoints under OUT_DIR (" + out_dir_ +
+                    "); on several machines, put OUT_DIR on a shared file system");
   metrics_.write_config(cfg_.to_json());
   if (done()) {
     std::printf("job %s already finished at step %lld (%lld tokens); checkpoints in %s\n", spec_.name.c_str(),
@@ -461,16 +352,9 @@ void Trainer::run() {
               dist_.active() ? (" per rank, " + std::to_string(dist_.world_size()) + " ranks (" +
                                 std::to_string(rank_rows_) + " rows each a step)").c_str() : "",
               (long long)step_, (long long)total_steps_, (long long)tokens_per_step());
-  if (sharded_params_ && is_main()) {
-    int64_t whole = 0;
-    for (const auto& [name, p] : base_params(*model_))
-      if (sharded_params_->contains(name)) whole += p.numel() * static_cast<int64_t>(sizeof(float));
-    std::printf("phase 1's block parameters sharded across %d ranks (distributed/shard_params=%s): %.1f MB of their %.1f MB "
-                "on each, and as much again of gradients and twice of moments; gathered a block at a time\n",
-                dist_.world_size(), shard_mode_name(opts_.shard_params).c_str(), sharded_params_->shard_bytes() / 1e6, whole / 1e6);
-  }
+  if (sharded_params_ && is_main()) std::printf("%s\n", sharded_params_->describe(dist_.world_size(), opts_.shard_params).c_str());
   std::fflush(stdout);
-  check_datasets();  // a missing dataset is found now, not at its stage
+  data_->open_all();  // a missing dataset is found now, not at its stage
   check_tasks();     // and a missing or malformed task file
   metrics_.truncate_after(step_);  // a resumed run drops the lines of steps it will redo
   stop_requested = false;
@@ -504,7 +388,7 @@ std::vector<Phase> Trainer::own_phases() const {
   if (!lora_ || full_stages_ > 0)
     out.push_back({Trainable::AllParameters, 0, full_stages_, 0, boundary_step_, schedule_, next_token, nullptr});
   if (lora_)
-    out.push_back({Trainable::Adapters, full_stages_, static_cast<int>(stages_.size()), boundary_step_, total_steps_,
+    out.push_back({Trainable::Adapters, full_stages_, static_cast<int>(data_->stages().size()), boundary_step_, total_steps_,
                    lora_->schedule(), next_token, nullptr});
   return out;
 }
@@ -557,7 +441,7 @@ bool Trainer::train_until(int64_t end_step) {
       metrics_.log_train({r.step, total_steps_, tokens_, trained_stage(), r.lr, r.grad_norm, figures}, window,
                          tokens_per_step());
     }
-    const bool stage_end = step_ == stages_[static_cast<size_t>(trained_stage())].end_step;
+    const bool stage_end = step_ == data_->stages()[static_cast<size_t>(trained_stage())].end_step;
     if (stage_end)  // before validation, so `best` includes its effects
       for (const auto& part : parts_) part->on_stage_end(trained_stage());
     if (opts_.validation && (step_ % opts_.validation_interval == 0 || stage_end)) validate_and_keep_best(stage_end);

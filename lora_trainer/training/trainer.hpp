@@ -26,8 +26,9 @@
 // `run ... --restore <plain checkpoint>` (its weights become the frozen base; this job's counters
 // start at zero). Recipes are parts of a trainer, not subclasses (trainer_part.hpp: DPO, continual
 // learning). The LoRA phase is a component the trainer holds (lora_phase.hpp) and calls at the
-// boundary and at save/restore (trainer_lora.cpp); the report of a LoRA job is lora_report.hpp's; the
-// state as a checkpoint is in trainer_state.cpp.
+// boundary and at save/restore (trainer_lora.cpp); the data it draws from is a JobData (job_data.hpp:
+// stages, samplers, cursors); the report of a LoRA job is lora_report.hpp's; the state as a checkpoint is
+// in trainer_state.cpp.
 //
 // With several ranks (distributed.hpp) each rank takes an equal, disjoint share of every global batch
 // (batch_size / ranks rows, in micro-batches of per_device_batch_size), the gradients are summed over
@@ -50,12 +51,12 @@
 #include "lora_trainer/formats/base_weights.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/formats/frozen_base.hpp"
-#include "lora_trainer/data/data.hpp"
 #include "lora_trainer/core/distributed.hpp"
 #include "lora_trainer/training/divergence.hpp"
 #include "lora_trainer/training/ema.hpp"
 #include "lora_trainer/training/evaluation.hpp"
 #include "lora_trainer/training/job.hpp"
+#include "lora_trainer/training/job_data.hpp"
 #include "lora_trainer/training/metrics_log.hpp"
 #include "lora_trainer/models/model.hpp"
 #include "lora_trainer/training/optim.hpp"
@@ -64,7 +65,6 @@
 #include "lora_trainer/training/lora_phase.hpp"
 #include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/core/runtime.hpp"
-#include "lora_trainer/data/stage_plan.hpp"
 #include "lora_trainer/training/step_loss.hpp"
 #include "lora_trainer/training/trainer_part.hpp"
 #include "lora_trainer/training/training_options.hpp"
@@ -123,16 +123,12 @@ class Trainer : public RestorableJob {
   // With eval/use_ema: the EMA weights in place of the trainable parameters while the result lives
   // (evaluate() takes it itself; `sample` holds it while generating); else null.
   std::unique_ptr<Ema::Swap> ema_weights();
-  // Every distinct dataset of the plan, in order of first use.
-  std::vector<Sampling> plan_datasets() const;
   // The periodic validation: `training/validation_steps` rows of the datasets of the stage just
   // trained (of every dataset of the plan when eval/evaluations has "perplexity"); the score (`loss`)
   // is token-weighted over the datasets of the stage just trained.
   ValResult validate();
-  // Opens every dataset of the plan (UserError naming a missing one).
-  void check_datasets();
   // The tasks of eval/evaluations ("task:FILE"), read now (a UserError names a missing or bad file).
-  void check_tasks();
+  void check_tasks() { tasks_.read(task_paths(opts_.evaluations)); }
   // Runs task files (eval --task, and validate()'s "task:FILE" evaluations) with tokenizer_name()'s
   // tokenizer, on the EMA weights with eval/use_ema. Every rank runs every example.
   std::vector<TaskResult> run_tasks(const std::vector<std::string>& paths);
@@ -173,15 +169,11 @@ class Trainer : public RestorableJob {
   const TrainingOptions& options() const { return opts_; }
   const Runtime& runtime() const { return rt_; }
   Distributed& dist() { return dist_; }
-  const std::vector<Stage>& stages() const { return stages_; }
-  int current_stage() const;  // the stage of the step about to be taken
-  int trained_stage() const;  // the stage of the step just taken
-  int stage_of(int64_t step) const;
-  // The sampler of a stage's mixture, made when first asked for (at the cursor a restore gave, or the
-  // one the step count implies).
-  MixtureSampler& sampler(int stage);
-  // Opens a dataset and checks its vocabulary fits the model.
-  const Dataset& open_dataset(const Sampling& smp);
+  // The plan's stages, their datasets and samplers (job_data.hpp).
+  JobData& data() { return *data_; }
+  const JobData& data() const { return *data_; }
+  int current_stage() const { return data_->stage_of(step_); }                  // of the step about to be taken
+  int trained_stage() const { return step_ == 0 ? 0 : data_->stage_of(step_ - 1); }  // of the step just taken
   // Loads only the model's parameters ("params/*") from a checkpoint; step and tokens stay as they are.
   void load_weights_from(const CheckpointMeta& ck);
   // Loads the model's parameters from `src`, one tensor at a time, each cast once to the dtype and put on
@@ -242,18 +234,12 @@ class Trainer : public RestorableJob {
 
 
  private:
-  // Whether the i-th parameter of the base (base_params' order) lives in bf16 from the start: in a job
-  // that starts in its LoRA phase, every one that phase freezes.
-  bool frozen_from_start(size_t i, const std::string& name) const;
   // A job that starts in its LoRA phase allocates its model's parameters without initialising them or
   // putting them on the device (weights_pending_): the base it loads replaces them (load_weights_from),
-  // so no random draw is made and no float32 copy is placed. These settle them when no base came: with
-  // the family's random initialisation (a random base, or a test stepping without one), or, before a
-  // LoRA state's tensors load into them, as uninitialised tensors of the dtype and device they live in.
+  // or a LoRA state loads into them (LoraPhase::allocate_base_for_load), so no random draw is made and
+  // no float32 copy is placed. Where neither comes (a random base, or a test stepping without one), this
+  // gives them the family's random initialisation.
   void settle_random_weights();
-  void settle_weights_for_load();
-  // Splits token budgets into consecutive stages of whole steps (split_stages).
-  void plan_stages(const StagePlan& plan);
   // The full-parameter learning-rate schedule over `steps` steps (opts_.optimizer.schedule:
   // training/schedule, optimization/lr, optimization/min_lr_ratio, training/warmup_pct, training/decay_pct).
   Schedule full_schedule(int64_t steps) const;
@@ -341,13 +327,9 @@ class Trainer : public RestorableJob {
   std::unique_ptr<ShardedParams> sharded_params_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Ema> ema_;  // with optimization/ema/decay > 0: the average of optimizer_'s parameters
-  std::map<std::string, Task> tasks_;        // read task files, by path
-  std::unique_ptr<Tokenizer> task_tokenizer_;  // tokenizer_name()'s, made when a task first runs
-  std::vector<std::unique_ptr<TrainerPart>> parts_;  // the recipes' parts, in the order added
-  std::unique_ptr<DataCatalog> catalog_;
-  std::vector<Stage> stages_;
-  std::vector<std::unique_ptr<MixtureSampler>> samplers_;
-  std::map<int, uint64_t> restored_cursors_;  // from a checkpoint, applied when the sampler is rebuilt
+  TaskSet tasks_;  // eval/evaluations' task files and eval --task's
+  TrainerParts parts_;  // the recipes' parts, in the order added
+  std::unique_ptr<JobData> data_;
   Schedule schedule_;  // the full-parameter phase's, over its steps
   std::unique_ptr<LoraPhase> lora_;  // null when the plan has no LoRA phase
   int full_stages_ = 0;              // the plan's first stages, those of the full-parameter phase

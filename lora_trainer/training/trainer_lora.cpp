@@ -78,7 +78,8 @@ bool Trainer::restore_lora_template(const CheckpointMeta& ck) {
   }
   if (ck.kind == StateKind::Lora) {
     lora_->check_restorable(ck, boundary_step_);
-    settle_weights_for_load();  // not drawn: the load overwrites every tensor
+    if (weights_pending_) lora_->allocate_base_for_load();  // not drawn: the load overwrites every tensor
+    weights_pending_ = false;
     if (!in_lora_phase()) enter_lora_phase();  // the LoRA template; the load overwrites it
     lora_->check_selection(ck);
     lora_->load_frozen_base(ck);
@@ -96,10 +97,10 @@ std::string Trainer::report() {
   if (!lora_) return "";  // the report compares the phases of a LoRA job
   LoraReportFacts f{spec_.name, spec_.kind, run_dir(), job_dir(), boundary_step_, total_steps_, tokens_per_step(),
                     lora_->skipped_phase_one_text(), {}};
-  for (const auto& smp : plan_datasets())
+  for (const auto& smp : data_->datasets())
     if (smp.style == DatasetStyle::PMD)
       f.unigram_perplexity.emplace_back(
-          smp.name, std::exp(unigram_val_loss(dynamic_cast<const PmdDataset&>(catalog_->get(smp)), model_->options().vocab_size)));
+          smp.name, std::exp(unigram_val_loss(dynamic_cast<const PmdDataset&>(data_->open(smp)), model_->options().vocab_size)));
   return write_lora_report(f);
 }
 

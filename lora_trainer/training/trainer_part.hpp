@@ -22,6 +22,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -56,6 +58,16 @@ class TrainerPart {
   // A UserError when the datasets the job trains on do not suit the part (after the trainer's own check).
   virtual void check_training_datasets(const std::vector<Sampling>& datasets) const {}
 };
+
+using TrainerParts = std::vector<std::unique_ptr<TrainerPart>>;
+
+// Whether a part of `parts` measures datasets of `style`.
+bool some_part_measures(const TrainerParts& parts, DatasetStyle style);
+// The figures of `datasets` on their first `rows` rows, in their order: each dataset measured by the
+// first part that measures its style, the others by `text` (called with them, in order, when there are
+// any). Every part's measure is called with the whole list (its collectives the same on every rank).
+std::vector<DatasetEval> measure_datasets(const TrainerParts& parts, const std::vector<Sampling>& datasets, int64_t rows,
+                                          const std::function<std::vector<DatasetEval>(const std::vector<Sampling>&)>& text);
 
 // Where a phase's rows come from: this rank's rows [first, first + count) of the next global batch,
 // moving the data cursors past the whole batch. Null in a Phase: the current stage's mixture.

@@ -47,10 +47,9 @@ NamedTensors Trainer::local_state_tensors() {
 json Trainer::checkpoint_metadata() const {
   json cursors = json::object();
   uint64_t drawn = 0;
-  for (size_t i = 0; i < samplers_.size(); ++i) {
-    if (samplers_[i]) cursors[std::to_string(i)] = samplers_[i]->cursor();
-    else if (restored_cursors_.count(static_cast<int>(i))) cursors[std::to_string(i)] = restored_cursors_.at(static_cast<int>(i));
-    if (cursors.contains(std::to_string(i))) drawn += cursors[std::to_string(i)].get<uint64_t>();
+  for (const auto& [stage, cursor] : data_->cursors()) {
+    cursors[std::to_string(stage)] = cursor;
+    drawn += cursor;
   }
   // per_step: when the counters follow from the step count (every step took training/batch_size rows of
   // tokens_per_step() tokens, and the cursors sum to no more than those rows), a restore checks them
@@ -201,8 +200,7 @@ void Trainer::restore_state(const CheckpointMeta& ck) {
                  state_kind_name(state_kind()).c_str(), from_job.c_str(), (long long)step_, (long long)tokens_, dir.c_str(),
                  spec_.name.c_str());
   // Samplers are rebuilt when next used (a checkpoint read for eval needs no training data).
-  for (auto& s : samplers_) s.reset();
-  restored_cursors_ = ck.cursors;
+  data_->restore(ck.cursors);
 }
 
 void Trainer::load_weights_from(const CheckpointMeta& ck) {

@@ -85,7 +85,7 @@ TEST_CASE("a fading batch takes its rows from both stages", "[benchmark]") {
   Data d;
   // Overlap of 2 steps (256 tokens): steps 2 and 3 mix stage 0 and 1 at weights 1/3 and 2/3.
   auto t2 = make_bench(d, "fade4", {"training/fade/overlap=256"});
-  REQUIRE(t2->stages()[0].end_step == 4);
+  REQUIRE(t2->data().stages()[0].end_step == 4);
   t2->train_step();
   t2->train_step();
   // Steps 2 and 3 are the window. The batch itself is checked through the sampler cursors in the

@@ -58,7 +58,7 @@ int eval(const EvalArgs& a) {
   std::unique_ptr<Tokenizer> tok = read.empty() ? nullptr : make_tokenizer(tokenizer);
   std::vector<Sampling> datasets;
   // With --task alone, the tasks alone; else the datasets given, or every dataset of the job.
-  if (a.datasets.empty() && a.tasks.empty()) datasets = t->plan_datasets();
+  if (a.datasets.empty() && a.tasks.empty()) datasets = t->data().datasets();
   for (const auto& n : a.datasets) datasets.push_back(parse_dataset_spec(n));
   std::vector<DatasetEval> results;
   if (!datasets.empty()) results = t->evaluate(datasets, a.rows > 0 ? a.rows : t->options().validation_steps);
