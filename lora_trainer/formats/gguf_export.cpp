@@ -203,8 +203,8 @@ void check_activation(const ModelOptions& options, const std::string& arch, cons
                       const std::string& format) {
   if (options.family != ModelFamily::Gpt2 && options.activation != ModelOptions::Activation::Silu)
     throw UserError("export --format " + format + ": " + checkpoint + " is a llama-family model with architecture/activation " +
-                    (options.activation == ModelOptions::Activation::Gelu ? "gelu" : "gelu_tanh") + "; llama.cpp's " +
-                    arch + " computes SiLU, so its outputs would not be this model's. Nothing was written");
+                    activation_name(options.activation) + "; llama.cpp's " + arch +
+                    " computes SiLU, so its outputs would not be this model's. Nothing was written");
   if (options.family == ModelFamily::Gpt2 && options.activation == ModelOptions::Activation::Gelu)
     std::printf("note: this model's MLP uses the exact GELU (architecture/activation=gelu); llama.cpp's gpt2 computes "
                 "its tanh approximation, so its logits will differ slightly from ours\n");
