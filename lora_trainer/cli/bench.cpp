@@ -18,6 +18,7 @@
 
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/cli/registry.hpp"
+#include "lora_trainer/core/dataset_style.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
 #include "lora_trainer/core/outputs.hpp"
@@ -90,7 +91,7 @@ static void write_random_dataset(const std::string& dir, int64_t vocab, int64_t 
   std::string bytes(reinterpret_cast<const char*>(ids.data_ptr<int32_t>()), static_cast<size_t>(tokens) * 4);
   write_file_atomic(dir + "/train.bin", bytes);
   write_file_atomic(dir + "/val.bin", bytes.substr(0, std::min<size_t>(bytes.size(), 4 * 65536)));
-  write_file_atomic(dir + "/meta.json", nlohmann::json({{"style", "pmd"}, {"vocab_size", vocab}}).dump());
+  write_file_atomic(dir + "/meta.json", nlohmann::json({{"style", style_name(DatasetStyle::PMD)}, {"vocab_size", vocab}}).dump());
 }
 
 namespace {

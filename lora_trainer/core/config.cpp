@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <sstream>
 
+#include "lora_trainer/core/dataset_style.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace lt {
@@ -142,8 +143,9 @@ static std::string check_samplings(const json& v) {
     if (!s.contains("rate") || !s["rate"].is_number() || s["rate"].get<double>() <= 0)
       return at + " needs a \"rate\" > 0";
     if (s.contains("style")) {
-      if (!s["style"].is_string() || (s["style"] != "pmd" && s["style"] != "padded" && s["style"] != "contrastive"))
-        return at + " has style " + s["style"].dump() + "; use \"pmd\", \"padded\" or \"contrastive\"";
+      const auto& styles = dataset_style_names();
+      if (!s["style"].is_string() || std::find(styles.begin(), styles.end(), s["style"].get<std::string>()) == styles.end())
+        return at + " has style " + s["style"].dump() + "; use " + dataset_style_choices();
     }
     sum += s["rate"].get<double>();
   }

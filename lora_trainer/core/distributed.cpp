@@ -54,7 +54,7 @@ static const std::pair<ShardMode, const char*> kShardModes[] = {
 ShardMode parse_shard_mode(const std::string& name) {
   for (const auto& [mode, n] : kShardModes)
     if (name == n) return mode;
-  throw std::invalid_argument("unknown distributed/shard_optimizer \"" + name + "\" (known: none, lora, all)");
+  throw std::invalid_argument("unknown shard mode \"" + name + "\" (known: " + join(shard_mode_names()) + ")");
 }
 
 std::string shard_mode_name(ShardMode mode) {

@@ -13,11 +13,17 @@ namespace lt {
 
 using ojson = nlohmann::ordered_json;
 
+const std::vector<std::string>& chat_loss_names() {
+  static const std::vector<std::string> names = {"assistant", "last", "all"};  // in ChatLoss's order
+  return names;
+}
+
 ChatLoss parse_chat_loss(const std::string& s) {
-  if (s == "assistant") return ChatLoss::Assistant;
-  if (s == "last") return ChatLoss::LastAssistant;
-  if (s == "all") return ChatLoss::All;
-  throw UserError("--loss-on " + s + ": expected assistant (every assistant turn), last (the last one) or all");
+  const auto& names = chat_loss_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == s) return static_cast<ChatLoss>(i);
+  throw UserError("--loss-on " + s + ": expected one of " + join(names) +
+                  " (every assistant turn, the last one, or every token)");
 }
 
 namespace {

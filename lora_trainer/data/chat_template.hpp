@@ -43,7 +43,8 @@ enum class ChatLoss {
   LastAssistant,  // the last assistant turn only
   All,            // every token
 };
-ChatLoss parse_chat_loss(const std::string& s);  // "assistant", "last", "all"
+const std::vector<std::string>& chat_loss_names();  // "assistant", "last", "all": --loss-on's values, in ChatLoss's order
+ChatLoss parse_chat_loss(const std::string& s);      // UserError naming --loss-on and the names for another
 
 // A conversation rendered for training: its text and the byte ranges [begin, end) that count.
 struct ChatText {

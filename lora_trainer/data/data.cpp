@@ -19,28 +19,21 @@ namespace fs = std::filesystem;
 
 namespace lt {
 
-std::string style_name(DatasetStyle s) {
-  switch (s) {
-    case DatasetStyle::PADDED: return "padded";
-    case DatasetStyle::CONTRASTIVE: return "contrastive";
-    default: return "pmd";
-  }
-}
-
-static DatasetStyle parse_style(const std::string& s) {
-  return s == "padded" ? DatasetStyle::PADDED : s == "contrastive" ? DatasetStyle::CONTRASTIVE : DatasetStyle::PMD;
-}
-
 std::vector<Sampling> parse_samplings(const nlohmann::json& v) {
   std::vector<Sampling> out;
   for (const auto& s : v) {
     Sampling x;
     x.name = s.at("name").get<std::string>();
     x.rate = s.at("rate").get<double>();
-    x.style = parse_style(s.value("style", std::string("pmd")));
+    x.style = parse_dataset_style(s.value("style", style_name(DatasetStyle::PMD)), "sampling of dataset \"" + x.name + "\"");
     out.push_back(x);
   }
   return out;
+}
+
+// The style dataset `name`'s meta.json records (read_meta checked it); pmd when it records none.
+static DatasetStyle meta_style(const nlohmann::json& meta, const std::string& name) {
+  return parse_dataset_style(meta.value("style", style_name(DatasetStyle::PMD)), "dataset \"" + name + "\"");
 }
 
 Sampling parse_dataset_spec(const std::string& spec) {
@@ -110,8 +103,10 @@ static nlohmann::json read_meta(const std::string& dir, const std::string& name)
     if (m.contains(k) && m[k].get<uint64_t>() > (std::string(k) == "vocab_size" ? uint64_t{1} << 32 : UINT32_MAX))
       throw UserError(meta.string() + ": \"" + k + "\" is " + m[k].dump() + ", beyond the uint32 token ids of the token "
                       "files; re-run the tokenize step");
-  if (m.contains("style") && !m["style"].is_string())
-    throw UserError(meta.string() + ": \"style\" must be \"pmd\", \"padded\" or \"contrastive\"; re-run the tokenize step");
+  const auto& styles = dataset_style_names();
+  if (m.contains("style") &&
+      (!m["style"].is_string() || std::find(styles.begin(), styles.end(), m["style"].get<std::string>()) == styles.end()))
+    throw UserError(meta.string() + ": \"style\" must be " + dataset_style_choices() + "; re-run the tokenize step");
   return m;
 }
 
@@ -150,9 +145,10 @@ static void check_meta_vocabulary(const std::string& dataset, const nlohmann::js
 PmdDataset::PmdDataset(const std::string& dir, const std::string& name) {
   name_ = name;
   meta_ = read_meta(dir, name);
-  if (meta_.value("style", std::string("pmd")) != "pmd")
-    throw UserError("dataset \"" + name + "\" is of style " + meta_.value("style", std::string("?")) +
-                    ", but training/dataset samples it as \"pmd\"; set \"style\" in the sampling");
+  const DatasetStyle style = meta_style(meta_, name);
+  if (style != DatasetStyle::PMD)
+    throw UserError("dataset \"" + name + "\" is of style " + style_name(style) + ", but training/dataset samples it as \"" +
+                    style_name(DatasetStyle::PMD) + "\"; set \"style\" in the sampling");
   train_ = std::make_unique<TokenFile>((fs::path(dir) / name / "train.bin").string());
   val_ = std::make_unique<TokenFile>((fs::path(dir) / name / "val.bin").string());
   for (auto [key, f] : {std::pair<const char*, const TokenFile*>{"train_tokens", train_.get()}, {"val_tokens", val_.get()}})
@@ -249,10 +245,10 @@ static void check_lengths(const fs::path& base, const std::string& split, const 
 PaddedDataset::PaddedDataset(const std::string& dir, const std::string& name, DatasetStyle style) {
   name_ = name;
   meta_ = read_meta(dir, name);
-  const std::string expected = style_name(style);
-  if (meta_.value("style", std::string("pmd")) != expected)
-    throw UserError("dataset \"" + name + "\" is of style " + meta_.value("style", std::string("pmd")) +
-                    ", but the config samples it as \"" + expected + "\"; fix \"style\" in the sampling");
+  const DatasetStyle recorded = meta_style(meta_, name);
+  if (recorded != style)
+    throw UserError("dataset \"" + name + "\" is of style " + style_name(recorded) + ", but the config samples it as \"" +
+                    style_name(style) + "\"; fix \"style\" in the sampling");
   const uint64_t rows_per_record = style == DatasetStyle::CONTRASTIVE ? 2 : 1;
   pad_id_ = meta_.contains("pad_id") ? meta_["pad_id"].get<uint32_t>() : 0u;
   fs::path base = fs::path(dir) / name;

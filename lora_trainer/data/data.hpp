@@ -31,9 +31,10 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "lora_trainer/core/dataset_style.hpp"
+
 namespace lt {
 
-enum class DatasetStyle { PMD, PADDED, CONTRASTIVE };
 enum class Split { Train, Val };
 
 struct Sampling {
@@ -44,7 +45,6 @@ struct Sampling {
 
 // From a checked config value (OptType::Samplings).
 std::vector<Sampling> parse_samplings(const nlohmann::json& v);
-std::string style_name(DatasetStyle s);
 // "NAME" (pmd), "NAME:padded" or "NAME:contrastive": a dataset named on the command line (eval --dataset).
 Sampling parse_dataset_spec(const std::string& spec);
 

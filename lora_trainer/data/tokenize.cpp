@@ -15,6 +15,7 @@
 #include "lora_trainer/data/chat_template.hpp"
 #include "lora_trainer/data/hf_tokenizer.hpp"
 #include "lora_trainer/data/tokenizer.hpp"
+#include "lora_trainer/core/dataset_style.hpp"
 #include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
@@ -51,7 +52,7 @@ static bool within(const fs::path& inner, const fs::path& outer) {  // inner == 
 
 // The files a dataset of `style` was written with before datasets recorded theirs.
 static std::vector<std::string> legacy_dataset_files(const std::string& style) {
-  if (style == "pmd") return {"meta.json", "train.bin", "val.bin"};
+  if (style == style_name(DatasetStyle::PMD)) return {"meta.json", "train.bin", "val.bin"};
   std::vector<std::string> names = {"meta.json", "shape.json"};
   for (const char* split : {"train", "val"})
     for (const char* part : {".tokens.bin", ".mask.bin", ".lengths.bin"}) names.push_back(split + std::string(part));
@@ -212,7 +213,7 @@ TokenizeResult tokenize_to_pmd(const TokenizeOptions& o) {
                       " empty; add documents or change --val-fraction. Nothing was written");
     train.commit();
     val.commit();
-    nlohmann::json meta = {{"style", "pmd"},
+    nlohmann::json meta = {{"style", style_name(DatasetStyle::PMD)},
                            {"tokenizer", tok->name()},
                            {"vocab_size", tok->vocab_size()},
                            {"eot_id", tok->eot_id()},
@@ -276,7 +277,7 @@ void for_each_record(const TokenizeOptions& o, const std::vector<std::string>& f
 // of PADDED's layout and the given style; every k-th record (k = 1 / val_fraction) goes to validation.
 // `ours`: the names an earlier dataset wrote there (check_dataset_target).
 TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok, const std::vector<MaskedRow>& rows,
-                                 size_t rows_per_record, const std::string& style, uint64_t bytes,
+                                 size_t rows_per_record, DatasetStyle style, uint64_t bytes,
                                  const std::vector<std::string>& ours) {
   const size_t records = rows.size() / rows_per_record;
   if (records < 2) throw UserError("tokenize: need at least 2 JSONL records (one for validation)");
@@ -324,7 +325,7 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
     }
     nlohmann::json shape = {{"train", {counts[0] * rows_per_record, L}}, {"val", {counts[1] * rows_per_record, L}}};
     write_file_atomic((dir / "shape.json").string(), shape.dump() + "\n");
-    nlohmann::json meta = {{"style", style},           {"tokenizer", tok.name()}, {"vocab_size", tok.vocab_size()},
+    nlohmann::json meta = {{"style", style_name(style)},           {"tokenizer", tok.name()}, {"vocab_size", tok.vocab_size()},
                            {"eot_id", tok.eot_id()},  {"pad_id", tok.eot_id()},  {"records", r.documents},
                            {"val_records", r.val_documents}, {"length", L},        {"train_tokens", r.train_tokens},
                            {"val_tokens", r.val_tokens}, {"val_fraction", f}};
@@ -336,7 +337,7 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
 // A JSONL tokenize: the options and the target are checked before any work, then each record with
 // string `fields` becomes `rows_per_record` rows (`to_rows`), written as a dataset of `style`.
 TokenizeResult tokenize_records(
-    const TokenizeOptions& o, const std::vector<std::string>& fields, size_t rows_per_record, const std::string& style,
+    const TokenizeOptions& o, const std::vector<std::string>& fields, size_t rows_per_record, DatasetStyle style,
     const std::function<void(const Tokenizer&, const nlohmann::json&, std::vector<MaskedRow>&)>& to_rows) {
   check_val_fraction(o);
   auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
@@ -407,11 +408,11 @@ TokenizeResult tokenize_jsonl_to_chat(const TokenizeOptions& o) {
                     (nothing_to_learn.size() > 5 ? ", ..." : "") + ". Fix or drop them. Nothing was written");
   }
   if (o.show) return {};
-  return write_padded_rows(o, *tok, rows, 1, "padded", bytes, ours);
+  return write_padded_rows(o, *tok, rows, 1, DatasetStyle::PADDED, bytes, ours);
 }
 
 TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& o) {
-  return tokenize_records(o, {"prompt", "completion"}, 1, "padded",
+  return tokenize_records(o, {"prompt", "completion"}, 1, DatasetStyle::PADDED,
                           [](const Tokenizer& tok, const nlohmann::json& j, std::vector<MaskedRow>& rows) {
                             rows.push_back(prompt_completion_row(tok, j["prompt"].get<std::string>(),
                                                                  j["completion"].get<std::string>()));
@@ -419,7 +420,7 @@ TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& o) {
 }
 
 TokenizeResult tokenize_jsonl_to_contrastive(const TokenizeOptions& o) {
-  return tokenize_records(o, {"prompt", "chosen", "rejected"}, 2, "contrastive",
+  return tokenize_records(o, {"prompt", "chosen", "rejected"}, 2, DatasetStyle::CONTRASTIVE,
                           [](const Tokenizer& tok, const nlohmann::json& j, std::vector<MaskedRow>& rows) {
                             const std::string prompt = j["prompt"].get<std::string>();
                             rows.push_back(prompt_completion_row(tok, prompt, j["chosen"].get<std::string>()));

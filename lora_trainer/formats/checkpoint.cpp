@@ -22,13 +22,19 @@ namespace fs = std::filesystem;
 
 namespace lt {
 
-StateKind parse_state_kind(const std::string& name) {
-  if (name == "plain") return StateKind::Plain;
-  if (name == "lora") return StateKind::Lora;
-  throw std::invalid_argument("unknown state kind \"" + name + "\" (known: plain, lora)");
+const std::vector<std::string>& state_kind_names() {
+  static const std::vector<std::string> names = {"plain", "lora"};  // in StateKind's order
+  return names;
 }
 
-std::string state_kind_name(StateKind kind) { return kind == StateKind::Lora ? "lora" : "plain"; }
+StateKind parse_state_kind(const std::string& name) {
+  const auto& names = state_kind_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return static_cast<StateKind>(i);
+  throw std::invalid_argument("unknown state kind \"" + name + "\" (known: " + join(names) + ")");
+}
+
+std::string state_kind_name(StateKind kind) { return state_kind_names().at(static_cast<size_t>(kind)); }
 
 // A save writes into the hidden sibling `.NAME.tmp-TAG` and renames it into place; the checkpoint it
 // replaces goes aside as `.NAME.old-TAG` until the rename is done (publish_dir). Either left behind is an

@@ -39,6 +39,7 @@ inline constexpr int kOldestReadableFormatVersion = 1;
 // What a checkpoint's state is, its metadata's "kind": "plain" (a whole model, trained in full) or
 // "lora" (a frozen bf16 base and adapters).
 enum class StateKind { Plain, Lora };
+const std::vector<std::string>& state_kind_names();  // in StateKind's order
 StateKind parse_state_kind(const std::string& name);  // std::invalid_argument naming the known ones
 std::string state_kind_name(StateKind kind);
 

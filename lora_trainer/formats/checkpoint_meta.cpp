@@ -1,6 +1,7 @@
 // CheckpointMeta (checkpoint.hpp): a checkpoint's metadata.json read, type-checked and checked for
 // consistency once (its counters against its kind and step, its `lora` block against its config), then
 // handed down as one typed value to every reader.
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -25,7 +26,7 @@ void check_metadata_fields(const std::string& dir, const nlohmann::json& meta) {
                     ". The checkpoint is damaged or was edited; use another (`lora_trainer checkpoints JOB OUT_DIR`)");
   };
   auto count = [](const J& v) { return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0); };
-  auto need = [&](const char* field, const std::function<bool(const J&)>& ok, const char* expected, bool required) {
+  auto need = [&](const char* field, const std::function<bool(const J&)>& ok, const std::string& expected, bool required) {
     if (!meta.contains(field)) {
       if (required) fail(field, expected);
       return;
@@ -33,7 +34,9 @@ void check_metadata_fields(const std::string& dir, const nlohmann::json& meta) {
     if (!ok(meta[field])) fail(field, expected);
   };
   auto is_object = [](const J& v) { return v.is_object(); };
-  need("kind", [](const J& v) { return v == "plain" || v == "lora"; }, "\"plain\" or \"lora\"", true);
+  const std::vector<std::string>& kinds = state_kind_names();
+  need("kind", [&](const J& v) { return v.is_string() && std::count(kinds.begin(), kinds.end(), v.get<std::string>()) > 0; },
+       "\"" + join(kinds, "\" or \"") + "\"", true);
   need("step", count, "a non-negative integer", true);
   need("tokens", count, "a non-negative integer", true);
   need("weights_only", [](const J& v) { return v.is_boolean(); }, "true or false", false);
@@ -75,6 +78,7 @@ void check_metadata_fields(const std::string& dir, const nlohmann::json& meta) {
       if (!e.is_string()) return false;
     return true;
   }, "an object {\"decay\", \"params\": [names]}", false);
+  const bool lora_state = parse_state_kind(meta["kind"].get<std::string>()) == StateKind::Lora;
   need("lora", [](const J& v) {
     if (!v.is_object()) return false;
     if (v.contains("rank") && !(v["rank"].is_number_integer() && v["rank"].get<int64_t>() > 0)) return false;
@@ -82,7 +86,7 @@ void check_metadata_fields(const std::string& dir, const nlohmann::json& meta) {
     if (v.contains("boundary_step") && !v["boundary_step"].is_number_integer()) return false;
     if (v.contains("in_lora_phase") && !v["in_lora_phase"].is_boolean()) return false;
     return true;
-  }, "an object (rank > 0, alpha, boundary_step, in_lora_phase, targets)", meta.value("kind", std::string()) == "lora");
+  }, "an object (rank > 0, alpha, boundary_step, in_lora_phase, targets)", lora_state);
   const J& t = meta.contains("tokenizer") ? meta["tokenizer"] : J();
   if (!t.is_null() && !t.is_string())
     throw UserError(dir + "/metadata.json: \"tokenizer\" must be a tokenizer's name (byte, gpt2, hf:DIR), not " +

@@ -238,13 +238,30 @@ torch::Tensor export_cast(const torch::Tensor& t, torch::ScalarType dtype, const
                     "damaged file; `lora_trainer inspect --verify` checks its data); export an earlier checkpoint. "
                     "Nothing was written");
   const double limit = dtype == torch::kFloat16 ? 65504.0 : dtype == torch::kBFloat16 ? 3.3895313892515355e38 : 3.4028234663852886e38;
-  const char* dtype_name = dtype == torch::kFloat16 ? "float16" : dtype == torch::kBFloat16 ? "bfloat16" : "float32";
+  const std::string named = dtype_name(dtype);
   char figures[160];
   std::snprintf(figures, sizeof figures, "values up to %.6g in magnitude, past %s's largest, %.6g", f.abs().max().item<double>(),
-                dtype_name, limit);
-  throw UserError(command + ": " + name + " holds " + figures + ": written as " + dtype_name + " they would be inf. Write "
+                named.c_str(), limit);
+  throw UserError(command + ": " + name + " holds " + figures + ": written as " + named + " they would be inf. Write "
                   "it in a dtype that holds them (" + (dtype == torch::kFloat16 ? "--dtype bfloat16 or float32" : "--dtype float32") +
                   "). Nothing was written");
+}
+
+std::vector<std::string> dtype_option_names(const std::vector<torch::ScalarType>& allowed) {
+  std::vector<std::string> names = {"source"};
+  for (torch::ScalarType t : allowed) names.push_back(dtype_name(t));
+  return names;
+}
+
+torch::ScalarType parse_dtype_option(const std::string& name, const std::vector<torch::ScalarType>& allowed,
+                                     const std::string& command) {
+  if (name == "source") return c10::ScalarType::Undefined;
+  for (torch::ScalarType t : allowed)
+    if (name == dtype_name(t)) return t;
+  const std::vector<std::string> names = dtype_option_names(allowed);
+  throw UserError(command + " --dtype " + name + ": expected " +
+                  join(std::vector<std::string>(names.begin(), names.end() - 1)) + " or " + names.back() +
+                  ". Nothing was written");
 }
 
 MergedWeights merged_weights(const std::string& checkpoint, bool use_ema, const std::string& base, torch::ScalarType dtype,

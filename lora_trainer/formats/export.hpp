@@ -44,6 +44,17 @@ MergedWeights merged_weights(const std::string& checkpoint, bool use_ema = false
 // finite already says the checkpoint's weights are not. Never writes what the checkpoint does not hold.
 torch::Tensor export_cast(const torch::Tensor& t, torch::ScalarType dtype, const std::string& name, const std::string& command);
 
+// The --dtype of import-hf and export: "source" (Undefined: each tensor in the dtype it is stored in)
+// or, of `allowed`, a dtype by the name state.h5 records it under (dtype_name: "float32", "bfloat16",
+// "float16"). Another is a UserError: "<command> --dtype <name>: expected source, float32 or bfloat16".
+torch::ScalarType parse_dtype_option(const std::string& name, const std::vector<torch::ScalarType>& allowed,
+                                     const std::string& command);
+// The names parse_dtype_option takes: "source", then those of `allowed` (the command line's check).
+std::vector<std::string> dtype_option_names(const std::vector<torch::ScalarType>& allowed);
+// The dtypes Hugging Face files take (import-hf, export --format hf) and GGUF's (--format gguf, gguf-adapter).
+inline const std::vector<torch::ScalarType> kHfDtypes = {torch::kFloat32, torch::kBFloat16};
+inline const std::vector<torch::ScalarType> kGgufDtypes = {torch::kFloat32, torch::kFloat16, torch::kBFloat16};
+
 // The dtype most of a checkpoint's stored base parameters are in (by element count): bf16 for a
 // LoRA-phase checkpoint (its frozen base) or an import that kept bf16, f32 for phase one's.
 torch::ScalarType base_dtype(const NamedTensors& base);

@@ -39,9 +39,6 @@ const char* kQwen2Pattern =
 
 // llama.cpp's token types (llama.h's llama_token_type / gguf's TokenType).
 enum TokenType : int32_t { kNormal = 1, kControl = 3, kUserDefined = 4, kUnused = 5 };
-std::string dtype_text(torch::ScalarType t) {
-  return t == torch::kFloat16 ? "float16" : t == torch::kBFloat16 ? "bfloat16" : "float32";
-}
 // general.file_type (llama_ftype): all f32, mostly f16, mostly bf16.
 uint32_t file_type(torch::ScalarType t) { return t == torch::kFloat16 ? 1 : t == torch::kBFloat16 ? 32 : 0; }
 
@@ -102,15 +99,6 @@ int64_t permuted_heads(const std::string& arch, const std::string& gguf, const M
   if (ends_with(gguf, ".attn_q.weight")) return o.n_head;
   if (ends_with(gguf, ".attn_k.weight")) return o.kv_heads();
   return 0;
-}
-
-torch::ScalarType dtype_named(const std::string& dtype, const std::string& format) {
-  if (dtype == "source") return c10::ScalarType::Undefined;
-  if (dtype == "float32") return torch::kFloat32;
-  if (dtype == "float16") return torch::kFloat16;
-  if (dtype == "bfloat16") return torch::kBFloat16;
-  throw UserError("export --format " + format + " --dtype " + dtype +
-                  ": expected source, float32, float16 or bfloat16. Nothing was written");
 }
 
 void set_hyperparameters(GgufWriter& g, const std::string& arch, const ModelOptions& o, const CheckpointMeta& ck) {
@@ -203,8 +191,8 @@ void check_activation(const ModelOptions& options, const std::string& arch, cons
                       const std::string& format) {
   if (options.family != ModelFamily::Gpt2 && options.activation != ModelOptions::Activation::Silu)
     throw UserError("export --format " + format + ": " + checkpoint + " is a llama-family model with architecture/activation " +
-                    (options.activation == ModelOptions::Activation::Gelu ? "gelu" : "gelu_tanh") + "; llama.cpp's " +
-                    arch + " computes SiLU, so its outputs would not be this model's. Nothing was written");
+                    activation_name(options.activation) + "; llama.cpp's " + arch +
+                    " computes SiLU, so its outputs would not be this model's. Nothing was written");
   if (options.family == ModelFamily::Gpt2 && options.activation == ModelOptions::Activation::Gelu)
     std::printf("note: this model's MLP uses the exact GELU (architecture/activation=gelu); llama.cpp's gpt2 computes "
                 "its tanh approximation, so its logits will differ slightly from ours\n");
@@ -218,7 +206,7 @@ std::string model_name(const std::string& checkpoint, const CheckpointMeta& ck) 
 }  // namespace
 
 void export_gguf(const std::string& checkpoint, const std::string& out, const GgufExportOptions& o) {
-  const torch::ScalarType dtype = dtype_named(o.dtype, "gguf");
+  const torch::ScalarType dtype = parse_dtype_option(o.dtype, kGgufDtypes, "export --format gguf");
   const auto ours = check_export_target(checkpoint, out, "export", o.force);
   // What the metadata decides is checked before the weights are read and merged.
   const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
@@ -255,11 +243,11 @@ void export_gguf(const std::string& checkpoint, const std::string& out, const Gg
   }, "", ours, export_owner(checkpoint));
   std::printf("exported %s -> %s/model.gguf (GGUF for llama.cpp: architecture %s, %zu tensors, %s, adapters merged; "
               "tokenizer %s)\n",
-              checkpoint.c_str(), out.c_str(), arch.c_str(), g.tensor_count(), dtype_text(w.dtype).c_str(), tokenizer.c_str());
+              checkpoint.c_str(), out.c_str(), arch.c_str(), g.tensor_count(), dtype_name(w.dtype).c_str(), tokenizer.c_str());
 }
 
 void export_gguf_adapter(const std::string& checkpoint, const std::string& out, const GgufExportOptions& o) {
-  const torch::ScalarType dtype = dtype_named(o.dtype, "gguf-adapter");
+  const torch::ScalarType dtype = parse_dtype_option(o.dtype, kGgufDtypes, "export --format gguf-adapter");
   const auto ours = check_export_target(checkpoint, out, "export", o.force);
   const CheckpointMeta ck = CheckpointMeta::read(checkpoint);
   if (ck.kind != StateKind::Lora || !ck.lora)
@@ -320,7 +308,7 @@ void export_gguf_adapter(const std::string& checkpoint, const std::string& out, 
   std::printf("exported %s -> %s/adapter.gguf (llama.cpp LoRA adapter for architecture %s: %zu adapted weights, rank "
               "%lld, alpha %g%s, %s)\n",
               checkpoint.c_str(), out.c_str(), arch.c_str(), l.targets.size(), (long long)l.rank, alpha,
-              l.rslora ? " (rsLoRA's alpha * sqrt(r))" : "", dtype_text(out_dtype).c_str());
+              l.rslora ? " (rsLoRA's alpha * sqrt(r))" : "", dtype_name(out_dtype).c_str());
 }
 
 }  // namespace lt

@@ -30,14 +30,16 @@ std::string hf_name(ModelFamily family, const std::string& ours) {
   return family == ModelFamily::Gpt2 ? kGpt2Prefix + ours : ours;
 }
 
+using Activation = ModelOptions::Activation;
+
 // HF's activation names -> ours. gelu_new, gelu_pytorch_tanh and gelu_fast are the same tanh formula.
-const std::map<std::string, std::string>& activations() {
-  static const std::map<std::string, std::string> m = {{"gelu", "gelu"},
-                                                       {"gelu_new", "gelu_tanh"},
-                                                       {"gelu_pytorch_tanh", "gelu_tanh"},
-                                                       {"gelu_fast", "gelu_tanh"},
-                                                       {"silu", "silu"},
-                                                       {"swish", "silu"}};
+const std::map<std::string, Activation>& activations() {
+  static const std::map<std::string, Activation> m = {{"gelu", Activation::Gelu},
+                                                      {"gelu_new", Activation::GeluTanh},
+                                                      {"gelu_pytorch_tanh", Activation::GeluTanh},
+                                                      {"gelu_fast", Activation::GeluTanh},
+                                                      {"silu", Activation::Silu},
+                                                      {"swish", Activation::Silu}};
   return m;
 }
 
@@ -62,11 +64,11 @@ struct Reader {
     }
     return c[key].get<int64_t>();
   }
-  std::string activation(const char* key, const std::string& fallback) const {
+  Activation activation(const char* key, const std::string& fallback) const {
     const std::string act = c.value(key, fallback);
     if (!activations().count(act)) {
       problems.push_back(std::string(key) + " \"" + act + "\": supported are gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, silu");
-      return "gelu";
+      return Activation::Gelu;
     }
     return activations().at(act);
   }
@@ -88,21 +90,22 @@ std::vector<std::string> gpt2_architecture(const json& c, std::vector<std::strin
                 T = r.positive("n_positions"), V = r.positive("vocab_size");
   const int64_t F = c.contains("n_inner") && !c["n_inner"].is_null() ? r.positive("n_inner") : 4 * C;
   if (C % H != 0) problems.push_back("n_embd " + std::to_string(C) + " is not divisible by n_head " + std::to_string(H));
-  const std::string act = r.activation("activation_function", "gelu_new");
-  if (act == "silu") problems.push_back("activation_function silu: our gpt2 MLP takes gelu, gelu_new, gelu_pytorch_tanh or gelu_fast");
+  const Activation act = r.activation("activation_function", "gelu_new");
+  if (act == Activation::Silu)
+    problems.push_back("activation_function silu: our gpt2 MLP takes gelu, gelu_new, gelu_pytorch_tanh or gelu_fast");
   if (!c.value("scale_attn_weights", true)) problems.push_back("scale_attn_weights false: ours scales by 1/sqrt(head size)");
   if (c.value("scale_attn_by_inverse_layer_idx", false)) problems.push_back("scale_attn_by_inverse_layer_idx true");
   if (c.value("reorder_and_upcast_attn", false)) problems.push_back("reorder_and_upcast_attn true");
   if (c.value("add_cross_attention", false)) problems.push_back("add_cross_attention true");
   if (!c.value("tie_word_embeddings", true)) problems.push_back("tie_word_embeddings false: our gpt2 output head is the token embedding");
-  return {"architecture/family=gpt2",
+  return {std::string("architecture/family=") + to_string(ModelFamily::Gpt2),
           "architecture/vocab_size=" + std::to_string(V),
           "architecture/block_size=" + std::to_string(T),
           "architecture/n_layers=" + std::to_string(L),
           "architecture/n_heads=" + std::to_string(H),
           "architecture/d_model=" + std::to_string(C),
           "architecture/d_ff=" + std::to_string(F),
-          "architecture/activation=" + act,
+          std::string("architecture/activation=") + activation_name(act),
           "architecture/norm_eps=" + num(c.value("layer_norm_epsilon", 1e-5))};
 }
 
@@ -111,7 +114,8 @@ std::vector<std::string> gpt2_architecture(const json& c, std::vector<std::strin
 // are read; the others (yarn, dynamic, longrope, ...) are refused by name.
 std::vector<std::string> llama_rope(const json& c, std::vector<std::string>& problems) {
   double theta = 10000.0;
-  std::vector<std::string> scaling = {"architecture/rope_scaling=none"};
+  const std::string scaling_key = "architecture/rope_scaling=";
+  std::vector<std::string> scaling = {scaling_key + rope_scaling_name(RopeScaling::Kind::None)};
   if (c.contains("rope_theta") && c["rope_theta"].is_number()) theta = c["rope_theta"].get<double>();
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     if (!c.contains(key) || c[key].is_null()) continue;
@@ -128,9 +132,9 @@ std::vector<std::string> llama_rope(const json& c, std::vector<std::string>& pro
       return 1.0;
     };
     if (type == "linear") {
-      scaling = {"architecture/rope_scaling=linear", "architecture/rope_factor=" + num(number("factor"))};
+      scaling = {scaling_key + rope_scaling_name(RopeScaling::Kind::Linear), "architecture/rope_factor=" + num(number("factor"))};
     } else if (type == "llama3") {
-      scaling = {"architecture/rope_scaling=llama3", "architecture/rope_factor=" + num(number("factor")),
+      scaling = {scaling_key + rope_scaling_name(RopeScaling::Kind::Llama3), "architecture/rope_factor=" + num(number("factor")),
                  "architecture/rope_low_freq_factor=" + num(number("low_freq_factor")),
                  "architecture/rope_high_freq_factor=" + num(number("high_freq_factor")),
                  "architecture/rope_original_context=" +
@@ -155,7 +159,7 @@ std::vector<std::string> llama_architecture(const json& c, std::vector<std::stri
     problems.push_back("num_key_value_heads " + std::to_string(KV) + " does not divide num_attention_heads " + std::to_string(H));
   if (c.contains("head_dim") && !c["head_dim"].is_null() && c["head_dim"] != json(C / H))
     problems.push_back("head_dim " + c["head_dim"].dump() + ": ours is hidden_size / num_attention_heads = " + std::to_string(C / H));
-  const std::string act = r.activation("hidden_act", "silu");
+  const Activation act = r.activation("hidden_act", "silu");
   const std::vector<std::string> rope = llama_rope(c, problems);
   // Llama's attention_bias puts a bias on o_proj too; Qwen2 has q/k/v biases and none on o_proj.
   const bool qkv_bias = type == "qwen2";
@@ -166,7 +170,7 @@ std::vector<std::string> llama_architecture(const json& c, std::vector<std::stri
   const bool sliding = type == "mistral" || c.value("use_sliding_window", false);
   if (sliding && c.contains("sliding_window") && c["sliding_window"].is_number_integer())
     T = std::min(T, c["sliding_window"].get<int64_t>());  // within the window, sliding attention is causal attention
-  std::vector<std::string> arch = {"architecture/family=llama",
+  std::vector<std::string> arch = {std::string("architecture/family=") + to_string(ModelFamily::Llama),
           "architecture/vocab_size=" + std::to_string(V),
           "architecture/block_size=" + std::to_string(T),
           "architecture/n_layers=" + std::to_string(L),
@@ -174,7 +178,7 @@ std::vector<std::string> llama_architecture(const json& c, std::vector<std::stri
           "architecture/n_kv_heads=" + std::to_string(KV),
           "architecture/d_model=" + std::to_string(C),
           "architecture/d_ff=" + std::to_string(F),
-          "architecture/activation=" + act,
+          std::string("architecture/activation=") + activation_name(act),
           "architecture/norm_eps=" + num(c.value("rms_norm_eps", 1e-6)),
           std::string("architecture/tie_embeddings=") + (c.value("tie_word_embeddings", false) ? "true" : "false"),
           std::string("architecture/qkv_bias=") + (qkv_bias ? "true" : "false")};
@@ -319,9 +323,9 @@ namespace {
 
 // HF's name of our activation; a tanh GELU keeps the imported model's spelling of it.
 std::string hf_activation(const ModelOptions& o, const std::string& before, const char* tanh_name) {
-  if (o.activation == ModelOptions::Activation::Silu) return "silu";
-  if (o.activation == ModelOptions::Activation::Gelu) return "gelu";
-  return activations().count(before) && activations().at(before) == "gelu_tanh" ? before : tanh_name;
+  if (o.activation == Activation::Silu) return "silu";
+  if (o.activation == Activation::Gelu) return "gelu";
+  return activations().count(before) && activations().at(before) == Activation::GeluTanh ? before : tanh_name;
 }
 
 json gpt2_config(const ModelOptions& o, json hf) {

@@ -26,25 +26,24 @@ namespace lt {
 
 namespace {
 std::vector<std::string> import_checked(const std::string& hf_dir, const std::string& config_path, const std::string& out,
-                                        const std::vector<std::string>& ours, const std::string& dtype);
+                                        const std::vector<std::string>& ours, torch::ScalarType dtype);
 }  // namespace
 
 std::vector<std::string> import_hf(const std::string& hf_dir, const std::string& out, bool force, const std::string& dtype) {
-  if (dtype != "source" && dtype != "float32" && dtype != "bfloat16")
-    throw UserError("import-hf --dtype " + dtype + ": expected source, float32 or bfloat16");
+  const torch::ScalarType as = parse_dtype_option(dtype, kHfDtypes, "import-hf");
   if (!fs::is_directory(hf_dir)) throw UserError("import-hf: " + hf_dir + " is not a directory");
   const std::string config_path = (fs::path(hf_dir) / "config.json").string();
   if (!fs::exists(config_path)) throw UserError("import-hf: " + hf_dir + " has no config.json (a Hugging Face model directory has one)");
   const auto ours = check_export_target(hf_dir, out, "import-hf", force);
   return_freed_tensors();  // one tensor at a time, and each one's memory returned
   // Every value read from config.json below: a type error names the file and the key.
-  return json_context(config_path, [&] { return import_checked(hf_dir, config_path, out, ours, dtype); });
+  return json_context(config_path, [&] { return import_checked(hf_dir, config_path, out, ours, as); });
 }
 
 namespace {
 
 std::vector<std::string> import_checked(const std::string& hf_dir, const std::string& config_path, const std::string& out,
-                                        const std::vector<std::string>& ours, const std::string& dtype) {
+                                        const std::vector<std::string>& ours, torch::ScalarType dtype) {
   const json hf_config = read_json_file(config_path);
   if (!hf_config.is_object()) throw UserError(config_path + ": not a JSON object");
   const ModelFamily family = hf_family(hf_config, config_path);
@@ -66,17 +65,17 @@ std::vector<std::string> import_checked(const std::string& hf_dir, const std::st
   }
   const auto src = BaseWeights::open_hf(hf_dir, family, expected);
   // Tensor by tensor from the mapped files into state.h5: the import holds one tensor, not the model.
-  const std::string written = dtype != "source" ? dtype : src->dtype();
+  const bool source = dtype == c10::ScalarType::Undefined;
+  const std::string written = source ? src->dtype() : dtype_name(dtype);
+  const bool f32 = source ? written == dtype_name(torch::kFloat32) : dtype == torch::kFloat32;
   TensorStream stored;
   for (const auto& [n, t] : expected) {
     stored.names.push_back(kParamsPrefix + n);
-    stored.bytes += static_cast<uint64_t>(t.numel()) * (written == "float32" ? 4 : 2);
+    stored.bytes += static_cast<uint64_t>(t.numel()) * (f32 ? 4 : 2);
   }
   stored.get = [&](size_t i) {
     torch::Tensor v = src->read(expected[i].first);
-    return dtype == "source" ? v
-                             : export_cast(v, dtype == "float32" ? torch::kFloat32 : torch::kBFloat16, stored.names[i],
-                                           "import-hf --dtype " + dtype);
+    return source ? v : export_cast(v, dtype, stored.names[i], "import-hf --dtype " + written);
   };
   const json base_model = src->base_model();
   json meta = {{"kind", state_kind_name(StateKind::Plain)},
@@ -111,14 +110,12 @@ struct MergedCheckpoint {
   torch::ScalarType dtype = torch::kFloat32;
 };
 
-// config.json's "dtype" for the weights' dtype.
+// config.json's "dtype" for the weights' dtype: its name in state.h5 (dtype_name), for the dtypes a
+// Hugging Face model's weights take.
 std::string hf_dtype_name(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat32: return "float32";
-    case torch::kBFloat16: return "bfloat16";
-    case torch::kFloat16: return "float16";
-    default: throw UserError(std::string("export --format hf: weights of dtype ") + c10::toString(t) + " have no config.json name");
-  }
+  if (t != torch::kFloat32 && t != torch::kBFloat16 && t != torch::kFloat16)
+    throw UserError(std::string("export --format hf: weights of dtype ") + c10::toString(t) + " have no config.json name");
+  return dtype_name(t);
 }
 
 MergedCheckpoint read_merged(const std::string& checkpoint, bool use_ema, const std::string& base, torch::ScalarType dtype) {
@@ -135,12 +132,10 @@ MergedCheckpoint read_merged(const std::string& checkpoint, bool use_ema, const 
 
 void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema, bool force, const std::string& base,
                const std::string& dtype, uint64_t max_shard_bytes) {
-  if (dtype != "source" && dtype != "float32" && dtype != "bfloat16")
-    throw UserError("export --dtype " + dtype + ": expected source, float32 or bfloat16. Nothing was written");
+  const torch::ScalarType as = parse_dtype_option(dtype, kHfDtypes, "export");
   const auto ours = check_export_target(checkpoint, out, "export", force);
   return_freed_tensors();
-  MergedCheckpoint m = read_merged(checkpoint, use_ema, base,
-                                   dtype == "source" ? c10::ScalarType::Undefined : dtype == "float32" ? torch::kFloat32 : torch::kBFloat16);
+  MergedCheckpoint m = read_merged(checkpoint, use_ema, base, as);
   const std::string dtype_name = hf_dtype_name(m.dtype);
   // An imported model keeps its own config (token ids, task settings); the architecture is ours.
   const json imported = m.ck.base_hf_config();

@@ -15,13 +15,17 @@
 
 namespace lt {
 
-ModelFamily parse_model_family(const std::string& s) {
-  if (s == "gpt2") return ModelFamily::Gpt2;
-  if (s == "llama") return ModelFamily::Llama;
-  throw UserError("architecture/family \"" + s + "\": expected gpt2 or llama");
+// architecture/family's values, in the order of ModelFamily.
+const std::vector<std::string>& model_family_names() {
+  static const std::vector<std::string> names = {"gpt2", "llama"};
+  return names;
 }
 
-const char* to_string(ModelFamily f) { return f == ModelFamily::Gpt2 ? "gpt2" : "llama"; }
+ModelFamily parse_model_family(const std::string& s) {
+  return enum_named<ModelFamily>(model_family_names(), s, "architecture/family");
+}
+
+const char* to_string(ModelFamily f) { return model_family_names().at(static_cast<size_t>(f)).c_str(); }
 
 // architecture/activation's values, in the order of ModelOptions::Activation.
 static const std::vector<std::string>& activation_names() {
@@ -30,6 +34,14 @@ static const std::vector<std::string>& activation_names() {
 }
 
 const char* activation_name(ModelOptions::Activation a) { return activation_names().at(static_cast<size_t>(a)).c_str(); }
+
+// architecture/rope_scaling's values, in the order of RopeScaling::Kind.
+static const std::vector<std::string>& rope_scaling_names() {
+  static const std::vector<std::string> names = {"none", "linear", "llama3"};
+  return names;
+}
+
+const char* rope_scaling_name(RopeScaling::Kind kind) { return rope_scaling_names().at(static_cast<size_t>(kind)).c_str(); }
 
 // architecture/* and training/activation_checkpointing, each bound to the ModelOptions field it sets.
 // runtime/attention and runtime/loss are the runtime's keys (RuntimeOptions), taken by from_config.
@@ -60,7 +72,7 @@ static const OptionGroup<ModelOptions>& model_options() {
                "model family: gpt2 (learned positions, LayerNorm, GELU MLP, tied head; GPT-2's parameter names) or llama "
                "(Llama/Qwen2/Mistral: rotary positions, RMSNorm, gated MLP, grouped-query attention; HF's parameter names)",
                [](O& o, const json& v) { o.family = parse_model_family(v.get<std::string>()); },
-               check_one_of({"gpt2", "llama"}))
+               check_one_of(model_family_names()))
           .add("architecture/d_ff", OptType::Int, -1, "the MLP's hidden width; -1 = 4 x d_model",
                &O::d_ff, check_positive_or_minus_one())
           .add("architecture/n_kv_heads", OptType::Int, -1,
@@ -77,12 +89,10 @@ static const OptionGroup<ModelOptions>& model_options() {
                "llama: rescaling of the rotary frequencies: none, linear (divided by rope_factor) or llama3 (Llama 3.1 and "
                "3.2's, by wavelength: rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_context)",
                [](O& o, const json& v) {
-                 const std::string scaling = v.get<std::string>();
-                 o.rope_scaling.kind = scaling == "llama3"   ? RopeScaling::Kind::Llama3
-                                       : scaling == "linear" ? RopeScaling::Kind::Linear
-                                                             : RopeScaling::Kind::None;
+                 o.rope_scaling.kind =
+                     enum_named<RopeScaling::Kind>(rope_scaling_names(), v.get<std::string>(), "architecture/rope_scaling");
                },
-               check_one_of({"none", "linear", "llama3"}))
+               check_one_of(rope_scaling_names()))
           .add("architecture/rope_factor", OptType::Float, 8.0, "llama, rope_scaling linear or llama3: the factor",
                [](O& o, const json& v) { o.rope_scaling.factor = v.get<double>(); }, check_positive())
           .add("architecture/rope_low_freq_factor", OptType::Float, 1.0, "llama, rope_scaling llama3: low_freq_factor",

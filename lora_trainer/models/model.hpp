@@ -27,7 +27,8 @@ class Config;
 class ConfigSchema;
 
 enum class ModelFamily { Gpt2, Llama };
-ModelFamily parse_model_family(const std::string& s);  // "gpt2" | "llama"
+const std::vector<std::string>& model_family_names();  // "gpt2", "llama": in ModelFamily's order
+ModelFamily parse_model_family(const std::string& s);  // UserError naming architecture/family and the names for another
 const char* to_string(ModelFamily f);
 
 // architecture/*, runtime/attention and training/activation_checkpointing, read once.
@@ -75,6 +76,8 @@ struct ModelOptions {
 
 // architecture/activation's name of an activation: "gelu", "gelu_tanh" or "silu".
 const char* activation_name(ModelOptions::Activation a);
+// architecture/rope_scaling's name of a rotary scaling: "none", "linear" or "llama3".
+const char* rope_scaling_name(RopeScaling::Kind kind);
 
 // A config of only the keys ModelOptions::from_config reads (architecture/*, runtime/attention and
 // runtime/loss, training/activation_checkpointing) at their defaults: a model's options without any

@@ -72,13 +72,19 @@ std::vector<std::string> expand_target_modules(torch::nn::Module& root, const st
   return out;
 }
 
-LoraInit parse_lora_init(const std::string& s) {
-  if (s == "gaussian") return LoraInit::Gaussian;
-  if (s == "kaiming_uniform") return LoraInit::KaimingUniform;
-  throw LoraSettingError("init", "\"" + s + "\" is not one of gaussian, kaiming_uniform");
+const std::vector<std::string>& lora_init_names() {
+  static const std::vector<std::string> names = {"gaussian", "kaiming_uniform"};  // in LoraInit's order
+  return names;
 }
 
-const char* to_string(LoraInit init) { return init == LoraInit::Gaussian ? "gaussian" : "kaiming_uniform"; }
+LoraInit parse_lora_init(const std::string& s) {
+  const auto& names = lora_init_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == s) return static_cast<LoraInit>(i);
+  throw LoraSettingError("init", "\"" + s + "\" is not one of " + join(names));
+}
+
+const char* to_string(LoraInit init) { return lora_init_names().at(static_cast<size_t>(init)).c_str(); }
 
 // A parameter's name, and its module's (the name without its last part), each match `entry` when equal
 // to it or ending in "." + entry.

@@ -138,7 +138,8 @@ struct LoraParams {
 //   Gaussian        normal(0, 1/r): the reference framework's init, PEFT's "gaussian"
 //   KaimingUniform  uniform(-1/sqrt(in), 1/sqrt(in)): PEFT's default (true), nn.Linear's own init
 enum class LoraInit { Gaussian, KaimingUniform };
-LoraInit parse_lora_init(const std::string& s);  // "gaussian" | "kaiming_uniform"
+const std::vector<std::string>& lora_init_names();  // "gaussian", "kaiming_uniform": in LoraInit's order
+LoraInit parse_lora_init(const std::string& s);      // LoraSettingError naming the names for another
 const char* to_string(LoraInit init);
 
 // Which parameters get adapters: 2-D weights whose name contains any of `target_modules`.

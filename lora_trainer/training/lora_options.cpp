@@ -49,7 +49,7 @@ static const OptionGroup<LoraOptions>& lora_options() {
                "how adapter A is drawn (B starts at zero): gaussian, normal(0, 1/r) as in the reference framework and PEFT's "
                "\"gaussian\"; or kaiming_uniform, uniform(+-1/sqrt(in)) as PEFT's default",
                [](O& o, const json& v) { o.init = with_lora_keys([&] { return parse_lora_init(v.get<std::string>()); }); },
-               check_one_of({"gaussian", "kaiming_uniform"}))
+               check_one_of(lora_init_names()))
           .add("optimization/lora/modules_to_save", OptType::StringList, json::array(),
                "base modules or parameters that train in full beside the adapters, as PEFT's modules_to_save (e.g. [\"wte\"]: "
                "the token embedding, tied to the output head; [\"ln_1\", \"ln_2\", \"ln_f\"]: every layer norm). Names or "

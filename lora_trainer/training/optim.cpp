@@ -304,7 +304,7 @@ static const std::pair<ScheduleKind, const char*> kScheduleKinds[] = {
 ScheduleKind parse_schedule_kind(const std::string& name) {
   for (const auto& [kind, n] : kScheduleKinds)
     if (name == n) return kind;
-  throw std::invalid_argument("unknown schedule \"" + name + "\" (known: constant, wsd, cosine)");
+  throw std::invalid_argument("unknown schedule \"" + name + "\" (known: " + join(schedule_kind_names()) + ")");
 }
 
 std::string schedule_kind_name(ScheduleKind kind) {

@@ -37,12 +37,13 @@ int export_checkpoint(const ExportArgs& a) {
   const bool gguf = a.format == "gguf" || a.format == "gguf-adapter";
   if (a.format != "hf" && a.max_shard_size != "5GB")
     throw UserError("export: --max-shard-size is an option of --format hf. Nothing was written");
-  if (a.format != "hf" && !gguf && a.dtype != "source")
+  const torch::ScalarType dtype = parse_dtype_option(a.dtype, kGgufDtypes, "export");
+  if (a.format != "hf" && !gguf && dtype != c10::ScalarType::Undefined)
     throw UserError("export: --dtype is an option of --format hf, gguf and gguf-adapter (native writes float32 for "
                     "training, peft the adapters in float32). Nothing was written");
-  if (a.format == "hf" && a.dtype == "float16")
-    throw UserError("export --format hf --dtype float16: Hugging Face exports are float32 or bfloat16 (source, float32, "
-                    "bfloat16). Nothing was written");
+  if (a.format == "hf" && dtype == torch::kFloat16)
+    throw UserError("export --format hf --dtype float16: Hugging Face exports are float32 or bfloat16 (" +
+                    join(dtype_option_names(kHfDtypes)) + "). Nothing was written");
   if (a.format != "gguf" && a.tokenizer != "auto")
     throw UserError("export: --tokenizer is an option of --format gguf (the model file carries the tokenizer). "
                     "Nothing was written");
@@ -82,7 +83,7 @@ Command add_export(CLI::App& app) {
                   "hf, gguf: the weights' dtype: source (the checkpoint's base as stored: bf16 for a LoRA-phase checkpoint "
                   "or a bf16 import, float32 for phase one), float32, bfloat16 or (gguf) float16; adapters are merged in "
                   "float32 and the result rounded once. gguf-adapter: the adapters' (source = float32)")
-      ->capture_default_str()->check(CLI::IsMember({"source", "float32", "bfloat16", "float16"}));
+      ->capture_default_str()->check(CLI::IsMember(dtype_option_names(kGgufDtypes)));
   sub->add_option("--tokenizer", a->tokenizer,
                   "gguf: the tokenizer model.gguf carries: auto (the one the model's training data was tokenized with, "
                   "as sample chooses; an error where nothing tells), byte, gpt2 or hf:DIR")

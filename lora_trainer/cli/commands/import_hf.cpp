@@ -1,5 +1,6 @@
 // `lora_trainer import-hf HF_DIR OUT [--force]`: a Hugging Face model directory as a weights-only checkpoint.
 #include "lora_trainer/cli/commands/command.hpp"
+#include "lora_trainer/formats/export.hpp"
 #include "lora_trainer/formats/huggingface.hpp"
 
 namespace lt {
@@ -28,7 +29,7 @@ Command add_import_hf(CLI::App& app) {
   sub->add_option("--dtype", a->dtype,
                   "the checkpoint's dtype: source (each tensor as the files store it: a bf16 model stays bf16), "
                   "float32 or bfloat16")
-      ->capture_default_str()->check(CLI::IsMember({"source", "float32", "bfloat16"}));
+      ->capture_default_str()->check(CLI::IsMember(dtype_option_names(kHfDtypes)));
   return {sub, [a] {
             import_hf(a->hf_dir, a->out, a->force, a->dtype);
             return 0;

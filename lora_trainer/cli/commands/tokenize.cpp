@@ -6,6 +6,7 @@
 
 #include "lora_trainer/cli/commands/command.hpp"
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/data/chat_template.hpp"
 #include "lora_trainer/data/tokenize.hpp"
 
 namespace lt {
@@ -66,7 +67,7 @@ Command add_tokenize(CLI::App& app) {
   a->chat_only.push_back(sub->add_option("--loss-on", tok.loss_on,
                                          "chat: which tokens count in the loss: assistant (every assistant turn, its "
                                          "end-of-turn token included), last (the last assistant turn), all")
-                             ->capture_default_str()->check(CLI::IsMember({"assistant", "last", "all"})));
+                             ->capture_default_str()->check(CLI::IsMember(chat_loss_names())));
   a->chat_only.push_back(sub->add_option("--chat-template", tok.chat_template,
                                          "chat: which of the model's named templates (e.g. tool_use; default: \"default\"), "
                                          "or a template file to use instead (a path: FILE.jinja, e.g. a copy with "
