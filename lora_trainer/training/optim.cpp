@@ -39,8 +39,8 @@ AdamW::AdamW(NamedTensors params, AdamWOptions opts, std::vector<double> lr_scal
   if (lr_scale_.empty()) lr_scale_.assign(params_.size(), 1.0);
   TORCH_CHECK(lr_scale_.size() == params_.size(), "AdamW: ", lr_scale_.size(), " lr scales for ", params_.size(), " parameters");
   for (const auto& [name, p] : params_) {
-    m_.push_back(torch::zeros_like(p, torch::kFloat32));
-    v_.push_back(torch::zeros_like(p, torch::kFloat32));
+    m_.emplace_back();  // made at the first step or state(), after shard() said which this rank keeps
+    v_.emplace_back();
     decay_.push_back(p.dim() >= 2);
   }
 }
@@ -117,8 +117,17 @@ void AdamW::zero_grad() {
     if (p.second.grad().defined()) p.second.mutable_grad() = torch::Tensor();
 }
 
+void AdamW::make_moments() const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (owns(i) && !m_[i].defined()) {
+      m_[i] = torch::zeros_like(params_[i].second, torch::kFloat32);
+      v_[i] = torch::zeros_like(params_[i].second, torch::kFloat32);
+    }
+}
+
 void AdamW::step(double lr) {
   torch::NoGradGuard ng;
+  make_moments();
   ++t_;
 #if LT_HAS_FUSED_ADAMW
   if (!params_.empty() && params_.front().second.is_cuda()) return fused_step(lr);
@@ -202,6 +211,7 @@ void AdamW::fused_step(double lr) {
 #endif
 
 NamedTensors AdamW::state() const {
+  make_moments();
   NamedTensors out;
   auto held = [&](size_t i, const torch::Tensor& t) {
     return owns(i) ? t : torch::zeros_like(params_[i].second, torch::kFloat32);
@@ -214,8 +224,8 @@ NamedTensors AdamW::state() const {
 
 int64_t AdamW::state_bytes() const {
   int64_t b = 0;
-  for (size_t i = 0; i < m_.size(); ++i)
-    if (owns(i)) b += (m_[i].numel() + v_[i].numel()) * 4;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (owns(i)) b += 2 * params_[i].second.numel() * 4;
   return b;
 }
 

@@ -59,7 +59,10 @@ class AdamW {
   void fused_step(double lr);  // CUDA with LibTorch 2.x
   NamedTensors params_;
   AdamWOptions o_;
-  std::vector<torch::Tensor> m_, v_;
+  // The moments of the parameters this rank keeps, made (zeros) when first needed: a sharded optimizer
+  // never holds the others' (make_moments).
+  void make_moments() const;
+  mutable std::vector<torch::Tensor> m_, v_;
   std::vector<bool> decay_;
   std::vector<double> lr_scale_;
   std::vector<int> owner_;  // empty: not sharded
