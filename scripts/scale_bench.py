@@ -10,7 +10,8 @@ process, wall time from here):
   import    `import-hf` (the source's dtype kept): peak RSS, time, checkpoint size
   lora      `run --restore HF_DIR`, a lora/train job without phase one: --steps steps of
             --batch rows x --block tokens: peak RSS, load time, step time, LoRA checkpoint size, the
-            frozen base's bytes as stored (the transition event's frozen_bytes)
+            frozen base's bytes as stored (the transition event's frozen_bytes), and the run's own
+            `memory` event: its peak allocated (anonymous) memory beside its memory plan's peak
   resume    `restore` from that job's first checkpoint (reads the base it refers to and checks its
             digest) to the end: peak RSS, time
   export    `export --format hf` of the job's final checkpoint (adapters merged into the bf16 base, written
@@ -129,8 +130,11 @@ def main():
     step_s = [a.batch * a.block / e["tok_per_s"] for e in steps if e.get("event") == "train" and e.get("tok_per_s")]
     gpu = [e["gpu_peak_gb"] for e in steps if e.get("event") == "train" and "gpu_peak_gb" in e]
     transition = next((e for e in steps if e.get("event") == "transition"), {})
+    memory = next((e for e in steps if e.get("event") == "memory"), {})  # rank 0's measured peak beside its plan
     r["lora"] = {"frozen_bytes": transition.get("frozen_bytes"), "frozen_params": transition.get("frozen_params"),
                  "quantized_params": transition.get("quantized_params"),
+                 "peak_allocated": memory.get("peak_allocated"), "plan_host": memory.get("plan_host"),
+                 "mapped_files": memory.get("mapped_files"),
                  "seconds": s, "peak_rss": rss, "exit": rc, "load_line": loaded[0] if loaded else "",
                  "load_s": float(loaded[0].split(" in ")[1].split(" s")[0]) if loaded else None,
                  "step_s": step_s, "gpu_peak_bytes": max(gpu) * 1e9 if gpu else None, "checkpoint_bytes": dir_bytes(os.path.join(jobdir, "final", str(tokens)))}
@@ -172,6 +176,10 @@ def main():
           f"{L['load_s']} s, steps {', '.join(f'{t:.1f}' for t in L['step_s'])} s ({a.batch} x {a.block} tokens), "
           f"LoRA checkpoint {L['checkpoint_bytes'] / 1e6:.1f} MB ({100 * L['checkpoint_bytes'] / base:.1f}% of the base)"
           + (f", peak GPU memory {gb(L['gpu_peak_bytes'])} ({x(L['gpu_peak_bytes'])})" if L["gpu_peak_bytes"] else ""))
+    if L.get("peak_allocated"):
+        print(f"    peak allocated (anonymous) {gb(L['peak_allocated'])}, the memory plan's {gb(L['plan_host'])} "
+              f"({100 * (L['plan_host'] / L['peak_allocated'] - 1):+.0f}%); mapped files {gb(L['mapped_files'])}; frozen base "
+              f"as stored {gb(L['frozen_bytes'] or 0)}")
     if L.get("ranks"):
         print(f"    on {L['ranks']} ranks: peak RSS per rank {', '.join(gb(b) for b in L['rank_peak_rss'])}; frozen base as "
               f"rank 0 stores it {gb(L['frozen_bytes'] or 0)}")
