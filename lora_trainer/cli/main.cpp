@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
   const std::vector<Command> commands = {
       add_jobs(app),    add_configure(app), add_run(app, argv[0]), add_checkpoints(app),
       add_restore(app), add_inspect(app),   add_export(app),       add_import_hf(app),
-      add_eval(app),    add_sample(app),    add_bench(app),        add_tokenize(app)};
+      add_eval(app),    add_sample(app),    add_plan(app),         add_bench(app),
+      add_tokenize(app)};
 
   try {
     check_subcommand(app, argc, argv);

@@ -16,6 +16,7 @@
 #include "lora_trainer/core/util.hpp"
 
 #ifdef LT_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
@@ -187,6 +188,15 @@ torch::Tensor Runtime::to_device(const torch::Tensor& host) const {
 
 void Runtime::synchronize() const {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+int64_t Runtime::device_memory() const {
+#ifdef LT_WITH_CUDA
+  if (!device.is_cuda()) return 0;
+  return static_cast<int64_t>(at::cuda::getDeviceProperties(device.index() < 0 ? c10::DeviceIndex(0) : device.index())->totalGlobalMem);
+#else
+  return 0;
+#endif
 }
 
 int64_t Runtime::device_peak_bytes() const {

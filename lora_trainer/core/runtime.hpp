@@ -40,6 +40,8 @@ struct Runtime {
   // The most device memory LibTorch's caching allocator has handed out since the process began or
   // the last reset_device_peak (0 on the CPU): the tensors' bytes, not the allocator's reserve.
   int64_t device_peak_bytes() const;
+  // The device's memory in all (a GPU's; 0 on the CPU).
+  int64_t device_memory() const;
   void reset_device_peak() const;
 };
 

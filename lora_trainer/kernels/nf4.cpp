@@ -111,6 +111,13 @@ int64_t Nf4Tensor::bytes() const {
   return size(codes) + size(absmax) + size(absmax_codes) + size(absmax_scales) + size(absmax_offset);
 }
 
+int64_t nf4_bytes(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const int64_t blocks = (n + kNf4BlockSize - 1) / kNf4BlockSize;
+  return (n + 1) / 2 + blocks + (blocks + kNf4AbsmaxBlockSize - 1) / kNf4AbsmaxBlockSize * 4 + 4;
+}
+
 Nf4Tensor Nf4Tensor::zeros(const std::vector<int64_t>& shape, const torch::Device& device) {
   Nf4Tensor q;
   q.shape = shape;

@@ -46,6 +46,10 @@ const std::array<float, 256>& dynamic_map_values();
 uint8_t dynamic_map_code(float x);
 
 // A weight stored as NF4.
+// The bytes a double-quantized NF4 storage of `shape` holds (Nf4Tensor::bytes() of one): its codes, the
+// absmax codes, their scales and offset.
+int64_t nf4_bytes(const std::vector<int64_t>& shape);
+
 struct Nf4Tensor {
   std::vector<int64_t> shape;
   int64_t numel = 0;

@@ -1,5 +1,6 @@
 #include "lora_trainer/models/model.hpp"
 
+#include <algorithm>
 #include <unistd.h>
 
 #include <cctype>
@@ -174,23 +175,34 @@ bool ModelOptions::fused_loss_on(const torch::Device& device) const {
   return loss == Loss::Fused;
 }
 
-// The model's size in float32 as the options state it, in double (no overflow for any int64 sizes):
-// settings from a file (an HF config.json with vocab_size 10^12) are refused before allocating.
+// Settings from a file (an HF config.json with vocab_size 10^12) are refused before anything is
+// allocated: the model's parameters are allocated in float32 when it is made (untouched pages until a
+// job draws, loads or places them), so a single tensor larger than this machine's memory cannot be made
+// at all, whatever the job then keeps (NF4, sharded). Whether the job fits is its memory plan's question
+// (training/memory_plan.hpp), asked before the weights are touched. Sizes in double: no overflow.
 static void check_model_fits(const ModelOptions& o) {
-  const double C = double(o.d_model), V = double(o.vocab_size), L = double(o.n_layer), T = double(o.block_size);
-  const double F = o.d_ff > 0 ? double(o.d_ff) : 4 * C, kv = double(o.kv_heads()) / double(o.n_head);
-  const double per_layer = C * C * (2 + 2 * kv) + C * F * (o.family == ModelFamily::Llama ? 3 : 2) + 8 * C;
-  const double params = V * C * (o.tie_embeddings ? 1 : 2) + L * per_layer + (o.family == ModelFamily::Gpt2 ? T * C : 0);
-  const double bytes = 4 * params;
+  const double C = double(o.d_model), V = double(o.vocab_size), F = o.d_ff > 0 ? double(o.d_ff) : 4 * C;
+  const double largest = 4 * std::max({V * C, C * F, C * C, double(o.block_size) * C});
   const double memory = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
-  if (bytes > memory) {
-    char b[320];
+  const double per_layer = C * C * 4 + C * F * 3 + 8 * C;  // at most (kv heads <= heads; llama's 3 MLP matrices)
+  const double all = 4 * (2 * V * C + double(o.n_layer) * per_layer + double(o.block_size) * C);
+  if (largest > memory) {
+    char b[360];
     std::snprintf(b, sizeof b,
-                  "the model as configured (architecture/vocab_size %lld, d_model %lld, n_layers %lld, d_ff %lld) has "
-                  "%.3g parameters, %.3g GB in float32: more than this machine's %.3g GB of memory. Check these "
-                  "settings (or the config.json they came from)",
-                  (long long)o.vocab_size, (long long)o.d_model, (long long)o.n_layer, (long long)(o.d_ff > 0 ? o.d_ff : 4 * o.d_model),
-                  params, bytes / 1e9, memory / 1e9);
+                  "the model as configured (architecture/vocab_size %lld, d_model %lld, d_ff %lld, block_size %lld) has a "
+                  "single tensor of %.3g GB in float32: more than this machine's %.3g GB of memory, in any form. Check "
+                  "these settings (or the config.json they came from)",
+                  (long long)o.vocab_size, (long long)o.d_model, (long long)(o.d_ff > 0 ? o.d_ff : 4 * o.d_model),
+                  (long long)o.block_size, largest / 1e9, memory / 1e9);
+    throw UserError(b);
+  }
+  if (all > double(int64_t{1} << 47)) {  // beyond a process's address space (128 TiB)
+    char b[300];
+    std::snprintf(b, sizeof b,
+                  "the model as configured (architecture/n_layers %lld, d_model %lld, vocab_size %lld) has %.3g GB of "
+                  "parameters in float32, more memory than a process can address: check these settings (or the config.json "
+                  "they came from)",
+                  (long long)o.n_layer, (long long)o.d_model, (long long)o.vocab_size, all / 1e9);
     throw UserError(b);
   }
 }

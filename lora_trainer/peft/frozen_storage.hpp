@@ -50,6 +50,12 @@ struct FrozenStorage {
   // values, for the restore to fill (FrozenWeight::assign, or its state() tensors loaded in place).
   // freeze_weight then makes the parameter a stand-in unless the storage is held_by_parameter (bf16).
   std::function<std::shared_ptr<FrozenWeight>(torch::Tensor weight)> make;
+  // The bytes a weight of `shape` takes in it (FrozenWeight::bytes() of one made), for the memory plan
+  // (training/memory_plan.hpp), which reads no weights. Unset: 2 a value, as bf16.
+  std::function<int64_t(const std::vector<int64_t>& shape)> stored_bytes;
+
+  // stored_bytes of `shape`, or 2 a value where the storage does not say.
+  int64_t bytes_of(const std::vector<int64_t>& shape) const;
 
   // Whether it quantizes: every storage but bf16. optimization/lora/quantize_base=<it> stores the
   // blocks' linear weights in it (LoraPhase::quantized_weights), and a checkpoint lists them with their

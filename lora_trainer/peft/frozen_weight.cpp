@@ -532,10 +532,11 @@ struct FrozenStorageRegistry {
     storages.push_back({"bf16", "bf16", [](torch::Tensor weight) -> std::shared_ptr<FrozenWeight> {
                           weight.set_data(weight.detach().to(torch::kBFloat16));  // as Module::to casts a parameter
                           return std::make_shared<Bf16Weight>(std::move(weight));
-                        }});
-    storages.push_back({"nf4", "NF4", [](torch::Tensor weight) -> std::shared_ptr<FrozenWeight> {
-                          return std::make_shared<Nf4Weight>(weight);
-                        }});
+                        },
+                        [](const std::vector<int64_t>& shape) { return 2 * c10::multiply_integers(shape); }});
+    storages.push_back({"nf4", "NF4",
+                        [](torch::Tensor weight) -> std::shared_ptr<FrozenWeight> { return std::make_shared<Nf4Weight>(weight); },
+                        [](const std::vector<int64_t>& shape) { return nf4_bytes(shape); }});
   }
   static FrozenFormat format(size_t i) { return FrozenFormat(static_cast<int>(i)); }
 };
@@ -556,6 +557,13 @@ FrozenFormat register_frozen_storage(FrozenStorage storage) {
   if (!storage.make) throw std::invalid_argument("register_frozen_storage: \"" + name + "\" has no make");
   r.storages.push_back(std::move(storage));
   return FrozenStorageRegistry::format(r.storages.size() - 1);
+}
+
+int64_t FrozenStorage::bytes_of(const std::vector<int64_t>& shape) const {
+  if (stored_bytes) return stored_bytes(shape);
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return 2 * n;
 }
 
 const FrozenStorage& frozen_storage(FrozenFormat format) {

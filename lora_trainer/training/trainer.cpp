@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "lora_trainer/core/memory.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/data/tokenize.hpp"
 #include "lora_trainer/data/tokenizer_choice.hpp"
@@ -13,6 +14,7 @@
 namespace lt {
 
 std::atomic<bool> Trainer::stop_requested{false};
+bool Trainer::plan_only = false;
 
 ConfigSchema Trainer::schema() {
   ConfigSchema s;
@@ -28,7 +30,7 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
     : RestorableJob(std::move(spec), std::move(cfg), std::move(out_dir)),
       opts_(TrainingOptions::from_config(cfg_)),
       dist_(distributed()),
-      metrics_(run_dir(), dist_.is_main(), opts_.tensorboard),
+      metrics_(run_dir(), dist_.is_main() && !plan_only, opts_.tensorboard),
       divergence_(opts_.on_nonfinite, spec_.name, job_dir()) {
   rt_ = Runtime::from_config(cfg_);
   batch_size_ = opts_.batch_size;
@@ -36,13 +38,13 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
   rank_rows_ = rows.rows;
   micro_batch_ = rows.micro_batch;
   torch::manual_seed(opts_.seed);
+  runtime_memory_ = runtime_memory();  // before the model: its construction's pages are the job's, reused later
   model_ = make_model(ModelOptions::from_config(cfg_));
   block_size_ = model_->options().block_size;
   // A job that starts in its LoRA phase takes its base from a checkpoint or a model directory: until
   // then its parameters are allocated (untouched pages) and neither drawn nor placed.
   const bool starts_with_adapters = plan.has_lora_phase() && plan.full_stages == 0;
   weights_pending_ = true;
-  if (!starts_with_adapters) settle_random_weights();
   data_ = std::make_unique<JobData>(opts_.data_dir, model_->options().vocab_size, opts_.pack, plan.stages, batch_size_,
                                     block_size_, opts_.seed,
                                     [this](const std::vector<Sampling>& datasets) { check_training_datasets(datasets); });
@@ -51,6 +53,15 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
     throw UserError("eval/use_ema is true but optimization/ema/decay is 0, so there is no average to use: set "
                     "optimization/ema/decay (e.g. 0.999), or eval/use_ema=false");
   check_param_rules(opts_.optimizer.param_rules, base_params(*model_));  // before the first optimizer is built
+  full_stages_ = static_cast<int>(plan.full_stages);
+  boundary_step_ = full_stages_ > 0 ? data_->stages()[static_cast<size_t>(full_stages_ - 1)].end_step : 0;
+  schedule_ = full_schedule(boundary_step_);  // phase 1's schedule ends at the boundary
+  if (plan.has_lora_phase())
+    lora_ = std::make_unique<LoraPhase>(cfg_, model_, dist_, rt_.device, opts_.shard_params, opts_.seed,
+                                        total_steps_ - boundary_step_);
+  check_memory(dist_.world_size(), env_int("LOCAL_WORLD_SIZE", dist_.world_size()), std::nullopt);  // before anything is allocated
+  if (plan_only) return;
+  if (!starts_with_adapters) settle_random_weights();
   // distributed/shard_params=all: phase one's block parameters kept 1/N a rank from here on.
   if (opts_.shard_params == ShardMode::All && dist_.active() && !starts_with_adapters)
     sharded_params_ = std::make_unique<ShardedParams>(model_, dist_, rt_.device);
@@ -60,17 +71,21 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
   NamedTensors phase_one;
   if (!starts_with_adapters) phase_one = sharded_params_ ? sharded_params_->pieces_of(named_params(*model_)) : named_params(*model_);
   build_optimizer(std::move(phase_one), opts_.optimizer.adamw.weight_decay);
-  full_stages_ = static_cast<int>(plan.full_stages);
-  boundary_step_ = full_stages_ > 0 ? data_->stages()[static_cast<size_t>(full_stages_ - 1)].end_step : 0;
-  schedule_ = full_schedule(boundary_step_);  // phase 1's schedule ends at the boundary
-  if (plan.has_lora_phase()) {
-    lora_ = std::make_unique<LoraPhase>(cfg_, model_, dist_, rt_.device, opts_.shard_params, opts_.seed,
-                                        total_steps_ - boundary_step_);
-  }
+}
+
+void Trainer::check_memory(int ranks, int ranks_here, std::optional<int> source_bytes) {
+  bool pairs = false;
+  for (const auto& s : data_->datasets()) pairs = pairs || s.style == DatasetStyle::CONTRASTIVE;
+  MemoryPlanInputs in = job_memory_inputs(model_, opts_, rt_, lora_.get(), full_stages_ > 0, pairs, ranks, ranks_here,
+                                            runtime_memory_);
+  in.loads_base = source_bytes.has_value();
+  in.source_bytes = source_bytes.value_or(2);
+  memory_plan_ = plan_memory(in);
+  if (!memory_plan_.fits() && !plan_only) throw UserError(memory_plan_.refusal());
 }
 
 CausalLM& Trainer::model() {
-  if (weights_pending_) settle_random_weights();
+  if (weights_pending_ && !plan_only) settle_random_weights();
   return model_;
 }
 
@@ -353,6 +368,7 @@ void Trainer::run() {
                                 std::to_string(rank_rows_) + " rows each a step)").c_str() : "",
               (long long)step_, (long long)total_steps_, (long long)tokens_per_step());
   if (sharded_params_ && is_main()) std::printf("%s\n", sharded_params_->describe(dist_.world_size(), opts_.shard_params).c_str());
+  if (is_main()) std::printf("%s\n", memory_plan_.summary().c_str());
   std::fflush(stdout);
   data_->open_all();  // a missing dataset is found now, not at its stage
   check_tasks();     // and a missing or malformed task file
@@ -360,7 +376,13 @@ void Trainer::run() {
   stop_requested = false;
   stopping_ = false;
   SignalGuard signals(lt_on_signal);  // the previous handlers come back however run() ends
-  if (!train_phases()) return;  // a signal stopped the run: saved
+  const bool finished = train_phases();
+  if (is_main()) {  // the measured peak beside the plan's
+    const MeasuredMemory m = measure_memory(memory_plan_, rt_);
+    std::printf("%s\n", m.line.c_str());
+    log_event(m.event(step_));
+  }
+  if (!finished) return;  // a signal stopped the run: saved
   save("final/" + std::to_string(tokens_));
   std::printf("finished: %lld steps, %lld tokens; final checkpoint %s/final/%lld\n", (long long)step_,
               (long long)tokens_, job_dir().c_str(), (long long)tokens_);

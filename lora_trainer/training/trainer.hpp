@@ -63,6 +63,7 @@
 #include "lora_trainer/training/plan.hpp"
 #include "lora_trainer/training/sharded_params.hpp"
 #include "lora_trainer/training/lora_phase.hpp"
+#include "lora_trainer/training/memory_plan.hpp"
 #include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/training/step_loss.hpp"
@@ -151,7 +152,8 @@ class Trainer : public RestorableJob {
   int64_t batch_size() const { return batch_size_; }  // the global batch's rows (training/batch_size)
   int64_t micro_batch() const { return micro_batch_; }
   int64_t block_size() const { return block_size_; }
-  // The model (a job waiting for its base gets its random initialisation first: settle_random_weights).
+  // The model (a job waiting for its base gets its random initialisation first: settle_random_weights;
+  // with plan_only, its parameters as allocated: their shapes, no values).
   CausalLM& model();
   // Trainable parameters in their fixed order (the optimizer's order; with phase 1's parameters
   // sharded, this rank's pieces of them).
@@ -231,6 +233,16 @@ class Trainer : public RestorableJob {
   // Set by SIGINT/SIGTERM; the loop saves and exits after the step in flight (with several ranks, after
   // the step in which any rank saw the signal).
   static std::atomic<bool> stop_requested;
+  // Set by `lora_trainer plan`: a trainer made while it is true makes its memory plan and nothing else
+  // (no weights drawn, no optimizer, nothing written); it is then only asked for memory_plan().
+  static bool plan_only;
+  // What the job holds in memory, phase by phase (memory_plan.hpp), made before anything is allocated;
+  // a job that does not fit was refused then, and one that loads a base is planned again with its dtype.
+  const MemoryPlan& memory_plan() const { return memory_plan_; }
+  // The plan for `ranks` ranks, `ranks_here` of them on this machine (`plan --nproc`; a run plans its
+  // own), loading a base of `source_bytes` a value when given. A UserError (MemoryPlan::refusal) when it
+  // does not fit, unless plan_only.
+  void check_memory(int ranks, int ranks_here, std::optional<int> source_bytes);
 
 
  private:
@@ -330,6 +342,8 @@ class Trainer : public RestorableJob {
   TaskSet tasks_;  // eval/evaluations' task files and eval --task's
   TrainerParts parts_;  // the recipes' parts, in the order added
   std::unique_ptr<JobData> data_;
+  MemoryPlan memory_plan_;
+  int64_t runtime_memory_ = 0;  // the process's own memory before the model was made (memory_plan.hpp)
   Schedule schedule_;  // the full-parameter phase's, over its steps
   std::unique_ptr<LoraPhase> lora_;  // null when the plan has no LoRA phase
   int full_stages_ = 0;              // the plan's first stages, those of the full-parameter phase

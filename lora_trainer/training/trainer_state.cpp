@@ -223,8 +223,12 @@ void Trainer::restore_tokenizer(const CheckpointMeta& ck) {
 void Trainer::load_weights_from(const BaseWeights& src) {
   torch::NoGradGuard ng;
   const double t0 = now_seconds();
+  // Each tensor read (and its conversions) is freed before the next: mapped, so that its memory goes
+  // back to the system instead of staying in a heap the kept tensors (NF4 codes, bf16 weights) fragment.
+  MappedLargeAllocations mapped;
   LoraPhase::BaseLoad loaded;
   if (lora_ && boundary_step_ == 0) {  // the LoRA phase's base, stored as the phase keeps it as it comes
+    check_memory(dist_.world_size(), memory_plan_.inputs.ranks_here, src.dtype() == "bfloat16" ? 2 : 4);
     loaded = lora_->load_base([&](const std::string& name) { return src.read(name); });
   } else {
     // Read in the source's dtype, cast once to float32 (no copy when it is already), placed; phase 1's

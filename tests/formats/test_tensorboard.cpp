@@ -156,7 +156,7 @@ TEST_CASE("tensorboard: a lora/train job's event file holds the numbers of its m
   const auto events = read_metrics_lines(run_dir);
   std::set<std::string> kinds;
   for (const auto& e : events) kinds.insert(e["event"].get<std::string>());
-  CHECK((kinds == std::set<std::string>{"train", "val", "transition"}));
+  CHECK((kinds == std::set<std::string>{"train", "val", "transition", "memory"}));
   const auto before = decoded(files[0]);
   if (!before) return;
   require_same_numbers(*before, events);

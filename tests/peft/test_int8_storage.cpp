@@ -72,9 +72,11 @@ class Int8Weight : public FrozenWeight {
   std::optional<uint32_t> crc_;
 };
 
-// The registration: its name, how messages call it, how it is made.
+// The registration: its name, how messages call it, how it is made, its bytes for the memory plan
+// (a byte a value and an f32 scale a row: Int8Weight::bytes()).
 const FrozenFormat kInt8 = register_frozen_storage(
-    {"int8", "int8", [](torch::Tensor weight) -> std::shared_ptr<FrozenWeight> { return std::make_shared<Int8Weight>(weight); }});
+    {"int8", "int8", [](torch::Tensor weight) -> std::shared_ptr<FrozenWeight> { return std::make_shared<Int8Weight>(weight); },
+     [](const std::vector<int64_t>& shape) { return shape.at(0) * shape.at(1) + shape.at(0) * 4; }});
 
 const std::vector<std::string> kInt8Job = {"optimization/lora/quantize_base=int8"};
 
@@ -107,8 +109,8 @@ TEST_CASE("the frozen storages' one name table: bf16, nf4 and a registered int8,
   CHECK(frozen_storage(kInt8).state_prefix() == "int8/");
   CHECK(!frozen_storage(FrozenFormat::Bf16).quantizes());
   CHECK(frozen_storage(kInt8).quantizes());
-  CHECK_THROWS(register_frozen_storage({"int8", "", frozen_storage(kInt8).make}));  // taken
-  CHECK_THROWS(register_frozen_storage({"none", "", frozen_storage(kInt8).make}));
+  CHECK_THROWS(register_frozen_storage({"int8", "", frozen_storage(kInt8).make, {}}));  // taken
+  CHECK_THROWS(register_frozen_storage({"none", "", frozen_storage(kInt8).make, {}}));
   CHECK(!shardable(kInt8));
 
   // The checkpoint's lora.quantize_base: typed, read once; "none" (older files) is bf16 and is written "bf16".

@@ -4,9 +4,15 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <filesystem>
+
 #include "lora_trainer/cli/registry.hpp"
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/formats/hf_families.hpp"
 #include "lora_trainer/training/trainer.hpp"
+
+namespace fs = std::filesystem;
 
 namespace lt {
 
@@ -57,6 +63,28 @@ void check_out_dir(const std::string& out_dir) {
   if (out_dir.find('=') != std::string::npos)
     throw UserError("OUT_DIR \"" + out_dir + "\" looks like a key=value override: give the output directory " +
                     "first (`.` for this directory), then the overrides");
+}
+
+// --restore HF_DIR: the model's architecture from its config.json, over the config file's and before
+// the command line's overrides (which a mismatch then reports). A rotary model's block_size (the rows'
+// length) stays the config's: it is the job's choice, not the weights'.
+std::vector<std::string> with_model_dir_architecture(const std::string& restore, const std::vector<std::string>& overrides,
+                                                     FILE* note) {
+  using nlohmann::json;
+  if (restore.empty() || is_checkpoint(restore) || !is_hf_model_dir(restore)) return overrides;
+  const std::string path = (fs::path(restore) / "config.json").string();
+  const json hf = read_json_file(path);
+  if (!hf.is_object()) throw UserError(path + ": not a JSON object");
+  std::vector<std::string> arch = json_context(path, [&] {
+    const bool rotary = hf_family(hf, path) == ModelFamily::Llama;
+    std::vector<std::string> out;
+    for (const auto& a : hf_architecture(hf, path))
+      if (!(rotary && a.rfind("architecture/block_size=", 0) == 0)) out.push_back(a);
+    return out;
+  });
+  if (note) std::fprintf(note, "the model's architecture, from %s: %s\n", path.c_str(), join(arch, " ").c_str());
+  arch.insert(arch.end(), overrides.begin(), overrides.end());
+  return arch;
 }
 
 std::unique_ptr<RestorableJob> load_for_reading(const std::string& checkpoint, const std::vector<std::string>& overrides,

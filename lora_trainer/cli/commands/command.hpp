@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -33,6 +34,7 @@ Command add_export(CLI::App& app);
 Command add_import_hf(CLI::App& app);
 Command add_eval(CLI::App& app);
 Command add_sample(CLI::App& app);
+Command add_plan(CLI::App& app);
 Command add_bench(CLI::App& app);
 Command add_tokenize(CLI::App& app);
 
@@ -49,6 +51,12 @@ CLI::Validator finite_in(double lo, double hi);
 
 // `run` and `restore`: an OUT_DIR that looks like a key=value override (the user left it out) is refused.
 void check_out_dir(const std::string& out_dir);
+
+// `run` and `plan` with --restore HF_DIR: the model's architecture from its config.json (architecture/*
+// settings), before `overrides` (which a mismatch then reports); a rotary model's block_size stays the
+// config's. `note` (when not null) gets a line saying so. `overrides` unchanged for anything else.
+std::vector<std::string> with_model_dir_architecture(const std::string& restore, const std::vector<std::string>& overrides,
+                                                     FILE* note);
 
 // `eval` and `sample`: a job rebuilt from a checkpoint for reading only (nothing is written), and its trainer.
 std::unique_ptr<RestorableJob> load_for_reading(const std::string& checkpoint, const std::vector<std::string>& overrides,

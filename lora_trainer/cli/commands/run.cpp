@@ -161,32 +161,10 @@ std::string check_recorded_base(const RunArgs& a, std::vector<std::string>& over
   return restore;
 }
 
-// --restore HF_DIR: the model's architecture from its config.json, over the config file's and before
-// the command line's overrides (which a mismatch then reports). A rotary model's block_size (the rows'
-// length) stays the config's: it is the job's choice, not the weights'.
-std::vector<std::string> with_model_dir_architecture(const std::string& restore, const std::vector<std::string>& overrides) {
-  using nlohmann::json;
-  if (restore.empty() || is_checkpoint(restore) || !is_hf_model_dir(restore)) return overrides;
-  const std::string path = (fs::path(restore) / "config.json").string();
-  const json hf = read_json_file(path);
-  if (!hf.is_object()) throw UserError(path + ": not a JSON object");
-  std::vector<std::string> arch = json_context(path, [&] {
-    const bool rotary = hf_family(hf, path) == ModelFamily::Llama;
-    std::vector<std::string> out;
-    for (const auto& a : hf_architecture(hf, path))
-      if (!(rotary && a.rfind("architecture/block_size=", 0) == 0)) out.push_back(a);
-    return out;
-  });
-  if (distributed().rank() == 0)
-    std::printf("the model's architecture, from %s: %s\n", path.c_str(), join(arch, " ").c_str());
-  arch.insert(arch.end(), overrides.begin(), overrides.end());
-  return arch;
-}
-
 int run(RunArgs a) {
   check_out_dir(a.out_dir);
   a.restore = check_recorded_base(a, a.overrides);
-  a.overrides = with_model_dir_architecture(a.restore, a.overrides);
+  a.overrides = with_model_dir_architecture(a.restore, a.overrides, distributed().rank() == 0 ? stdout : nullptr);
   if (a.nproc > 1) return start_local_ranks(a);
   if (Distributed::requested_by_env()) {  // one of several ranks (torchrun's, or --nproc's)
     Config cfg = make_config(a.config_path, a.overrides);

@@ -1,0 +1,473 @@
+#include "lora_trainer/training/memory_plan.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <set>
+
+#include "lora_trainer/core/memory.hpp"
+#include "lora_trainer/core/runtime.hpp"
+#include "lora_trainer/peft/lora.hpp"
+#include "lora_trainer/training/lora_phase.hpp"
+#include "lora_trainer/training/training_options.hpp"
+
+namespace lt {
+
+namespace {
+
+// What a block's forward keeps for its backward, in bytes, as measured on the CPU: the peak of full-
+// parameter runs of each family and precision over d_model, d_ff, block_size and the layers, fitted by
+// least squares (every run within 3%; docs/memory.md, "How the plan was measured"). The bytes a token
+// keeps per unit of d_model and of d_ff, and those of attention's weights per (row, head, query, key)
+// where attention is not fused (none where it is).
+struct BlockActivations {
+  double per_c = 0, per_ff = 0, attention = 0;
+};
+
+BlockActivations block_activations(ModelFamily family, bool bf16) {
+  if (family == ModelFamily::Llama) return bf16 ? BlockActivations{63.8, 4.9, 2.21} : BlockActivations{77.2, 18.2, 1.94};
+  return bf16 ? BlockActivations{21.5, 3.6, 2.88} : BlockActivations{43.3, 5.8, 5.56};
+}
+
+int64_t sum(const std::vector<PlannedParam>& params, bool (*take)(const PlannedParam&)) {
+  int64_t n = 0;
+  for (const auto& p : params)
+    if (take(p)) n += p.numel;
+  return n;
+}
+
+struct Shape {
+  int64_t N = 0;  // tokens of a micro-batch on one rank
+  int64_t B = 0, T = 0, C = 0, F = 0, H = 0, V = 0, L = 0;
+  int act = 4;    // bytes of an activation value
+};
+
+Shape shape_of(const MemoryPlanInputs& in) {
+  Shape s;
+  const ModelOptions& m = in.model;
+  s.B = in.rows * in.rows_per_sample;
+  s.T = m.block_size;
+  s.N = s.B * s.T;
+  s.C = m.d_model;
+  s.F = m.ff();
+  s.H = m.n_head;
+  s.V = m.vocab_size;
+  s.L = m.n_layer;
+  s.act = in.bf16 ? 2 : 4;
+  return s;
+}
+
+// The activations of a micro-batch: every block's (or, checkpointed, every block's input and one
+// block's whole), the embeddings' output, and the gradient of one block's in the backward. A block
+// whose weights are sharded is always checkpointed (its gathered weights are dropped after the forward).
+int64_t activations(const MemoryPlanInputs& in, const Shape& s, bool checkpointed) {
+  const BlockActivations k = block_activations(in.model.family, in.bf16);
+  double block = (k.per_c * s.C + k.per_ff * s.F) * static_cast<double>(s.N);
+  if (!in.fused_attention) block += k.attention * static_cast<double>(s.B) * s.H * s.T * s.T;
+  const double stream = 4.0 * s.N * s.C;  // the residual stream between blocks (f32)
+  const double kept = checkpointed ? s.L * stream + block : s.L * block;
+  return static_cast<int64_t>(kept + 2 * stream + block);  // + embeddings' output, final norm; one block's gradients
+}
+
+// The head's output and the loss's arrays: the fused loss keeps the logits and writes their gradient
+// into them; LibTorch's makes an f32 copy, its log-softmax and the gradient.
+int64_t logits(const MemoryPlanInputs& in, const Shape& s) {
+  const double nv = static_cast<double>(s.N) * s.V;
+  return static_cast<int64_t>(in.fused_loss ? nv * s.act : nv * s.act + 3 * nv * 4);
+}
+
+struct Builder {
+  const MemoryPlanInputs& in;
+  PhaseMemory phase;
+  // `bytes` of the training state: on the device on a GPU, else on the host.
+  void state(const std::string& what, int64_t bytes) {
+    if (bytes <= 0) return;
+    phase.items.push_back(in.cuda ? MemoryItem{what, 0, bytes} : MemoryItem{what, bytes, 0});
+  }
+  void host(const std::string& what, int64_t bytes) {
+    if (bytes > 0) phase.items.push_back({what, bytes, 0});
+  }
+};
+
+PhaseMemory full_phase(const MemoryPlanInputs& in) {
+  const Shape s = shape_of(in);
+  Builder b{in, {"phase 1 (full parameters)", {}}};
+  const int64_t all = sum(in.params, [](const PlannedParam&) { return true; });
+  const int64_t blocks = sum(in.params, [](const PlannedParam& p) { return p.in_block; });
+  const int64_t linear = sum(in.params, [](const PlannedParam& p) { return p.linear; });
+  const bool sharded = in.shard_params == ShardMode::All && in.ranks > 1;
+  const int64_t per_block = s.L > 0 ? blocks / s.L : 0;
+  const int64_t held = sharded ? all - blocks + (blocks + in.ranks - 1) / in.ranks : all;  // this rank's values
+  const bool zero1 = !sharded && in.shard_optimizer == ShardMode::All && in.ranks > 1;
+  const std::string of_ranks = " (1/" + std::to_string(in.ranks) + " of the blocks')";
+  b.state("weights (f32)" + std::string(sharded ? of_ranks : ""), 4 * held);
+  b.state("gradients (f32)" + std::string(sharded ? of_ranks : ""), 4 * held);
+  b.state(zero1 ? "AdamW moments (2 x f32, 1/" + std::to_string(in.ranks) + ": distributed/shard_optimizer)"
+                : "AdamW moments (2 x f32)",
+          8 * (zero1 ? (held + in.ranks - 1) / in.ranks : held));
+  if (in.ema) b.state("EMA (f32)", 4 * held);
+  if (sharded) b.state("blocks gathered (this one and the next, with a gradient)", 3 * 4 * per_block);
+  b.state("activations (" + std::to_string(s.B) + " x " + std::to_string(s.T) + " tokens a micro-batch" +
+              (in.model.activation_checkpointing || sharded ? ", checkpointed)" : ")"),
+          activations(in, s, in.model.activation_checkpointing || sharded));
+  b.state("logits and loss", logits(in, s));
+  if (in.bf16) {  // autocast's bf16 copies of the weights: kept for the micro-batch, or one at a time checkpointed
+    int64_t largest = 0;
+    for (const auto& p : in.params)
+      if (p.linear) largest = std::max(largest, p.numel);
+    b.state(in.model.activation_checkpointing || sharded ? "bf16 casts of the weights (one at a time)"
+                                                         : "bf16 casts of the weights (kept for the micro-batch)",
+            2 * (in.model.activation_checkpointing || sharded ? largest : linear));
+  }
+  if (zero1) b.host("checkpoint save (the other ranks' moments, gathered)", 8 * held - 8 * ((held + in.ranks - 1) / in.ranks));
+  b.host("runtime (LibTorch, threads)", in.runtime);
+  return b.phase;
+}
+
+PhaseMemory lora_phase(const MemoryPlanInputs& in) {
+  const Shape s = shape_of(in);
+  Builder b{in, {"phase 2 (LoRA)", {}}};
+  const FrozenStorage& storage = frozen_storage(in.storage);
+  int64_t bf16 = 0, quantized = 0, sharded = 0, trained = 0, largest_quantized = 0, n_quantized = 0, adapters = 0;
+  int64_t sharded_block = 0;
+  for (const auto& p : in.params) {
+    adapters += p.adapter;
+    if (p.trains) {
+      trained += p.numel;
+      continue;
+    }
+    const int64_t bytes = p.quantized ? storage.bytes_of(p.shape) : 2 * p.numel;
+    if (p.sharded) {
+      sharded += bytes;
+      sharded_block = std::max<int64_t>(sharded_block, bytes);
+    } else if (p.quantized) {
+      quantized += bytes;
+    } else {
+      bf16 += bytes;
+    }
+    if (p.quantized) largest_quantized = std::max(largest_quantized, p.numel), ++n_quantized;
+  }
+  const int64_t trains = adapters + trained + in.token_rows * s.C;
+  const bool zero1 = in.shard_optimizer != ShardMode::None && in.ranks > 1;
+  if (quantized > 0)
+    b.state("frozen base: " + std::to_string(n_quantized) + " linear weights in " + storage.shown(), quantized);
+  b.state("frozen base: bf16", bf16);
+  if (sharded > 0) {
+    const int64_t per_block = s.L > 0 ? sharded / s.L : 0;
+    b.state("frozen base: the blocks' weights, 1/" + std::to_string(in.ranks) + " a rank", (sharded + in.ranks - 1) / in.ranks);
+    b.state("frozen blocks gathered (this one and the next)", 2 * per_block);
+  }
+  b.state("adapters" + std::string(trained > 0 ? " and modules_to_save" : "") + " (f32)", 4 * trains);
+  b.state("gradients (f32)", 4 * trains);
+  b.state(zero1 ? "AdamW moments (2 x f32, 1/" + std::to_string(in.ranks) + ")" : "AdamW moments (2 x f32)",
+          8 * (zero1 ? (trains + in.ranks - 1) / in.ranks : trains));
+  if (in.ema) b.state("EMA (f32)", 4 * trains);
+  b.state("activations (" + std::to_string(s.B) + " x " + std::to_string(s.T) + " tokens a micro-batch" +
+              (in.model.activation_checkpointing || sharded > 0 ? ", checkpointed)" : ")"),
+          activations(in, s, in.model.activation_checkpointing || sharded > 0));
+  b.state("logits and loss", logits(in, s));
+  if (largest_quantized > 0)  // each product makes its weight whole in bf16, in the forward and the backward
+    b.state(storage.shown() + " weights made whole for their products (two at a time)", 2 * 2 * largest_quantized);
+  if (!in.bf16) b.state("f32 casts of the frozen weights (64 MiB blocks)", 2 * (64 << 20));
+  b.host("runtime (LibTorch, threads)", in.runtime);
+  return b.phase;
+}
+
+// A job that starts in its LoRA phase, loading its base: what the phase keeps of the base, plus the
+// tensor being read (in the source's dtype) and converted.
+PhaseMemory load_phase(const MemoryPlanInputs& in, const PhaseMemory& lora) {
+  PhaseMemory p{"load of the base", {}};
+  int64_t in_flight = 0, kept_wider = 0;
+  for (const auto& q : in.params) {
+    // What reading one tensor holds besides what the phase keeps of it: a quantized (or sharded) weight
+    // read, made bf16 and worked on in f32; a weight that trains read and made f32; a frozen one read
+    // in bf16 is kept as read (nothing more), one read wider stays so until the transition.
+    int64_t extra = 0;
+    if (q.quantized || q.sharded) extra = q.numel * (in.source_bytes + (in.source_bytes > 2 ? 2 : 0) + (q.quantized ? 4 : 0));
+    else if (q.trains) extra = q.numel * in.source_bytes;
+    else if (in.source_bytes > 2) kept_wider += (4 - 2) * q.numel;
+    in_flight = std::max(in_flight, extra);
+  }
+  for (const auto& item : lora.items)
+    if (item.what.rfind("frozen base", 0) == 0 || item.what.rfind("adapters", 0) == 0 || item.what.rfind("runtime", 0) == 0)
+      p.items.push_back(item);
+  // Weights the phase freezes stay f32 until the transition when the source stores f32.
+  if (kept_wider > 0) p.items.push_back(in.cuda ? MemoryItem{"frozen base kept f32 until the transition", 0, kept_wider}
+                                                : MemoryItem{"frozen base kept f32 until the transition", kept_wider, 0});
+  p.items.push_back({"the tensor being read and converted", in_flight, 0});
+  return p;
+}
+
+std::string padded(const std::string& s, size_t width) { return s.size() >= width ? s : s + std::string(width - s.size(), ' '); }
+
+}  // namespace
+
+int64_t PhaseMemory::host() const {
+  int64_t n = 0;
+  for (const auto& i : items) n += i.host;
+  return n;
+}
+
+int64_t PhaseMemory::device() const {
+  int64_t n = 0;
+  for (const auto& i : items) n += i.device;
+  return n;
+}
+
+MemoryPlan plan_memory(const MemoryPlanInputs& inputs) {
+  MemoryPlan plan;
+  plan.inputs = inputs;
+  if (inputs.phase_one) plan.phases.push_back(full_phase(inputs));
+  if (inputs.lora_phase) {
+    PhaseMemory lora = lora_phase(inputs);
+    if (inputs.loads_base) plan.phases.push_back(load_phase(inputs, lora));
+    plan.phases.push_back(std::move(lora));
+  }
+  return plan;
+}
+
+int64_t MemoryPlan::rank_host_peak() const {
+  int64_t n = 0;
+  for (const auto& p : phases) n = std::max(n, p.host());
+  return n;
+}
+
+int64_t MemoryPlan::host_peak() const { return rank_host_peak() * std::max(1, inputs.ranks_here); }
+
+int64_t MemoryPlan::device_peak() const {
+  int64_t n = 0;
+  for (const auto& p : phases) n = std::max(n, p.device());
+  return n;
+}
+
+bool MemoryPlan::fits() const {
+  if (inputs.host_memory > 0 && host_peak() > inputs.host_memory) return false;
+  if (inputs.cuda && inputs.device_memory > 0 && device_peak() > inputs.device_memory) return false;
+  return true;
+}
+
+std::string MemoryPlan::text() const {
+  std::string out;
+  const bool device = inputs.cuda;
+  for (const auto& p : phases) {
+    out += "  " + padded(p.name, 58) + (device ? "      host    device\n" : "      host\n");
+    for (const auto& i : p.items) {
+      char line[64];
+      std::snprintf(line, sizeof line, "%10s", format_bytes(i.host).c_str());
+      out += "    " + padded(i.what, 56) + line;
+      if (device) {
+        std::snprintf(line, sizeof line, "%10s", format_bytes(i.device).c_str());
+        out += line;
+      }
+      out += "\n";
+    }
+    char total[64];
+    std::snprintf(total, sizeof total, "%10s", format_bytes(p.host()).c_str());
+    out += "    " + padded("total, per rank", 56) + total;
+    if (device) {
+      std::snprintf(total, sizeof total, "%10s", format_bytes(p.device()).c_str());
+      out += total;
+    }
+    out += "\n";
+  }
+  out += "  peak: " + format_bytes(host_peak()) + " of host memory" +
+         (inputs.ranks_here > 1 ? " (" + std::to_string(inputs.ranks_here) + " ranks on this machine)" : std::string()) +
+         (inputs.host_memory > 0 ? ", of the machine's " + format_bytes(inputs.host_memory) : std::string());
+  if (device) out += "; " + format_bytes(device_peak()) + " of each GPU's " + format_bytes(inputs.device_memory);
+  out += fits() ? ": fits\n" : ": does not fit\n";
+  return out;
+}
+
+std::string MemoryPlan::summary() const {
+  std::string peak_phase;
+  int64_t peak = -1;
+  for (const auto& p : phases)
+    if ((inputs.cuda ? p.device() : p.host()) > peak) peak = inputs.cuda ? p.device() : p.host(), peak_phase = p.name;
+  std::string out = "memory plan: " + format_bytes(rank_host_peak()) + " of host memory a rank";
+  if (inputs.cuda) out += ", " + format_bytes(device_peak()) + " of the GPU's " + format_bytes(inputs.device_memory);
+  else if (inputs.host_memory > 0) out += " (this machine has " + format_bytes(inputs.host_memory) + ")";
+  return out + ", at its peak in " + peak_phase + "; `lora_trainer plan` itemizes it";
+}
+
+nlohmann::json MemoryPlan::to_json() const {
+  nlohmann::json phases_json = nlohmann::json::array();
+  for (const auto& p : phases) {
+    nlohmann::json items = nlohmann::json::array();
+    for (const auto& i : p.items) items.push_back({{"what", i.what}, {"host", i.host}, {"device", i.device}});
+    phases_json.push_back({{"phase", p.name}, {"items", items}, {"host", p.host()}, {"device", p.device()}});
+  }
+  nlohmann::json changes = nlohmann::json::array();
+  if (!fits())
+    for (const auto& c : fit_changes()) changes.push_back({{"setting", c.setting}, {"host", c.host}, {"device", c.device}});
+  return {{"phases", phases_json},
+          {"ranks", inputs.ranks},
+          {"ranks_here", inputs.ranks_here},
+          {"host_peak_per_rank", rank_host_peak()},
+          {"host_peak", host_peak()},
+          {"device_peak", device_peak()},
+          {"host_memory", inputs.host_memory},
+          {"device_memory", inputs.device_memory},
+          {"fits", fits()},
+          {"fit_changes", changes}};
+}
+
+std::vector<FitChange> MemoryPlan::fit_changes() const {
+  struct Change {
+    std::string setting;
+    bool applies;
+    std::function<void(MemoryPlanInputs&)> apply;
+  };
+  const MemoryPlanInputs& in = inputs;
+  const bool checkpointed = in.model.activation_checkpointing;
+  std::vector<Change> changes = {
+      {"training/per_device_batch_size=1", in.rows > 1, [](MemoryPlanInputs& i) { i.rows = 1; }},
+      {"training/activation_checkpointing=true", !checkpointed, [](MemoryPlanInputs& i) { i.model.activation_checkpointing = true; }},
+      {"optimization/lora/quantize_base=nf4", in.lora_phase && in.storage == FrozenFormat::Bf16,
+       [](MemoryPlanInputs& i) {
+         i.storage = FrozenFormat::Nf4;
+         for (auto& p : i.params) p.quantized = p.in_block && p.linear && !p.trains;
+       }},
+      {"distributed/shard_params=" + std::string(in.phase_one ? "all" : "lora") +
+           " on 2 machines (a rank each)",
+       in.shard_params == ShardMode::None && in.ranks == 1,
+       [phase_one = in.phase_one](MemoryPlanInputs& i) {
+         i.ranks = 2;
+         i.ranks_here = 1;
+         i.shard_params = phase_one ? ShardMode::All : ShardMode::Lora;
+         for (auto& p : i.params) p.sharded = p.in_block && p.linear && !p.trains;
+       }},
+  };
+  std::vector<FitChange> out;
+  for (const auto& c : changes) {
+    if (!c.applies) continue;
+    MemoryPlanInputs changed = in;
+    c.apply(changed);
+    const MemoryPlan p = plan_memory(changed);
+    if (p.fits()) out.push_back({c.setting, p.host_peak(), p.device_peak()});
+  }
+  if (!out.empty()) return out;
+  // None alone: all of them together, when that is enough.
+  MemoryPlanInputs changed = in;
+  std::string settings;
+  for (const auto& c : changes) {
+    if (!c.applies) continue;
+    c.apply(changed);
+    settings += (settings.empty() ? "" : " and ") + c.setting;
+    const MemoryPlan p = plan_memory(changed);
+    if (p.fits()) return {{settings, p.host_peak(), p.device_peak()}};
+  }
+  return out;
+}
+
+std::string MemoryPlan::refusal() const {
+  const bool device = inputs.cuda && inputs.device_memory > 0 && device_peak() > inputs.device_memory;
+  const PhaseMemory* peak = nullptr;
+  for (const auto& p : phases)
+    if (!peak || (device ? p.device() > peak->device() : p.host() > peak->host())) peak = &p;
+  std::string out = "this job does not fit in memory: its plan needs " +
+                    (device ? format_bytes(device_peak()) + " on each GPU, which has " + format_bytes(inputs.device_memory)
+                            : format_bytes(host_peak()) + " of host memory" +
+                                  (inputs.ranks_here > 1 ? " (" + std::to_string(inputs.ranks_here) + " ranks on this machine)" : "") +
+                                  ", and this machine has " + format_bytes(inputs.host_memory)) +
+                    ".";
+  if (peak) {
+    std::vector<MemoryItem> items = peak->items;
+    std::sort(items.begin(), items.end(), [&](const MemoryItem& a, const MemoryItem& b) {
+      return (device ? a.device : a.host) > (device ? b.device : b.host);
+    });
+    out += " Its largest items, in " + peak->name + ":";
+    for (size_t i = 0; i < items.size() && i < 3; ++i)
+      out += std::string(i ? "," : "") + " " + items[i].what + " " + format_bytes(device ? items[i].device : items[i].host);
+    out += ".";
+  }
+  const std::vector<FitChange> changes = fit_changes();
+  if (changes.empty()) {
+    out += " None of per_device_batch_size=1, activation checkpointing, an NF4 base or sharding over two machines "
+           "makes it fit: it needs a machine with more memory.";
+  } else {
+    out += " It fits with";
+    for (size_t i = 0; i < changes.size(); ++i)
+      out += std::string(i ? "; or" : "") + " " + changes[i].setting + " (" +
+             format_bytes(device ? changes[i].device : changes[i].host) + ")";
+    out += ".";
+  }
+  return out + " `lora_trainer plan` itemizes the plan (docs/memory.md).";
+}
+
+int64_t runtime_memory() {
+  // 68 MB on the CPU build here, a little above the 46-57 MB the runs' fit gives it (the threads'
+  // caches included), so the plan errs up (docs/memory.md).
+  return ProcessMemory::now().anonymous;
+}
+
+MemoryPlanInputs job_memory_inputs(CausalLM& model, const TrainingOptions& opts, const Runtime& rt, const LoraPhase* lora,
+                                   bool phase_one, bool pairs, int ranks, int ranks_here, int64_t runtime) {
+  MemoryPlanInputs in;
+  in.model = model->options();
+  in.phase_one = phase_one;
+  in.lora_phase = lora != nullptr;
+  in.ranks = std::max(1, ranks);
+  in.ranks_here = std::max(1, std::min(ranks_here, in.ranks));
+  in.rows = opts.rank_rows(in.ranks, true).micro_batch;
+  in.rows_per_sample = pairs ? 2 : 1;
+  in.bf16 = rt.bf16_autocast;
+  in.fused_loss = in.model.fused_loss_on(rt.device);
+  in.fused_attention = in.model.fused_attention_on(rt.device);
+  in.ema = opts.optimizer.ema_decay > 0;
+  in.shard_optimizer = opts.shard_optimizer;
+  in.shard_params = opts.shard_params;
+  in.cuda = rt.device.is_cuda();
+  in.runtime = runtime;
+  in.host_memory = machine_memory();
+  in.device_memory = rt.device_memory();
+  const NamedTensors params = base_params(*model);
+  std::set<std::string> quantized, shardable;
+  if (lora) {
+    in.storage = lora->quantize_base();
+    in.token_rows = static_cast<int64_t>(lora->options().token_ids.size());
+    quantized = lora->quantized_weights();
+    if (in.shard_params != ShardMode::None && in.ranks > 1) shardable = lora->frozen_block_weights();
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = params[i];
+    PlannedParam q;
+    q.name = name;
+    q.shape = p.sizes().vec();
+    q.numel = p.numel();
+    q.in_block = model->block_of(name) >= 0;
+    q.linear = p.dim() == 2;
+    if (lora) {
+      const LoraPhase::Selection& sel = lora->selection();
+      q.trains = sel.saved[i];
+      q.quantized = quantized.count(name) > 0;
+      q.sharded = shardable.count(name) > 0;
+      if (sel.targets[i]) q.adapter = lora->options().rank * (q.shape[0] + q.shape[1]) + (lora->options().dora ? q.shape[0] : 0);
+    }
+    in.params.push_back(std::move(q));
+  }
+  return in;
+}
+
+MeasuredMemory measure_memory(const MemoryPlan& plan, const Runtime& rt) {
+  const ProcessMemory now = ProcessMemory::now();
+  MeasuredMemory m;
+  m.peak_allocated = now.peak_allocated();
+  m.peak_resident = now.peak;
+  m.mapped_files = now.file;
+  m.plan_host = plan.rank_host_peak();
+  m.device_peak = rt.device_peak_bytes();
+  m.plan_device = plan.device_peak();
+  m.line = "memory: peak " + format_bytes(m.peak_allocated) + " allocated on the host (plan " + format_bytes(m.plan_host) + "), " +
+           format_bytes(m.mapped_files) + " of mapped files";
+  if (rt.device.is_cuda())
+    m.line += "; " + format_bytes(m.device_peak) + " on the GPU (plan " + format_bytes(m.plan_device) + ")";
+  return m;
+}
+
+nlohmann::json MeasuredMemory::event(int64_t step) const {
+  return {{"event", "memory"},       {"step", step},          {"peak_allocated", peak_allocated},
+          {"peak_resident", peak_resident}, {"mapped_files", mapped_files}, {"plan_host", plan_host},
+          {"device_peak", device_peak}, {"plan_device", plan_device}};
+}
+
+}  // namespace lt
