@@ -169,6 +169,16 @@ PhaseMemory lora_phase(const MemoryPlanInputs& in) {
   if (largest_quantized > 0)  // each product makes its weight whole in bf16, in the forward and the backward
     b.state(storage.shown() + " weights made whole for their products (two at a time)", 2 * 2 * largest_quantized);
   if (!in.bf16) b.state("f32 casts of the frozen weights (64 MiB blocks)", 2 * (64 << 20));
+  if (in.loads_base) {
+    // The load maps allocations of 1 MiB and more and returns them when freed; a smaller tensor read and
+    // then dropped (quantized, sharded, or read wider than the bf16 it is kept as) stays in the heap.
+    int64_t left = 0;
+    for (const auto& p : in.params) {
+      const int64_t read = p.numel * in.source_bytes;
+      if (!p.trains && read < (int64_t{1} << 20) && (p.quantized || p.sharded || in.source_bytes > 2)) left += read;
+    }
+    b.host("what the load left in the heap (tensors under 1 MiB read and dropped)", left);
+  }
   b.host("runtime (LibTorch, threads)", in.runtime);
   return b.phase;
 }

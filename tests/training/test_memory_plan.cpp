@@ -163,9 +163,9 @@ TEST_CASE("memory plan: `plan` names the change that makes a job fit, and with i
   CHECK_FALSE(std::filesystem::exists(dir / "out/checkpoints"));
 }
 
-TEST_CASE("memory plan: within 15% of the peak a run measures, for full-parameter, checkpointed, bf16 and NF4 LoRA jobs", "[memory][launcher]") {
+TEST_CASE("memory plan: within 15% of the peak a run measures: full-parameter and LoRA, checkpointed or not, bf16, NF4 and sharded on 2 ranks", "[memory][launcher]") {
   // A Llama of 6.0M parameters, 2 steps of 8 x 256 byte tokens: the weights, activations and runtime
-  // all count (scripts/memory_bench.py runs the same jobs, and more, and prints the table).
+  // all count (scripts/memory_bench.py runs the same jobs and prints the table; rank 0's with 2 ranks).
   test::TempDir dir;
   test::make_byte_dataset(dir / "data", "gen", 1, 8, 6000);
   const std::vector<std::string> arch = {
@@ -188,7 +188,10 @@ TEST_CASE("memory plan: within 15% of the peak a run measures, for full-paramete
       {"full", {"run", "full", dir / "full.json", dir / "out"}},
       {"full_ckpt", {"run", "full_ckpt", dir / "full.json", dir / "out", "training/activation_checkpointing=true"}},
       {"lora", {"run", "lora", dir / "lora.json", dir / "out", "--restore", base}},
-      {"qlora", {"run", "qlora", dir / "lora.json", dir / "out", "--restore", base, "optimization/lora/quantize_base=nf4"}}};
+      {"lora_ckpt", {"run", "lora_ckpt", dir / "lora.json", dir / "out", "--restore", base, "training/activation_checkpointing=true"}},
+      {"qlora", {"run", "qlora", dir / "lora.json", dir / "out", "--restore", base, "optimization/lora/quantize_base=nf4"}},
+      {"sharded", {"run", "sharded", dir / "lora.json", dir / "out", "--restore", base, "--nproc", "2",
+                   "distributed/shard_params=lora"}}};
   for (const auto& [name, args] : runs) {
     INFO(name);
     test::Result r = test::launch(args);
