@@ -1,8 +1,6 @@
 #include "lora_trainer/cli/bench.hpp"
 
 #include <dlfcn.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,7 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <random>
 
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -19,6 +16,7 @@
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/cli/registry.hpp"
 #include "lora_trainer/core/dataset_style.hpp"
+#include "lora_trainer/core/memory.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
 #include "lora_trainer/core/outputs.hpp"
@@ -45,11 +43,7 @@ double measure_matmul_peak(int64_t n, bool bf16, const Runtime& rt) {
   return 2.0 * static_cast<double>(n) * n * n / best;
 }
 
-static double peak_rss_mb() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss / 1024.0;
-}
+static double peak_rss_mb() { return ProcessMemory::now().peak / 1048576.0; }
 
 struct CpuAllocatorPeak::Listener : c10::MemoryReportingInfoBase {
   std::atomic<int64_t> now{0}, peak{0};
@@ -71,12 +65,7 @@ CpuAllocatorPeak::~CpuAllocatorPeak() = default;
 
 int64_t CpuAllocatorPeak::peak_bytes() const { return listener_->peak.load(); }
 
-static double current_rss_mb() {
-  std::ifstream in("/proc/self/statm");
-  long pages = 0, resident = 0;
-  in >> pages >> resident;
-  return resident * (sysconf(_SC_PAGESIZE) / 1048576.0);
-}
+static double current_rss_mb() { return ProcessMemory::now().resident() / 1048576.0; }
 
 static int64_t bytes_of(const NamedTensors& ts) {
   int64_t b = 0;

@@ -25,6 +25,8 @@ struct ProcessMemory {
   // of anonymous memory alone; this bounds it from above as long as the file-backed pages resident at
   // the peak were no more than now.
   int64_t peak_allocated() const { return peak - file - shared; }
+  // The resident set now, every kind of page (VmRSS).
+  int64_t resident() const { return anonymous + file + shared; }
 };
 
 // "1.23 GB" (decimal gigabytes, two decimals; MB below 1 GB).

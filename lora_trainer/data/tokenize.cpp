@@ -10,12 +10,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include <unistd.h>
 
 #include "lora_trainer/data/chat_template.hpp"
 #include "lora_trainer/data/hf_tokenizer.hpp"
 #include "lora_trainer/data/tokenizer.hpp"
 #include "lora_trainer/core/dataset_style.hpp"
+#include "lora_trainer/core/memory.hpp"
 #include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
 
@@ -287,7 +287,7 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
     for (const auto& row : rows) L = std::max<uint64_t>(L, row.ids.size());
   // Every row is padded to L: rows x L x 5 bytes (token + mask) must fit in memory.
   uint64_t need = 0;
-  const uint64_t memory = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t memory = static_cast<uint64_t>(machine_memory());
   if (__builtin_mul_overflow(static_cast<uint64_t>(rows.size()), L, &need) || __builtin_mul_overflow(need, uint64_t{5}, &need) ||
       need > memory)
     throw UserError("tokenize: " + std::to_string(rows.size()) + " rows of " + std::to_string(L) + " tokens need more than " +

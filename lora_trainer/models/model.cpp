@@ -1,12 +1,12 @@
 #include "lora_trainer/models/model.hpp"
 
 #include <algorithm>
-#include <unistd.h>
 
 #include <cctype>
 #include <cstdio>
 
 #include "lora_trainer/core/config.hpp"
+#include "lora_trainer/core/memory.hpp"
 #include "lora_trainer/core/options.hpp"
 #include "lora_trainer/models/gpt2.hpp"
 #include "lora_trainer/models/llama.hpp"
@@ -183,7 +183,7 @@ bool ModelOptions::fused_loss_on(const torch::Device& device) const {
 static void check_model_fits(const ModelOptions& o) {
   const double C = double(o.d_model), V = double(o.vocab_size), F = o.d_ff > 0 ? double(o.d_ff) : 4 * C;
   const double largest = 4 * std::max({V * C, C * F, C * C, double(o.block_size) * C});
-  const double memory = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+  const double memory = double(machine_memory());
   const double per_layer = C * C * 4 + C * F * 3 + 8 * C;  // at most (kv heads <= heads; llama's 3 MLP matrices)
   const double all = 4 * (2 * V * C + double(o.n_layer) * per_layer + double(o.block_size) * C);
   if (largest > memory) {

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "lora_trainer/core/memory.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/data/tokenize.hpp"
 #include "lora_trainer/data/tokenizer_choice.hpp"
