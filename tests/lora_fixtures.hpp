@@ -36,6 +36,20 @@ inline std::unique_ptr<Trainer> make_lora(const TwoDatasets& d, const std::strin
                                        d.dir / "out");
 }
 
+// A plain f32 job on "gen": what an `export` initialises.
+inline const std::vector<std::string> kPlainF32 = {"runtime/precision=f32", R"(training/dataset=[{"name":"gen","rate":1}])"};
+
+// Every base tensor of `after` is bf16, frozen (no gradient) and bit-identical to `before`'s (a snapshot).
+inline void check_base_frozen_as(const NamedTensors& before, const NamedTensors& after) {
+  REQUIRE(after.size() == before.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    INFO(before[i].first);
+    CHECK(after[i].second.scalar_type() == torch::kBFloat16);
+    CHECK_FALSE(after[i].second.requires_grad());
+    CHECK(torch::equal(before[i].second, after[i].second));
+  }
+}
+
 inline NamedTensors snapshot(const NamedTensors& in) {
   NamedTensors out;
   for (const auto& [n, t] : in) out.emplace_back(n, t.detach().clone());

@@ -259,26 +259,16 @@ bool MemoryPlan::fits() const {
 std::string MemoryPlan::text() const {
   std::string out;
   const bool device = inputs.cuda;
+  // A row: its name, then the host's bytes (and the device's) right-aligned in columns of 10.
+  auto row = [&](const std::string& what, int64_t host, int64_t dev) {
+    char cells[64];
+    std::snprintf(cells, sizeof cells, device ? "%10s%10s" : "%10s", format_bytes(host).c_str(), format_bytes(dev).c_str());
+    out += "    " + padded(what, 56) + cells + "\n";
+  };
   for (const auto& p : phases) {
     out += "  " + padded(p.name, 58) + (device ? "      host    device\n" : "      host\n");
-    for (const auto& i : p.items) {
-      char line[64];
-      std::snprintf(line, sizeof line, "%10s", format_bytes(i.host).c_str());
-      out += "    " + padded(i.what, 56) + line;
-      if (device) {
-        std::snprintf(line, sizeof line, "%10s", format_bytes(i.device).c_str());
-        out += line;
-      }
-      out += "\n";
-    }
-    char total[64];
-    std::snprintf(total, sizeof total, "%10s", format_bytes(p.host()).c_str());
-    out += "    " + padded("total, per rank", 56) + total;
-    if (device) {
-      std::snprintf(total, sizeof total, "%10s", format_bytes(p.device()).c_str());
-      out += total;
-    }
-    out += "\n";
+    for (const auto& i : p.items) row(i.what, i.host, i.device);
+    row("total, per rank", p.host(), p.device());
   }
   out += "  peak: " + format_bytes(host_peak()) + " of host memory" +
          (inputs.ranks_here > 1 ? " (" + std::to_string(inputs.ranks_here) + " ranks on this machine)" : std::string()) +

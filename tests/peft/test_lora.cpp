@@ -25,8 +25,6 @@ using test::make_lora;
 using test::snapshot;
 using test::tiny_gpt;
 
-// A plain f32 job on "gen": what an `export` initialises.
-const std::vector<std::string> kPlainF32 = {"runtime/precision=f32", R"(training/dataset=[{"name":"gen","rate":1}])"};
 
 TEST_CASE("param_filter picks the 2-D weights whose names contain a target", "[lora]") {
   GPT m = tiny_gpt();
@@ -249,13 +247,7 @@ TEST_CASE("after one LoRA step only the adapters changed and the optimizer holds
   auto base = snapshot(base_params(*t->model()));
   auto A = snapshot(t->lora_params().named());
   t->train_step();
-  auto base_after = base_params(*t->model());
-  for (size_t i = 0; i < base.size(); ++i) {
-    INFO(base[i].first);
-    CHECK(base_after[i].second.scalar_type() == torch::kBFloat16);
-    CHECK_FALSE(base_after[i].second.requires_grad());
-    CHECK(torch::equal(base[i].second, base_after[i].second));
-  }
+  test::check_base_frozen_as(base, base_params(*t->model()));
   auto after = t->lora_params().named();
   for (size_t i = 0; i < after.size(); i += 2) CHECK(torch::equal(A[i].second, after[i].second));  // B was 0: dA = 0
   for (size_t i = 1; i < after.size(); i += 2) CHECK_FALSE(torch::equal(A[i].second, after[i].second));  // B moved
@@ -445,7 +437,7 @@ TEST_CASE("export merges the adapters: the exported model computes what base + a
   CHECK(meta["merged_adapters"] == 8);
   // The export initialises a plain job (and would equally be the base of a LoRA job).
   Trainer plain(test::job_spec("from_export"),
-                    test::tiny_config(Trainer::schema(), d.dir / "data", kPlainF32), d.dir / "out");
+                    test::tiny_config(Trainer::schema(), d.dir / "data", test::kPlainF32), d.dir / "out");
   plain.restore_from_path(out);
   CHECK(plain.step() == 0);
   auto idx = torch::randint(0, 257, {2, 32}, torch::kLong);

@@ -27,8 +27,6 @@ using test::snapshot;
 using test::tiny_gpt;
 using test::check_resume_mid_phase2_and_final;
 
-// A plain f32 job on "gen": what an `export` initialises.
-const std::vector<std::string> kPlainF32 = {"runtime/precision=f32", R"(training/dataset=[{"name":"gen","rate":1}])"};
 
 
 namespace {
@@ -96,13 +94,7 @@ TEST_CASE("trainable token rows: after LoRA steps only the adapters and the chos
   t->train_step();
   // Every base tensor, the whole embedding included, is bit-identical: the rows are replaced in the
   // forward, never written into the frozen weight.
-  auto after = base_params(*t->model());
-  for (size_t i = 0; i < base.size(); ++i) {
-    INFO(base[i].first);
-    CHECK(after[i].second.scalar_type() == torch::kBFloat16);
-    CHECK_FALSE(after[i].second.requires_grad());
-    CHECK(torch::equal(base[i].second, after[i].second));
-  }
+  test::check_base_frozen_as(base, base_params(*t->model()));
   for (int64_t r = 0; r < 3; ++r) CHECK_FALSE(torch::equal(rows.values[r], f32_rows[r]));  // each row trained
   CHECK_FALSE(torch::equal(A[1].second, t->lora_params().named()[1].second));              // and the adapters
   std::vector<std::string> want;
@@ -174,7 +166,7 @@ TEST_CASE("export merges the trainable token rows into the embedding (and so the
     else REQUIRE(torch::equal(W[r], rows[k - kTokenIds.begin()]));
   }
   Trainer plain(test::job_spec("from_export"),
-                    test::tiny_config(Trainer::schema(), d.dir / "data", kPlainF32), d.dir / "out");
+                    test::tiny_config(Trainer::schema(), d.dir / "data", test::kPlainF32), d.dir / "out");
   plain.restore_from_path(d.dir / "exported");
   auto idx = torch::tensor(std::vector<int64_t>{5, 101, 200, 7, 5, 33, 200, 1}).view({2, 4}).repeat({1, 4});
   const double diff = (logits_of(*plain.model(), idx) - logits_of(*a->model(), idx)).abs().max().item<double>();
