@@ -4,9 +4,12 @@
 #include <cstdio>
 #include <functional>
 #include <set>
+#include <stdexcept>
 
 #include "lora_trainer/core/memory.hpp"
 #include "lora_trainer/core/runtime.hpp"
+#include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/peft/frozen_weight.hpp"
 #include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/training/lora_phase.hpp"
 #include "lora_trainer/training/training_options.hpp"
@@ -15,18 +18,45 @@ namespace lt {
 
 namespace {
 
-// What a block's forward keeps for its backward, in bytes, as measured on the CPU: the peak of full-
-// parameter runs of each family and precision over d_model, d_ff, block_size and the layers, fitted by
-// least squares (every run within 3%; docs/memory.md, "How the plan was measured"). The bytes a token
+// What a block's forward keeps for its backward, in bytes, as measured on the CPU: the bytes a token
 // keeps per unit of d_model and of d_ff, and those of attention's weights per (row, head, query, key)
-// where attention is not fused (none where it is).
+// where attention is not fused (none where it is). LibTorch's autograd decides what is kept, so each
+// generation has its rows: 2.x saves no operand whose partner needs no gradient (1.13 saves both), which
+// matters most where the weights are frozen (the LoRA phase). Each row is fitted by least squares on
+// 2-step runs over d_model, d_ff, block_size and the layers by scripts/fit_activations.py (docs/
+// memory.md, "How the plan was measured").
 struct BlockActivations {
   double per_c = 0, per_ff = 0, attention = 0;
 };
 
-BlockActivations block_activations(ModelFamily family, bool bf16) {
-  if (family == ModelFamily::Llama) return bf16 ? BlockActivations{63.8, 4.9, 2.21} : BlockActivations{77.2, 18.2, 1.94};
-  return bf16 ? BlockActivations{21.5, 3.6, 2.88} : BlockActivations{43.3, 5.8, 5.56};
+struct ActivationRow {
+  ModelFamily family;
+  bool bf16, frozen;
+  BlockActivations bytes;
+};
+
+// Rows: family, bf16 autocast (else f32), frozen (the LoRA phase), {per d_model, per d_ff, attention}.
+#if LT_TORCH_AT_LEAST(2, 0)
+// LibTorch 2.6 (Debian 13), 2026-11-29: the plan within -5% to +6% of every fitted run.
+constexpr ActivationRow kActivationRows[] = {
+    {ModelFamily::Llama, true, false, {34.5, 7.3, 2.94}},  {ModelFamily::Llama, true, true, {26.4, 10.3, 1.71}},
+    {ModelFamily::Llama, false, false, {48.8, 13.9, 5.56}}, {ModelFamily::Llama, false, true, {57.3, 15.5, 3.66}},
+    {ModelFamily::Gpt2, true, false, {15.6, 3.4, 2.89}},   {ModelFamily::Gpt2, true, true, {21.3, 6.4, 1.95}},
+    {ModelFamily::Gpt2, false, false, {28.6, 6.5, 5.59}},  {ModelFamily::Gpt2, false, true, {39.6, 8.2, 3.82}}};
+#else
+// LibTorch 1.13 (Debian 12), 2026-11-29: the plan within -6% to +6% of every fitted run.
+constexpr ActivationRow kActivationRows[] = {
+    {ModelFamily::Llama, true, false, {47.0, 7.7, 2.93}},  {ModelFamily::Llama, true, true, {54.4, 9.9, 0.76}},
+    {ModelFamily::Llama, false, false, {65.4, 13.4, 5.61}}, {ModelFamily::Llama, false, true, {74.2, 14.2, 4.13}},
+    {ModelFamily::Gpt2, true, false, {17.7, 2.8, 3.76}},   {ModelFamily::Gpt2, true, true, {36.6, 4.2, 1.97}},
+    {ModelFamily::Gpt2, false, false, {33.9, 7.3, 5.43}},  {ModelFamily::Gpt2, false, true, {42.0, 7.7, 4.78}}};
+#endif
+
+// `frozen`: the blocks' weights need no gradient (the LoRA phase: only the adapters' do).
+BlockActivations block_activations(ModelFamily family, bool bf16, bool frozen) {
+  for (const auto& row : kActivationRows)
+    if (row.family == family && row.bf16 == bf16 && row.frozen == frozen) return row.bytes;
+  throw std::logic_error("memory plan: no activation row for this family");
 }
 
 int64_t sum(const std::vector<PlannedParam>& params, bool (*take)(const PlannedParam&)) {
@@ -60,8 +90,8 @@ Shape shape_of(const MemoryPlanInputs& in) {
 // The activations of a micro-batch: every block's (or, checkpointed, every block's input and one
 // block's whole), the embeddings' output, and the gradient of one block's in the backward. A block
 // whose weights are sharded is always checkpointed (its gathered weights are dropped after the forward).
-int64_t activations(const MemoryPlanInputs& in, const Shape& s, bool checkpointed) {
-  const BlockActivations k = block_activations(in.model.family, in.bf16);
+int64_t activations(const MemoryPlanInputs& in, const Shape& s, bool checkpointed, bool frozen) {
+  const BlockActivations k = block_activations(in.model.family, in.bf16, frozen);
   double block = (k.per_c * s.C + k.per_ff * s.F) * static_cast<double>(s.N);
   if (!in.fused_attention) block += k.attention * static_cast<double>(s.B) * s.H * s.T * s.T;
   const double stream = 4.0 * s.N * s.C;  // the residual stream between blocks (f32)
@@ -109,7 +139,7 @@ PhaseMemory full_phase(const MemoryPlanInputs& in) {
   if (sharded) b.state("blocks gathered (this one and the next, with a gradient)", 3 * 4 * per_block);
   b.state("activations (" + std::to_string(s.B) + " x " + std::to_string(s.T) + " tokens a micro-batch" +
               (in.model.activation_checkpointing || sharded ? ", checkpointed)" : ")"),
-          activations(in, s, in.model.activation_checkpointing || sharded));
+          activations(in, s, in.model.activation_checkpointing || sharded, /*frozen=*/false));
   b.state("logits and loss", logits(in, s));
   if (in.bf16) {  // autocast's bf16 copies of the weights: kept for the micro-batch, or one at a time checkpointed
     int64_t largest = 0;
@@ -164,11 +194,16 @@ PhaseMemory lora_phase(const MemoryPlanInputs& in) {
   if (in.ema) b.state("EMA (f32)", 4 * trains);
   b.state("activations (" + std::to_string(s.B) + " x " + std::to_string(s.T) + " tokens a micro-batch" +
               (in.model.activation_checkpointing || sharded > 0 ? ", checkpointed)" : ")"),
-          activations(in, s, in.model.activation_checkpointing || sharded > 0));
+          activations(in, s, in.model.activation_checkpointing || sharded > 0, /*frozen=*/true));
   b.state("logits and loss", logits(in, s));
   if (largest_quantized > 0)  // each product makes its weight whole in bf16, in the forward and the backward
     b.state(storage.shown() + " weights made whole for their products (two at a time)", 2 * 2 * largest_quantized);
-  if (!in.bf16) b.state("f32 casts of the frozen weights (64 MiB blocks)", 2 * (64 << 20));
+  if (!in.bf16) {  // each product casts its frozen weight into one buffer, in blocks of rows of 64 MiB at most
+    int64_t largest_frozen = 0;
+    for (const auto& p : in.params)
+      if (!p.trains && !p.quantized && p.shape.size() == 2) largest_frozen = std::max(largest_frozen, p.numel);
+    b.state("f32 cast of a frozen weight (one buffer, 64 MiB at most)", std::min(kFrozenCastBlockBytes, 4 * largest_frozen));
+  }
   if (in.loads_base) {
     // The load maps allocations of 1 MiB and more and returns them when freed; a smaller tensor read and
     // then dropped (quantized, sharded, or read wider than the bf16 it is kept as) stays in the heap.
