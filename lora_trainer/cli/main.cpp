@@ -10,6 +10,7 @@
 #include "lora_trainer/cli/commands/command.hpp"
 #include "lora_trainer/cli/local_ranks.hpp"
 #include "lora_trainer/core/distributed.hpp"
+#include "lora_trainer/core/torch_compat.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/training/divergence.hpp"
 
@@ -44,6 +45,15 @@ int main(int argc, char** argv) {
                "Docs: docs/cli.md, docs/config.md, checkpoints/README.md"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "help for every subcommand");
+  // What this binary was built against: the LibTorch (its autograd decides what a block keeps for the
+  // backward, docs/memory.md) and whether it has the CUDA kernels.
+  app.set_version_flag("--version", std::string("lora_trainer, built against LibTorch ") + compat::torch_version() +
+#if defined(LT_WITH_CUDA)
+                                        " with CUDA"
+#else
+                                        " (CPU only)"
+#endif
+  );
   const std::vector<Command> commands = {
       add_jobs(app),    add_configure(app), add_run(app, argv[0]), add_checkpoints(app),
       add_restore(app), add_inspect(app),   add_export(app),       add_import_hf(app),
