@@ -20,8 +20,9 @@ process, wall time from here):
             the base was referred to)
 and prints them beside the base's bf16 bytes, and writes them as JSON to --out. On a CUDA build with a
 GPU, pass runtime/device=cuda after `--` to run the jobs there: the LoRA job's peak GPU memory (its step
-lines' gpu_peak_gb) is then reported too. --skip import,copies,export leaves those stages out (a GPU run
-needs none of them: they run on the CPU, and the copies' size does not depend on the device). --nproc N
+lines' gpu_peak_gb) is then reported too. --skip import,copies,export,resume leaves those stages out (a GPU run
+needs none of the first three: they run on the CPU, and the copies' size does not depend on the
+device; without resume, the load is timed once). --nproc N
 runs the `lora` stage as N data-parallel ranks on this machine (`run --nproc N`), and reports each rank's
 peak RSS as the launcher prints it (with `-- distributed/shard_params=lora`: the base sharded). Record the
 figures in docs/performance.md with the CPU model (lscpu).
@@ -70,7 +71,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--block", type=int, default=128)
-    ap.add_argument("--skip", default="", help="stages to leave out, comma-separated: import, copies, export")
+    ap.add_argument("--skip", default="", help="stages to leave out, comma-separated: import, copies, export, resume")
     ap.add_argument("--nproc", type=int, default=1, help="ranks of the lora stage (run --nproc N; default 1)")
     ap.add_argument("overrides", nargs="*", help="key=value settings for the jobs (after --)")
     a = ap.parse_args()
@@ -113,7 +114,7 @@ def main():
     r["read_s"] = time.time() - t0
 
     skip = set(x for x in a.skip.split(",") if x)
-    stages = {"import", "copies", "export"}
+    stages = {"import", "copies", "export", "resume"}
     if skip - stages:
         sys.exit(f"scale_bench.py: --skip takes {', '.join(sorted(stages))}, not {', '.join(sorted(skip - stages))}")
     if "import" not in skip:
@@ -146,9 +147,10 @@ def main():
             r["lora"]["peak_rss"] = max(r["lora"]["rank_peak_rss"])
 
     first = f"ntoks/{a.batch * a.block}"
-    s, rss, rc = measure([B, "restore", "resumed", os.path.join(jobdir, first), out], os.path.join(logs, "resume.log"))
-    r["resume"] = {"seconds": s, "peak_rss": rss, "exit": rc,
-                   "base_line": (grep(os.path.join(logs, "resume.log"), "frozen base of") or [""])[0]}
+    if "resume" not in skip:
+        s, rss, rc = measure([B, "restore", "resumed", os.path.join(jobdir, first), out], os.path.join(logs, "resume.log"))
+        r["resume"] = {"seconds": s, "peak_rss": rss, "exit": rc,
+                       "base_line": (grep(os.path.join(logs, "resume.log"), "frozen base of") or [""])[0]}
 
     if "export" not in skip:
         hf = os.path.join(a.work, "exported_hf")
@@ -183,8 +185,9 @@ def main():
     if L.get("ranks"):
         print(f"    on {L['ranks']} ranks: peak RSS per rank {', '.join(gb(b) for b in L['rank_peak_rss'])}; frozen base as "
               f"rank 0 stores it {gb(L['frozen_bytes'] or 0)}")
-    print(f"  resume from ntoks/{a.batch * a.block}  {r['resume']['seconds']:.1f} s, peak RSS {gb(r['resume']['peak_rss'])} "
-          f"({x(r['resume']['peak_rss'])})")
+    if "resume" in r:
+        print(f"  resume from ntoks/{a.batch * a.block}  {r['resume']['seconds']:.1f} s, peak RSS {gb(r['resume']['peak_rss'])} "
+              f"({x(r['resume']['peak_rss'])})")
     if "export" in r:
         print(f"  export --format hf          {r['export']['seconds']:.1f} s, peak RSS {gb(r['export']['peak_rss'])} "
               f"({x(r['export']['peak_rss'])}), {gb(r['export']['bytes'])} written")

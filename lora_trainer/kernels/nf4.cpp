@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "lora_trainer/kernels/parallel.hpp"
+#include "lora_trainer/kernels/vector_math.hpp"
 
 #ifdef LT_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -135,6 +136,18 @@ std::vector<std::pair<const char*, torch::Tensor*>> Nf4Tensor::fields() {
   return {{"codes", &codes}, {"absmax_codes", &absmax_codes}, {"absmax_scales", &absmax_scales}, {"absmax_offset", &absmax_offset}};
 }
 
+void Nf4Tensor::fill_from(Nf4Tensor q) {
+  bool in_place = codes.defined() && double_quantized() && q.double_quantized() && device() == q.device();
+  auto mine = fields(), made = q.fields();
+  for (size_t i = 0; in_place && i < mine.size(); ++i)
+    in_place = mine[i].second->sizes() == made[i].second->sizes() && mine[i].second->dtype() == made[i].second->dtype();
+  if (!in_place) {
+    *this = std::move(q);
+    return;
+  }
+  for (size_t i = 0; i < mine.size(); ++i) mine[i].second->copy_(*made[i].second);
+}
+
 Nf4Tensor Nf4Tensor::to(const torch::Device& device) const {
   Nf4Tensor q = *this;
   for (torch::Tensor* t : {&q.codes, &q.absmax, &q.absmax_codes, &q.absmax_scales, &q.absmax_offset})
@@ -154,31 +167,62 @@ const torch::Tensor& table_on(const float* values, int64_t n, const torch::Devic
   return t;
 }
 
-// W's codes (q.codes) and each block's absmax (returned, f32) by the loop, on the CPU.
+// Blocks [first, end) of x (numel values, f32 or bf16's bits): each block's absmax into absmax[block]
+// and its codes into codes, two a byte, high nibble first (a block starts at an even element, so it
+// owns whole bytes; an odd count's last low nibble is 0). Written for the vectoriser: the absmax as
+// std::max takes it (NaN ignored: `m < a` is false), the code as the number of thresholds below
+// x * (1 / absmax), NaN none of them (code 0), so every value gets the bits of a scalar loop.
+template <typename T>
+LT_VECTOR_KERNEL void quantize_block_range(const T* __restrict x, int64_t numel, int64_t first, int64_t end,
+                                           float* __restrict absmax, uint8_t* __restrict codes) {
+  for (int64_t blk = first; blk < end; ++blk) {
+    const int64_t b0 = blk * kNf4BlockSize, n = std::min(kNf4BlockSize, numel - b0);
+    const T* xb = x + b0;
+    float m = 0.0f;
+#pragma omp simd reduction(max : m)
+    for (int64_t i = 0; i < n; ++i) {
+      const float a = std::fabs(vec::to_f32(xb[i]));
+      m = m < a ? a : m;
+    }
+    absmax[blk] = m;
+    const float r = 1.0f / m;  // bitsandbytes multiplies by the reciprocal
+    uint8_t c[kNf4BlockSize];
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = vec::to_f32(xb[i]) * r;
+      int k = 0;
+      for (int t = 0; t < 15; ++t) k += v > kNf4Thresholds[t] ? 1 : 0;
+      c[i] = static_cast<uint8_t>(k);
+    }
+    uint8_t* out = codes + b0 / 2;
+    for (int64_t j = 0; j < n / 2; ++j) out[j] = static_cast<uint8_t>(c[2 * j] << 4 | c[2 * j + 1]);
+    if (n % 2) out[n / 2] = static_cast<uint8_t>(c[n - 1] << 4);
+  }
+}
+LT_VECTOR_DISPATCH(quantize_block_range)
+
+// W's codes (q.codes) and each block's absmax (returned, f32) by the kernel above, on the CPU over the
+// threads: read in place when W is f32 or bf16, else converted to f32 a chunk at a time.
 torch::Tensor codes_by_loop(const torch::Tensor& flat, Nf4Tensor& q) {
-  q.codes = torch::zeros({(q.numel + 1) / 2}, torch::kUInt8);
+  q.codes = torch::empty({(q.numel + 1) / 2}, torch::kUInt8);
   auto absmax = torch::empty({q.blocks()}, torch::kFloat32);
   uint8_t* codes = q.codes.data_ptr<uint8_t>();
   float* am = absmax.data_ptr<float>();
+  auto run = [&](const auto* x, int64_t numel, int64_t first_block, uint8_t* out, float* out_am) {
+    at::parallel_for(0, (numel + kNf4BlockSize - 1) / kNf4BlockSize, 256, [&](int64_t b, int64_t e) {
+      quantize_block_range_dispatch(x, numel, b, e, out_am + first_block, out + first_block * kNf4BlockSize / 2);
+    });
+  };
+  if (flat.scalar_type() == torch::kFloat32 || flat.scalar_type() == torch::kBFloat16) {
+    const auto in = flat.to(torch::kCPU).contiguous();
+    if (in.scalar_type() == torch::kFloat32) run(vec::elements<float>(in), q.numel, 0, codes, am);
+    else run(vec::elements<uint16_t>(in), q.numel, 0, codes, am);
+    return absmax;
+  }
   for (int64_t first = 0; first < q.numel; first += kChunkElements) {  // a multiple of the block size and of 2
     const int64_t n = std::min(kChunkElements, q.numel - first);
     const auto chunk = flat.slice(0, first, first + n).to(torch::kCPU, torch::kFloat32).contiguous();
-    const float* x = chunk.data_ptr<float>();
-    // Blocks of 64 values are 32 whole bytes of codes: each thread writes its own.
-    at::parallel_for(0, (n + kNf4BlockSize - 1) / kNf4BlockSize, 256, [&](int64_t first_block, int64_t end_block) {
-      for (int64_t blk = first_block; blk < end_block; ++blk) {
-        const int64_t b0 = blk * kNf4BlockSize, b1 = std::min(n, b0 + kNf4BlockSize);
-        float m = 0.0f;
-        for (int64_t i = b0; i < b1; ++i) m = std::max(m, std::fabs(x[i]));
-        am[(first + b0) / kNf4BlockSize] = m;
-        const float r = 1.0f / m;  // bitsandbytes multiplies by the reciprocal
-        for (int64_t i = b0; i < b1; ++i) {
-          const int64_t e = first + i;
-          const uint8_t c = nf4_code(x[i] * r);
-          codes[e / 2] |= static_cast<uint8_t>(e % 2 == 0 ? c << 4 : c);
-        }
-      }
-    });
+    run(chunk.data_ptr<float>(), n, first / kNf4BlockSize, codes, am);
   }
   return absmax;
 }

@@ -71,6 +71,9 @@ struct Nf4Tensor {
   // "absmax_offset" (what a checkpoint stores as nf4/<weight>.<field>).
   std::vector<std::pair<const char*, torch::Tensor*>> fields();
   torch::Device device() const { return codes.device(); }
+  // Becomes `q`: its values copied into this storage's own tensors where both are double-quantized with
+  // the same layout on one device (nothing allocated stays beside them), else its tensors taken.
+  void fill_from(Nf4Tensor q);
 };
 
 // W (any float dtype, on any device) as NF4, on W's device: a loop over chunks on the CPU, tensor

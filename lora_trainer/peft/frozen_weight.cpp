@@ -382,7 +382,7 @@ class Nf4Weight : public FrozenWeight {
     TORCH_CHECK(q_.shape.empty() || W.sizes().vec() == q_.shape, "Nf4Weight::assign: a weight of another shape");
     const torch::Tensor bf16 = W.detach().to(torch::kBFloat16);
     crc_ = bf16_crc32(bf16);
-    q_ = quantize_nf4(bf16, /*double_quant=*/true).to(W.device());
+    q_.fill_from(quantize_nf4(bf16, /*double_quant=*/true).to(W.device()));  // a restore's template: in place
   }
   std::vector<std::pair<std::string, torch::Tensor>> state() const override {
     std::vector<std::pair<std::string, torch::Tensor>> out;

@@ -78,6 +78,9 @@ bool Trainer::restore_lora_template(const CheckpointMeta& ck) {
   }
   if (ck.kind == StateKind::Lora) {
     lora_->check_restorable(ck, boundary_step_);
+    // As load_weights_from: each base tensor read (and its quantization) is mapped, so that its memory
+    // goes back to the system when it is dropped instead of staying in the heap.
+    MappedLargeAllocations mapped;
     if (weights_pending_) lora_->allocate_base_for_load();  // not drawn: the load overwrites every tensor
     weights_pending_ = false;
     if (!in_lora_phase()) enter_lora_phase();  // the LoRA template; the load overwrites it

@@ -3,6 +3,7 @@
 #include "catch.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include "lora_trainer/kernels/nf4.hpp"
 
@@ -150,13 +151,19 @@ TEST_CASE("NF4 quantizes in chunks: a weight larger than a chunk gets the codes 
                      torch::cat({dequantize_nf4(top, torch::kFloat32), dequantize_nf4(bottom, torch::kFloat32)})));
 }
 
-TEST_CASE("NF4 quantization in tensor operations (on a GPU) gives the loop's codes and scales", "[nf4]") {
+TEST_CASE("NF4 quantization in tensor operations (on a GPU) gives the CPU kernel's codes and scales, whatever the vector width and dtype", "[nf4][numerics]") {
+  // The CPU kernel reads f32 and bf16 in place (and converts f16 a chunk at a time), a vector of values at
+  // a time; the tensor operations are the scalar definition. Run under each CPU's kernels ([numerics]).
   auto gen = at::detail::createCPUGenerator(9);
   for (int64_t n : {int64_t(1), int64_t(2), int64_t(63), int64_t(65), int64_t(64 * 256 + 3), int64_t(64 * 600)}) {
-    for (bool dq : {false, true}) {
-      INFO(n << " values, double quantization " << dq);
-      auto W = torch::randn({n}, gen, torch::kFloat32).to(torch::kBFloat16);
+    for (auto [dq, dtype] : {std::pair{false, torch::kBFloat16}, std::pair{true, torch::kBFloat16},
+                             std::pair{false, torch::kFloat32}, std::pair{true, torch::kFloat32}, std::pair{false, torch::kFloat16}}) {
+      INFO(n << " values of " << c10::toString(dtype) << ", double quantization " << dq);
+      auto W = torch::randn({n}, gen, torch::kFloat32).to(dtype);
       if (n > 128) W.narrow(0, 64, 64).zero_();  // an all-zero block
+      // An infinite value (without double quantization, whose mean it would make NaN): its block's absmax
+      // is inf and every code that of x * 0.
+      if (n > 256 && !dq) W[200] = std::numeric_limits<float>::infinity();
       const Nf4Tensor loop = quantize_nf4(W, dq), ops = quantize_nf4_ops(W, dq);
       CHECK(torch::equal(loop.codes, ops.codes));
       if (dq) {
