@@ -121,8 +121,63 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir, const std::str
 }
 
 ChatTemplate::ChatTemplate(const std::string& source, std::string name, ojson special_tokens)
-    : template_(source, name), name_(std::move(name)), special_(std::move(special_tokens)),
+    : source_(source), template_(source, name), name_(std::move(name)), special_(std::move(special_tokens)),
       has_generation_(template_.has_generation()) {}
+
+std::string ChatTemplate::shipped_source() const { return jinja::without_generation_tags(source_, name_); }
+
+nlohmann::json ChatFormat::to_json() const {
+  return {{"template", template_source}, {"from", from}, {"bos_token", bos_token}, {"eos_token", eos_token}, {"stop_ids", stop_ids}};
+}
+
+ChatFormat ChatFormat::from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) throw UserError(where + " must be an object (a chat format: template, from, bos_token, eos_token, stop_ids)");
+  ChatFormat f;
+  auto text = [&](const char* key, std::string& out) {
+    if (!j.contains(key) || !j[key].is_string()) throw UserError(where + "." + key + " must be a string");
+    out = j[key].get<std::string>();
+  };
+  text("template", f.template_source);
+  text("from", f.from);
+  text("bos_token", f.bos_token);
+  text("eos_token", f.eos_token);
+  if (!j.contains("stop_ids") || !j["stop_ids"].is_array() || j["stop_ids"].empty())
+    throw UserError(where + ".stop_ids must be a non-empty list of token ids");
+  for (const auto& id : j["stop_ids"]) {
+    if (!id.is_number_unsigned() || id.get<uint64_t>() > UINT32_MAX) throw UserError(where + ".stop_ids must hold token ids");
+    f.stop_ids.push_back(id.get<uint32_t>());
+  }
+  return f;
+}
+
+ChatFormat chat_format_of(const ChatTemplate& t, const std::string& dir, const Tokenizer& tok) {
+  ChatFormat f;
+  f.template_source = t.shipped_source();
+  f.from = t.name();
+  f.bos_token = t.bos_token();
+  f.eos_token = t.eos_token();
+  auto add = [&](uint32_t id) {
+    if (std::find(f.stop_ids.begin(), f.stop_ids.end(), id) == f.stop_ids.end()) f.stop_ids.push_back(id);
+  };
+  if (!f.eos_token.empty()) {
+    const std::vector<uint32_t> ids = tok.encode(f.eos_token);
+    if (ids.size() != 1)
+      throw UserError(dir + "/tokenizer_config.json: eos_token " + f.eos_token + " is " + std::to_string(ids.size()) +
+                      " tokens of " + tok.name() + ", not one; a chat model's end of turn must be a single token");
+    add(ids[0]);
+  }
+  // generation_config.json's eos_token_id: what transformers' generate stops at (Llama 3.1 Instruct:
+  // <|end_of_text|>, <|eom_id|> and <|eot_id|>).
+  const fs::path gen = fs::path(dir) / "generation_config.json";
+  if (fs::exists(gen)) {
+    const ojson g = read_ordered_json(gen.string());
+    const ojson eos = g.is_object() && g.contains("eos_token_id") ? g["eos_token_id"] : ojson();
+    for (const auto& id : eos.is_array() ? eos : ojson::array({eos}))
+      if (id.is_number_unsigned() && id.get<uint64_t>() < tok.vocab_size()) add(id.get<uint32_t>());
+  }
+  if (f.stop_ids.empty()) add(tok.eot_id());
+  return f;
+}
 
 jinja::Rendered ChatTemplate::render(const ojson& messages, bool add_generation_prompt, const ojson& variables,
                                      int64_t steps_spent) const {

@@ -85,14 +85,41 @@ class ChatTemplate {
   const std::string& name() const { return name_; }
   // tokenizer_config.json's eos_token (an instruct model's end-of-turn token, e.g. <|im_end|>), or "".
   std::string eos_token() const { return special_.value("eos_token", std::string()); }
+  std::string bos_token() const { return special_.value("bos_token", std::string()); }
+  // The template as other renderers take it: jinja::without_generation_tags of its source.
+  std::string shipped_source() const;
 
  private:
+  std::string source_;
   jinja::Template template_;
   std::string name_;
   nlohmann::ordered_json special_;
   bool has_generation_;
   jinja::Limits limits_;
 };
+
+// What a model trained on chat data needs to chat elsewhere: the template it was trained with, as other
+// renderers take it (shipped_source: transformers' apply_chat_template, llama.cpp's, ollama's), where it
+// came from, the special tokens it renders with, and the ids that end the assistant's turn (the
+// eos_token's, then generation_config.json's eos_token_id). `tokenize --format chat` records it in the
+// dataset's meta.json ("chat"), a job in its checkpoints' metadata.json ("chat"), and the exports write
+// it as transformers and llama.cpp read it (docs/chat.md, "Shipping a chat model").
+struct ChatFormat {
+  std::string template_source, from, bos_token, eos_token;
+  std::vector<uint32_t> stop_ids;
+
+  nlohmann::json to_json() const;
+  // A UserError naming `where` for a missing or mistyped field.
+  static ChatFormat from_json(const nlohmann::json& j, const std::string& where);
+  bool operator==(const ChatFormat& o) const {
+    return template_source == o.template_source && bos_token == o.bos_token && eos_token == o.eos_token && stop_ids == o.stop_ids;
+  }
+  bool operator!=(const ChatFormat& o) const { return !(*this == o); }
+};
+
+// `t`'s format, read from the model directory `dir` (generation_config.json) with `tok`'s ids: a
+// UserError when the eos_token is not one token of it.
+ChatFormat chat_format_of(const ChatTemplate& t, const std::string& dir, const Tokenizer& tok);
 
 // Tokenizes `chat.text` as a whole (so that ids equal the tokenizer's on that text) and marks the
 // tokens with a byte in a loss range. A UserError when the tokenizer's pieces do not spell the text

@@ -275,10 +275,11 @@ void for_each_record(const TokenizeOptions& o, const std::vector<std::string>& f
 
 // Writes `rows` (rows_per_record consecutive rows a record) left-padded to a common length as a dataset
 // of PADDED's layout and the given style; every k-th record (k = 1 / val_fraction) goes to validation.
-// `ours`: the names an earlier dataset wrote there (check_dataset_target).
+// `ours`: the names an earlier dataset wrote there (check_dataset_target); `chat`: the chat format of a
+// dataset of conversations (meta.json's "chat"), else null.
 TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok, const std::vector<MaskedRow>& rows,
                                  size_t rows_per_record, DatasetStyle style, uint64_t bytes,
-                                 const std::vector<std::string>& ours) {
+                                 const std::vector<std::string>& ours, const nlohmann::json& chat = nullptr) {
   const size_t records = rows.size() / rows_per_record;
   if (records < 2) throw UserError("tokenize: need at least 2 JSONL records (one for validation)");
   if (o.length < 0) throw UserError("tokenize: the row length must be >= 0 (0 = the longest record), got " + std::to_string(o.length));
@@ -329,6 +330,7 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
                            {"eot_id", tok.eot_id()},  {"pad_id", tok.eot_id()},  {"records", r.documents},
                            {"val_records", r.val_documents}, {"length", L},        {"train_tokens", r.train_tokens},
                            {"val_tokens", r.val_tokens}, {"val_fraction", f}};
+    if (!chat.is_null()) meta["chat"] = chat;
     write_file_atomic((dir / "meta.json").string(), meta.dump(2) + "\n");
   }, "write dataset " + o.out_dir, ours, {"dataset", "tokenize", o.out_dir});
   return r;
@@ -380,6 +382,7 @@ TokenizeResult tokenize_jsonl_to_chat(const TokenizeOptions& o) {
   auto tok = make_tokenizer(o.tokenizer);
   ChatTemplate tmpl = ChatTemplate::from_model_dir(o.tokenizer.substr(3), o.chat_template);
   tmpl.set_limits(limits);
+  const nlohmann::json chat = chat_format_of(tmpl, o.tokenizer.substr(3), *tok).to_json();  // meta.json's "chat"
   const ChatLoss loss = parse_chat_loss(o.loss_on);
   const nlohmann::ordered_json vars = chat_variables(o.chat_vars);
   const auto ours = o.show ? std::vector<std::string>() : check_dataset_target(o);
@@ -408,7 +411,7 @@ TokenizeResult tokenize_jsonl_to_chat(const TokenizeOptions& o) {
                     (nothing_to_learn.size() > 5 ? ", ..." : "") + ". Fix or drop them. Nothing was written");
   }
   if (o.show) return {};
-  return write_padded_rows(o, *tok, rows, 1, DatasetStyle::PADDED, bytes, ours);
+  return write_padded_rows(o, *tok, rows, 1, DatasetStyle::PADDED, bytes, ours, chat);
 }
 
 TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& o) {

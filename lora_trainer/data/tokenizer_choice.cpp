@@ -71,6 +71,32 @@ std::string datasets_tokenizer(const std::string& data_dir, const std::vector<st
   return found;
 }
 
+nlohmann::json datasets_chat_format(const std::string& data_dir, const std::vector<std::string>& names) {
+  nlohmann::json found;
+  std::string found_in;
+  for (const auto& name : names) {
+    const fs::path meta = fs::path(data_dir) / name / "meta.json";
+    std::error_code ec;
+    if (!fs::is_regular_file(meta, ec)) continue;
+    const nlohmann::json m = read_json_file(meta.string());
+    if (!m.is_object() || !m.contains("chat") || !m["chat"].is_object()) continue;
+    if (found.is_null()) {
+      found = m["chat"];
+      found_in = meta.string();
+    } else if ([&] {  // where each template was read from aside
+                 nlohmann::json a = m["chat"], b = found;
+                 a.erase("from");
+                 b.erase("from");
+                 return a != b;
+               }()) {
+      throw UserError("the job's datasets of conversations were rendered with different chat templates or stop tokens: " +
+                      found_in + " (from " + found.value("from", std::string("?")) + ") and " + meta.string() + " (from " +
+                      m["chat"].value("from", std::string("?")) + ")");
+    }
+  }
+  return found;
+}
+
 std::string auto_tokenizer(const TokenizerClues& c, const std::string& command) {
   if (!c.recorded.empty()) return checked(c.recorded, "its metadata.json: tokenizer", c, command);
   if (c.trained) {

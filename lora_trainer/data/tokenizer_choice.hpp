@@ -33,6 +33,11 @@ TokenizerClues checkpoint_tokenizer_clues(const std::string& checkpoint, const s
 // none of them is there or says; a UserError naming two datasets that say different tokenizers.
 std::string datasets_tokenizer(const std::string& data_dir, const std::vector<std::string>& names);
 
+// The chat format (chat_template.hpp's ChatFormat, as JSON) the datasets of conversations among
+// `names` were rendered with (their meta.json's "chat"), or null when none is; a UserError naming two
+// of them when they differ.
+nlohmann::json datasets_chat_format(const std::string& data_dir, const std::vector<std::string>& names);
+
 // `--tokenizer auto` for `command` (its name, for messages): the recorded tokenizer; else, for a trained
 // model, its datasets'; else an imported model's own tokenizer.json where its directory still has one;
 // else byte for a vocabulary of 257, gpt2 for GPT-2's 50257 (or padded to 50304). An hf:DIR without

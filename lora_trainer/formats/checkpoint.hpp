@@ -90,6 +90,7 @@ struct CheckpointMeta {
   bool has_config = false;    // "config" recorded (every full state and export has it)
   nlohmann::json config = nlohmann::json::object();  // the saved job's resolved config ({} when not recorded)
   std::string tokenizer;      // the tokenizer its job's data was tokenized with (byte, gpt2, hf:DIR); "" none
+  nlohmann::json chat;        // the chat format its job's conversations were rendered with (ChatFormat); null none
   nlohmann::json base_model;  // where its model came from (base_weights.hpp's base_model()); null when none
   int64_t total_steps = 0;    // its schedule's length (full states)
   std::optional<double> best_score;  // the best validation score so far; nullopt when none

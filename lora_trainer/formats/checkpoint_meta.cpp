@@ -91,6 +91,10 @@ void check_metadata_fields(const std::string& dir, const nlohmann::json& meta) {
   if (!t.is_null() && !t.is_string())
     throw UserError(dir + "/metadata.json: \"tokenizer\" must be a tokenizer's name (byte, gpt2, hf:DIR), not " +
                     t.dump() + "; the checkpoint is damaged or hand-edited");
+  if (meta.contains("chat") && !meta["chat"].is_object())
+    throw UserError(dir + "/metadata.json: \"chat\" must be an object (the chat template and stop tokens its job's "
+                    "conversations were rendered with), not " + meta["chat"].dump().substr(0, 80) +
+                    "; the checkpoint is damaged or hand-edited");
 }
 
 // The fields check_metadata_fields checked, as values.
@@ -108,6 +112,7 @@ void read_metadata_fields(const nlohmann::json& meta, CheckpointMeta& ck) {
   ck.has_config = meta.contains("config");
   if (ck.has_config) ck.config = meta["config"];
   if (meta.contains("tokenizer") && meta["tokenizer"].is_string()) ck.tokenizer = meta["tokenizer"].get<std::string>();
+  if (meta.contains("chat")) ck.chat = meta["chat"];
   ck.base_model = meta.value("base_model", J());
   ck.total_steps = meta.value("total_steps", int64_t(0));
   const J best = meta.value("best_score", J());

@@ -326,6 +326,7 @@ void export_merged(const std::string& checkpoint, const std::string& out, bool u
                    {"config", ck.config}};
   if (!ck.base_model.is_null()) out_meta["base_model"] = ck.base_model;
   if (!ck.tokenizer.empty()) out_meta["tokenizer"] = ck.tokenizer;  // what its weights read text with
+  if (!ck.chat.is_null()) out_meta["chat"] = ck.chat;                 // and the chat template they were trained on
   save_checkpoint(out, params, out_meta, ours);
   std::printf("exported %s -> %s (%zu tensors, %d adapters merged%s, float32)\n", checkpoint.c_str(), out.c_str(),
               params.size(), merged,

@@ -1,16 +1,20 @@
 #include "lora_trainer/formats/gguf_export.hpp"
 
+#include "lora_trainer/data/chat_template.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <regex>
 
 #include <nlohmann/json.hpp>
 
 #include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/data/chat_template.hpp"
 #include "lora_trainer/data/tokenize.hpp"
 #include "lora_trainer/data/tokenizer_choice.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
@@ -154,7 +158,22 @@ std::string pre_tokenizer_name(const BpeVocabulary& v, const std::string& tokeni
                   "differently. Nothing was written");
 }
 
-void set_tokenizer(GgufWriter& g, const std::string& name, const ModelOptions& o) {
+// The chat format a model trained on conversations was trained with (its checkpoint's "chat"), checked
+// against the model's vocabulary; nullopt for one without.
+std::optional<ChatFormat> chat_format(const CheckpointMeta& ck, const ModelOptions& o) {
+  if (ck.chat.is_null()) return std::nullopt;
+  ChatFormat chat = ChatFormat::from_json(ck.chat, ck.dir + "/metadata.json: chat");
+  for (uint32_t id : chat.stop_ids)
+    if (id >= o.vocab_size)
+      throw UserError(ck.dir + "/metadata.json: chat.stop_ids holds " + std::to_string(id) + ", outside the model's vocabulary (" +
+                      std::to_string(o.vocab_size) + "); the checkpoint is damaged or hand-edited. Nothing was written");
+  return chat;
+}
+
+// The tokenizer `name`, and a chat model's template, as convert_hf_to_gguf.py writes an instruct
+// model's: tokenizer.chat_template, and the end of turn (tokenizer_config.json's eos_token) as the eos
+// id, which llama.cpp stops at.
+void set_tokenizer(GgufWriter& g, const std::string& name, const ModelOptions& o, const std::optional<ChatFormat>& chat) {
   const BpeVocabulary v = make_tokenizer(name)->vocabulary();
   const auto n = static_cast<int64_t>(v.tokens.size());
   if (n > o.vocab_size)
@@ -179,10 +198,11 @@ void set_tokenizer(GgufWriter& g, const std::string& name, const ModelOptions& o
   g.set_strings("tokenizer.ggml.tokens", tokens);
   g.set_i32s("tokenizer.ggml.token_type", types);
   g.set_strings("tokenizer.ggml.merges", v.merges);
-  g.set_u32("tokenizer.ggml.eos_token_id", v.eos);
+  g.set_u32("tokenizer.ggml.eos_token_id", chat ? chat->stop_ids.front() : v.eos);
   g.set_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(v.bos >= 0 ? v.bos : v.eos));
   g.set_bool("tokenizer.ggml.add_bos_token", v.bos >= 0);
   g.set_bool("tokenizer.ggml.add_eos_token", false);
+  if (chat) g.set_string("tokenizer.chat_template", chat->template_source);
 }
 
 // llama.cpp's llama and qwen2 gate the MLP with SiLU, its gpt2 uses the tanh form of GELU: a model (or
@@ -217,7 +237,8 @@ void export_gguf(const std::string& checkpoint, const std::string& out, const Gg
   g.set_string("general.architecture", arch);
   g.set_string("general.name", model_name(checkpoint, ck));
   set_hyperparameters(g, arch, options, ck);
-  set_tokenizer(g, tokenizer, options);
+  const std::optional<ChatFormat> chat = chat_format(ck, options);
+  set_tokenizer(g, tokenizer, options, chat);
   MergedWeights w = merged_weights(checkpoint, o.use_ema, o.base, dtype, "export --format gguf");
   g.set_u32("general.file_type", file_type(w.dtype));
   bool has_head = false;
@@ -242,8 +263,9 @@ void export_gguf(const std::string& checkpoint, const std::string& out, const Gg
     write_export_marker(dir, checkpoint, "gguf");
   }, "", ours, export_owner(checkpoint));
   std::printf("exported %s -> %s/model.gguf (GGUF for llama.cpp: architecture %s, %zu tensors, %s, adapters merged; "
-              "tokenizer %s)\n",
-              checkpoint.c_str(), out.c_str(), arch.c_str(), g.tensor_count(), dtype_name(w.dtype).c_str(), tokenizer.c_str());
+              "tokenizer %s%s)\n",
+              checkpoint.c_str(), out.c_str(), arch.c_str(), g.tensor_count(), dtype_name(w.dtype).c_str(), tokenizer.c_str(),
+              chat ? "; the chat template it was trained with" : "");
 }
 
 void export_gguf_adapter(const std::string& checkpoint, const std::string& out, const GgufExportOptions& o) {

@@ -18,6 +18,7 @@
 #include "lora_trainer/formats/safetensors.hpp"
 #include "lora_trainer/core/outputs.hpp"
 #include "lora_trainer/core/util.hpp"
+#include "lora_trainer/data/chat_template.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -128,6 +129,48 @@ MergedCheckpoint read_merged(const std::string& checkpoint, bool use_ema, const 
   return m;
 }
 
+// A model trained on conversations (its checkpoint's "chat"): the files transformers reads to chat with
+// it, written into `dir`: the tokenizer's (tokenizer.json, tokenizer_config.json, special_tokens_map.json,
+// from the hf:DIR its data was tokenized with) with the template it was trained with as
+// tokenizer_config.json's chat_template and as chat_template.jinja, and generation_config.json (the
+// model directory's, if any, with eos_token_id the turn's stop ids). Returns what it wrote, for the
+// message; nothing for a checkpoint without "chat".
+std::vector<std::string> write_chat_files(const fs::path& dir, const CheckpointMeta& ck) {
+  if (ck.chat.is_null()) return {};
+  const ChatFormat chat = ChatFormat::from_json(ck.chat, ck.dir + "/metadata.json: chat");
+  std::vector<std::string> wrote;
+  const std::string src = ck.tokenizer.rfind("hf:", 0) == 0 ? ck.tokenizer.substr(3) : std::string();
+  json tokenizer_config = json::object();
+  if (!src.empty() && fs::exists(fs::path(src) / "tokenizer.json")) {
+    write_file_atomic((dir / "tokenizer.json").string(), read_file((fs::path(src) / "tokenizer.json").string()));
+    wrote.push_back("tokenizer.json");
+    if (fs::exists(fs::path(src) / "special_tokens_map.json")) {
+      write_file_atomic((dir / "special_tokens_map.json").string(), read_file((fs::path(src) / "special_tokens_map.json").string()));
+      wrote.push_back("special_tokens_map.json");
+    }
+    if (fs::exists(fs::path(src) / "tokenizer_config.json"))
+      tokenizer_config = read_json_file((fs::path(src) / "tokenizer_config.json").string());
+  } else {
+    std::printf("note: the tokenizer directory %s is gone; the export has the chat template and generation_config.json "
+                "but no tokenizer files: copy them from the model's own directory\n", src.empty() ? "?" : src.c_str());
+  }
+  if (!tokenizer_config.is_object()) tokenizer_config = json::object();
+  tokenizer_config["chat_template"] = chat.template_source;
+  if (!chat.eos_token.empty()) tokenizer_config["eos_token"] = chat.eos_token;
+  write_file_atomic((dir / "tokenizer_config.json").string(), tokenizer_config.dump(2) + "\n");
+  write_file_atomic((dir / "chat_template.jinja").string(), chat.template_source);
+  wrote.insert(wrote.end(), {"tokenizer_config.json", "chat_template.jinja"});
+  json generation = json::object();
+  if (!src.empty() && fs::exists(fs::path(src) / "generation_config.json")) {
+    generation = read_json_file((fs::path(src) / "generation_config.json").string());
+    if (!generation.is_object()) generation = json::object();
+  }
+  generation["eos_token_id"] = chat.stop_ids.size() == 1 ? json(chat.stop_ids[0]) : json(chat.stop_ids);
+  write_file_atomic((dir / "generation_config.json").string(), generation.dump(2) + "\n");
+  wrote.push_back("generation_config.json");
+  return wrote;
+}
+
 }  // namespace
 
 void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema, bool force, const std::string& base,
@@ -142,15 +185,17 @@ void export_hf(const std::string& checkpoint, const std::string& out, bool use_e
   const json hf = hf_config_for(m.options, imported, dtype_name);
   NamedTensors tensors = to_hf(m.options.family, m.params);
   m.params.clear();
-  std::vector<std::string> files;
+  std::vector<std::string> files, chat_files;
   publish_dir(out, [&](const fs::path& dir) {
     files = write_safetensors_model(dir.string(), tensors, {{"format", "pt"}}, max_shard_bytes);
     write_file_atomic((dir / "config.json").string(), hf.dump(2) + "\n");
+    chat_files = write_chat_files(dir, m.ck);
     write_export_marker(dir, checkpoint, "hf");
   }, "", ours, export_owner(checkpoint));
   const std::string weights = files.size() == 1 ? files[0] : std::to_string(files.size() - 1) + " shards and " + files.back();
-  std::printf("exported %s -> %s (Hugging Face %s: %s with %zu tensors, %s, adapters merged; config.json)\n",
-              checkpoint.c_str(), out.c_str(), hf_class_name(hf).c_str(), weights.c_str(), tensors.size(), dtype_name.c_str());
+  std::printf("exported %s -> %s (Hugging Face %s: %s with %zu tensors, %s, adapters merged; config.json%s)\n",
+              checkpoint.c_str(), out.c_str(), hf_class_name(hf).c_str(), weights.c_str(), tensors.size(), dtype_name.c_str(),
+              chat_files.empty() ? "" : ("; the chat template it was trained with: " + join(chat_files)).c_str());
 }
 
 namespace {

@@ -61,4 +61,19 @@ Rendered Template::render(const nlohmann::ordered_json& context, const std::func
   return {std::move(r.out), std::move(r.generation), std::move(r.message_starts), budget.steps};
 }
 
+std::string without_generation_tags(const std::string& source, const std::string& name) {
+  Template checked(source, name);  // a template that does not parse is refused here, not shipped
+  std::string out = detail::normalized_source(source);
+  const std::vector<detail::Segment> segments = detail::lex(source, name);
+  for (auto it = segments.rbegin(); it != segments.rend(); ++it) {
+    if (it->kind != detail::Segment::Kind::Statement) continue;
+    std::string word = it->text;
+    word.erase(0, word.find_first_not_of(" \t\n"));
+    word.erase(word.find_last_not_of(" \t\n") + 1);
+    if (word == "generation") out.replace(it->begin, it->end - it->begin, " if true ");
+    else if (word == "endgeneration") out.replace(it->begin, it->end - it->begin, " endif ");
+  }
+  return out + "\n";
+}
+
 }  // namespace lt::jinja

@@ -89,4 +89,11 @@ class Template {
   bool has_generation_ = false;
 };
 
+// `source` for renderers without transformers' {% generation %} tag (jinja2 without its extension,
+// llama.cpp's minja): each {% generation %} and {% endgeneration %} outside comments and raw text made
+// {% if true %} and {% endif %}, their whitespace control kept, so every render is the same text. As
+// jinja2 reads it ("\r\n" as "\n"), ending with the one newline jinja2 drops. A syntax error throws
+// TemplateError naming `name`.
+std::string without_generation_tags(const std::string& source, const std::string& name);
+
 }  // namespace lt::jinja

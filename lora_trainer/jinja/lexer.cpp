@@ -15,17 +15,19 @@ namespace lt::jinja::detail {
 // Lexer: the template into text and tags, with jinja2's whitespace rules applied to the text.
 
 
-std::vector<Segment> lex(std::string src, const std::string& name) {
+std::string normalized_source(const std::string& src) {
   // jinja2 reads "\r\n" and "\r" as "\n" and drops one trailing newline (keep_trailing_newline=False).
-  {
-    std::string norm;
-    for (size_t k = 0; k < src.size(); ++k) {
-      if (src[k] == '\r') { norm += '\n'; if (k + 1 < src.size() && src[k + 1] == '\n') ++k; }
-      else norm += src[k];
-    }
-    if (!norm.empty() && norm.back() == '\n') norm.pop_back();
-    src = std::move(norm);
+  std::string norm;
+  for (size_t k = 0; k < src.size(); ++k) {
+    if (src[k] == '\r') { norm += '\n'; if (k + 1 < src.size() && src[k + 1] == '\n') ++k; }
+    else norm += src[k];
   }
+  if (!norm.empty() && norm.back() == '\n') norm.pop_back();
+  return norm;
+}
+
+std::vector<Segment> lex(std::string src, const std::string& name) {
+  src = normalized_source(src);
   std::vector<Segment> out;
   size_t pos = 0;
   int line = 1;
@@ -92,8 +94,8 @@ std::vector<Segment> lex(std::string src, const std::string& name) {
     if (end > inner_begin && src[end - 1] == '-') { strip_after = true; --inner_end; }
     else if (end > inner_begin && src[end - 1] == '+' && kind != '{') { keep_newline = true; --inner_end; }
     const std::string inner = src.substr(inner_begin, inner_end - inner_begin);
-    if (kind == '{') out.push_back({Segment::Kind::Output, inner, line});
-    else if (kind == '%') out.push_back({Segment::Kind::Statement, inner, line});
+    if (kind == '{') out.push_back({Segment::Kind::Output, inner, line, inner_begin, inner_end});
+    else if (kind == '%') out.push_back({Segment::Kind::Statement, inner, line, inner_begin, inner_end});
     line += count_lines(src, open, end + 2);
     pos = end + 2;
     line_starting = false;

@@ -14,7 +14,11 @@ struct Segment {
   enum class Kind { Text, Output, Statement } kind;
   std::string text;  // Text: the text; else the tag's inside
   int line;
+  size_t begin = 0, end = 0;  // Output, Statement: where the inside is in normalized_source(src)
 };
+
+// The source as jinja2 reads it: "\r\n" and "\r" as "\n", one trailing newline dropped.
+std::string normalized_source(const std::string& src);
 
 // Throws TemplateError naming `name` and the line of a tag that is never closed.
 std::vector<Segment> lex(std::string src, const std::string& name);

@@ -299,6 +299,18 @@ std::string Trainer::data_tokenizer() const {
   return restored_tokenizer_;
 }
 
+nlohmann::json Trainer::data_chat_format() const {
+  std::vector<std::string> names;
+  for (const auto& smp : data_->datasets()) names.push_back(smp.name);
+  try {
+    const nlohmann::json c = datasets_chat_format(opts_.data_dir, names);
+    if (!c.is_null()) return c;
+  } catch (const UserError&) {  // datasets of two templates: none recorded (run() says so)
+    return nullptr;
+  }
+  return restored_chat_;
+}
+
 std::string Trainer::tokenizer_name(const std::string& command) const {
   TokenizerClues c;
   c.checkpoint = restored_dir_.empty() ? "the model of job " + spec_.name : restored_dir_;
@@ -368,6 +380,15 @@ void Trainer::run() {
               (long long)step_, (long long)total_steps_, (long long)tokens_per_step());
   if (sharded_params_ && is_main()) std::printf("%s\n", sharded_params_->describe(dist_.world_size(), opts_.shard_params).c_str());
   if (is_main()) std::printf("%s\n", memory_plan_.summary().c_str());
+  if (is_main()) {  // datasets of conversations from two templates: the checkpoints record neither
+    std::vector<std::string> names;
+    for (const auto& smp : data_->datasets()) names.push_back(smp.name);
+    try {
+      datasets_chat_format(opts_.data_dir, names);
+    } catch (const UserError& e) {
+      std::printf("note: %s; the checkpoints record no chat template, so their exports carry none\n", e.what());
+    }
+  }
   std::fflush(stdout);
   data_->open_all();  // a missing dataset is found now, not at its stage
   check_tasks();     // and a missing or malformed task file

@@ -140,6 +140,9 @@ class Trainer : public RestorableJob {
   std::string tokenizer_name(const std::string& command = "eval") const;
   // What checkpoint_metadata() records as "tokenizer": the plan's datasets' tokenizer, else the restored one.
   std::string data_tokenizer() const;
+  // The chat format of the job's datasets of conversations, else the restored checkpoint's (null none;
+  // none either when its datasets disagree, which a note at the start says).
+  nlohmann::json data_chat_format() const;
   // Saves a checkpoint under job_dir()/suffix; `latest` follows unless told not to. With several
   // ranks every rank calls it: a sharded optimizer state is gathered, rank 0 writes, and all wait at a
   // barrier until the checkpoint is complete.
@@ -363,6 +366,7 @@ class Trainer : public RestorableJob {
   // The restored checkpoint, the tokenizer it records (its "tokenizer") and whether the weights it gave
   // were trained (its step > 0): tokenizer_name()'s clues.
   std::string restored_dir_, restored_tokenizer_;
+  nlohmann::json restored_chat_;  // the restored checkpoint's "chat" (null none)
   bool restored_trained_ = false;
 };
 

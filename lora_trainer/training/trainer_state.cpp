@@ -70,6 +70,7 @@ json Trainer::checkpoint_metadata() const {
             {"config", cfg_.to_json()}};
   if (!base_model_.is_null()) m["base_model"] = base_model_;
   if (const std::string t = data_tokenizer(); !t.empty()) m["tokenizer"] = t;
+  if (const nlohmann::json c = data_chat_format(); !c.is_null()) m["chat"] = c;
   if (ema_) m["ema"] = {{"decay", ema_->decay()}, {"params", names_of(ema_->params())}};
   if (lora_) lora_->add_metadata(m, boundary_step_);
   for (const auto& part : parts_) part->add_metadata(m);
@@ -217,6 +218,7 @@ void Trainer::load_weights_from(const CheckpointMeta& ck) {
 void Trainer::restore_tokenizer(const CheckpointMeta& ck) {
   restored_dir_ = ck.dir;
   restored_tokenizer_ = ck.tokenizer;  // its type checked by CheckpointMeta::read
+  restored_chat_ = ck.chat;
   restored_trained_ = ck.step > 0;
 }
 
