@@ -12,6 +12,18 @@
 
 namespace lt {
 
+namespace {
+
+// The names of the datasets a job's stages sample from (their meta.json under data/dir says what
+// tokenizer and chat template they were made with).
+std::vector<std::string> dataset_names(const JobData& data) {
+  std::vector<std::string> names;
+  for (const auto& smp : data.datasets()) names.push_back(smp.name);
+  return names;
+}
+
+}  // namespace
+
 std::atomic<bool> Trainer::stop_requested{false};
 bool Trainer::plan_only = false;
 
@@ -289,10 +301,8 @@ std::vector<TaskResult> Trainer::run_tasks(const std::vector<std::string>& paths
 }
 
 std::string Trainer::data_tokenizer() const {
-  std::vector<std::string> names;
-  for (const auto& smp : data_->datasets()) names.push_back(smp.name);
   try {
-    const std::string t = datasets_tokenizer(opts_.data_dir, names);
+    const std::string t = datasets_tokenizer(opts_.data_dir, dataset_names(*data_));
     if (!t.empty()) return t;
   } catch (const UserError&) {  // datasets of two tokenizers: nothing recorded, and `auto` says why
   }
@@ -300,10 +310,8 @@ std::string Trainer::data_tokenizer() const {
 }
 
 nlohmann::json Trainer::data_chat_format() const {
-  std::vector<std::string> names;
-  for (const auto& smp : data_->datasets()) names.push_back(smp.name);
   try {
-    const nlohmann::json c = datasets_chat_format(opts_.data_dir, names);
+    const nlohmann::json c = datasets_chat_format(opts_.data_dir, dataset_names(*data_));
     if (!c.is_null()) return c;
   } catch (const UserError&) {  // datasets of two templates: none recorded (run() says so)
     return nullptr;
@@ -317,7 +325,7 @@ std::string Trainer::tokenizer_name(const std::string& command) const {
   c.recorded = restored_tokenizer_;
   c.trained = step_ > 0 || restored_trained_;
   c.data_dir = opts_.data_dir;
-  for (const auto& smp : data_->datasets()) c.datasets.push_back(smp.name);
+  c.datasets = dataset_names(*data_);
   c.hf_dir = base_model_.is_object() ? base_model_.value("hf_dir", std::string()) : std::string();
   c.vocab_size = model_->options().vocab_size;
   return auto_tokenizer(c, command);
@@ -381,10 +389,8 @@ void Trainer::run() {
   if (sharded_params_ && is_main()) std::printf("%s\n", sharded_params_->describe(dist_.world_size(), opts_.shard_params).c_str());
   if (is_main()) std::printf("%s\n", memory_plan_.summary().c_str());
   if (is_main()) {  // datasets of conversations from two templates: the checkpoints record neither
-    std::vector<std::string> names;
-    for (const auto& smp : data_->datasets()) names.push_back(smp.name);
     try {
-      datasets_chat_format(opts_.data_dir, names);
+      datasets_chat_format(opts_.data_dir, dataset_names(*data_));
     } catch (const UserError& e) {
       std::printf("note: %s; the checkpoints record no chat template, so their exports carry none\n", e.what());
     }
