@@ -51,21 +51,36 @@ TokenizerClues checkpoint_tokenizer_clues(const std::string& checkpoint, const s
   return c;
 }
 
-std::string datasets_tokenizer(const std::string& data_dir, const std::vector<std::string>& names) {
-  std::string found, found_in;
+namespace {
+
+// The meta.json of each dataset among `names` under data_dir that has one holding an object, with its
+// path, in the names' order.
+std::vector<std::pair<std::string, nlohmann::json>> dataset_metas(const std::string& data_dir,
+                                                                  const std::vector<std::string>& names) {
+  std::vector<std::pair<std::string, nlohmann::json>> out;
   for (const auto& name : names) {
     const fs::path meta = fs::path(data_dir) / name / "meta.json";
     std::error_code ec;
     if (!fs::is_regular_file(meta, ec)) continue;
-    const nlohmann::json m = read_json_file(meta.string());
-    if (!m.is_object() || !m.value("tokenizer", nlohmann::json()).is_string()) continue;
+    nlohmann::json m = read_json_file(meta.string());
+    if (m.is_object()) out.emplace_back(meta.string(), std::move(m));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string datasets_tokenizer(const std::string& data_dir, const std::vector<std::string>& names) {
+  std::string found, found_in;
+  for (const auto& [meta, m] : dataset_metas(data_dir, names)) {
+    if (!m.value("tokenizer", nlohmann::json()).is_string()) continue;
     const std::string t = m["tokenizer"].get<std::string>();
     if (found.empty()) {
       found = t;
-      found_in = meta.string();
+      found_in = meta;
     } else if (t != found) {
       throw UserError("the job's datasets were tokenized with different tokenizers: " + found_in + " says " + found + ", " +
-                      meta.string() + " says " + t + "; " + kPass);
+                      meta + " says " + t + "; " + kPass);
     }
   }
   return found;
@@ -74,23 +89,18 @@ std::string datasets_tokenizer(const std::string& data_dir, const std::vector<st
 nlohmann::json datasets_chat_format(const std::string& data_dir, const std::vector<std::string>& names) {
   nlohmann::json found;
   std::string found_in;
-  for (const auto& name : names) {
-    const fs::path meta = fs::path(data_dir) / name / "meta.json";
-    std::error_code ec;
-    if (!fs::is_regular_file(meta, ec)) continue;
-    const nlohmann::json m = read_json_file(meta.string());
-    if (!m.is_object() || !m.contains("chat") || !m["chat"].is_object()) continue;
+  auto without_from = [](nlohmann::json chat) {  // where each template was read from aside
+    chat.erase("from");
+    return chat;
+  };
+  for (const auto& [meta, m] : dataset_metas(data_dir, names)) {
+    if (!m.contains("chat") || !m["chat"].is_object()) continue;
     if (found.is_null()) {
       found = m["chat"];
-      found_in = meta.string();
-    } else if ([&] {  // where each template was read from aside
-                 nlohmann::json a = m["chat"], b = found;
-                 a.erase("from");
-                 b.erase("from");
-                 return a != b;
-               }()) {
+      found_in = meta;
+    } else if (without_from(m["chat"]) != without_from(found)) {
       throw UserError("the job's datasets of conversations were rendered with different chat templates or stop tokens: " +
-                      found_in + " (from " + found.value("from", std::string("?")) + ") and " + meta.string() + " (from " +
+                      found_in + " (from " + found.value("from", std::string("?")) + ") and " + meta + " (from " +
                       m["chat"].value("from", std::string("?")) + ")");
     }
   }
