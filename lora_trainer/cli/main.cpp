@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "lora_trainer/cli/commands/command.hpp"
+#include "lora_trainer/cli/commands/export_check.hpp"
 #include "lora_trainer/cli/local_ranks.hpp"
 #include "lora_trainer/core/distributed.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
@@ -55,10 +56,9 @@ int main(int argc, char** argv) {
 #endif
   );
   const std::vector<Command> commands = {
-      add_jobs(app),    add_configure(app), add_run(app, argv[0]), add_checkpoints(app),
-      add_restore(app), add_inspect(app),   add_export(app),       add_import_hf(app),
-      add_eval(app),    add_sample(app),    add_plan(app),         add_bench(app),
-      add_tokenize(app)};
+      add_jobs(app),      add_configure(app),    add_run(app, argv[0]), add_checkpoints(app), add_restore(app),
+      add_inspect(app),   add_export(app),       add_check_export(app), add_import_hf(app),   add_eval(app),
+      add_sample(app),    add_chat(app),         add_plan(app),         add_bench(app),       add_tokenize(app)};
 
   try {
     check_subcommand(app, argc, argv);
@@ -80,6 +80,9 @@ int main(int argc, char** argv) {
     if (distributed().active()) std::fprintf(stderr, "error (rank %d): %s\n", distributed().rank(), e.what());
     else std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
+  } catch (const ExportCheckFailed& e) {
+    std::fprintf(stderr, "check failed: %s\n", e.what());
+    return kExitCheckFailed;
   } catch (const TrainingDiverged& e) {
     if (distributed().active()) std::fprintf(stderr, "error (rank %d): %s\n", distributed().rank(), e.what());
     else std::fprintf(stderr, "error: %s\n", e.what());

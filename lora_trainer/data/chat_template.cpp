@@ -32,9 +32,21 @@ ojson read_ordered_json(const std::string& path) { return parse_ordered_json(rea
 
 const char* const kRoles[] = {"system", "user", "assistant", "tool", "developer", "ipython"};
 
-// The record's messages, checked: an array of objects with a known role and string content (null
-// content for an assistant turn that calls tools).
-ojson checked_messages(const ojson& record, const std::string& where) {
+ojson head(const ojson& messages, size_t n) {
+  ojson out = ojson::array();
+  for (size_t i = 0; i < n; ++i) out.push_back(messages[i]);
+  return out;
+}
+
+// Drops whitespace at the end of a range (after the end-of-turn token, e.g. ChatML's "\n").
+std::pair<size_t, size_t> trimmed(const std::string& text, size_t b, size_t e) {
+  while (e > b && std::isspace(static_cast<unsigned char>(text[e - 1]))) --e;
+  return {b, e};
+}
+
+}  // namespace
+
+ojson chat_messages(const ojson& record, const std::string& where) {
   ojson messages;
   if (record.contains("messages")) {
     messages = record["messages"];
@@ -64,20 +76,6 @@ ojson checked_messages(const ojson& record, const std::string& where) {
   }
   return messages;
 }
-
-ojson head(const ojson& messages, size_t n) {
-  ojson out = ojson::array();
-  for (size_t i = 0; i < n; ++i) out.push_back(messages[i]);
-  return out;
-}
-
-// Drops whitespace at the end of a range (after the end-of-turn token, e.g. ChatML's "\n").
-std::pair<size_t, size_t> trimmed(const std::string& text, size_t b, size_t e) {
-  while (e > b && std::isspace(static_cast<unsigned char>(text[e - 1]))) --e;
-  return {b, e};
-}
-
-}  // namespace
 
 ChatTemplate ChatTemplate::from_model_dir(const std::string& dir, const std::string& which) {
   const fs::path config_path = fs::path(dir) / "tokenizer_config.json";
@@ -193,7 +191,7 @@ jinja::Rendered ChatTemplate::render(const ojson& messages, bool add_generation_
 
 ChatText ChatTemplate::for_training(const ojson& record, ChatLoss loss, const ojson& variables, const std::string& where) const {
   if (!record.is_object()) throw UserError(where + ": not a JSON object");
-  const ojson messages = checked_messages(record, where);
+  const ojson messages = chat_messages(record, where);
   ojson vars = variables;
   for (const char* k : {"tools", "documents"})
     if (record.contains(k)) vars[k] = record[k];

@@ -53,6 +53,11 @@ struct ChatText {
   int64_t steps = 0;  // the template's work for it, over all its renders (jinja::Limits::steps)
 };
 
+// A chat record's messages, checked: {"messages": [...]} (objects with a known role and string content;
+// null content for an assistant turn that calls tools) or {"prompt", "completion"} (a user turn and an
+// assistant turn). A UserError prefixed by `where` (e.g. FILE:LINE) names the message and what is wrong.
+nlohmann::ordered_json chat_messages(const nlohmann::ordered_json& record, const std::string& where);
+
 // Token ids and a mask (1 = counts in the loss) of equal length.
 struct MaskedIds {
   std::vector<uint32_t> ids;

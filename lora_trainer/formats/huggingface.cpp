@@ -174,7 +174,7 @@ std::vector<std::string> write_chat_files(const fs::path& dir, const CheckpointM
 }  // namespace
 
 void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema, bool force, const std::string& base,
-               const std::string& dtype, uint64_t max_shard_bytes) {
+               const std::string& dtype, uint64_t max_shard_bytes, const std::function<void(const std::string&)>& check) {
   const torch::ScalarType as = parse_dtype_option(dtype, kHfDtypes, "export");
   const auto ours = check_export_target(checkpoint, out, "export", force);
   return_freed_tensors();
@@ -186,15 +186,18 @@ void export_hf(const std::string& checkpoint, const std::string& out, bool use_e
   NamedTensors tensors = to_hf(m.options.family, m.params);
   m.params.clear();
   std::vector<std::string> files, chat_files;
+  const size_t n_tensors = tensors.size();
   publish_dir(out, [&](const fs::path& dir) {
     files = write_safetensors_model(dir.string(), tensors, {{"format", "pt"}}, max_shard_bytes);
+    tensors.clear();  // written: their memory is the check's
     write_file_atomic((dir / "config.json").string(), hf.dump(2) + "\n");
     chat_files = write_chat_files(dir, m.ck);
     write_export_marker(dir, checkpoint, "hf");
+    if (check) check(dir.string());
   }, "", ours, export_owner(checkpoint));
   const std::string weights = files.size() == 1 ? files[0] : std::to_string(files.size() - 1) + " shards and " + files.back();
   std::printf("exported %s -> %s (Hugging Face %s: %s with %zu tensors, %s, adapters merged; config.json%s)\n",
-              checkpoint.c_str(), out.c_str(), hf_class_name(hf).c_str(), weights.c_str(), tensors.size(), dtype_name.c_str(),
+              checkpoint.c_str(), out.c_str(), hf_class_name(hf).c_str(), weights.c_str(), n_tensors, dtype_name.c_str(),
               chat_files.empty() ? "" : ("; the chat template it was trained with: " + join(chat_files)).c_str());
 }
 

@@ -20,6 +20,7 @@
 // the (out, in) weight whatever the layer's layout: our lora/<weight>.lora_magnitude unchanged.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "lora_trainer/formats/safetensors.hpp"
@@ -47,10 +48,12 @@ std::vector<std::string> import_hf(const std::string& hf_dir, const std::string&
 // dtype: bf16 for a LoRA-phase checkpoint or a bf16 import, f32 for phase one's), "float32" or
 // "bfloat16". With `use_ema`, the moving average of the trained tensors (export --ema; export.hpp's
 // export_tensors). A checkpoint that refers to its frozen base (frozen_base.hpp) reads it from where
-// it records, or from `base` when given (export --base).
+// it records, or from `base` when given (export --base). `check`, when given, is called with the
+// directory the files were written to before it takes OUT's place (export --check): what it throws
+// publishes nothing.
 void export_hf(const std::string& checkpoint, const std::string& out, bool use_ema = false, bool force = false,
                const std::string& base = "", const std::string& dtype = "source",
-               uint64_t max_shard_bytes = kHfMaxShardBytes);
+               uint64_t max_shard_bytes = kHfMaxShardBytes, const std::function<void(const std::string&)>& check = nullptr);
 
 // Writes OUT/adapter_config.json and OUT/adapter_model.safetensors (f32) from a LoRA checkpoint.
 void export_peft(const std::string& checkpoint, const std::string& out, bool use_ema = false, bool force = false,

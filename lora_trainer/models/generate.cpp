@@ -2,6 +2,7 @@
 
 #include "lora_trainer/core/util.hpp"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -53,7 +54,8 @@ std::vector<uint32_t> generate(CausalLM& model, const Runtime& rt, const std::ve
     }
     ids.push_back(next);
     out.push_back(static_cast<uint32_t>(next));
-    if (next == o.stop_id) break;
+    if (o.on_token) o.on_token(static_cast<uint32_t>(next));
+    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), static_cast<uint32_t>(next)) != o.stop_ids.end()) break;
   }
   return out;
 }

@@ -220,7 +220,7 @@ TaskResult run_task(CausalLM& model, const Runtime& rt, const Tokenizer& tok, co
       o.max_new_tokens = e.max_tokens;
       o.temperature = 0;
       o.top_k = 0;
-      o.stop_id = tok.eot_id();
+      o.stop_ids = {tok.eot_id()};
       o.vocab_limit = tok.vocab_size();
       o.tokenizer = tok.name();
       o.where = where + " (its prompt)";

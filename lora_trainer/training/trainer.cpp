@@ -7,22 +7,8 @@
 #include <filesystem>
 
 #include "lora_trainer/core/util.hpp"
-#include "lora_trainer/data/tokenize.hpp"
-#include "lora_trainer/data/tokenizer_choice.hpp"
 
 namespace lt {
-
-namespace {
-
-// The names of the datasets a job's stages sample from (their meta.json under data/dir says what
-// tokenizer and chat template they were made with).
-std::vector<std::string> dataset_names(const JobData& data) {
-  std::vector<std::string> names;
-  for (const auto& smp : data.datasets()) names.push_back(smp.name);
-  return names;
-}
-
-}  // namespace
 
 std::atomic<bool> Trainer::stop_requested{false};
 bool Trainer::plan_only = false;
@@ -60,6 +46,10 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
                                     block_size_, opts_.seed,
                                     [this](const std::vector<Sampling>& datasets) { check_training_datasets(datasets); });
   total_steps_ = data_->total_steps();
+  std::vector<std::string> datasets;
+  for (const auto& smp : data_->datasets()) datasets.push_back(smp.name);
+  provenance_ = std::make_unique<Provenance>(opts_.data_dir, std::move(datasets), model_->options().vocab_size,
+                                             "the model of job " + spec_.name);
   if (opts_.use_ema && opts_.optimizer.ema_decay <= 0)
     throw UserError("eval/use_ema is true but optimization/ema/decay is 0, so there is no average to use: set "
                     "optimization/ema/decay (e.g. 0.999), or eval/use_ema=false");
@@ -300,37 +290,6 @@ std::vector<TaskResult> Trainer::run_tasks(const std::vector<std::string>& paths
   return tasks_.run(model_, rt_, paths, [this] { return tokenizer_name("eval/evaluations"); });
 }
 
-std::string Trainer::data_tokenizer() const {
-  try {
-    const std::string t = datasets_tokenizer(opts_.data_dir, dataset_names(*data_));
-    if (!t.empty()) return t;
-  } catch (const UserError&) {  // datasets of two tokenizers: nothing recorded, and `auto` says why
-  }
-  return restored_tokenizer_;
-}
-
-nlohmann::json Trainer::data_chat_format() const {
-  try {
-    const nlohmann::json c = datasets_chat_format(opts_.data_dir, dataset_names(*data_));
-    if (!c.is_null()) return c;
-  } catch (const UserError&) {  // datasets of two templates: none recorded (run() says so)
-    return nullptr;
-  }
-  return restored_chat_;
-}
-
-std::string Trainer::tokenizer_name(const std::string& command) const {
-  TokenizerClues c;
-  c.checkpoint = restored_dir_.empty() ? "the model of job " + spec_.name : restored_dir_;
-  c.recorded = restored_tokenizer_;
-  c.trained = step_ > 0 || restored_trained_;
-  c.data_dir = opts_.data_dir;
-  c.datasets = dataset_names(*data_);
-  c.hf_dir = base_model_.is_object() ? base_model_.value("hf_dir", std::string()) : std::string();
-  c.vocab_size = model_->options().vocab_size;
-  return auto_tokenizer(c, command);
-}
-
 void Trainer::validate_and_keep_best(bool stage_end) {
   ValResult v = validate();
   metrics_.log_validation(step_, tokens_, trained_stage(), v, stage_end);
@@ -388,13 +347,9 @@ void Trainer::run() {
               (long long)step_, (long long)total_steps_, (long long)tokens_per_step());
   if (sharded_params_ && is_main()) std::printf("%s\n", sharded_params_->describe(dist_.world_size(), opts_.shard_params).c_str());
   if (is_main()) std::printf("%s\n", memory_plan_.summary().c_str());
-  if (is_main()) {  // datasets of conversations from two templates: the checkpoints record neither
-    try {
-      datasets_chat_format(opts_.data_dir, dataset_names(*data_));
-    } catch (const UserError& e) {
-      std::printf("note: %s; the checkpoints record no chat template, so their exports carry none\n", e.what());
-    }
-  }
+  if (is_main() && !provenance_->chat_conflict().empty())  // conversations from two templates: the checkpoints record neither
+    std::printf("note: %s; the checkpoints record no chat template, so their exports carry none\n",
+                provenance_->chat_conflict().c_str());
   std::fflush(stdout);
   data_->open_all();  // a missing dataset is found now, not at its stage
   check_tasks();     // and a missing or malformed task file

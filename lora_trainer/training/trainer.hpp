@@ -27,8 +27,9 @@
 // start at zero). Recipes are parts of a trainer, not subclasses (trainer_part.hpp: DPO, continual
 // learning). The LoRA phase is a component the trainer holds (lora_phase.hpp) and calls at the
 // boundary and at save/restore (trainer_lora.cpp); the data it draws from is a JobData (job_data.hpp:
-// stages, samplers, cursors); the report of a LoRA job is lora_report.hpp's; the state as a checkpoint is
-// in trainer_state.cpp.
+// stages, samplers, cursors); where its weights and text come from (tokenizer, chat format, imported
+// base) is a Provenance (provenance.hpp); the report of a LoRA job is lora_report.hpp's; the state as a
+// checkpoint is in trainer_state.cpp.
 //
 // With several ranks (distributed.hpp) each rank takes an equal, disjoint share of every global batch
 // (batch_size / ranks rows, in micro-batches of per_device_batch_size), the gradients are summed over
@@ -61,6 +62,7 @@
 #include "lora_trainer/models/model.hpp"
 #include "lora_trainer/training/optim.hpp"
 #include "lora_trainer/training/plan.hpp"
+#include "lora_trainer/training/provenance.hpp"
 #include "lora_trainer/training/sharded_params.hpp"
 #include "lora_trainer/training/lora_phase.hpp"
 #include "lora_trainer/training/memory_plan.hpp"
@@ -133,16 +135,13 @@ class Trainer : public RestorableJob {
   // Runs task files (eval --task, and validate()'s "task:FILE" evaluations) with tokenizer_name()'s
   // tokenizer, on the EMA weights with eval/use_ema. Every rank runs every example.
   std::vector<TaskResult> run_tasks(const std::vector<std::string>& paths);
-  // The tokenizer this model reads text with (`--tokenizer auto`, tokenizer_choice.hpp): the one the
-  // restored checkpoint records, else for trained weights the one the plan's datasets were tokenized
-  // with (their meta.json), else an imported model's own tokenizer.json, else byte or gpt2 by a
-  // vocabulary only they have; a UserError naming `command` when nothing tells.
-  std::string tokenizer_name(const std::string& command = "eval") const;
-  // What checkpoint_metadata() records as "tokenizer": the plan's datasets' tokenizer, else the restored one.
-  std::string data_tokenizer() const;
-  // The chat format of the job's datasets of conversations, else the restored checkpoint's (null none;
-  // none either when its datasets disagree, which a note at the start says).
-  nlohmann::json data_chat_format() const;
+  // The tokenizer this model reads text with (`--tokenizer auto`, provenance.hpp); a UserError naming
+  // `command` when nothing tells.
+  std::string tokenizer_name(const std::string& command = "eval") const {
+    return provenance_->tokenizer_name(command, step_ > 0);
+  }
+  // Where the weights and the text come from: the loaded base, the chat format (provenance.hpp).
+  const Provenance& provenance() const { return *provenance_; }
   // Saves a checkpoint under job_dir()/suffix; `latest` follows unless told not to. With several
   // ranks every rank calls it: a sharded optimizer state is gathered, rank 0 writes, and all wait at a
   // barrier until the checkpoint is complete.
@@ -167,7 +166,7 @@ class Trainer : public RestorableJob {
   void visit_whole_params(const std::function<void(const std::string&, const torch::Tensor&)>& visit);
 
   // Where the weights came from when imported (import-hf's base_model record: family, hf_dir, ...), else null.
-  const nlohmann::json& base_model() const { return base_model_; }
+  const nlohmann::json& base_model() const { return provenance_->base_model(); }
   // Rank 0, or the only process: the one that writes files and prints.
   bool is_main() const { return dist_.is_main(); }
   AdamW& optimizer() { return *optimizer_; }
@@ -187,8 +186,6 @@ class Trainer : public RestorableJob {
   // is rounded by the transition), those it trains (the modules_to_save, an embedding whose token rows
   // train) are float32; float32 in any other job.
   void load_weights_from(const BaseWeights& src);
-  // restored_tokenizer_ and restored_trained_ from a checkpoint loaded whole or as weights.
-  void restore_tokenizer(const CheckpointMeta& ck);
   // A Hugging Face model directory as the job's starting weights (`run ... --restore HF_DIR`): the base
   // of a LoRA job without phase one, or the starting point of full-parameter training. Its config.json
   // must describe this job's architecture (a UserError lists the settings that differ).
@@ -359,15 +356,9 @@ class Trainer : public RestorableJob {
   int64_t step_ = 0, tokens_ = 0;
   std::optional<double> best_score_;  // of stage best_stage_: `best` is the best of the latest stage
   int best_stage_ = 0;
-  // Where the weights came from when the job started from another's (load_weights_from): the source's
-  // `base_model` metadata (an import's Hugging Face name and config), carried into every checkpoint
-  // of this job so that exports can name the base. null when the job trained its own.
-  nlohmann::json base_model_;
-  // The restored checkpoint, the tokenizer it records (its "tokenizer") and whether the weights it gave
-  // were trained (its step > 0): tokenizer_name()'s clues.
-  std::string restored_dir_, restored_tokenizer_;
-  nlohmann::json restored_chat_;  // the restored checkpoint's "chat" (null none)
-  bool restored_trained_ = false;
+  // Where the weights and the text come from: the loaded base, the restored checkpoint's tokenizer and chat
+  // format, the datasets' records (provenance.hpp).
+  std::unique_ptr<Provenance> provenance_;
 };
 
 

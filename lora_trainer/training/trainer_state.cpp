@@ -68,9 +68,7 @@ json Trainer::checkpoint_metadata() const {
             {"per_step", uniform ? json{{"rows", batch_size_}, {"tokens", tokens_per_step()}} : json(nullptr)},
             {"job", spec_.to_json()},
             {"config", cfg_.to_json()}};
-  if (!base_model_.is_null()) m["base_model"] = base_model_;
-  if (const std::string t = data_tokenizer(); !t.empty()) m["tokenizer"] = t;
-  if (const nlohmann::json c = data_chat_format(); !c.is_null()) m["chat"] = c;
+  provenance_->add_metadata(m);
   if (ema_) m["ema"] = {{"decay", ema_->decay()}, {"params", names_of(ema_->params())}};
   if (lora_) lora_->add_metadata(m, boundary_step_);
   for (const auto& part : parts_) part->add_metadata(m);
@@ -190,8 +188,7 @@ void Trainer::restore_state(const CheckpointMeta& ck) {
   tokens_ = ck.tokens;
   best_score_ = ck.best_score;
   best_stage_ = ck.best_stage;
-  base_model_ = ck.base_model;
-  restore_tokenizer(ck);
+  provenance_->restored(ck);
   if (lora_) lora_->restored(ck);
   const std::string& from_job = ck.job_name;
   if (from_job != spec_.name)  // another job's state: say what was loaded and that its counters go on
@@ -210,16 +207,9 @@ void Trainer::load_weights_from(const CheckpointMeta& ck) {
                     "\" state; only a plain checkpoint (or one made by `export`) can initialise weights");
   check_same_computation(cfg_, ck.config.value("architecture", json::object()), ck.dir);
   load_weights_from(*BaseWeights::open_checkpoint(ck, base_params(*model_)));
-  restore_tokenizer(ck);
+  provenance_->restored(ck);
   std::fprintf(stderr, "initialised weights from %s (step %lld of job %s); this job starts at step %lld\n", ck.dir.c_str(),
                (long long)ck.step, ck.job_name.c_str(), (long long)step_);
-}
-
-void Trainer::restore_tokenizer(const CheckpointMeta& ck) {
-  restored_dir_ = ck.dir;
-  restored_tokenizer_ = ck.tokenizer;  // its type checked by CheckpointMeta::read
-  restored_chat_ = ck.chat;
-  restored_trained_ = ck.step > 0;
 }
 
 void Trainer::load_weights_from(const BaseWeights& src) {
@@ -245,7 +235,7 @@ void Trainer::load_weights_from(const BaseWeights& src) {
   }
   if (weights_pending_) model_->to(rt_.device);  // the buffers
   weights_pending_ = false;
-  base_model_ = src.base_model();
+  provenance_->loaded(src.base_model());
   if (is_main())  // stderr, as every line of a restore: `eval --json` prints its JSON alone on stdout
     std::fprintf(stderr, "loaded %s: %.2f GB of %s weights in %.1f s%s\n", src.path().c_str(), src.bytes() / 1e9,
                  src.dtype().c_str(), now_seconds() - t0, loaded.text.c_str());

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "catch.hpp"
+#include "chat_fixtures.hpp"
 #include "fixtures.hpp"
 #include "launch.hpp"
 #include "lora_trainer/core/outputs.hpp"
@@ -93,18 +94,6 @@ GgufKv read_gguf_kv(const std::string& path) {
   return out;
 }
 
-// A model directory: the small Qwen2-layout tokenizer (<|im_start|>, <|im_end|> special), the test
-// ChatML template with {% generation %} tags, eos_token <|im_end|>, and a generation_config.json.
-std::string chat_model_dir(const lt::test::TempDir& tmp) {
-  const fs::path dir = tmp / "model";
-  fs::create_directories(dir);
-  fs::copy_file(kSrc + "/tests/data/hf_tokenizers/qwen2/tokenizer.json", dir / "tokenizer.json");
-  const ojson config = {{"eos_token", "<|im_end|>"}, {"bos_token", nullptr}, {"chat_template", read_file(kTemplates + "with_generation.jinja")}};
-  write_file_atomic((dir / "tokenizer_config.json").string(), config.dump(1));
-  write_file_atomic((dir / "generation_config.json").string(), R"({"eos_token_id": [2, 0], "temperature": 0.7})");
-  return dir.string();
-}
-
 }  // namespace
 
 TEST_CASE("chat export: a template without its {% generation %} tags renders the same text as with them", "[chat]") {
@@ -148,7 +137,7 @@ TEST_CASE("chat export: a template without its {% generation %} tags renders the
 
 TEST_CASE("chat export: a job on conversations exports its template and stop tokens for transformers and llama.cpp", "[chat][launcher]") {
   lt::test::TempDir tmp;
-  const std::string model = chat_model_dir(tmp), data = tmp / "data";
+  const std::string model = lt::test::chat_model_dir(tmp), data = tmp / "data";
   const auto tok = make_tokenizer("hf:" + model);
   const uint32_t im_end = tok->encode("<|im_end|>").at(0);
   REQUIRE(tok->encode("<|im_end|>").size() == 1);
@@ -185,11 +174,7 @@ TEST_CASE("chat export: a job on conversations exports its template and stop tok
   REQUIRE(texts.size() == records.size());
 
   // A LoRA job on them (a random base: what is checked is what it records), and one on plain text.
-  std::vector<std::string> arch = lt::test::tiny_overrides(data);
-  for (const char* o : {"architecture/family=llama", "architecture/vocab_size=704", "architecture/block_size=128",
-                        "architecture/activation=silu", "training/allow_random_base=true", "training/pre_lora_tokens=[]",
-                        "training/pre_lora_dataset=[]", "training/post_lora_tokens=[1024]"})
-    arch.push_back(o);
+  const std::vector<std::string> arch = lt::test::chat_job_overrides(data);
   auto configure = [&](const std::string& file, const std::string& dataset) {
     std::vector<std::string> args = {"configure", "lora/train", tmp / file};
     args.insert(args.end(), arch.begin(), arch.end());

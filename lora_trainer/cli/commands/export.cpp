@@ -1,9 +1,11 @@
-// `lora_trainer export CHECKPOINT OUT [--format native|hf|peft|gguf|gguf-adapter] [--ema] [--force]`: a
-// checkpoint's model written for other tools (docs/huggingface.md, docs/llama_cpp.md) or as a
-// weights-only checkpoint with the adapters merged.
+// `lora_trainer export CHECKPOINT OUT [--format native|hf|peft|gguf|gguf-adapter] [--ema] [--force]
+// [--check [--prompts FILE]]`: a checkpoint's model written for other tools (docs/huggingface.md,
+// docs/llama_cpp.md) or as a weights-only checkpoint with the adapters merged; with --check, compared
+// with the checkpoint before it is published (export_check.hpp).
 #include <cstdlib>
 
 #include "lora_trainer/cli/commands/command.hpp"
+#include "lora_trainer/cli/commands/export_check.hpp"
 #include "lora_trainer/formats/export.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/formats/gguf_export.hpp"
@@ -14,7 +16,9 @@ namespace {
 
 struct ExportArgs {
   std::string checkpoint, out, format = "native", base, dtype = "source", max_shard_size = "5GB", tokenizer = "auto";
-  bool ema = false, force = false;
+  bool ema = false, force = false, check = false;
+  ExportCheckOptions check_options;
+  CLI::Option* prompts_opt = nullptr;
 };
 
 // transformers' max_shard_size: "5GB" (10^9), "500MB", "2GiB" (2^30), "100KB", or bytes.
@@ -44,6 +48,13 @@ int export_checkpoint(const ExportArgs& a) {
   if (a.format == "hf" && dtype == torch::kFloat16)
     throw UserError("export --format hf --dtype float16: Hugging Face exports are float32 or bfloat16 (" +
                     join(dtype_option_names(kHfDtypes)) + "). Nothing was written");
+  if (a.check && a.format != "hf")
+    throw UserError("export --check checks --format hf exports (the files read back by lora_trainer's own readers). Nothing "
+                    "was written");
+  if (!a.check && a.prompts_opt->count() > 0) throw UserError("export --prompts belongs to --check. Nothing was written");
+  if (a.check && a.ema)
+    throw UserError("export --check --ema: the check compares with the checkpoint's trained values; export without --ema to "
+                    "check it. Nothing was written");
   if (a.format != "gguf" && a.tokenizer != "auto")
     throw UserError("export: --tokenizer is an option of --format gguf (the model file carries the tokenizer). "
                     "Nothing was written");
@@ -56,7 +67,12 @@ int export_checkpoint(const ExportArgs& a) {
     o.tokenizer = a.tokenizer;
     if (a.format == "gguf") export_gguf(a.checkpoint, a.out, o);
     else export_gguf_adapter(a.checkpoint, a.out, o);
-  } else if (a.format == "hf") export_hf(a.checkpoint, a.out, a.ema, a.force, a.base, a.dtype, shard_bytes(a.max_shard_size));
+  } else if (a.format == "hf") {
+    std::function<void(const std::string&)> check;
+    if (a.check)  // on the written files before they take OUT's place: a failed check publishes nothing
+      check = [&](const std::string& staged) { check_hf_export(staged, a.checkpoint, a.check_options, a.out); };
+    export_hf(a.checkpoint, a.out, a.ema, a.force, a.base, a.dtype, shard_bytes(a.max_shard_size), check);
+  }
   else if (a.format == "peft") export_peft(a.checkpoint, a.out, a.ema, a.force, a.base);
   else export_merged(a.checkpoint, a.out, a.ema, a.force, a.base);
   return 0;
@@ -101,6 +117,17 @@ Command add_export(CLI::App& app) {
   sub->add_option("--base", a->base,
                   "where the frozen base of a LoRA checkpoint that refers to it is now, when it moved from the place "
                   "its metadata records (a Hugging Face model directory or a checkpoint); its digest is checked");
+  sub->add_flag("--check", a->check,
+                "hf: before OUT takes the new files, read them back as transformers would (with lora_trainer's own "
+                "readers) and compare with the checkpoint: the chat template's text, the tokens, the end-of-turn ids, "
+                "the logits and the greedy replies of a few conversations; a difference is exit 3 and OUT stays as it "
+                "was (check-export checks an export already written)");
+  a->prompts_opt = sub->add_option("--prompts", a->check_options.prompts,
+                                   "with --check: a JSONL file of conversations ({\"messages\": [...]}) or, for a model "
+                                   "not trained on chat data, {\"text\": ...} prompts; default: three built in")
+                       ->check(CLI::ExistingFile);
+  sub->add_option("--check-tokens", a->check_options.reply_tokens, "with --check: the longest greedy reply compared")
+      ->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(4096)));
   return {sub, [a] { return export_checkpoint(*a); }};
 }
 

@@ -1,70 +1,60 @@
-// `lora_trainer sample CHECKPOINT --prompt TEXT [--chat [--system TEXT]] [--tokens N] [--temperature T]
-// [--top-k K] [--seed S] [--tokenizer NAME] [key=value ...]`: text generated from a checkpoint's model;
-// with --chat the prompt is a user message rendered with the model's chat template and the reply runs
-// to the template's end-of-turn token.
+// `lora_trainer sample CHECKPOINT --prompt TEXT [--chat [--system TEXT]] [--messages FILE.json] [--tokens N]
+// [--temperature T] [--top-k K] [--seed S] [--tokenizer NAME] [key=value ...]`: text generated from a
+// checkpoint's model. With --chat the prompt is a user message and --messages FILE a whole conversation,
+// rendered with the chat template the model was trained with (training/conversation.hpp); the reply
+// runs to the end-of-turn token and is printed alone.
 #include <cstdio>
-#include <filesystem>
 
-#include "lora_trainer/cli/commands/command.hpp"
-#include "lora_trainer/data/chat_template.hpp"
-#include "lora_trainer/data/tokenize.hpp"
-#include "lora_trainer/models/generate.hpp"
-#include "lora_trainer/training/trainer.hpp"
+#include "lora_trainer/cli/commands/generation_args.hpp"
+#include "lora_trainer/core/util.hpp"
 
 namespace lt {
 namespace {
 
 struct SampleArgs {
-  std::string checkpoint, prompt, tokenizer = "auto", system;
+  GenerationArgs g;
+  std::string prompt, system, messages;
   bool chat = false;
-  CLI::Option* system_opt = nullptr;
-  std::vector<std::string> chat_limits;
-  CLI::Option* limit_opt = nullptr;
-  GenerateOptions gen;
-  std::vector<std::string> overrides;
+  CLI::Option *prompt_opt = nullptr, *system_opt = nullptr, *messages_opt = nullptr;
 };
 
-int sample(const SampleArgs& a) {
-  Trainer* t = nullptr;
-  auto job = load_for_reading(a.checkpoint, a.overrides, &t);
-  std::string tokenizer_name = a.tokenizer;
-  if (tokenizer_name == "auto") tokenizer_name = t->tokenizer_name("sample");
-  auto tok = make_tokenizer(tokenizer_name);
-  GenerateOptions o = a.gen;
-  o.stop_id = tok->eot_id();
-  o.vocab_limit = tok->vocab_size();
-  o.tokenizer = tokenizer_name;
-  o.where = "sample: the prompt";
-  std::string prompt = a.prompt;
-  if (a.chat) {
-    if (tokenizer_name.rfind("hf:", 0) != 0)
-      throw UserError("sample --chat renders the prompt with the model's chat template: give --tokenizer hf:DIR (the model "
-                      "directory holding tokenizer.json and tokenizer_config.json), or sample an imported model whose "
-                      "directory still holds them");
-    ChatTemplate tmpl = ChatTemplate::from_model_dir(tokenizer_name.substr(3));
-    jinja::Limits limits;
-    for (const auto& l : a.chat_limits) limits.set(l);
-    tmpl.set_limits(limits);
-    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-    if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
-    messages.push_back({{"role", "user"}, {"content", a.prompt}});
-    prompt = tmpl.render(messages, true).text;
-    // The reply ends at the template's end-of-turn token (tokenizer_config.json's eos_token) when it is one token.
-    const auto eos = tok->encode(tmpl.eos_token());
-    if (eos.size() == 1) o.stop_id = eos[0];
-  } else if (a.system_opt->count() > 0) {
-    throw UserError("sample --system belongs to --chat (a system message rendered with the model's chat template)");
-  } else if (a.limit_opt->count() > 0) {
-    throw UserError("sample --chat-limit belongs to --chat (it bounds the renders of the model's chat template)");
+void print(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+int sample(SampleArgs a) {
+  if (a.messages_opt->count() > 0) a.chat = true;  // a conversation is chat
+  if (!a.chat) {
+    if (a.system_opt->count() > 0)
+      throw UserError("sample --system belongs to --chat (a system message rendered with the model's chat template)");
+    if (a.g.limit_opt->count() > 0)
+      throw UserError("sample --chat-limit belongs to --chat (it bounds the renders of the model's chat template)");
   }
-  auto ema = t->ema_weights();  // with eval/use_ema, the moving average generates
-  auto ids = generate(t->model(), t->runtime(), tok->encode(prompt), o);
-  if (a.chat) {  // the reply alone, without its end-of-turn token
-    if (!ids.empty() && static_cast<int64_t>(ids.back()) == o.stop_id) ids.pop_back();
-    std::printf("%s\n", tok->decode(ids).c_str());
-  } else {
-    std::printf("%s%s\n", prompt.c_str(), tok->decode(ids).c_str());
+  if (a.prompt_opt->count() == 0 && a.messages_opt->count() == 0)
+    throw UserError("sample needs --prompt TEXT (text to continue; with --chat, the user's message) or --messages FILE.json "
+                    "(a conversation)");
+  GeneratingModel m = load_generating_model(a.g, "sample");
+  if (!a.chat) {
+    GenerateOptions o = a.g.gen;
+    o.stop_ids = {m.tok->eot_id()};
+    o.vocab_limit = m.tok->vocab_size();
+    o.tokenizer = m.tokenizer_name;
+    o.where = "sample: the prompt";
+    const auto ids = generate(m.trainer->model(), m.trainer->runtime(), m.tok->encode(a.prompt), o);
+    print(a.prompt + m.tok->decode(ids) + "\n");
+    return 0;
   }
+  Conversation c = conversation_with(m, a.g, "sample --chat");
+  if (a.messages_opt->count() > 0) {
+    const nlohmann::ordered_json file = parse_ordered_json(read_file(a.messages), a.messages);
+    // A list of messages, or a chat record {"messages": [...]} as chat datasets hold them.
+    c.set_messages(file.is_array() ? nlohmann::ordered_json{{"messages", file}} : file, a.messages);
+  }
+  if (a.system_opt->count() > 0) c.set_system(a.system);
+  if (a.prompt_opt->count() > 0) c.add_user(a.prompt);
+  c.reply(print);
+  print("\n");
   return 0;
 }
 
@@ -72,28 +62,19 @@ int sample(const SampleArgs& a) {
 
 Command add_sample(CLI::App& app) {
   auto a = std::make_shared<SampleArgs>();
-  auto* sub = app.add_subcommand("sample", "generate text from a checkpoint");
-  sub->add_option("CHECKPOINT", a->checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
-  sub->add_option("--prompt", a->prompt, "text to continue (with --chat: the user's message)")->required();
+  auto* sub = app.add_subcommand("sample", "generate text from a checkpoint (with --chat, a reply in a conversation)");
+  a->g.add_options(sub, "tokens to generate (with --chat: at most, the reply stops at its end of turn)");
+  a->prompt_opt = sub->add_option("--prompt", a->prompt, "text to continue (with --chat: the user's message, after --messages' conversation)");
   sub->add_flag("--chat", a->chat,
-                "render --prompt as a user message with the model's chat template (generation prompt added) and print "
-                "the reply, generated up to the template's end-of-turn token; needs the model's tokenizer files (hf:DIR)");
-  a->system_opt = sub->add_option("--system", a->system, "with --chat: a system message before the user's");
-  a->limit_opt = sub->add_option("--chat-limit", a->chat_limits,
-                                 "with --chat: raise a bound on the template's render, NAME=N (steps, output, string, list, "
-                                 "depth; docs/chat.md); repeat it for several");
-  sub->add_option("--tokens", a->gen.max_new_tokens, "tokens to generate")->capture_default_str()
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  sub->add_option("--temperature", a->gen.temperature, "softmax temperature; 0 = greedy")->capture_default_str()
-      ->check(finite_in(0, 1e6));
-  sub->add_option("--top-k", a->gen.top_k, "sample from the k most likely tokens; 0 = all")->capture_default_str()
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 31));
-  sub->add_option("--seed", a->gen.seed, "random seed")->capture_default_str()->check(uint64_text());
-  sub->add_option("--tokenizer", a->tokenizer, "auto (the one the model's training data was tokenized with: the checkpoint's record, its datasets' "
-                  "meta.json, an imported model's tokenizer.json, or byte/gpt2 by a vocabulary only they have; else an "
-                  "error), gpt2, byte, or hf:DIR (a Hugging Face tokenizer.json in DIR)")
-      ->capture_default_str()->check(tokenizer_name({"auto", "gpt2", "byte"}));
-  sub->add_option("overrides", a->overrides, "key=value settings over the saved config (e.g. runtime/threads=1)");
+                "render the conversation (--messages, then --prompt as the user's message) with the chat template the "
+                "model was trained with (the checkpoint's record, else the tokenizer's model directory, hf:DIR), and "
+                "print the reply, generated up to its end-of-turn token");
+  a->messages_opt = sub->add_option("--messages", a->messages,
+                                    "a conversation to reply to (implies --chat): a JSON file holding a list of "
+                                    "{\"role\", \"content\"} messages, or a chat record {\"messages\": [...]}")
+                        ->check(CLI::ExistingFile);
+  a->system_opt = sub->add_option("--system", a->system, "with --chat: the system message (replacing --messages' own)");
+  a->g.add_overrides(sub);
   return {sub, [a] { return sample(*a); }};
 }
 
