@@ -171,8 +171,8 @@ std::optional<ChatFormat> chat_format(const CheckpointMeta& ck, const ModelOptio
 }
 
 // The tokenizer `name`, and a chat model's template, as convert_hf_to_gguf.py writes an instruct
-// model's: tokenizer.chat_template, and the end of turn (tokenizer_config.json's eos_token) as the eos
-// id, which llama.cpp stops at.
+// model's: tokenizer.chat_template, the end of turn (tokenizer_config.json's eos_token) as the eos id,
+// which llama.cpp stops at, and the template's bos_token as the bos id.
 void set_tokenizer(GgufWriter& g, const std::string& name, const ModelOptions& o, const std::optional<ChatFormat>& chat) {
   const BpeVocabulary v = make_tokenizer(name)->vocabulary();
   const auto n = static_cast<int64_t>(v.tokens.size());
@@ -198,8 +198,15 @@ void set_tokenizer(GgufWriter& g, const std::string& name, const ModelOptions& o
   g.set_strings("tokenizer.ggml.tokens", tokens);
   g.set_i32s("tokenizer.ggml.token_type", types);
   g.set_strings("tokenizer.ggml.merges", v.merges);
+  // The bos token: the chat format's (tokenizer_config.json's bos_token, which a template writes as
+  // {{ bos_token }} and llama.cpp's chat fills in with this id: Llama 3's <|begin_of_text|>, whether or
+  // not its tokenizer adds it to plain text), else the one the tokenizer adds, else the end of text.
+  int64_t bos = v.bos;
+  if (chat && !chat->bos_token.empty())
+    for (int64_t id = 0; id < n; ++id)
+      if (v.kinds[id] != BpeVocabulary::Kind::Ordinary && v.tokens[id] == chat->bos_token) bos = id;
   g.set_u32("tokenizer.ggml.eos_token_id", chat ? chat->stop_ids.front() : v.eos);
-  g.set_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(v.bos >= 0 ? v.bos : v.eos));
+  g.set_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(bos >= 0 ? bos : v.eos));
   g.set_bool("tokenizer.ggml.add_bos_token", v.bos >= 0);
   g.set_bool("tokenizer.ggml.add_eos_token", false);
   if (chat) g.set_string("tokenizer.chat_template", chat->template_source);

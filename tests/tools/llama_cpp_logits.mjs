@@ -1,5 +1,5 @@
 // Runs GGUF files in the real llama.cpp (the prebuilt one of the npm package node-llama-cpp) and prints
-// what it computes, for the tests and scripts/gguf_check.sh to compare with lora_trainer's own numbers.
+// what it computes, for the tests to compare with lora_trainer's own numbers.
 //
 //   node tests/tools/llama_cpp_logits.mjs REQUEST.json > RESPONSE.json
 //
@@ -9,35 +9,12 @@
 //           llama.cpp's context computes them, the adapter applied at scale 1 where given),
 //           "tokens": [[ids...], ...] (llama.cpp's tokenization of each text: added and special tokens in
 //           it matched, as transformers matches them; no BOS added)
-// node-llama-cpp is looked up from $LT_LLAMA_CPP_DIR (a directory holding node_modules/node-llama-cpp:
-// scripts/fetch_llama_cpp.sh installs it in datasets/cache/llama_cpp), else the usual module path.
-// Exits 3 with a note when the package is absent.
+// node-llama-cpp: llama_cpp_package.mjs. Exits 3 with a note when the package is absent.
 import fs from "node:fs";
-import path from "node:path";
-import {createRequire} from "node:module";
-import {pathToFileURL} from "node:url";
-
-async function loadPackage() {
-    const dirs = [process.env.LT_LLAMA_CPP_DIR, path.resolve(path.dirname(new URL(import.meta.url).pathname), "../../datasets/cache/llama_cpp")]
-        .filter(Boolean);
-    for (const dir of dirs) {
-        try {
-            const require = createRequire(path.join(dir, "package.json"));
-            return await import(pathToFileURL(require.resolve("node-llama-cpp")).href);
-        } catch (e) {
-            // try the next place
-        }
-    }
-    try {
-        return await import("node-llama-cpp");
-    } catch (e) {
-        console.error("llama_cpp_logits.mjs: node-llama-cpp is not installed (bash scripts/fetch_llama_cpp.sh installs it)");
-        process.exit(3);
-    }
-}
+import {loadPackage} from "./llama_cpp_package.mjs";
 
 const request = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
-const {getLlama, LlamaLogLevel} = await loadPackage();
+const {getLlama, LlamaLogLevel} = await loadPackage("llama_cpp_logits.mjs");
 const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error});
 const model = await llama.loadModel({modelPath: request.model});
 const longest = Math.max(1, ...(request.sequences ?? []).map((s) => s.length));
