@@ -45,4 +45,25 @@ inline std::vector<std::string> chat_job_overrides(const std::string& data, int 
   return arch;
 }
 
+// Writes `records` (chat records, JSON text), each `copies` times, to TMP/conv.jsonl and tokenizes them
+// with the model directory `model` as the chat dataset "conv" under `data` (`extra`: more tokenize
+// options, e.g. --loss-on last).
+inline void tokenize_conversations(const TempDir& tmp, const std::string& model, const std::string& data,
+                                   const std::vector<std::string>& records, int copies, const std::string& val_fraction,
+                                   const std::vector<std::string>& extra = {}) {
+  std::string lines;
+  for (int copy = 0; copy < copies; ++copy)
+    for (const auto& r : records) lines += nlohmann::ordered_json::parse(r).dump() + "\n";
+  write_file_atomic(tmp / "conv.jsonl", lines);
+  std::vector<std::string> args = {"tokenize", tmp / "conv.jsonl", "--format", "chat", "--tokenizer", "hf:" + model, "--name", "conv",
+                                   "--data-dir", data, "--val-fraction", val_fraction, "--length", "128"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const Result r = launch(args);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+}
+
+// The dataset of tokenize_conversations as a stage list of a job (padded rows).
+inline const std::string kConversations = R"([[{"name":"conv","rate":1,"style":"padded"}]])";
+
 }  // namespace lt::test

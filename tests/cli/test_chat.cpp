@@ -33,31 +33,26 @@ namespace {
 // checkpoint, which records the chat format.
 std::string chat_checkpoint(const lt::test::TempDir& tmp) {
   const std::string model = lt::test::chat_model_dir(tmp), data = tmp / "data";
-  std::string lines;
-  for (int copy = 0; copy < 4; ++copy)
-    for (const char* r : {R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]})",
-                          R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-                              {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Again?"}]})",
-                          R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                              {"role": "assistant", "content": "Yo."}]})"})
-      lines += ojson::parse(r).dump() + "\n";
-  lt::write_file_atomic(tmp / "conv.jsonl", lines);
-  auto r = lt::test::launch({"tokenize", tmp / "conv.jsonl", "--format", "chat", "--tokenizer", "hf:" + model, "--name", "conv",
-                             "--data-dir", data, "--val-fraction", "0.1", "--length", "128"});
-  INFO(r.out);
-  REQUIRE(r.code == 0);
+  lt::test::tokenize_conversations(
+      tmp, model, data,
+      {R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]})",
+       R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+           {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Again?"}]})",
+       R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+           {"role": "assistant", "content": "Yo."}]})"},
+      4, "0.1");
   std::vector<std::string> args = {"configure", "lora/train", tmp / "chat.json"};
   for (const auto& o : lt::test::chat_job_overrides(data, 512)) args.push_back(o);
   // Phase one learns the conversations (a random model's next token hardly depends on the context, so
   // every history would get the same reply), packed: each attends to itself alone, as in a chat (a
   // left-padded row's example also sees its padding); the LoRA phase gives the checkpoint its adapters.
-  const std::string conv = R"([[{"name":"conv","rate":1,"style":"padded"}]])";
+  const std::string& conv = lt::test::kConversations;
   for (const std::string& o : std::vector<std::string>{"training/pre_lora_tokens=[65536]", "training/pre_lora_dataset=" + conv,
                               "training/post_lora_dataset=" + conv, "optimization/lr=0.003", "training/warmup_pct=0.05", "architecture/d_model=64",
                               "data/pack=true"})
     args.push_back(o);
   REQUIRE(lt::test::launch(args).code == 0);
-  r = lt::test::launch({"run", "chat", tmp / "chat.json", tmp / "out"});
+  const auto r = lt::test::launch({"run", "chat", tmp / "chat.json", tmp / "out"});
   INFO(r.out);
   REQUIRE(r.code == 0);
   return tmp / "out/checkpoints/general/default/chat/final/66048";

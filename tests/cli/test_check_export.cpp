@@ -23,27 +23,22 @@ using ojson = nlohmann::ordered_json;
 TEST_CASE("check-export: a chat model's HF export passes, a broken one fails naming what is wrong", "[chat][launcher][hf]") {
   lt::test::TempDir tmp;
   const std::string model = lt::test::chat_model_dir(tmp), data = tmp / "data";
-  std::string lines;
-  for (const char* r : {R"({"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4."}]})",
-                        R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."},
-                            {"role": "assistant", "content": "Blue."}]})",
-                        R"({"prompt": "Hi", "completion": "Hello!"})"})
-    for (int copy = 0; copy < 3; ++copy) lines += ojson::parse(r).dump() + "\n";
-  lt::write_file_atomic(tmp / "conv.jsonl", lines);
-  auto r = lt::test::launch({"tokenize", tmp / "conv.jsonl", "--format", "chat", "--tokenizer", "hf:" + model, "--name", "conv",
-                             "--data-dir", data, "--val-fraction", "0.2", "--length", "128"});
-  INFO(r.out);
-  REQUIRE(r.code == 0);
+  const std::vector<std::string> records = {
+      R"({"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4."}]})",
+      R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."},
+          {"role": "assistant", "content": "Blue."}]})",
+      R"({"prompt": "Hi", "completion": "Hello!"})"};
+  lt::test::tokenize_conversations(tmp, model, data, records, 3, "0.2");
   // A short phase one (its end is pre_lora_checkpoint: the base without adapters), then adapters that
   // move the logits well past the tolerance.
   std::vector<std::string> args = {"configure", "lora/train", tmp / "chat.json"};
   for (const auto& o : lt::test::chat_job_overrides(data, 8192)) args.push_back(o);
-  const std::string conv = R"([[{"name":"conv","rate":1,"style":"padded"}]])";
+  const std::string& conv = lt::test::kConversations;
   for (const std::string& o : std::vector<std::string>{"training/pre_lora_tokens=[512]", "training/pre_lora_dataset=" + conv,
                                                        "training/post_lora_dataset=" + conv, "optimization/lora/lr=0.02"})
     args.push_back(o);
   REQUIRE(lt::test::launch(args).code == 0);
-  r = lt::test::launch({"run", "chat", tmp / "chat.json", tmp / "out"});
+  auto r = lt::test::launch({"run", "chat", tmp / "chat.json", tmp / "out"});
   INFO(r.out);
   REQUIRE(r.code == 0);
   const std::string job = tmp / "out/checkpoints/general/default/chat", ck = job + "/final/8704";
@@ -59,7 +54,7 @@ TEST_CASE("check-export: a chat model's HF export passes, a broken one fails nam
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Contains("check passed"));
   // Its own conversations: a record a line.
-  lt::write_file_atomic(tmp / "prompts.jsonl", lines.substr(0, lines.find('\n') + 1));
+  lt::write_file_atomic(tmp / "prompts.jsonl", ojson::parse(records[0]).dump() + "\n");
   r = lt::test::launch({"check-export", tmp / "hf", ck, "--prompts", tmp / "prompts.jsonl"});
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Contains(tmp / "prompts.jsonl:1"));

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "catch.hpp"
+#include "chat_fixtures.hpp"
 #include "fixtures.hpp"
 #include "launch.hpp"
 #include "lora_trainer/core/outputs.hpp"
@@ -70,25 +71,20 @@ TEST_CASE("llama.cpp's chat session on the exported GGUF replies as sample --cha
     lt::write_file_atomic((model / "generation_config.json").string(), json{{"eos_token_id", f.eos_ids}}.dump());
     // Conversations whose replies depend on what came before, learned by heart (packed: each attends
     // to itself alone, as in a chat).
-    std::string lines;
-    for (int copy = 0; copy < 4; ++copy)
-      for (const char* r : {R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there!"}]})",
-                            R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there!"},
-                                {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Again? Hi!"}]})",
-                            R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                                {"role": "assistant", "content": "Yo."}]})"})
-        lines += ojson::parse(r).dump() + "\n";
-    lt::write_file_atomic(tmp / "conv.jsonl", lines);
-    const std::string data = tmp / "data";
     // --loss-on last: the package's Llama 3 template (the first Instruct release's) writes the assistant
     // header after every conversation, so earlier turns cannot be found by their prefixes.
-    auto r = lt::test::launch({"tokenize", tmp / "conv.jsonl", "--format", "chat", "--loss-on", "last", "--tokenizer",
-                               "hf:" + model.string(), "--name", "conv", "--data-dir", data, "--val-fraction", "0.1", "--length", "128"});
-    INFO(r.out);
-    REQUIRE(r.code == 0);
+    const std::string data = tmp / "data";
+    lt::test::tokenize_conversations(
+        tmp, model.string(), data,
+        {R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there!"}]})",
+         R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there!"},
+             {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Again? Hi!"}]})",
+         R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+             {"role": "assistant", "content": "Yo."}]})"},
+        4, "0.1", {"--loss-on", "last"});
     std::vector<std::string> args = {"configure", "lora/train", tmp / "chat.json"};
     for (const auto& o : lt::test::tiny_overrides(data)) args.push_back(o);
-    const std::string conv = R"([[{"name":"conv","rate":1,"style":"padded"}]])";
+    const std::string& conv = lt::test::kConversations;
     for (const std::string& o : std::vector<std::string>{
              "architecture/family=llama", "architecture/vocab_size=" + std::to_string(f.vocab), "architecture/block_size=128",
              "architecture/activation=silu", "architecture/d_model=64", "training/pre_lora_tokens=[24576]",
@@ -96,7 +92,7 @@ TEST_CASE("llama.cpp's chat session on the exported GGUF replies as sample --cha
              "optimization/lr=0.006", "training/warmup_pct=0.05", "data/pack=true", "training/allow_random_base=true"})
       args.push_back(o);
     REQUIRE(lt::test::launch(args).code == 0);
-    r = lt::test::launch({"run", "chat", tmp / "chat.json", tmp / "out"});
+    auto r = lt::test::launch({"run", "chat", tmp / "chat.json", tmp / "out"});
     INFO(r.out);
     REQUIRE(r.code == 0);
     const std::string ck = tmp / "out/checkpoints/general/default/chat/final/25088";

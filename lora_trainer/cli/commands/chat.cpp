@@ -25,11 +25,6 @@ const char* const kHelp =
     "/help           this list\n"
     "/exit           end (as does Ctrl-D); a message starting with '/' is written '//...'\n";
 
-void print(const std::string& text) {
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
-}
-
 // A command line ("/..."): true when the chat goes on.
 bool command(Conversation& c, const std::string& line) {
   const size_t space = line.find(' ');

@@ -1,5 +1,7 @@
 #include "lora_trainer/cli/commands/generation_args.hpp"
 
+#include <cstdio>
+
 #include "lora_trainer/data/tokenize.hpp"
 
 namespace lt {
@@ -24,6 +26,11 @@ void GenerationArgs::add_options(CLI::App* sub, const std::string& tokens_help) 
 
 void GenerationArgs::add_overrides(CLI::App* sub) {
   sub->add_option("overrides", overrides, "key=value settings over the saved config (e.g. runtime/threads=1)");
+}
+
+void print(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
 }
 
 GeneratingModel load_generating_model(const GenerationArgs& a, const std::string& command) {

@@ -39,6 +39,9 @@ struct GeneratingModel {
 };
 GeneratingModel load_generating_model(const GenerationArgs& a, const std::string& command);
 
+// Writes `text` to standard output at once (a reply as it comes).
+void print(const std::string& text);
+
 // A conversation with `m` through the chat template it was trained with (chat_setup: the checkpoint's
 // record, else the tokenizer's model directory), its renders bounded by --chat-limit.
 Conversation conversation_with(const GeneratingModel& m, const GenerationArgs& a, const std::string& command);

@@ -18,11 +18,6 @@ struct SampleArgs {
   CLI::Option *prompt_opt = nullptr, *system_opt = nullptr, *messages_opt = nullptr;
 };
 
-void print(const std::string& text) {
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
-}
-
 int sample(SampleArgs a) {
   if (a.messages_opt->count() > 0) a.chat = true;  // a conversation is chat
   if (!a.chat) {
