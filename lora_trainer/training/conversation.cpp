@@ -12,14 +12,13 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 // The length of `text`'s longest prefix that ends on a UTF-8 character's boundary: a character whose
-// bytes have not all come yet is held back.
+// bytes have not all come yet (a lead byte and valid continuations up to the end) is held back; bytes
+// that can never be a character are left to sanitize_utf8.
 size_t complete_utf8(const std::string& text) {
   const size_t n = text.size();
-  for (size_t back = 1; back <= std::min<size_t>(4, n); ++back) {
-    const auto c = static_cast<unsigned char>(text[n - back]);
-    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back for its lead
-    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
-    return len > back ? n - back : n;
+  for (size_t i = n > 3 ? n - 3 : 0; i < n; ++i) {
+    size_t valid = 0;
+    if (static_cast<unsigned char>(text[i]) >= 0xC2 && bpe::utf8_sequence_length(text, i, &valid) == 0 && i + valid == n) return i;
   }
   return n;
 }

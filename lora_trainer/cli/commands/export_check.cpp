@@ -222,16 +222,17 @@ void check_hf_export(const std::string& dir, const std::string& checkpoint, cons
     }
     if (!cut.empty()) ids.erase(ids.begin(), ids.end() - room);  // a built-in prompt past a small model's block
     // The checkpoint's greedy reply, then both models' logits over the prompt and the reply, step by step.
+    // The last step's logits are the checkpoint's over the whole context (the prompt and the reply but its last token).
     std::vector<uint32_t> seq = ids;
     bool ended = false;
+    torch::Tensor a;
     for (int64_t k = 0; k < o.reply_tokens && !ended; ++k) {
-      const torch::Tensor last = all_logits(ours, rt.device, seq)[-1];
-      const uint32_t next = static_cast<uint32_t>(last.slice(0, 0, tok->vocab_size()).argmax().item<int64_t>());
+      a = all_logits(ours, rt.device, seq);
+      const uint32_t next = static_cast<uint32_t>(a[-1].slice(0, 0, tok->vocab_size()).argmax().item<int64_t>());
       seq.push_back(next);
       ended = std::count(stops.begin(), stops.end(), next) > 0;
     }
-    const std::vector<uint32_t> context(seq.begin(), seq.end() - 1);
-    const torch::Tensor a = all_logits(ours, rt.device, context), b = all_logits(theirs, rt.device, context);
+    const torch::Tensor b = all_logits(theirs, rt.device, std::vector<uint32_t>(seq.begin(), seq.end() - 1));
     if (a.sizes() != b.sizes())
       throw ExportCheckFailed(shown + ": the exported model's logits have shape " + shape_text(b.sizes().vec()) + ", the checkpoint's " +
                               shape_text(a.sizes().vec()));
