@@ -24,7 +24,7 @@
 #      in the root.
 #   4. CMake + Ninja in /lt/build inside the root (never the host's build/), with ccache whose cache
 #      (/lt/ccache) persists in the root, then ctest over the whole suite.
-# proc, sys, dev and dev/shm are mounted into the root while it runs and always unmounted on exit.
+# proc, sys, dev, dev/shm and dev/pts are mounted into the root while it runs and always unmounted on exit.
 # Exit status: 0 when everything built and every test passed (debian13-cuda: also when it linked but
 # the binaries cannot start here, which it says: "compile-and-link only: REASON"), non-zero otherwise.
 # Logs: ROOT/lt/logs/{packages,configure,build,test}.log.
@@ -114,6 +114,12 @@ main() {
     mount --bind /dev "$ROOT/dev"
     mkdir -p "$ROOT/dev/shm"
     mount -t tmpfs -o mode=1777,nosuid,nodev shm "$ROOT/dev/shm"
+    # Pseudo-terminals (the chat test types into one): the host's, where it has them.
+    if mountpoint -q /dev/pts; then
+      mount --bind /dev/pts "$ROOT/dev/pts"
+    else
+      log "the host has no /dev/pts: the tests that need a pseudo-terminal will say they skipped it"
+    fi
   }
 
   remove_root() {
