@@ -1,5 +1,8 @@
 #include "lora_trainer/formats/gguf.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -123,6 +126,150 @@ void GgufWriter::write(const std::string& path) const {
     if (pad) pieces.emplace_back(zeros, pad);
   }
   write_file_atomic(path, pieces);
+}
+
+namespace {
+
+// A bounds-checked cursor over a mapped file: every read names where the file ended.
+class Cursor {
+ public:
+  Cursor(const char* data, uint64_t size, std::string path) : data_(data), size_(size), path_(std::move(path)) {}
+  template <class T>
+  T get(const std::string& what) {
+    need(sizeof(T), what);
+    T v;
+    std::memcpy(&v, data_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  std::string string(const std::string& what) {
+    const uint64_t n = get<uint64_t>(what);
+    need(n, what);
+    std::string s(data_ + pos_, n);
+    pos_ += n;
+    return s;
+  }
+  void skip(uint64_t n, const std::string& what) {
+    need(n, what);
+    pos_ += n;
+  }
+  uint64_t pos() const { return pos_; }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw UserError(path_ + " is not a complete GGUF file: " + what + " (at byte " + std::to_string(pos_) + " of " +
+                    std::to_string(size_) + "); export it again");
+  }
+
+ private:
+  void need(uint64_t n, const std::string& what) const {
+    if (n > size_ - pos_) fail("it ends in " + what);
+  }
+  const char* data_;
+  uint64_t size_, pos_ = 0;
+  std::string path_;
+};
+
+// The bytes of one value of a scalar type; 0 for string and array.
+uint64_t scalar_bytes(uint32_t type) {
+  static const uint64_t bytes[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+  return type < 13 ? bytes[type] : 0;
+}
+
+// Skips a value of `type` (reading an integer `general.file_type` or `general.alignment` when asked).
+void skip_value(Cursor& c, uint32_t type, const std::string& what, int depth = 0) {
+  if (type == kString) {
+    c.string(what);
+  } else if (type == kArray) {
+    if (depth > 0) c.fail(what + " is an array of arrays");
+    const uint32_t elem = c.get<uint32_t>(what);
+    const uint64_t n = c.get<uint64_t>(what);
+    if (elem == kString) {
+      for (uint64_t i = 0; i < n; ++i) c.string(what);
+    } else if (const uint64_t b = scalar_bytes(elem); b > 0) {
+      if (n > UINT64_MAX / b) c.fail(what + " has a count of " + std::to_string(n));
+      c.skip(n * b, what);
+    } else {
+      c.fail(what + " has elements of an unknown type " + std::to_string(elem));
+    }
+  } else if (const uint64_t b = scalar_bytes(type); b > 0) {
+    c.skip(b, what);
+  } else {
+    c.fail(what + " has an unknown value type " + std::to_string(type));
+  }
+}
+
+}  // namespace
+
+GgufFileInfo read_gguf_info(const std::string& path) {
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, &size, "a GGUF file");
+  void* map = size > 0 ? mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
+  ::close(fd);
+  if (size > 0 && map == MAP_FAILED) throw UserError("could not map " + path + ": " + std::strerror(errno));
+  struct Unmap {
+    void* p;
+    uint64_t n;
+    ~Unmap() {
+      if (p && p != MAP_FAILED) munmap(p, n);
+    }
+  } unmap{map, size};
+  Cursor c(static_cast<const char*>(map), size, path);
+  GgufFileInfo info;
+  const uint32_t magic = c.get<uint32_t>("its magic");
+  if (std::memcmp(&magic, "GGUF", 4) != 0) throw UserError(path + " is not a GGUF file (it does not start with \"GGUF\")");
+  info.version = c.get<uint32_t>("its version");
+  if (info.version != 2 && info.version != 3)
+    throw UserError(path + " is GGUF version " + std::to_string(info.version) + "; versions 2 and 3 are read");
+  info.tensor_count = c.get<uint64_t>("its tensor count");
+  info.kv_count = c.get<uint64_t>("its key count");
+  uint64_t alignment = kAlignment;
+  for (uint64_t i = 0; i < info.kv_count; ++i) {
+    const std::string key = c.string("key " + std::to_string(i + 1) + " of " + std::to_string(info.kv_count));
+    const uint32_t type = c.get<uint32_t>("the type of key " + key);
+    const uint64_t at = c.pos();
+    skip_value(c, type, "the value of key " + key);
+    if (key == "general.file_type" && (type == kU32 || type == kI32)) {
+      uint32_t v;
+      std::memcpy(&v, static_cast<const char*>(map) + at, 4);
+      info.file_type = v;
+    } else if (key == "general.alignment" && type == kU32) {
+      uint32_t v;
+      std::memcpy(&v, static_cast<const char*>(map) + at, 4);
+      if (v == 0 || (v & (v - 1)) != 0) c.fail("general.alignment is " + std::to_string(v) + ", not a power of two");
+      alignment = v;
+    } else if (key == "tokenizer.chat_template" && type == kString) {
+      info.has_chat_template = true;
+    }
+  }
+  struct Extent {
+    std::string name;
+    uint64_t offset, bytes;
+  };
+  std::vector<Extent> extents;
+  for (uint64_t i = 0; i < info.tensor_count; ++i) {
+    const std::string what = "tensor " + std::to_string(i + 1) + " of " + std::to_string(info.tensor_count);
+    const std::string name = c.string("the name of " + what);
+    const uint32_t dims = c.get<uint32_t>("the dimensions of tensor " + name);
+    if (dims > 4) c.fail("tensor " + name + " has " + std::to_string(dims) + " dimensions (ggml has at most 4)");
+    uint64_t elements = 1;
+    for (uint32_t d = 0; d < dims; ++d) {
+      const uint64_t ne = c.get<uint64_t>("the shape of tensor " + name);
+      if (ne != 0 && elements > UINT64_MAX / ne) c.fail("tensor " + name + "'s shape overflows");
+      elements *= ne;
+    }
+    const uint32_t type = c.get<uint32_t>("the type of tensor " + name);
+    const uint64_t offset = c.get<uint64_t>("the offset of tensor " + name);
+    // Sizes of the unquantized types; a quantized one's extent is llama.cpp's to check.
+    const uint64_t element_bytes = type == 0 ? 4 : (type == 1 || type == 30) ? 2 : 0;
+    if (element_bytes && elements > UINT64_MAX / element_bytes) c.fail("tensor " + name + "'s size overflows");
+    extents.push_back({name, offset, elements * element_bytes});
+  }
+  const uint64_t data = (c.pos() + alignment - 1) / alignment * alignment;
+  for (const Extent& e : extents)
+    if (data > size || e.offset > size - data || e.bytes > size - data - e.offset)
+      throw UserError(path + " is not a complete GGUF file: tensor " + e.name + "'s data (" + std::to_string(e.bytes) +
+                      " bytes at byte " + std::to_string(data + e.offset) + ") runs past its end at byte " + std::to_string(size) +
+                      "; export it again");
+  return info;
 }
 
 }  // namespace lt

@@ -53,4 +53,16 @@ class GgufWriter {
   std::vector<std::string> keys_;
 };
 
+// What a GGUF file says of itself, read with every length, count and tensor extent checked against the
+// file's size: for a look at a file before handing it to llama.cpp (whose reader trusts it).
+struct GgufFileInfo {
+  uint32_t version = 0;
+  uint64_t tensor_count = 0, kv_count = 0;
+  int64_t file_type = -1;  // general.file_type (llama_ftype), -1 when absent
+  bool has_chat_template = false;  // tokenizer.chat_template
+};
+// A file that is not GGUF version 2 or 3, or is truncated or inconsistent, is a UserError naming the
+// file and the first thing wrong (e.g. "ends at byte 1000 in the value of key tokenizer.ggml.tokens").
+GgufFileInfo read_gguf_info(const std::string& path);
+
 }  // namespace lt

@@ -268,6 +268,7 @@ void export_gguf(const std::string& checkpoint, const std::string& out, const Gg
   publish_dir(out, [&](const fs::path& dir) {
     g.write((dir / "model.gguf").string());
     write_export_marker(dir, checkpoint, "gguf");
+    if (o.check) o.check((dir / "model.gguf").string());  // a failed check publishes nothing
   }, "", ours, export_owner(checkpoint));
   std::printf("exported %s -> %s/model.gguf (GGUF for llama.cpp: architecture %s, %zu tensors, %s, adapters merged; "
               "tokenizer %s%s)\n",

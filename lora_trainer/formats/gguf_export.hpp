@@ -28,6 +28,7 @@
 // without adapters, and (model and adapter alike) a llama-family model whose activation is not SiLU.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace lt {
@@ -37,6 +38,9 @@ struct GgufExportOptions {
   std::string base;              // export --base: where a referenced frozen base is now
   std::string dtype = "source";  // source (the stored base's), float32, float16, bfloat16
   std::string tokenizer = "auto";  // auto, byte, gpt2, hf:DIR (model.gguf only)
+  // model.gguf only: run on the written file before OUT takes it (export --check); what it throws
+  // leaves OUT as it was.
+  std::function<void(const std::string& model_gguf)> check;
 };
 
 // Writes OUT/model.gguf (and the export marker). Refuses, naming what and writing nothing: a

@@ -1,7 +1,8 @@
-// An export checked against its checkpoint as transformers would read it (`export --check`,
-// `check-export`): a LoRA model trained on conversations passes, and each way of breaking an export
-// that users meet (a wrong end-of-turn id, a changed template, the adapters left out) fails with exit 3
-// naming it; a failed `export --check` publishes nothing.
+// An export checked against its checkpoint as the tool it is for reads it (`export --check`,
+// `check-export`): transformers' files through our own readers, a GGUF in llama.cpp (node-llama-cpp). A
+// LoRA model trained on conversations passes, and each way of breaking an export that users meet (a wrong
+// end-of-turn id, a changed or missing template, the adapters left out, a truncated file) fails with exit
+// 3 naming it; a failed `export --check` publishes nothing.
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -20,7 +21,7 @@ using lt::test::Contains;
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-TEST_CASE("check-export: a chat model's HF export passes, a broken one fails naming what is wrong", "[chat][launcher][hf]") {
+TEST_CASE("check-export: a chat model's HF and GGUF exports pass, broken ones fail naming what is wrong", "[chat][launcher][hf]") {
   lt::test::TempDir tmp;
   const std::string model = lt::test::chat_model_dir(tmp), data = tmp / "data";
   const std::vector<std::string> records = {
@@ -100,6 +101,60 @@ TEST_CASE("check-export: a chat model's HF export passes, a broken one fails nam
   r = lt::test::launch({"export", ck, tmp / "native", "--check"});
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("--check checks --format hf exports"));
+
+  // GGUF: model.gguf as llama.cpp reads it, checked before it is published.
+  r = lt::test::launch({"export", ck, tmp / "gguf", "--format", "gguf", "--check", "--check-tokens", "8"});
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const bool llama_cpp = r.out.find("check skipped") == std::string::npos;
+  if (llama_cpp)
+    CHECK_THAT(r.out, Contains("check passed") && Contains("in llama.cpp") && Contains("built-in conversation 3"));
+  else
+    WARN("node-llama-cpp is not installed (bash scripts/fetch_llama_cpp.sh): the GGUF checks in llama.cpp were not run: " << r.out);
+  // Without node the check says it was skipped; it does not fail.
+  r = lt::test::shell("PATH=/nonexistent " + lt::test::quote(LT_LAUNCHER) + " check-export " + lt::test::quote(tmp / "gguf") + " " +
+                      lt::test::quote(ck));
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains("check skipped") && Contains("Node.js"));
+  // A truncated file is named before llama.cpp reads it.
+  const std::string gguf = lt::read_file(tmp / "gguf/model.gguf");
+  lt::write_file_atomic(tmp / "truncated.gguf", gguf.substr(0, gguf.size() / 2));
+  r = lt::test::launch({"check-export", tmp / "truncated.gguf", ck});
+  CHECK(r.code == 3);
+  CHECK_THAT(r.out, Contains("truncated.gguf is not a complete GGUF file") && Contains("runs past its end"));
+  // Without its chat template (the key renamed in place), llama.cpp's chat cannot render conversations.
+  auto patched = [&](const std::string& from, const std::string& to) {
+    REQUIRE(from.size() == to.size());
+    std::string bytes = gguf;
+    const size_t at = bytes.find(from);
+    REQUIRE(at != std::string::npos);
+    REQUIRE(bytes.find(from, at + 1) == std::string::npos);
+    bytes.replace(at, from.size(), to);
+    return bytes;
+  };
+  fs::create_directories(tmp / "no_template");
+  lt::write_file_atomic(tmp / "no_template/model.gguf", patched("tokenizer.chat_template", "tokenizer.chat_templatX"));
+  r = lt::test::launch({"check-export", tmp / "no_template", ck});
+  CHECK(r.code == 3);
+  CHECK_THAT(r.out, Contains("carries no tokenizer.chat_template"));
+  if (llama_cpp) {
+    // Another template (a tab after each role where the checkpoint's writes a newline): other tokens.
+    lt::write_file_atomic(tmp / "other.gguf", patched("'\\n' + message.content", "'\\t' + message.content"));
+    r = lt::test::launch({"check-export", tmp / "other.gguf", ck});
+    CHECK(r.code == 3);
+    CHECK_THAT(r.out, Contains("renders the conversation through the file's tokenizer.chat_template and tokenizes it into other ids"));
+    // The adapters left out.
+    REQUIRE(lt::test::launch({"export", job + "/pre_lora_checkpoint", tmp / "gguf_base", "--format", "gguf"}).code == 0);
+    r = lt::test::launch({"check-export", tmp / "gguf_base/model.gguf", ck});
+    CHECK(r.code == 3);
+    CHECK_THAT(r.out, Contains("logits in llama.cpp") && Contains("an adapter left out"));
+  }
+  // A failed export --format gguf --check publishes nothing: OUT keeps what it held.
+  lt::write_file_atomic(tmp / "gguf/model.gguf", "the earlier file");
+  r = lt::test::launch({"export", ck, tmp / "gguf", "--format", "gguf", "--check", "--prompts", tmp / "long.jsonl"});
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("does not fit the model's block"));
+  CHECK(lt::read_file(tmp / "gguf/model.gguf") == "the earlier file");
 }
 
 TEST_CASE("check-export: a model not trained on chat data is checked on plain prompts", "[launcher][hf]") {

@@ -17,6 +17,7 @@
 #include "lora_trainer/core/util.hpp"
 
 namespace fs = std::filesystem;
+using lt::test::Contains;
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
@@ -123,5 +124,11 @@ TEST_CASE("llama.cpp's chat session on the exported GGUF replies as sample --cha
     CHECK(response["replies"].get<std::vector<std::string>>() == ours);
     CHECK(response["eos"] == f.eot_id);  // the end of turn, as convert_hf_to_gguf.py writes an instruct model's
     CHECK(response["template"] == lt::read_json_file(ck + "/metadata.json")["chat"]["template"]);
+    // check-export finds what this test found: the file's template rendered and tokenized by llama.cpp
+    // (the Llama 3 template writes the BOS itself) gives the checkpoint's prompt, and its logits agree.
+    r = lt::test::launch({"check-export", tmp / "gguf", ck, "--tokens", "12"});
+    INFO(r.out);
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Contains("check passed") && Contains("in llama.cpp") && Contains("built-in conversation 3"));
   }
 }

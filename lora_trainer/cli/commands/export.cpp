@@ -1,5 +1,5 @@
 // `lora_trainer export CHECKPOINT OUT [--format native|hf|peft|gguf|gguf-adapter] [--ema] [--force]
-// [--check [--prompts FILE]]`: a checkpoint's model written for other tools (docs/huggingface.md,
+// [--check [--prompts FILE] [--check-tokens N]]`: a checkpoint's model written for other tools (docs/huggingface.md,
 // docs/llama_cpp.md) or as a weights-only checkpoint with the adapters merged; with --check, compared
 // with the checkpoint before it is published (export_check.hpp).
 #include <cstdlib>
@@ -48,9 +48,9 @@ int export_checkpoint(const ExportArgs& a) {
   if (a.format == "hf" && dtype == torch::kFloat16)
     throw UserError("export --format hf --dtype float16: Hugging Face exports are float32 or bfloat16 (" +
                     join(dtype_option_names(kHfDtypes)) + "). Nothing was written");
-  if (a.check && a.format != "hf")
-    throw UserError("export --check checks --format hf exports (the files read back by lora_trainer's own readers). Nothing "
-                    "was written");
+  if (a.check && a.format != "hf" && a.format != "gguf")
+    throw UserError("export --check checks --format hf exports (the files read back by lora_trainer's own readers) and "
+                    "--format gguf exports (model.gguf read by llama.cpp). Nothing was written");
   if (!a.check && a.prompts_opt->count() > 0) throw UserError("export --prompts belongs to --check. Nothing was written");
   if (a.check && a.ema)
     throw UserError("export --check --ema: the check compares with the checkpoint's trained values; export without --ema to "
@@ -65,6 +65,12 @@ int export_checkpoint(const ExportArgs& a) {
     o.base = a.base;
     o.dtype = a.dtype;
     o.tokenizer = a.tokenizer;
+    if (a.check)  // on the written file before it takes OUT's place: a failed check publishes nothing
+      o.check = [&](const std::string& staged) {
+        ExportCheckOptions co = a.check_options;
+        co.tokenizer = a.tokenizer;  // the tokenizer model.gguf was written with
+        check_gguf_export(staged, a.checkpoint, co, a.out + "/model.gguf");
+      };
     if (a.format == "gguf") export_gguf(a.checkpoint, a.out, o);
     else export_gguf_adapter(a.checkpoint, a.out, o);
   } else if (a.format == "hf") {
@@ -118,8 +124,8 @@ Command add_export(CLI::App& app) {
                   "where the frozen base of a LoRA checkpoint that refers to it is now, when it moved from the place "
                   "its metadata records (a Hugging Face model directory or a checkpoint); its digest is checked");
   sub->add_flag("--check", a->check,
-                "hf: before OUT takes the new files, read them back as transformers would (with lora_trainer's own "
-                "readers) and compare with the checkpoint: the chat template's text, the tokens, the end-of-turn ids, "
+                "hf, gguf: before OUT takes the new files, read them back as transformers would (with lora_trainer's own "
+                "readers) or as llama.cpp does (node-llama-cpp, where it is installed) and compare with the checkpoint: the chat template's text, the tokens, the end-of-turn ids, "
                 "the logits and the greedy replies of a few conversations; a difference is exit 3 and OUT stays as it "
                 "was (check-export checks an export already written)");
   a->prompts_opt = sub->add_option("--prompts", a->check_options.prompts,
