@@ -261,7 +261,11 @@ GgufFileInfo read_gguf_info(const std::string& path) {
     // Sizes of the unquantized types; a quantized one's extent is llama.cpp's to check.
     const uint64_t element_bytes = type == 0 ? 4 : (type == 1 || type == 30) ? 2 : 0;
     if (element_bytes && elements > UINT64_MAX / element_bytes) c.fail("tensor " + name + "'s size overflows");
-    extents.push_back({name, offset, elements * element_bytes});
+    // ggml reads each tensor's bytes padded to the alignment, the last one's too.
+    const uint64_t raw = elements * element_bytes;
+    if (raw > size) c.fail("tensor " + name + " would take " + std::to_string(raw) + " bytes");
+    const uint64_t bytes = (raw + alignment - 1) / alignment * alignment;
+    extents.push_back({name, offset, bytes});
   }
   const uint64_t data = (c.pos() + alignment - 1) / alignment * alignment;
   for (const Extent& e : extents)

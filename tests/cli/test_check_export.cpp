@@ -143,6 +143,14 @@ TEST_CASE("check-export: a chat model's HF and GGUF exports pass, broken ones fa
     r = lt::test::launch({"check-export", tmp / "other.gguf", ck});
     CHECK(r.code == 3);
     CHECK_THAT(r.out, Contains("renders the conversation through the file's tokenizer.chat_template and tokenizes it into other ids"));
+    // An end of turn llama.cpp does not end a generation at (the checkpoint's record given one more).
+    fs::copy(ck, tmp / "more_stops", fs::copy_options::recursive);
+    json meta = lt::read_json_file(tmp / "more_stops/metadata.json");
+    meta["chat"]["stop_ids"].push_back(5);
+    lt::write_file_atomic(tmp / "more_stops/metadata.json", meta.dump());
+    r = lt::test::launch({"check-export", tmp / "gguf", tmp / "more_stops", "--tokens", "2"});
+    CHECK(r.code == 3);
+    CHECK_THAT(r.out, Contains("llama.cpp does not end a generation at token 5"));
     // The adapters left out.
     REQUIRE(lt::test::launch({"export", job + "/pre_lora_checkpoint", tmp / "gguf_base", "--format", "gguf"}).code == 0);
     r = lt::test::launch({"check-export", tmp / "gguf_base/model.gguf", ck});

@@ -27,6 +27,7 @@
 #include "lora_trainer/data/data.hpp"
 #include "lora_trainer/data/packing.hpp"
 #include "lora_trainer/formats/export.hpp"
+#include "lora_trainer/formats/gguf.hpp"
 #include "lora_trainer/formats/huggingface.hpp"
 #include "lora_trainer/cli/registry.hpp"
 #include "lora_trainer/formats/safetensors.hpp"
@@ -237,6 +238,40 @@ TEST_CASE("fuzz: safetensors files, header and bytes", "[fuzz]") {
     t.run(seed, [&] {
       for (auto& [name, tensor] : read_safetensors(path)) (void)tensor.sum().item<double>();
     });
+  }
+  t.check();
+}
+
+TEST_CASE("fuzz: a GGUF file's structure, as check-export reads it before llama.cpp", "[fuzz]") {
+  test::TempDir d;
+  const std::string base = d / "base.gguf", path = d / "m.gguf";
+  GgufWriter g;
+  g.set_string("general.architecture", "llama");
+  g.set_u32("general.file_type", 0);
+  g.set_strings("tokenizer.ggml.tokens", {"a", "b", "<|im_end|>"});
+  g.set_i32s("tokenizer.ggml.token_type", {1, 1, 3});
+  g.set_f32s("x.scores", {0.5f, -1.0f});
+  g.set_bool("tokenizer.ggml.add_bos_token", false);
+  g.set_string("tokenizer.chat_template", "{{ messages }}");
+  g.add_tensor("token_embd.weight", torch::arange(12, torch::kFloat32).reshape({3, 4}));
+  g.add_tensor("output_norm.weight", torch::ones({4}, torch::kBFloat16));
+  g.write(base);
+  const std::string valid = read_file(base);
+  const GgufFileInfo info = read_gguf_info(base);
+  CHECK(info.version == 3);
+  CHECK(info.tensor_count == 2);
+  CHECK(info.file_type == 0);
+  CHECK(info.has_chat_template);
+  // Every truncation is named.
+  for (size_t n = 0; n < valid.size(); n += 7) {
+    write_file_atomic(path, valid.substr(0, n));
+    CHECK_THROWS_AS(read_gguf_info(path), UserError);
+  }
+  Tally t{"gguf"};
+  for (uint64_t seed : seeds(1500)) {
+    Mutator m(seed);
+    write_file_atomic(path, m.bytes(valid, 0, m.chance(80) ? valid.size() - 64 : valid.size()));
+    t.run(seed, [&] { (void)read_gguf_info(path); });
   }
   t.check();
 }
