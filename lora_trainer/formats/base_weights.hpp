@@ -35,6 +35,9 @@ class BaseWeights {
   // Our parameter `name`, on the CPU, contiguous, in the dtype the source stores it in (CRC-checked for
   // a checkpoint; an HF model's tied lm_head is checked against the embedding once, when first read).
   virtual torch::Tensor read(const std::string& name) const = 0;
+  // A hint that `name` is read next: a model directory's files start reading its pages in the
+  // background while the caller works on the tensor before (for a checkpoint, nothing).
+  virtual void prefetch(const std::string& name) const {}
   const std::string& path() const { return path_; }
   // What checkpoints record about the base (their metadata's base_model): for a model directory,
   // import-hf's record (family, hf_dir, name_or_path, hf_config); for a checkpoint, its own base_model.

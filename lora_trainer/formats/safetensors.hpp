@@ -18,6 +18,7 @@
 // read_safetensors_model reads either layout from a directory.
 #pragma once
 
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
@@ -52,6 +53,9 @@ class SafetensorsFile {
   const SafetensorsEntry& entry(const std::string& name) const;  // UserError when absent
   // A copy of the tensor on the CPU (the mapping may go away).
   torch::Tensor tensor(const std::string& name) const;
+  // Reads the tensor's pages into the page cache (and this mapping), a byte of each: for a reader that
+  // knows what it takes next, on another thread, to overlap the disk with its work on the one before.
+  void prefetch(const std::string& name) const;
 
  private:
   std::string path_;
@@ -96,9 +100,13 @@ class SafetensorsModel {
   const SafetensorsEntry& entry(const std::string& name) const;  // UserError when absent
   // A copy on the CPU, in the file's dtype; the mapped pages it was read from are released.
   torch::Tensor tensor(const std::string& name) const;
+  // SafetensorsFile::prefetch on a thread of its own (the hint can wait for the disk's queue), one at a
+  // time: the caller goes on at once.
+  void prefetch(const std::string& name) const;
   uint64_t bytes() const;  // the tensors' bytes in all files
 
  private:
+  mutable std::future<void> prefetching_;  // waited for by the destructor, before files_ are unmapped
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, size_t> file_of_;  // tensor name -> its file in files_

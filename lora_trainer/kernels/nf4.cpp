@@ -269,14 +269,17 @@ void double_quantize(Nf4Tensor& q, const torch::Tensor& absmax) {
   q.absmax_scales = torch::empty({scales}, torch::kFloat32);
   uint8_t* ac = q.absmax_codes.data_ptr<uint8_t>();
   float* as = q.absmax_scales.data_ptr<float>();
-  for (int64_t s = 0; s < scales; ++s) {
-    const int64_t b0 = s * kNf4AbsmaxBlockSize, b1 = std::min(blocks, b0 + kNf4AbsmaxBlockSize);
-    float m = 0.0f;
-    for (int64_t i = b0; i < b1; ++i) m = std::max(m, std::fabs(a[i]));
-    as[s] = m;
-    const float r = 1.0f / m;
-    for (int64_t i = b0; i < b1; ++i) ac[i] = dynamic_map_code(a[i] * r);
-  }
+  // Each group of kNf4AbsmaxBlockSize values apart, over the threads: the same bits in any split.
+  at::parallel_for(0, scales, 64, [&](int64_t first, int64_t end) {
+    for (int64_t s = first; s < end; ++s) {
+      const int64_t b0 = s * kNf4AbsmaxBlockSize, b1 = std::min(blocks, b0 + kNf4AbsmaxBlockSize);
+      float m = 0.0f;
+      for (int64_t i = b0; i < b1; ++i) m = std::max(m, std::fabs(a[i]));
+      as[s] = m;
+      const float r = 1.0f / m;
+      for (int64_t i = b0; i < b1; ++i) ac[i] = dynamic_map_code(a[i] * r);
+    }
+  });
 }
 
 Nf4Tensor quantize(const torch::Tensor& W, bool double_quant, bool by_ops) {

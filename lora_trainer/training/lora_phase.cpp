@@ -250,7 +250,8 @@ void LoraPhase::load_initial_adapters() {
                                              ") are not loaded: they start from this job's base").c_str());
 }
 
-LoraPhase::BaseLoad LoraPhase::load_base(const std::function<torch::Tensor(const std::string&)>& read) {
+LoraPhase::BaseLoad LoraPhase::load_base(const std::function<torch::Tensor(const std::string&)>& read,
+                                         const std::function<void(const std::string&)>& prefetch) {
   BaseLoad out;
   const NamedTensors params = base_params(*model_);
   const std::set<std::string> to_quantize = quantized_weights();
@@ -269,6 +270,7 @@ LoraPhase::BaseLoad LoraPhase::load_base(const std::function<torch::Tensor(const
     const std::string& name = params[i].first;
     torch::Tensor p = params[i].second;
     const torch::Tensor t = read(name);  // cast once below (no copy when it is already the dtype it lives in), placed
+    if (prefetch && i + 1 < params.size()) prefetch(params[i + 1].first);  // read while this one is stored
     if (to_shard.count(name)) {
       layers.at(name)->frozen()->assign(t.to(device_));
       (to_quantize.count(name) ? out.quantized : out.bf16) += 1;

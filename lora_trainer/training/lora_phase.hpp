@@ -102,12 +102,14 @@ class LoraPhase {
   // quantized (quantize_base) or sharded as they come, so the whole base is never in memory in bf16 nor
   // on one rank; the weights the phase freezes kept in bf16 when the source stores bf16 (one stored wider
   // is float32 until the transition rounds it, so that `eval` of a float32 model measures it as it is);
-  // those it trains float32. `text` says what was done, for the load's line.
+  // those it trains float32. `prefetch(next)`, when given, is called with the parameter read next once
+  // the current one is read, so that reading overlaps storing. `text` says what was done, for the load's line.
   struct BaseLoad {
     int64_t bf16 = 0, quantized = 0, sharded = 0;
     std::string text;
   };
-  BaseLoad load_base(const std::function<torch::Tensor(const std::string&)>& read);
+  BaseLoad load_base(const std::function<torch::Tensor(const std::string&)>& read,
+                     const std::function<void(const std::string&)>& prefetch = {});
   // The base of a job that starts in the phase, allocated for a LoRA state to load into, uninitialised
   // and on the device: stand-ins (no storage) for the quantized and sharded weights, bf16 the weights
   // it freezes, float32 the rest; the buffers placed.

@@ -221,12 +221,16 @@ void Trainer::load_weights_from(const BaseWeights& src) {
   LoraPhase::BaseLoad loaded;
   if (lora_ && boundary_step_ == 0) {  // the LoRA phase's base, stored as the phase keeps it as it comes
     check_memory(dist_.world_size(), memory_plan_.inputs.ranks_here, src.dtype() == "bfloat16" ? 2 : 4);
-    loaded = lora_->load_base([&](const std::string& name) { return src.read(name); });
+    loaded = lora_->load_base([&](const std::string& name) { return src.read(name); },
+                              [&](const std::string& name) { src.prefetch(name); });
   } else {
     // Read in the source's dtype, cast once to float32 (no copy when it is already), placed; phase 1's
     // sharded parameters keep this rank's part.
-    for (const auto& [name, p] : base_params(*model_)) {
+    const NamedTensors params = base_params(*model_);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto& [name, p] = params[i];
       const torch::Tensor t = src.read(name);
+      if (i + 1 < params.size()) src.prefetch(params[i + 1].first);  // read while this one is placed
       if (sharded_params_ && sharded_params_->contains(name))
         sharded_params_->piece(name).copy_(sharded_params_->local_part(name, t.to(torch::kFloat32)));
       else
