@@ -25,6 +25,8 @@ void check_no_modules_to_save(const Trainer& t, const char* job) {
 DpoPart::DpoPart(Trainer& trainer, DpoOptions options, bool after_next_token_phase)
     : trainer_(trainer), dpo_(options), lora_train_(after_next_token_phase) {
   if (dpo_.lora) return;
+  trainer_.plan_reference_copy();  // counted, and refused if it does not fit, before it is allocated
+  if (Trainer::plan_only) return;  // `plan`: the plan is all that is asked for
   reference_ = make_model(trainer_.model()->options());
   reference_->to(trainer_.runtime().device);
   reference_->to(torch::kBFloat16);

@@ -136,6 +136,7 @@ PhaseMemory full_phase(const MemoryPlanInputs& in) {
                 : "AdamW moments (2 x f32)",
           8 * (zero1 ? (held + in.ranks - 1) / in.ranks : held));
   if (in.ema) b.state("EMA (f32)", 4 * held);
+  if (in.reference_copy) b.state("DPO's reference (a frozen bf16 copy of the starting weights)", 2 * all);
   if (sharded) b.state("blocks gathered (this one and the next, with a gradient)", 3 * 4 * per_block);
   b.state("activations (" + std::to_string(s.B) + " x " + std::to_string(s.T) + " tokens a micro-batch" +
               (in.model.activation_checkpointing || sharded ? ", checkpointed)" : ")"),

@@ -63,6 +63,7 @@ struct MemoryPlanInputs {
   bool bf16 = false;        // bf16 autocast (runtime/precision)
   bool fused_loss = true, fused_attention = false;
   bool ema = false;
+  bool reference_copy = false;  // dpo/train's full-parameter form: a frozen bf16 copy of the starting weights
   ShardMode shard_optimizer = ShardMode::None, shard_params = ShardMode::None;
   bool cuda = false;                // the device is a GPU: the state lives there, the host holds the runtime
   int source_bytes = 2;             // bytes a value of the base a job starting in its LoRA phase loads (bf16: 2)

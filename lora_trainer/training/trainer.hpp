@@ -243,6 +243,10 @@ class Trainer : public RestorableJob {
   // own), loading a base of `source_bytes` a value when given. A UserError (MemoryPlan::refusal) when it
   // does not fit, unless plan_only.
   void check_memory(int ranks, int ranks_here, std::optional<int> source_bytes);
+  // A part that keeps a frozen bf16 copy of the model's starting weights (DPO's reference in its
+  // full-parameter form) says so before it allocates it: the plan counts it from then on, and a job that
+  // no longer fits is refused here (a UserError, unless plan_only).
+  void plan_reference_copy();
 
 
  private:
@@ -343,6 +347,7 @@ class Trainer : public RestorableJob {
   TrainerParts parts_;  // the recipes' parts, in the order added
   std::unique_ptr<JobData> data_;
   MemoryPlan memory_plan_;
+  bool reference_copy_ = false;  // plan_reference_copy
   int64_t runtime_memory_ = 0;  // the process's own memory before the model was made (memory_plan.hpp)
   Schedule schedule_;  // the full-parameter phase's, over its steps
   std::unique_ptr<LoraPhase> lora_;  // null when the plan has no LoRA phase
