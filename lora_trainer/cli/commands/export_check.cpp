@@ -373,6 +373,31 @@ void check_gguf_export(const std::string& file, const std::string& checkpoint, c
   // llama.cpp keeps its attention cache in float16 (its default, as users run it): float16's tolerance
   // at least, whatever the weights.
   const double rel_tol = std::max(relative_tolerance(dtype), relative_tolerance("float16"));
+  // Whether llama.cpp can run here at all, before the checkpoint is loaded and its replies generated.
+  TempDirectory tmp("check-export");
+  write_file_atomic(tmp / "llama_cpp_check.mjs", kLlamaCppCheckScript);
+  auto run_node = [&](int timeout_s) {  // the script on tmp/request.json
+    return run_process({"node", tmp / "llama_cpp_check.mjs", tmp / "request.json"}, tmp / "response.json", tmp / "stderr.txt",
+                       timeout_s);
+  };
+  write_file_atomic(tmp / "request.json", ojson{{"probe", true}, {"package_dirs", llama_cpp_package_dirs()}}.dump());
+  const ProcessResult probe = run_node(120);
+  const std::string skipped = "check skipped: " + shown + " was not read back by llama.cpp: ";
+  const std::string install = " (from the source tree, `bash scripts/fetch_llama_cpp.sh` installs node-llama-cpp in "
+                              "datasets/cache/llama_cpp; or set LT_LLAMA_CPP_DIR to a directory holding "
+                              "node_modules/node-llama-cpp)";
+  if (!probe.started) {
+    std::printf("%s%s: Node.js 20+ is needed (Debian: apt-get install nodejs)%s\n", skipped.c_str(), probe.error.c_str(),
+                install.c_str());
+    return;
+  }
+  if (probe.exit_code == 4) {
+    std::printf("%s%s%s\n", skipped.c_str(), last_lines(read_file(tmp / "stderr.txt"), 1).c_str(), install.c_str());
+    return;
+  }
+  if (probe.exit_code != 0 || probe.timed_out)
+    throw ExportCheckFailed(shown + ": node could not start node-llama-cpp (exit status " + std::to_string(probe.exit_code) +
+                            "): " + last_lines(read_file(tmp / "stderr.txt"), 4));
   Reference ref(checkpoint, o);
   if (ref.chat && !info.has_chat_template)
     throw ExportCheckFailed(shown + " carries no tokenizer.chat_template: the model was trained on chat data, and llama.cpp's "
@@ -384,8 +409,6 @@ void check_gguf_export(const std::string& file, const std::string& checkpoint, c
   }
   // llama.cpp's side, in one run of node: the file's template and tokens for each prompt, its end-of-
   // generation ids, and its logits over the checkpoint's prompt and greedy reply.
-  TempDirectory tmp("check-export");
-  write_file_atomic(tmp / "llama_cpp_check.mjs", kLlamaCppCheckScript);
   ojson request = {{"model", fs::absolute(file).string()}, {"package_dirs", llama_cpp_package_dirs()},
                    {"threads", std::max<int64_t>(1, ref.rt.threads)}, {"stops", ref.stops}, {"logits", tmp / "logits.f32"},
                    {"cases", ojson::array()}};
@@ -398,24 +421,11 @@ void check_gguf_export(const std::string& file, const std::string& checkpoint, c
   write_file_atomic(tmp / "request.json", request.dump());
   // Time enough to read the file from a slow disk and evaluate the prompts: 10 minutes, and 1 a GB.
   const int timeout_s = 600 + static_cast<int>(fs::file_size(file) >> 30) * 60;
-  const ProcessResult run = run_process({"node", tmp / "llama_cpp_check.mjs", tmp / "request.json"}, tmp / "response.json",
-                                        tmp / "stderr.txt", timeout_s);
+  const ProcessResult run = run_node(timeout_s);
   if (run.timed_out)
     throw ExportCheckFailed(shown + ": llama.cpp (node-llama-cpp) did not answer within " + std::to_string(timeout_s) + " s: " +
                             last_lines(read_file(tmp / "stderr.txt"), 2));
-  const std::string skipped = "check skipped: " + shown + " was not read back by llama.cpp: ";
-  const std::string install = " (from the source tree, `bash scripts/fetch_llama_cpp.sh` installs node-llama-cpp in "
-                              "datasets/cache/llama_cpp; or set LT_LLAMA_CPP_DIR to a directory holding "
-                              "node_modules/node-llama-cpp)";
-  if (!run.started) {
-    std::printf("%s%s: Node.js 20+ is needed (Debian: apt-get install nodejs)%s\n", skipped.c_str(), run.error.c_str(), install.c_str());
-    return;
-  }
   const std::string err = read_file(tmp / "stderr.txt");
-  if (run.exit_code == 4) {
-    std::printf("%s%s%s\n", skipped.c_str(), last_lines(err, 1).c_str(), install.c_str());
-    return;
-  }
   if (run.exit_code != 0)
     throw ExportCheckFailed(shown + ": " + (run.exit_code == 1 ? last_lines(err, 1) : "llama.cpp (node-llama-cpp) ended with exit status " +
                                                                             std::to_string(run.exit_code) + ": " + last_lines(err, 4)));

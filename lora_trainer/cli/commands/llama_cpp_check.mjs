@@ -16,6 +16,7 @@
 //            "cases": [{"prompt_tokens": [ids: the prompt as llama.cpp's chat renders and tokenizes it]}]}
 //            and FILE: the next-token logits after each position K.. of each case's sequence, float32
 //            rows of V, the cases one after another.
+// {"probe": true, "package_dirs": [...]} only asks whether node-llama-cpp loads (exit 0, else 4).
 // Exit status 4 with a line on stderr when node-llama-cpp is not installed in any of the places; 1 with
 // a line saying what failed when llama.cpp cannot read the file or its chat cannot use its template.
 import fs from "node:fs";
@@ -43,6 +44,7 @@ async function loadPackage() {
 }
 
 const {getLlama, LlamaLogLevel, JinjaTemplateChatWrapper} = await loadPackage();
+if (request.probe) process.exit(0);  // only whether the package is there: before the launcher's own work
 // What failed, in one line (the first of the error's message), for the launcher's message.
 function fail(what, e) {
     console.error(what + ": " + String(e?.message ?? e).split("\n")[0]);
