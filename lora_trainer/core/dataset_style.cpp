@@ -1,5 +1,6 @@
 #include "lora_trainer/core/dataset_style.hpp"
 
+#include "lora_trainer/core/enum_names.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace lt {
@@ -9,12 +10,10 @@ const std::vector<std::string>& dataset_style_names() {
   return names;
 }
 
-std::string style_name(DatasetStyle s) { return dataset_style_names().at(static_cast<size_t>(s)); }
+std::string style_name(DatasetStyle s) { return enum_name(dataset_style_names(), s); }
 
 DatasetStyle parse_dataset_style(const std::string& name, const std::string& where) {
-  const auto& names = dataset_style_names();
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == name) return static_cast<DatasetStyle>(i);
+  if (auto value = enum_from_name<DatasetStyle>(dataset_style_names(), name)) return *value;
   throw UserError(where + ": style \"" + name + "\" is none of " + dataset_style_choices());
 }
 

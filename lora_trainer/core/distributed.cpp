@@ -48,26 +48,17 @@ void add_distributed_options(ConfigSchema& s) { distributed_options().declare(s)
 
 DistributedOptions DistributedOptions::from_config(const Config& cfg) { return distributed_options().read(cfg); }
 
-static const std::pair<ShardMode, const char*> kShardModes[] = {
-    {ShardMode::None, "none"}, {ShardMode::Lora, "lora"}, {ShardMode::All, "all"}};
+const std::vector<std::string>& shard_mode_names() {
+  static const std::vector<std::string> names = {"none", "lora", "all"};  // in ShardMode's order
+  return names;
+}
 
 ShardMode parse_shard_mode(const std::string& name) {
-  for (const auto& [mode, n] : kShardModes)
-    if (name == n) return mode;
+  if (auto mode = enum_from_name<ShardMode>(shard_mode_names(), name)) return *mode;
   throw std::invalid_argument("unknown shard mode \"" + name + "\" (known: " + join(shard_mode_names()) + ")");
 }
 
-std::string shard_mode_name(ShardMode mode) {
-  for (const auto& [m, n] : kShardModes)
-    if (m == mode) return n;
-  throw std::logic_error("shard_mode_name: not a ShardMode");
-}
-
-std::vector<std::string> shard_mode_names() {
-  std::vector<std::string> out;
-  for (const auto& [m, n] : kShardModes) out.push_back(n);
-  return out;
-}
+std::string shard_mode_name(ShardMode mode) { return enum_name(shard_mode_names(), mode); }
 
 // The backend; each collective blocks until it is done, at most `timeout`.
 struct Distributed::Group {

@@ -33,7 +33,7 @@ class DistributedError : public std::runtime_error {
 enum class ShardMode { None, Lora, All };
 ShardMode parse_shard_mode(const std::string& name);  // std::invalid_argument naming the known ones
 std::string shard_mode_name(ShardMode mode);
-std::vector<std::string> shard_mode_names();  // every name, for a config check
+const std::vector<std::string>& shard_mode_names();  // in ShardMode's order: every name, for a config check
 
 // distributed/*, each declared once bound to its field (distributed.cpp's OptionGroup):
 // add_distributed_options adds them to a schema, from_config reads them.

@@ -22,18 +22,10 @@
 #include <vector>
 
 #include "lora_trainer/core/config.hpp"
+#include "lora_trainer/core/enum_names.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace lt {
-
-// The value of enum E named `name`, where `names` lists E's values by name in their order (what the
-// key's check_one_of allows); a UserError naming `key` and the names otherwise.
-template <class E>
-E enum_named(const std::vector<std::string>& names, const std::string& name, const std::string& key) {
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == name) return static_cast<E>(i);
-  throw UserError(key + ": \"" + name + "\" is not one of " + join(names));
-}
 
 template <class Opts>
 class OptionGroup {

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <filesystem>
 
+#include "lora_trainer/core/enum_names.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/data/tokenizer.hpp"
 
@@ -19,10 +20,8 @@ const std::vector<std::string>& chat_loss_names() {
 }
 
 ChatLoss parse_chat_loss(const std::string& s) {
-  const auto& names = chat_loss_names();
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == s) return static_cast<ChatLoss>(i);
-  throw UserError("--loss-on " + s + ": expected one of " + join(names) +
+  if (auto value = enum_from_name<ChatLoss>(chat_loss_names(), s)) return *value;
+  throw UserError("--loss-on " + s + ": expected one of " + join(chat_loss_names()) +
                   " (every assistant turn, the last one, or every token)");
 }
 

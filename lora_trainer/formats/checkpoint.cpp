@@ -14,6 +14,7 @@
 #include <set>
 
 #include "lora_trainer/core/outputs.hpp"
+#include "lora_trainer/core/enum_names.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/formats/state_h5.hpp"
 #include "lora_trainer/peft/lora.hpp"
@@ -28,13 +29,11 @@ const std::vector<std::string>& state_kind_names() {
 }
 
 StateKind parse_state_kind(const std::string& name) {
-  const auto& names = state_kind_names();
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == name) return static_cast<StateKind>(i);
-  throw std::invalid_argument("unknown state kind \"" + name + "\" (known: " + join(names) + ")");
+  if (auto value = enum_from_name<StateKind>(state_kind_names(), name)) return *value;
+  throw std::invalid_argument("unknown state kind \"" + name + "\" (known: " + join(state_kind_names()) + ")");
 }
 
-std::string state_kind_name(StateKind kind) { return state_kind_names().at(static_cast<size_t>(kind)); }
+std::string state_kind_name(StateKind kind) { return enum_name(state_kind_names(), kind); }
 
 // A save writes into the hidden sibling `.NAME.tmp-TAG` and renames it into place; the checkpoint it
 // replaces goes aside as `.NAME.old-TAG` until the rename is done (publish_dir). Either left behind is an

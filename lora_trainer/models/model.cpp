@@ -26,7 +26,7 @@ ModelFamily parse_model_family(const std::string& s) {
   return enum_named<ModelFamily>(model_family_names(), s, "architecture/family");
 }
 
-const char* to_string(ModelFamily f) { return model_family_names().at(static_cast<size_t>(f)).c_str(); }
+const char* to_string(ModelFamily f) { return enum_name(model_family_names(), f).c_str(); }
 
 // architecture/activation's values, in the order of ModelOptions::Activation.
 static const std::vector<std::string>& activation_names() {
@@ -34,7 +34,7 @@ static const std::vector<std::string>& activation_names() {
   return names;
 }
 
-const char* activation_name(ModelOptions::Activation a) { return activation_names().at(static_cast<size_t>(a)).c_str(); }
+const char* activation_name(ModelOptions::Activation a) { return enum_name(activation_names(), a).c_str(); }
 
 // architecture/rope_scaling's values, in the order of RopeScaling::Kind.
 static const std::vector<std::string>& rope_scaling_names() {
@@ -42,7 +42,7 @@ static const std::vector<std::string>& rope_scaling_names() {
   return names;
 }
 
-const char* rope_scaling_name(RopeScaling::Kind kind) { return rope_scaling_names().at(static_cast<size_t>(kind)).c_str(); }
+const char* rope_scaling_name(RopeScaling::Kind kind) { return enum_name(rope_scaling_names(), kind).c_str(); }
 
 // architecture/* and training/activation_checkpointing, each bound to the ModelOptions field it sets.
 // runtime/attention and runtime/loss are the runtime's keys (RuntimeOptions), taken by from_config.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/core/enum_names.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace lt {
@@ -78,13 +79,11 @@ const std::vector<std::string>& lora_init_names() {
 }
 
 LoraInit parse_lora_init(const std::string& s) {
-  const auto& names = lora_init_names();
-  for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == s) return static_cast<LoraInit>(i);
-  throw LoraSettingError("init", "\"" + s + "\" is not one of " + join(names));
+  if (auto value = enum_from_name<LoraInit>(lora_init_names(), s)) return *value;
+  throw LoraSettingError("init", "\"" + s + "\" is not one of " + join(lora_init_names()));
 }
 
-const char* to_string(LoraInit init) { return lora_init_names().at(static_cast<size_t>(init)).c_str(); }
+const char* to_string(LoraInit init) { return enum_name(lora_init_names(), init).c_str(); }
 
 // A parameter's name, and its module's (the name without its last part), each match `entry` when equal
 // to it or ending in "." + entry.

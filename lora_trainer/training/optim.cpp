@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/core/enum_names.hpp"
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/kernels/adamw.hpp"
@@ -308,26 +309,17 @@ double clip_grad_norm(const NamedTensors& params, double max_norm, const std::ve
   return norm;
 }
 
-static const std::pair<ScheduleKind, const char*> kScheduleKinds[] = {
-    {ScheduleKind::Constant, "constant"}, {ScheduleKind::Wsd, "wsd"}, {ScheduleKind::Cosine, "cosine"}};
+const std::vector<std::string>& schedule_kind_names() {
+  static const std::vector<std::string> names = {"constant", "wsd", "cosine"};  // in ScheduleKind's order
+  return names;
+}
 
 ScheduleKind parse_schedule_kind(const std::string& name) {
-  for (const auto& [kind, n] : kScheduleKinds)
-    if (name == n) return kind;
+  if (auto kind = enum_from_name<ScheduleKind>(schedule_kind_names(), name)) return *kind;
   throw std::invalid_argument("unknown schedule \"" + name + "\" (known: " + join(schedule_kind_names()) + ")");
 }
 
-std::string schedule_kind_name(ScheduleKind kind) {
-  for (const auto& [k, n] : kScheduleKinds)
-    if (k == kind) return n;
-  throw std::logic_error("schedule_kind_name: not a ScheduleKind");
-}
-
-std::vector<std::string> schedule_kind_names() {
-  std::vector<std::string> out;
-  for (const auto& [k, n] : kScheduleKinds) out.push_back(n);
-  return out;
-}
+std::string schedule_kind_name(ScheduleKind kind) { return enum_name(schedule_kind_names(), kind); }
 
 Schedule Schedule::make(ScheduleKind kind, double lr, double min_lr_ratio, int64_t total_steps,
                         double warmup_pct, double decay_pct) {

@@ -82,7 +82,7 @@ double clip_grad_norm(const NamedTensors& params, double max_norm, const std::ve
 enum class ScheduleKind { Constant, Wsd, Cosine };
 ScheduleKind parse_schedule_kind(const std::string& name);  // std::invalid_argument naming the known ones
 std::string schedule_kind_name(ScheduleKind kind);
-std::vector<std::string> schedule_kind_names();  // every name, for a config check
+const std::vector<std::string>& schedule_kind_names();  // in ScheduleKind's order: every name, for a config check
 
 // optimization/param_groups: rules by parameter name, the first whose `match` is a substring of the
 // name applying. `lr_ratio` multiplies the parameter's learning rate (on top of the LoRA phase's own
