@@ -12,13 +12,17 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelOptions& o) : opts_(
   c_proj = register_module("c_proj", Linear(o.d_model, o.d_model));
 }
 
-torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& mask, KvCache* cache) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = opts_.n_head, D = C / H;
   // q, k and v as views of c_attn's output, split along its last dimension: the backward joins their
   // gradients with one concatenation, where selecting from a (3, B, H, T, D) view filled a zero array
   // of the whole output for each of the three and summed them.
   const auto qkv = c_attn(x).split(C, /*dim=*/-1);
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };  // (B, H, T, D)
+  if (cache) {
+    const auto [k, v] = cache->append(heads(qkv[1]), heads(qkv[2]));
+    return c_proj(cached_attention(heads(qkv[0]), k, v, opts_.fused_attention_on(x.device())).transpose(1, 2).reshape({B, T, C}));
+  }
   auto y = causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), is_training() ? opts_.dropout : 0.0,
                             opts_.fused_attention_on(x.device()), mask);  // (B, H, T, D)
   return c_proj(y.transpose(1, 2).reshape({B, T, C}));
@@ -43,10 +47,10 @@ BlockImpl::BlockImpl(const ModelOptions& o) : dropout(o.dropout) {
   mlp = register_module("mlp", MLP(o));
 }
 
-torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& mask, KvCache* cache) {
   // The residual stream x is f32; the sublayers' outputs are bf16 under autocast, and x + a reads
   // them as they are (the same sum as converting them first, without the extra pass over memory).
-  auto a = attn(ln_1(x), mask);
+  auto a = attn(ln_1(x), mask, cache);
   if (dropout > 0 && is_training()) a = torch::dropout(a.to(torch::kFloat32), dropout, true);
   auto y = x + a;
   auto m = mlp(ln_2(y));
@@ -86,19 +90,27 @@ void GPTImpl::init_weights(torch::Generator gen) {
   }
 }
 
-torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, const torch::Tensor& segments) {
-  const int64_t T = idx.size(1);
-  TORCH_CHECK(T <= opts_.block_size, "sequence length ", T, " exceeds architecture/block_size ",
+torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, const torch::Tensor& segments, KvCache* cache) {
+  const int64_t T = idx.size(1), start = cache ? cache->length() : 0;
+  TORCH_CHECK(start + T <= opts_.block_size, "sequence length ", start + T, " exceeds architecture/block_size ",
               opts_.block_size);
   const SequenceLayout layout(segments, T, idx.device());
-  auto x = (wte(idx).to(torch::kFloat32) + wpe(layout.positions).to(torch::kFloat32));  // (B, T, C)
+  auto x = (wte(idx).to(torch::kFloat32) + wpe(start ? layout.positions + start : layout.positions).to(torch::kFloat32));  // (B, T, C)
   if (opts_.dropout > 0 && is_training()) x = torch::dropout(x, opts_.dropout, true);
   for (size_t i = 0; i < h->size(); ++i) {
     const auto block = h->ptr(i);
-    auto forward = [block, mask = layout.mask](const torch::Tensor& in) { return block->as<Block>()->forward(in, mask); };
-    x = checkpointed(opts_.activation_checkpointing, *block, forward, x, block_shard(i));
+    auto forward = [block, mask = layout.mask, cache](const torch::Tensor& in) {
+      return block->as<Block>()->forward(in, mask, cache);
+    };
+    x = checkpointed(opts_.activation_checkpointing && !cache, *block, forward, x, block_shard(i));
   }
+  if (cache) cache->advance(T);
   return ln_f(x);
+}
+
+torch::Tensor GPTImpl::forward_cached(const torch::Tensor& idx, KvCache& cache) {
+  auto x = hidden(idx, {}, &cache).select(1, -1);  // (B, C): the last new position
+  return output_logits(x, wte->output_weight(x), /*padded=*/false);
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& segments) {

@@ -23,8 +23,9 @@ namespace lt {
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const ModelOptions& o);
-  // (B, T, C) -> (B, T, C); mask: SequenceLayout::mask (layers.hpp)
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask = {});
+  // (B, T, C) -> (B, T, C); mask: SequenceLayout::mask (layers.hpp). With a cache (generation: no mask),
+  // the T positions follow the cache's and attend to them too (kv_cache.hpp).
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask = {}, KvCache* cache = nullptr);
   Linear c_attn{nullptr}, c_proj{nullptr};
 
  private:
@@ -46,7 +47,7 @@ TORCH_MODULE(MLP);
 class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const ModelOptions& o);
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask = {});
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask = {}, KvCache* cache = nullptr);
   LayerNorm ln_1{nullptr}, ln_2{nullptr};
   CausalSelfAttention attn{nullptr};
   MLP mlp{nullptr};
@@ -59,6 +60,7 @@ class GPTImpl : public CausalLMImpl {
   explicit GPTImpl(const ModelOptions& o);
   torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& segments = {}) override;
   torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& segments = {}) override;
+  torch::Tensor forward_cached(const torch::Tensor& idx, KvCache& cache) override;
   // GPT-2 initialisation (normal 0.02; residual projections 0.02 / sqrt(2 n_layer)), from `gen`.
   void init_weights(torch::Generator gen) override;
   bool is_lookup(const std::string& name) const override { return name == "wpe.weight"; }
@@ -70,7 +72,8 @@ class GPTImpl : public CausalLMImpl {
   LayerNorm ln_f{nullptr};
 
  private:
-  torch::Tensor hidden(const torch::Tensor& idx, const torch::Tensor& segments);  // (B, T) -> (B, T, C) after ln_f, f32
+  // (B, T) -> (B, T, C) after ln_f, f32; with a cache, the positions after its own (no segments).
+  torch::Tensor hidden(const torch::Tensor& idx, const torch::Tensor& segments, KvCache* cache = nullptr);
 };
 TORCH_MODULE(GPT);
 

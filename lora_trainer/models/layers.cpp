@@ -177,6 +177,24 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
   return torch::matmul(att, v);
 }
 
+torch::Tensor cached_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool fused) {
+  const int64_t t = q.size(-2), offset = k.size(-2) - t;
+  TORCH_CHECK(offset >= 0, "cached_attention: ", t, " queries over ", k.size(-2), " keys");
+  if (offset == 0) return causal_attention(q, k, v, 0.0, fused);
+  torch::Tensor hidden;  // true where query i may not see key j: j > offset + i (none for one query)
+  if (t > 1) {
+    auto opts = torch::TensorOptions().dtype(torch::kLong).device(q.device());
+    hidden = torch::arange(k.size(-2), opts).unsqueeze(0).gt(torch::arange(offset, offset + t, opts).unsqueeze(1));
+  }
+#if LT_HAS_SDPA
+  if (fused) return at::scaled_dot_product_attention(q, k, v, hidden.defined() ? hidden.logical_not() : torch::Tensor(), 0.0, false);
+#endif
+  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  if (hidden.defined()) att = att.masked_fill(hidden, -std::numeric_limits<float>::infinity());
+  att = torch::softmax(att.to(torch::kFloat32), -1).to(v.scalar_type());  // softmax in f32, as causal_attention's
+  return torch::matmul(att, v);
+}
+
 torch::Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s, const torch::Device& device) {
   auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   auto inv_freq = 1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim));

@@ -117,6 +117,11 @@ struct SequenceLayout {
 // `mask`: SequenceLayout::mask (undefined: the plain causal mask).
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                double dropout, bool fused, const torch::Tensor& mask = {});
+// Attention of t new queries q (B, H, t, D) at positions offset .. offset + t - 1 over the keys and values
+// of positions 0 .. offset + t - 1 (B, H, offset + t, D; a KvCache's, kv_cache.hpp), offset = their length
+// minus t: query i sees keys 0 .. offset + i. With offset 0 it is causal_attention; a single new query
+// sees every key. No dropout: it serves generation.
+torch::Tensor cached_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool fused);
 // Whether this LibTorch has the fused path.
 bool fused_attention_available();
 

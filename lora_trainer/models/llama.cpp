@@ -13,18 +13,21 @@ LlamaAttentionImpl::LlamaAttentionImpl(const ModelOptions& o) : opts_(o) {
   o_proj = register_module("o_proj", Linear(o.n_head * D, o.d_model, /*with_bias=*/false));
 }
 
-torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask) {
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask,
+                                          KvCache* cache) {
   const int64_t B = x.size(0), T = x.size(1), H = opts_.n_head, KV = opts_.kv_heads(), D = opts_.head_dim();
   // The three adapters' A matrices read x in one product.
   const auto qkv = linear_shared_input(x, {q_proj.get(), k_proj.get(), v_proj.get()});
   auto v = qkv[2].view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
   auto q = apply_rope(qkv[0].view({B, T, H, D}).transpose(1, 2), rope).to(v.scalar_type());
   auto k = apply_rope(qkv[1].view({B, T, KV, D}).transpose(1, 2), rope).to(v.scalar_type());
+  if (cache) std::tie(k, v) = cache->append(k, v);  // the cache keeps the KV heads, not their copies
   if (KV != H) {  // each key/value head serves H / KV consecutive query heads
     k = k.repeat_interleave(H / KV, /*dim=*/1);
     v = v.repeat_interleave(H / KV, /*dim=*/1);
   }
-  auto y = causal_attention(q, k, v, is_training() ? opts_.dropout : 0.0, opts_.fused_attention_on(x.device()), mask);
+  const bool fused = opts_.fused_attention_on(x.device());
+  auto y = cache ? cached_attention(q, k, v, fused) : causal_attention(q, k, v, is_training() ? opts_.dropout : 0.0, fused, mask);
   return o_proj(y.transpose(1, 2).reshape({B, T, H * D}));
 }
 
@@ -49,9 +52,10 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const ModelOptions& o) : dropout_(o
   mlp = register_module("mlp", LlamaMLP(o));
 }
 
-torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask) {
+torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask,
+                                             KvCache* cache) {
   // x + a reads the bf16 sublayer outputs as they are (as in gpt2.cpp's BlockImpl::forward).
-  auto a = self_attn(input_layernorm(x), rope, mask);
+  auto a = self_attn(input_layernorm(x), rope, mask, cache);
   if (dropout_ > 0 && is_training()) a = torch::dropout(a.to(torch::kFloat32), dropout_, true);
   auto h = x + a;
   auto m = mlp(post_attention_layernorm(h));
@@ -93,20 +97,21 @@ bool LlamaImpl::is_lookup(const std::string& name) const {
   return !opts_.tie_embeddings && name == "model.embed_tokens.weight";
 }
 
-torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, const torch::Tensor& segments) {
-  const int64_t T = idx.size(1);
-  TORCH_CHECK(T <= opts_.block_size, "sequence length ", T, " exceeds architecture/block_size ", opts_.block_size);
+torch::Tensor LlamaImpl::hidden(const torch::Tensor& idx, const torch::Tensor& segments, KvCache* cache) {
+  const int64_t T = idx.size(1), start = cache ? cache->length() : 0;
+  TORCH_CHECK(start + T <= opts_.block_size, "sequence length ", start + T, " exceeds architecture/block_size ", opts_.block_size);
   const SequenceLayout layout(segments, T, idx.device());
-  const RopeTables rope = rope_tables(layout.positions, opts_.head_dim(), opts_.rope_theta, opts_.rope_scaling);
+  const RopeTables rope = rope_tables(start ? layout.positions + start : layout.positions, opts_.head_dim(), opts_.rope_theta, opts_.rope_scaling);
   auto x = model->embed_tokens(idx).to(torch::kFloat32);  // (B, T, C)
   if (opts_.dropout > 0 && is_training()) x = torch::dropout(x, opts_.dropout, true);
   for (size_t i = 0; i < model->layers->size(); ++i) {
     const auto layer = model->layers->ptr(i);
-    auto forward = [layer, rope, mask = layout.mask](const torch::Tensor& in) {
-      return layer->as<LlamaDecoderLayer>()->forward(in, rope, mask);
+    auto forward = [layer, rope, mask = layout.mask, cache](const torch::Tensor& in) {
+      return layer->as<LlamaDecoderLayer>()->forward(in, rope, mask, cache);
     };
-    x = checkpointed(opts_.activation_checkpointing, *layer, forward, x, block_shard(i));
+    x = checkpointed(opts_.activation_checkpointing && !cache, *layer, forward, x, block_shard(i));
   }
+  if (cache) cache->advance(T);
   return model->norm(x);
 }
 
@@ -117,6 +122,10 @@ torch::Tensor LlamaImpl::logits(const torch::Tensor& x, bool padded) {
 
 torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const torch::Tensor& segments) {
   return logits(hidden(idx, segments), /*padded=*/false);
+}
+
+torch::Tensor LlamaImpl::forward_cached(const torch::Tensor& idx, KvCache& cache) {
+  return logits(hidden(idx, {}, &cache).select(1, -1), /*padded=*/false);  // (B, V): the last new position
 }
 
 torch::Tensor LlamaImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& segments) {

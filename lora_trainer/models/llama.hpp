@@ -29,8 +29,10 @@ namespace lt {
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const ModelOptions& o);
-  // (B, T, C) -> (B, T, C); mask: SequenceLayout::mask (layers.hpp)
-  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask = {});
+  // (B, T, C) -> (B, T, C); mask: SequenceLayout::mask (layers.hpp). With a cache (generation: no mask),
+  // the T positions follow the cache's and attend to them too (kv_cache.hpp).
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask = {},
+                        KvCache* cache = nullptr);
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
@@ -52,7 +54,8 @@ TORCH_MODULE(LlamaMLP);
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   explicit LlamaDecoderLayerImpl(const ModelOptions& o);
-  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask = {});
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask = {},
+                        KvCache* cache = nullptr);
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
@@ -77,6 +80,7 @@ class LlamaImpl : public CausalLMImpl {
   explicit LlamaImpl(const ModelOptions& o);
   torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& segments = {}) override;
   torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& segments = {}) override;
+  torch::Tensor forward_cached(const torch::Tensor& idx, KvCache& cache) override;
   // HF's initialisation: normal(0, 0.02) for every matrix, zero biases, unit norms.
   void init_weights(torch::Generator gen) override;
   bool is_lookup(const std::string& name) const override;
@@ -86,8 +90,8 @@ class LlamaImpl : public CausalLMImpl {
   Linear lm_head{nullptr};  // null when tied to model.embed_tokens
 
  private:
-  // (B, T) -> (B, T, C) after the final norm, f32
-  torch::Tensor hidden(const torch::Tensor& idx, const torch::Tensor& segments);
+  // (B, T) -> (B, T, C) after the final norm, f32; with a cache, the positions after its own (no segments).
+  torch::Tensor hidden(const torch::Tensor& idx, const torch::Tensor& segments, KvCache* cache = nullptr);
   torch::Tensor logits(const torch::Tensor& x, bool padded);
 };
 TORCH_MODULE(Llama);

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "lora_trainer/models/kv_cache.hpp"
 #include "lora_trainer/models/layers.hpp"
 #include "lora_trainer/core/named_tensors.hpp"
 #include "lora_trainer/core/runtime.hpp"
@@ -111,6 +112,11 @@ class CausalLMImpl : public torch::nn::Module {
   // idx, targets: (B, T) int64; targets < 0 are ignored (padding); segments as for forward(). Reads
   // nothing back from the device, so a CUDA step is not held up waiting for it.
   virtual torch::Tensor loss_sum(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& segments = {}) = 0;
+  // Generation's forward (no gradients; generate.hpp): idx (B, t) int64, the tokens at positions
+  // cache.length() .. cache.length() + t - 1 (within block_size), their keys and values added to `cache`
+  // -> the logits (B, V) of the last of them. The same numbers as forward() over the whole context, up
+  // to rounding.
+  virtual torch::Tensor forward_cached(const torch::Tensor& idx, KvCache& cache) = 0;
   // The family's initialisation of every parameter, drawn from `gen`.
   virtual void init_weights(torch::Generator gen) = 0;
   // The parameters that are looked up rather than multiplied (excluded from FLOP counts).

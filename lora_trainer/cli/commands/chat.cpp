@@ -1,4 +1,4 @@
-// `lora_trainer chat CHECKPOINT [--system TEXT] [--tokens N] [--temperature T] [--top-k K] [--seed S]
+// `lora_trainer chat CHECKPOINT [--system TEXT] [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
 // [--tokenizer NAME] [key=value ...]`: a conversation with a trained model in the terminal, through the
 // chat template it was trained with (training/conversation.hpp). Each line read is the user's message;
 // the reply is printed as it is generated and ends at the end of turn. Lines starting with '/' are

@@ -14,6 +14,8 @@ void GenerationArgs::add_options(CLI::App* sub, const std::string& tokens_help) 
       ->check(finite_in(0, 1e6));
   sub->add_option("--top-k", gen.top_k, "sample from the k most likely tokens; 0 = all")->capture_default_str()
       ->check(CLI::Range(int64_t(0), int64_t(1) << 31));
+  sub->add_option("--top-p", gen.top_p, "sample from the fewest most likely tokens whose probabilities reach p "
+                  "(after --top-k); 1 = all")->capture_default_str()->check(finite_in(1e-6, 1));
   sub->add_option("--seed", gen.seed, "random seed")->capture_default_str()->check(uint64_text());
   sub->add_option("--tokenizer", tokenizer, "auto (the one the model's training data was tokenized with: the checkpoint's record, its datasets' "
                   "meta.json, an imported model's tokenizer.json, or byte/gpt2 by a vocabulary only they have; else an "

@@ -1,5 +1,5 @@
 // What `sample` and `chat` share: the checkpoint, how its model generates (--tokens, --temperature,
-// --top-k, --seed), the tokenizer that reads it (--tokenizer), the bounds of its chat template's renders
+// --top-k, --top-p, --seed), the tokenizer that reads it (--tokenizer), the bounds of its chat template's renders
 // (--chat-limit) and key=value settings over its saved config; the model loaded for reading, and a
 // conversation with it (training/conversation.hpp).
 #pragma once

@@ -1,5 +1,5 @@
 // `lora_trainer sample CHECKPOINT --prompt TEXT [--chat [--system TEXT]] [--messages FILE.json] [--tokens N]
-// [--temperature T] [--top-k K] [--seed S] [--tokenizer NAME] [key=value ...]`: text generated from a
+// [--temperature T] [--top-k K] [--top-p P] [--seed S] [--tokenizer NAME] [key=value ...]`: text generated from a
 // checkpoint's model. With --chat the prompt is a user message and --messages FILE a whole conversation,
 // rendered with the chat template the model was trained with (training/conversation.hpp); the reply
 // runs to the end-of-turn token and is printed alone.
