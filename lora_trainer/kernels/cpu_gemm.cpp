@@ -63,7 +63,10 @@ torch::Tensor leading_shape(const torch::Tensor& out, const torch::Tensor& like)
 
 torch::Tensor linear_forward(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b) {
   const torch::Tensor x2 = rows_of(x);
-  torch::Tensor y = b.defined() ? b.expand({x2.size(0), W.size(0)}).contiguous() : torch::empty({x2.size(0), W.size(0)}, x.options());
+  // A buffer of its own, the bias copied into each row: b.expand(...).contiguous() of one row would be
+  // b itself, and the product would accumulate into the parameter.
+  torch::Tensor y = torch::empty({x2.size(0), W.size(0)}, x.options());
+  if (b.defined()) y.copy_(b.expand({x2.size(0), W.size(0)}));
   cpu_gemm_out(y, x2, W.t(), /*accumulate=*/b.defined());
   return leading_shape(y, x);
 }

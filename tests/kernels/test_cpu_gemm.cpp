@@ -138,6 +138,27 @@ TEST_CASE("cpu_linear: the output and the gradients of x, W and b are torch::lin
   CHECK_FALSE(y.is_view());
 }
 
+TEST_CASE("cpu_linear of a single row leaves its bias as it was", "[kernels][cpu_gemm]") {
+  // One row is what generation's every new token is (a KV cache's step, or a one-token prompt): the
+  // output buffer, the bias broadcast over the rows, was the bias itself for one row, and the product
+  // accumulated into the parameter.
+  torch::manual_seed(6);
+  const auto W = torch::randn({40, 24}), b0 = torch::randn({40});
+  for (const auto& shape : {std::vector<int64_t>{1, 24}, std::vector<int64_t>{1, 1, 24}, std::vector<int64_t>{24}})
+    for (const bool grad : {false, true}) {
+      INFO("x " << torch::IntArrayRef(shape) << (grad ? ", b trains" : ", no gradients"));
+      auto b = b0.clone().requires_grad_(grad);
+      const auto x = torch::randn(shape);
+      torch::Tensor y;
+      {
+        torch::AutoGradMode mode(grad);
+        y = cpu_linear(x, W, b);
+      }
+      CHECK(torch::equal(b.detach(), b0));
+      CHECK(close(y.detach(), torch::linear(x, W, b0)));
+    }
+}
+
 TEST_CASE("cpu_linear: oneDNN's node where it is chosen, LibTorch's linear, bit for bit, under runtime/matmul=libtorch and bf16 autocast",
           "[kernels][cpu_gemm][numerics]") {
   torch::manual_seed(6);
