@@ -2,7 +2,7 @@
 // after the cache's gives the logits a forward over the whole context gives, and generating with the
 // cache draws the tokens that recomputing the context for every token draws, greedy and sampled, one
 // completion or several in a batch, across the end of block_size (where the context slides and every
-// token is recomputed), in both families (learned positions; rotary positions with grouped-query
+// token is recomputed), from a one-token prompt, leaving the weights as they were, in both families (learned positions; rotary positions with grouped-query
 // key/value heads and q/k/v biases).
 //
 // Tolerance: f32 on the CPU. The two forwards multiply the same numbers in other groupings (a row of
@@ -93,6 +93,8 @@ TEST_CASE("kv cache: generation draws the tokens recomputing the context draws, 
   Runtime rt;
   for (ModelFamily family : {ModelFamily::Gpt2, ModelFamily::Llama}) {
     CausalLM m = make_small(family);
+    std::vector<torch::Tensor> weights;  // generation reads the model and writes nothing into it
+    for (const auto& p : m->parameters()) weights.push_back(p.detach().clone());
     const std::vector<uint32_t> prompt = {3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28, 84, 19};
     for (double temperature : {0.0, 0.9}) {
       INFO(name(family) << ", temperature " << temperature);
@@ -108,11 +110,7 @@ TEST_CASE("kv cache: generation draws the tokens recomputing the context draws, 
       CHECK(cached == generate_batch(m, rt, prompt, 3, recomputed));
       CHECK(cached[0].size() == 40);
       CHECK(generate(m, rt, prompt, o) == generate(m, rt, prompt, recomputed));
-      if (temperature > 0) {
-        CHECK((cached[0] != cached[1] || cached[1] != cached[2]));  // each row its own draws
-      } else {
-        CHECK((cached[0] == cached[1] && cached[1] == cached[2]));
-      }
+      if (temperature == 0) CHECK((cached[0] == cached[1] && cached[1] == cached[2]));
       // A stop id ends each row at its first occurrence (kept), the others' draws unchanged.
       const uint32_t stop = cached[1][5];
       GenerateOptions stopping = o;
@@ -124,7 +122,15 @@ TEST_CASE("kv cache: generation draws the tokens recomputing the context draws, 
         const std::vector<uint32_t> expected(cached[r].begin(), end == cached[r].end() ? end : end + 1);
         CHECK(stopped[r] == expected);
       }
+      // A one-token prompt: every forward reads a single row.
+      GenerateOptions single = o;
+      single.max_new_tokens = 8;
+      GenerateOptions single_recomputed = single;
+      single_recomputed.kv_cache = false;
+      CHECK(generate(m, rt, {7}, single) == generate(m, rt, {7}, single_recomputed));
     }
+    const auto now = m->parameters();
+    for (size_t i = 0; i < weights.size(); ++i) CHECK(torch::equal(now[i].detach(), weights[i]));
   }
 }
 
@@ -149,4 +155,11 @@ TEST_CASE("generation's top-p keeps the fewest most likely ids whose probabiliti
   CHECK(drawn(0.85).size() == 3);  // 0.8 falls short: 0.15 joins
   CHECK(drawn(0.3).size() == 1);   // the most likely alone reaches it
   CHECK(drawn(1.0).size() == 4);
+  // The rows of a batch draw each their own id (a policy's completions of one prompt differ).
+  GenerateOptions o;
+  o.temperature = 1.0;
+  o.top_k = 0;
+  auto gen = at::detail::createCPUGenerator(10);
+  const auto ids = draw_next_ids(torch::zeros({3, 1000}), o, gen);
+  CHECK((ids[0] != ids[1] || ids[1] != ids[2]));
 }
