@@ -95,7 +95,11 @@ int64_t activations(const MemoryPlanInputs& in, const Shape& s, bool checkpointe
   double block = (k.per_c * s.C + k.per_ff * s.F) * static_cast<double>(s.N);
   if (!in.fused_attention) block += k.attention * static_cast<double>(s.B) * s.H * s.T * s.T;
   const double stream = 4.0 * s.N * s.C;  // the residual stream between blocks (f32)
-  const double kept = checkpointed ? s.L * stream + block : s.L * block;
+  // Checkpointed, the backward of a block holds its recomputed activations, their gradients and, in f32
+  // with trained weights, about one block more (measured on an AVX2 CPU, 2026-11-29: the plan 16% under
+  // a full-parameter f32 run without it, 3% over with it; the LoRA phase's f32 run and bf16 runs, fitted
+  // on AMX, need none: docs/memory.md).
+  const double kept = checkpointed ? s.L * stream + (!in.bf16 && !frozen ? 2 : 1) * block : s.L * block;
   return static_cast<int64_t>(kept + 2 * stream + block);  // + embeddings' output, final norm; one block's gradients
 }
 
