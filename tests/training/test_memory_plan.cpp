@@ -101,11 +101,12 @@ TEST_CASE("memory plan: the 8B QLoRA job fits a 24 GB machine, its bf16 and full
   CHECK(item(q, "phase 2", "frozen base: 224 linear weights in NF4").host > parse_bytes("3.5GB"));
   CHECK(item(q, "phase 2", "frozen base: 224 linear weights in NF4").host < parse_bytes("3.8GB"));
   CHECK(item(q, "phase 2", "frozen base: bf16").host > parse_bytes("2.1GB"));
-  // Beside its 5.7 GB of frozen storage, the adapters' state and the buffers, the peak holds one
-  // micro-batch's activations: bf16 where the CPU multiplies bf16 fast (1.1 GB), f32 elsewhere (2.2 GB).
+  // Beside its 5.7 GB of frozen storage, the adapters' state and the buffers (6.7 GB in all), the peak
+  // holds one micro-batch's activations, bf16 where the CPU multiplies bf16 fast (1.1 GB), f32 elsewhere
+  // (2.2 GB), and the runtime as this process measured it before the model (the test process's own).
   const int64_t activations = item(q, "phase 2", "activations").host;
   CHECK(activations < parse_bytes("2.5GB"));
-  CHECK(q.host_peak() - activations < parse_bytes("7GB"));
+  CHECK(q.host_peak() - activations - item(q, "phase 2", "runtime").host < parse_bytes("7GB"));
 
   // On a 16 GB machine, the bf16 base (16 GB) alone does not fit: NF4, or two machines sharding it, would.
   const MemoryPlan b = at(planned_8b(dir / "data", kNoPhaseOne)->memory_plan(), parse_bytes("16GB"));
