@@ -24,6 +24,19 @@
 extern char** environ;
 
 namespace lt {
+namespace {
+
+// posix_spawnp of argv with `actions` (destroyed here); 0 or the error number.
+int spawn(std::vector<std::string> argv, posix_spawn_file_actions_t* actions, pid_t* pid) {
+  std::vector<char*> c_args;
+  for (auto& a : argv) c_args.push_back(a.data());
+  c_args.push_back(nullptr);
+  const int err = posix_spawnp(pid, c_args[0], actions, nullptr, c_args.data(), environ);
+  posix_spawn_file_actions_destroy(actions);
+  return err;
+}
+
+}  // namespace
 
 ProcessResult run_process(const std::vector<std::string>& argv, const std::string& stdout_file, const std::string& stderr_file,
                           int timeout_s) {
@@ -33,13 +46,8 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::strin
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&actions, 1, stdout_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   posix_spawn_file_actions_addopen(&actions, 2, stderr_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  std::vector<std::string> args = argv;
-  std::vector<char*> c_args;
-  for (auto& a : args) c_args.push_back(a.data());
-  c_args.push_back(nullptr);
   pid_t pid = -1;
-  const int err = posix_spawnp(&pid, c_args[0], &actions, nullptr, c_args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
+  const int err = spawn(argv, &actions, &pid);
   if (err != 0) {
     r.error = argv[0] + ": " + std::strerror(err);
     return r;
@@ -123,12 +131,8 @@ LineProcess::LineProcess(std::vector<std::string> argv, std::string what) : argv
   posix_spawn_file_actions_adddup2(&actions, sv[1], 0);
   posix_spawn_file_actions_adddup2(&actions, sv[1], 1);
   posix_spawn_file_actions_addopen(&actions, 2, stderr_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  std::vector<char*> c_args;
-  for (auto& a : argv_) c_args.push_back(a.data());
-  c_args.push_back(nullptr);
   pid_t pid = -1;
-  const int err = posix_spawnp(&pid, c_args[0], &actions, nullptr, c_args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
+  const int err = spawn(argv_, &actions, &pid);
   close(sv[1]);
   if (err != 0) {
     close(sv[0]);
