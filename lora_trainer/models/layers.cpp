@@ -187,7 +187,10 @@ torch::Tensor cached_attention(const torch::Tensor& q, const torch::Tensor& k, c
     hidden = torch::arange(k.size(-2), opts).unsqueeze(0).gt(torch::arange(offset, offset + t, opts).unsqueeze(1));
   }
 #if LT_HAS_SDPA
-  if (fused) return at::scaled_dot_product_attention(q, k, v, hidden.defined() ? hidden.logical_not() : torch::Tensor(), 0.0, false);
+  if (fused) {  // its mask: true where a query may attend; none for one query (an undefined tensor is refused)
+    if (hidden.defined()) return at::scaled_dot_product_attention(q, k, v, hidden.logical_not(), 0.0, /*is_causal=*/false);
+    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0, /*is_causal=*/false);
+  }
 #endif
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
   if (hidden.defined()) att = att.masked_fill(hidden, -std::numeric_limits<float>::infinity());
