@@ -3,6 +3,7 @@
 #include "lora_trainer/recipes/continual.hpp"
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/recipes/dpo_part.hpp"
+#include "lora_trainer/recipes/grpo_part.hpp"
 #include "lora_trainer/recipes/lora_train.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/core/util.hpp"
@@ -18,7 +19,7 @@ const JobRegistry& job_registry() {
            }});
     r.add({"lora/train",
            "two phases: full-parameter training, then LoRA adapters on a frozen bf16 base (with DPO when the post-LoRA "
-           "datasets are preference pairs)",
+           "datasets are preference pairs, GRPO when they are prompts)",
            &lora_train_schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
              return make_lora_train(std::move(spec), std::move(cfg), std::move(out));
            }});
@@ -37,6 +38,12 @@ const JobRegistry& job_registry() {
            "(reference: a frozen bf16 copy), by optimization/dpo/lora",
            &dpo_train_schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
              return make_dpo_train(std::move(spec), std::move(cfg), std::move(out));
+           }});
+    r.add({"grpo/train",
+           "GRPO on prompts from a pretrained base: LoRA adapters trained on the rewards of their own completions "
+           "(reference: adapters off)",
+           &grpo_train_schema, [](JobSpec spec, Config cfg, std::string out) -> std::unique_ptr<RestorableJob> {
+             return make_grpo_train(std::move(spec), std::move(cfg), std::move(out));
            }});
     return r;
   }();

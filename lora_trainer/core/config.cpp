@@ -22,6 +22,7 @@ std::string opt_type_name(OptType t) {
     case OptType::SamplingStages: return "list of stages, each a list of samplings";
     case OptType::ParamRules: return "list of rules [{\"match\":..,\"lr_ratio\":..,\"weight_decay\":true|false}]";
     case OptType::TokenIndices: return "list of integers, or {\"module\": [integers]}";
+    case OptType::Objects: return "list of objects [{...}]";
   }
   return "?";
 }
@@ -188,6 +189,11 @@ static std::string coerce(OptType type, json& v) {
         std::string e = coerce(OptType::IntList, it.value());
         if (!e.empty()) return "\"" + it.key() + "\": " + e;
       }
+      return "";
+    case OptType::Objects:
+      if (!v.is_array()) return "must be a list of objects, got " + v.dump();
+      for (size_t i = 0; i < v.size(); ++i)
+        if (!v[i].is_object()) return "must be a list of objects; element " + std::to_string(i) + " (" + v[i].dump() + ") is not";
       return "";
     case OptType::StringList:
       if (!v.is_array()) return "must be a list of strings, got " + v.dump();

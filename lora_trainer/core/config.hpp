@@ -22,10 +22,11 @@ enum class OptType {
   String,
   IntList,
   StringList,
-  Samplings,       // [{"name": str, "rate": number > 0, "style": "pmd"|"padded"|"contrastive"}], rates summing to 1
+  Samplings,       // [{"name": str, "rate": number > 0, "style": "pmd"|"padded"|"contrastive"|"prompts"}], rates summing to 1
   SamplingStages,  // a list of Samplings, one per stage
   ParamRules,      // [{"match": str, "lr_ratio": number > 0, "weight_decay": bool}], the last two optional
   TokenIndices,    // a list of integers, or {"module": [integers], ...} (PEFT's trainable_token_indices)
+  Objects,         // a list of objects, their fields checked by the option's check (GRPO's rewards)
 };
 
 std::string opt_type_name(OptType t);

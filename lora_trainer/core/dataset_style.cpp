@@ -6,7 +6,7 @@
 namespace lt {
 
 const std::vector<std::string>& dataset_style_names() {
-  static const std::vector<std::string> names = {"pmd", "padded", "contrastive"};
+  static const std::vector<std::string> names = {"pmd", "padded", "contrastive", "prompts"};
   return names;
 }
 

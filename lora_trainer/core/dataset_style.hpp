@@ -8,9 +8,10 @@
 
 namespace lt {
 
-// How a dataset's files are laid out (data.hpp): a token stream, left-padded rows, or padded rows in
-// chosen/rejected pairs. Its names, in the enum's order: "pmd", "padded", "contrastive".
-enum class DatasetStyle { PMD, PADDED, CONTRASTIVE };
+// How a dataset's files are laid out (data.hpp): a token stream, left-padded rows, padded rows in
+// chosen/rejected pairs, or prompts with their records (prompts.hpp). Its names, in the enum's order:
+// "pmd", "padded", "contrastive", "prompts".
+enum class DatasetStyle { PMD, PADDED, CONTRASTIVE, PROMPTS };
 const std::vector<std::string>& dataset_style_names();
 // Its name: the one printer.
 std::string style_name(DatasetStyle s);

@@ -14,6 +14,7 @@
 
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/data/packing.hpp"
+#include "lora_trainer/data/prompts.hpp"
 
 namespace fs = std::filesystem;
 
@@ -38,14 +39,15 @@ static DatasetStyle meta_style(const nlohmann::json& meta, const std::string& na
 
 Sampling parse_dataset_spec(const std::string& spec) {
   Sampling out{spec, 1.0, DatasetStyle::PMD};
-  for (DatasetStyle style : {DatasetStyle::PADDED, DatasetStyle::CONTRASTIVE}) {
+  for (DatasetStyle style : {DatasetStyle::PADDED, DatasetStyle::CONTRASTIVE, DatasetStyle::PROMPTS}) {
     const std::string tail = ":" + style_name(style);
     if (spec.size() > tail.size() && ends_with(spec, tail)) out = {spec.substr(0, spec.size() - tail.size()), 1.0, style};
   }
   const size_t colon = out.name.rfind(':');
   if (colon != std::string::npos)
     throw UserError("dataset \"" + spec + "\": \"" + out.name.substr(colon) + "\" is not a style; write NAME for text, NAME:" +
-                    style_name(DatasetStyle::PADDED) + " or NAME:" + style_name(DatasetStyle::CONTRASTIVE));
+                    style_name(DatasetStyle::PADDED) + ", NAME:" + style_name(DatasetStyle::CONTRASTIVE) + " or NAME:" +
+                    style_name(DatasetStyle::PROMPTS));
   if (const std::string problem = name_problem(out.name); !problem.empty()) throw UserError("dataset " + problem);
   return out;
 }
@@ -373,6 +375,7 @@ const Dataset& DataCatalog::get(const Sampling& s) {
   if (s.style == DatasetStyle::PADDED && pack_) ds = std::make_unique<PackedDataset>(std::make_unique<PaddedDataset>(dir_, s.name));
   else if (s.style == DatasetStyle::PADDED) ds = std::make_unique<PaddedDataset>(dir_, s.name);
   else if (s.style == DatasetStyle::CONTRASTIVE) ds = std::make_unique<ContrastiveDataset>(dir_, s.name);
+  else if (s.style == DatasetStyle::PROMPTS) ds = std::make_unique<PromptsDataset>(dir_, s.name);
   else ds = std::make_unique<PmdDataset>(dir_, s.name);
   if (vocab_size_ > 0) ds->check_vocabulary(vocab_size_);
   const Dataset& ref = *ds;
@@ -446,6 +449,7 @@ Batch MixtureSampler::rows(uint64_t first, int64_t count) const {
     const Dataset& ds = *datasets_[d];
     b.sample_into(r, ds, Split::Train, h2 % ds.num_samples(Split::Train, T_), T_);
     b.source.push_back(static_cast<int>(d));
+    b.index.push_back(h2 % ds.num_samples(Split::Train, T_));
   }
   return b;
 }
@@ -474,6 +478,8 @@ Batch concat_rows(const Batch& a, const Batch& b) {
   }
   out.source = a.source;
   out.source.insert(out.source.end(), b.source.begin(), b.source.end());
+  out.index = a.index;
+  out.index.insert(out.index.end(), b.index.begin(), b.index.end());
   return out;
 }
 

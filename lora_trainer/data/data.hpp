@@ -15,7 +15,10 @@
 //           pair i, row 2i + 1 the rejected one, both the same prompt (mask 0) + completion (mask 1).
 //           A sample is a pair, written as two windows side by side: inputs and targets [0, T) are the
 //           chosen row's, [T, 2T) the rejected row's (rows_per_sample() == 2). Records count pairs.
-//   meta.json  {"style": "pmd"|"padded"|"contrastive", "tokenizer", "vocab_size", "eot_id", counts}.
+//   PROMPTS PADDED's files with every mask 0, a row a prompt (its last `lengths` tokens), and beside them
+//           {train,val}.records.jsonl: each row's record (the answer and any other fields a reward reads).
+//           GRPO's rollouts start from them (prompts.hpp); a sample is the row as PADDED writes it.
+//   meta.json  {"style": "pmd"|"padded"|"contrastive"|"prompts", "tokenizer", "vocab_size", "eot_id", counts}.
 //
 // Sampling is counter-based: global row g of a stage is drawn from hash(seed, stage, g), so a data
 // position is one integer (the cursor: rows drawn so far). A resumed run restores the cursor and sees
@@ -45,7 +48,8 @@ struct Sampling {
 
 // From a checked config value (OptType::Samplings).
 std::vector<Sampling> parse_samplings(const nlohmann::json& v);
-// "NAME" (pmd), "NAME:padded" or "NAME:contrastive": a dataset named on the command line (eval --dataset).
+// "NAME" (pmd), "NAME:padded", "NAME:contrastive" or "NAME:prompts": a dataset named on the command line
+// (eval --dataset).
 Sampling parse_dataset_spec(const std::string& spec);
 
 // A read-only memory-mapped file of uint32 tokens.
@@ -123,9 +127,11 @@ class PaddedDataset : public Dataset {
   bool has_lengths() const { return !train_.lengths.empty(); }
   uint64_t example_length(Split s, uint64_t row) const { return part(s).lengths[row]; }
   uint32_t pad_id() const { return pad_id_; }
+  uint64_t row_length() const { return train_.length; }  // L, the same in both splits
+  const TokenFile& tokens(Split s) const { return *part(s).tokens; }  // (rows, L)
 
  protected:
-  // `style` PADDED or CONTRASTIVE (whose rows come in pairs: meta.json's records count pairs).
+  // `style` PADDED, CONTRASTIVE (whose rows come in pairs: meta.json's records count pairs) or PROMPTS.
   PaddedDataset(const std::string& dir, const std::string& name, DatasetStyle style);
 
  private:
@@ -186,6 +192,7 @@ struct Batch {
     return out;
   }
   std::vector<int> source;  // index into the stage's samplings, per row
+  std::vector<uint64_t> index;  // the sample drawn from that dataset's train split, per row
 };
 
 // The rows of `a`, then those of `b` (the same width); segments where either has them (a batch without

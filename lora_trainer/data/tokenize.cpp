@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -276,10 +277,12 @@ void for_each_record(const TokenizeOptions& o, const std::vector<std::string>& f
 // Writes `rows` (rows_per_record consecutive rows a record) left-padded to a common length as a dataset
 // of PADDED's layout and the given style; every k-th record (k = 1 / val_fraction) goes to validation.
 // `ours`: the names an earlier dataset wrote there (check_dataset_target); `chat`: the chat format of a
-// dataset of conversations (meta.json's "chat"), else null.
+// dataset of conversations (meta.json's "chat"), else null; `records` (a prompts dataset's): each record's
+// JSON line, written to {split}.records.jsonl beside its row.
 TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok, const std::vector<MaskedRow>& rows,
                                  size_t rows_per_record, DatasetStyle style, uint64_t bytes,
-                                 const std::vector<std::string>& ours, const nlohmann::json& chat = nullptr) {
+                                 const std::vector<std::string>& ours, const nlohmann::json& chat = nullptr,
+                                 const std::vector<std::string>* records_json = nullptr) {
   const size_t records = rows.size() / rows_per_record;
   if (records < 2) throw UserError("tokenize: need at least 2 JSONL records (one for validation)");
   if (o.length < 0) throw UserError("tokenize: the row length must be >= 0 (0 = the longest record), got " + std::to_string(o.length));
@@ -293,7 +296,7 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
       need > memory)
     throw UserError("tokenize: " + std::to_string(rows.size()) + " rows of " + std::to_string(L) + " tokens need more than " +
                     "this machine's " + std::to_string(memory >> 20) + " MiB of memory; lower --length. Nothing was written");
-  std::string bufs[2][3];  // [train/val][tokens/mask/lengths]
+  std::string bufs[2][4];  // [train/val][tokens/mask/lengths/records]
   uint64_t counts[2] = {0, 0};
   TokenizeResult r;
   r.bytes = bytes;
@@ -313,6 +316,7 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
       bufs[val][2].append(reinterpret_cast<const char*>(&length), 4);
       (val ? r.val_tokens : r.train_tokens) += keep;
     }
+    if (records_json) bufs[val][3] += (*records_json)[i] + "\n";
     ++counts[val];
   }
   r.documents = records;
@@ -323,6 +327,7 @@ TokenizeResult write_padded_rows(const TokenizeOptions& o, const Tokenizer& tok,
       write_file_atomic((dir / (std::string(split[s]) + ".tokens.bin")).string(), bufs[s][0]);
       write_file_atomic((dir / (std::string(split[s]) + ".mask.bin")).string(), bufs[s][1]);
       write_file_atomic((dir / (std::string(split[s]) + ".lengths.bin")).string(), bufs[s][2]);
+      if (records_json) write_file_atomic((dir / (std::string(split[s]) + ".records.jsonl")).string(), bufs[s][3]);
     }
     nlohmann::json shape = {{"train", {counts[0] * rows_per_record, L}}, {"val", {counts[1] * rows_per_record, L}}};
     write_file_atomic((dir / "shape.json").string(), shape.dump() + "\n");
@@ -412,6 +417,58 @@ TokenizeResult tokenize_jsonl_to_chat(const TokenizeOptions& o) {
   }
   if (o.show) return {};
   return write_padded_rows(o, *tok, rows, 1, DatasetStyle::PADDED, bytes, ours, chat);
+}
+
+TokenizeResult tokenize_jsonl_to_prompts(const TokenizeOptions& o) {
+  check_val_fraction(o);
+  const bool hf = o.tokenizer.rfind("hf:", 0) == 0 && o.tokenizer.size() > 3;
+  auto tok = make_tokenizer(o.tokenizer, o.tokenizer_dir.empty() ? default_gpt2_dir() : o.tokenizer_dir);
+  std::optional<ChatTemplate> tmpl;  // read when the first conversation needs it
+  nlohmann::json chat;
+  const nlohmann::ordered_json vars = chat_variables(o.chat_vars);
+  jinja::Limits limits;
+  for (const auto& l : o.chat_limits) limits.set(l);
+  const auto ours = check_dataset_target(o);
+  std::vector<MaskedRow> rows;
+  std::vector<std::string> records;
+  uint64_t bytes = 0;
+  for_each_line(o, [&](const std::string& line, const std::string& where) {
+    const auto record = parse_ordered_json(line, where, kJsonlHint);
+    if (!record.is_object()) throw UserError(where + ": not a JSON object");
+    const bool has_prompt = record.contains("prompt"), has_messages = record.contains("messages");
+    if (has_prompt == has_messages)
+      throw UserError(where + ": a prompt record has \"prompt\" (the text the model continues) or \"messages\" (a "
+                      "conversation the chat template ends with its generation prompt), " +
+                      (has_prompt ? std::string("not both") : std::string("and it has neither")));
+    MaskedRow row;
+    if (has_prompt) {
+      if (!record["prompt"].is_string()) throw UserError(where + ": \"prompt\" must be a string");
+      row.ids = tok->encode(record["prompt"].get<std::string>());
+    } else {
+      if (!hf)
+        throw UserError(where + ": a record of \"messages\" is rendered with the model's chat template: give --tokenizer "
+                        "hf:DIR (the model directory whose tokenizer_config.json holds it), or write \"prompt\" as text");
+      if (!tmpl) {
+        tmpl = ChatTemplate::from_model_dir(o.tokenizer.substr(3), o.chat_template);
+        tmpl->set_limits(limits);
+        chat = chat_format_of(*tmpl, o.tokenizer.substr(3), *tok).to_json();
+      }
+      nlohmann::ordered_json variables = vars;
+      for (const char* k : {"tools", "documents"})
+        if (record.contains(k)) variables[k] = record[k];
+      const ChatText text{tmpl->render(chat_messages(record, where), /*add_generation_prompt=*/true, variables).text, {}, 0};
+      row = tokenize_chat(*tok, text, where);
+    }
+    if (row.ids.empty()) throw UserError(where + ": the prompt is empty: there is nothing to continue");
+    if (o.length > 0 && static_cast<int64_t>(row.ids.size()) > o.length)
+      throw UserError(where + ": the prompt is " + std::to_string(row.ids.size()) + " tokens, longer than a row (--length " +
+                      std::to_string(o.length) + "); raise --length or shorten the prompt. Nothing was written");
+    row.mask.assign(row.ids.size(), 0);
+    rows.push_back(std::move(row));
+    records.push_back(record.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+    bytes += line.size();
+  });
+  return write_padded_rows(o, *tok, rows, 1, DatasetStyle::PROMPTS, bytes, ours, chat, &records);
 }
 
 TokenizeResult tokenize_jsonl_to_padded(const TokenizeOptions& o) {

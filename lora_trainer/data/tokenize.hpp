@@ -65,4 +65,11 @@ TokenizeResult tokenize_jsonl_to_chat(const TokenizeOptions& opts);
 // to validation. A record without the three string fields is a UserError naming FILE:LINE and the field.
 TokenizeResult tokenize_jsonl_to_contrastive(const TokenizeOptions& opts);
 
+// JSONL prompt records -> a PROMPTS dataset (prompts.hpp) for GRPO: {"prompt": str, ...} tokenized as it
+// is, or {"messages": [...], "tools"?, "documents"?, ...} rendered with the chat template of --tokenizer
+// hf:DIR and its generation prompt; every other field ("answer", ...) kept in the records file. A record
+// with neither or both, an empty prompt or one longer than `length` (when given) is a UserError naming
+// FILE:LINE.
+TokenizeResult tokenize_jsonl_to_prompts(const TokenizeOptions& opts);
+
 }  // namespace lt

@@ -47,7 +47,7 @@ void DpoPart::plan(std::vector<Phase>& phases) {
 }
 
 void DpoPart::check_training_datasets(const std::vector<Sampling>& datasets) const {
-  // lora/train: lora_phase_is_dpo checked each phase's styles when the job was made (text before the
+  // lora/train: lora_phase_objective checked each phase's styles when the job was made (text before the
   // boundary, pairs after it); here a stage's list comes without its phase.
   if (lora_train_) return;
   for (const auto& s : datasets)

@@ -41,7 +41,7 @@ class DpoPart : public TrainerPart {
   // The part of `trainer`, which must outlive it: the last phase of its plan trains with DPO's loss.
   // `lora`: the reference is the trainer's model with its adapters off (a LoRA phase), else a frozen
   // bf16 copy of its weights, made now. `after_next_token_phase`: lora/train's form, whose phase 1 trains
-  // on text (its datasets were checked by lora_phase_is_dpo), else dpo/train's.
+  // on text (its datasets were checked by lora_phase_objective), else dpo/train's.
   DpoPart(Trainer& trainer, DpoOptions options, bool after_next_token_phase);
 
   void plan(std::vector<Phase>& phases) override;

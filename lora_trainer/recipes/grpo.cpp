@@ -4,6 +4,7 @@
 
 #include "lora_trainer/core/enum_names.hpp"
 #include "lora_trainer/core/options.hpp"
+#include "lora_trainer/recipes/grpo_rewards.hpp"
 
 namespace lt {
 
@@ -17,7 +18,7 @@ const std::vector<std::string>& reward_scaling_names() {
   return names;
 }
 
-static const OptionGroup<GrpoOptions>& grpo_loss_options() {
+static const OptionGroup<GrpoOptions>& grpo_options() {
   using O = GrpoOptions;
   static const auto g =
       OptionGroup<O>()
@@ -58,13 +59,35 @@ static const OptionGroup<GrpoOptions>& grpo_loss_options() {
           .add("optimization/grpo/top_k", OptType::Int, 0, "the rollouts' top-k (0: all ids)", &O::top_k,
                check_range(0, int64_t(1) << 31))
           .add("optimization/grpo/top_p", OptType::Float, 1.0, "the rollouts' nucleus (1: all ids)", &O::top_p,
-               check_range(1e-6, 1.0));
+               check_range(1e-6, 1.0))
+          .add("optimization/grpo/stop", OptType::StringList, json::array(),
+               "stop strings: a completion ends with the token that completes the first of them (the rewards read "
+               "the text before it); besides the stop ids (end of text, the chat format's end of turn)",
+               &O::stop, [](const json& v) -> std::string {
+                 for (const auto& s : v)
+                   if (s.get<std::string>().empty()) return "has an empty string, which would stop every completion at once";
+                 return "";
+               })
+          .add("optimization/grpo/rewards", OptType::Objects, json::array({{{"kind", "exact_match"}}}),
+               "what scores a completion: a list of rewards {\"kind\", \"weight\" (1), \"name\"} summed by weight; kinds: "
+               "exact_match (\"pattern\": a regular expression whose first group is the final answer; 1 when it equals the "
+               "record's \"answer\", normalised), regex (\"pattern\": 1 when it matches), length (-tokens / "
+               "max_completion_length), command (\"command\": [program, args...], \"timeout\" seconds: a program that "
+               "reads {\"prompt\", \"completion\", ...record} a JSON line and prints {\"reward\": x} a line)",
+               &O::rewards, [](const json& v) -> std::string {
+                 try {
+                   RewardSet check(v, 1, "entry");
+                 } catch (const UserError& e) {
+                   return e.what();
+                 }
+                 return "";
+               });
   return g;
 }
 
-void add_grpo_loss_options(ConfigSchema& s) { grpo_loss_options().declare(s); }
+void add_grpo_options(ConfigSchema& s) { grpo_options().declare(s); }
 
-GrpoOptions GrpoOptions::from_config(const Config& cfg) { return grpo_loss_options().read(cfg); }
+GrpoOptions GrpoOptions::from_config(const Config& cfg) { return grpo_options().read(cfg); }
 
 torch::Tensor group_advantages(const torch::Tensor& rewards, int64_t group_size, RewardScaling scaling) {
   TORCH_CHECK(rewards.dim() == 1 && group_size > 0 && rewards.size(0) % group_size == 0, "group_advantages: ",

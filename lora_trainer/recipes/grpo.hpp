@@ -38,7 +38,7 @@ const std::vector<std::string>& grpo_loss_type_names();  // "grpo", "dr_grpo", "
 enum class RewardScaling { Group, Batch, None };
 const std::vector<std::string>& reward_scaling_names();  // "group", "batch", "none": in RewardScaling's order
 
-// optimization/grpo/*, each key declared once bound to its field (grpo.cpp: add_grpo_loss_options).
+// optimization/grpo/*, each key declared once bound to its field (grpo.cpp: add_grpo_options).
 struct GrpoOptions {
   GrpoLossType loss_type = GrpoLossType::Dapo;
   double epsilon = 0.2;       // the ratio's lower clip: 1 - epsilon
@@ -51,9 +51,11 @@ struct GrpoOptions {
   double temperature = 1.0;            // sampling, and the log-probabilities' logits / temperature
   int64_t top_k = 0;
   double top_p = 1.0;
+  std::vector<std::string> stop;  // a completion ends with the first of these strings (its token kept)
+  nlohmann::json rewards = nlohmann::json::array({{{"kind", "exact_match"}}});  // grpo_rewards.hpp's RewardSet specs
   static GrpoOptions from_config(const Config& cfg);
 };
-void add_grpo_loss_options(ConfigSchema& s);
+void add_grpo_options(ConfigSchema& s);
 
 // rewards (N) f64, N a multiple of group_size, consecutive rows a group; NaN = no reward. -> (N) f64.
 torch::Tensor group_advantages(const torch::Tensor& rewards, int64_t group_size, RewardScaling scaling);

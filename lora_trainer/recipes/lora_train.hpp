@@ -1,7 +1,8 @@
 // The lora/train job (the mission's two-phase job): full-parameter training on the pre-LoRA stages,
 // transition_to_lora at the boundary, then the adapters on the post-LoRA stages (training/trainer.hpp,
-// training/lora_phase.hpp). Its LoRA phase trains with next-token loss on text, or with DPO's loss when
-// its post-LoRA datasets are preference pairs (a DpoPart, dpo_part.hpp).
+// training/lora_phase.hpp). Its LoRA phase trains with next-token loss on text, with DPO's loss when its
+// post-LoRA datasets are preference pairs (a DpoPart, dpo_part.hpp), or with GRPO when they are prompts
+// (a GrpoPart, grpo_part.hpp).
 #pragma once
 
 #include <memory>
@@ -14,14 +15,18 @@
 
 namespace lt {
 
-// Whether lora/train's LoRA phase trains with DPO: true when every post-LoRA dataset of `plan` (the
-// stages after the first `pre_lora_stages`) is contrastive, false when none is. A UserError naming the
-// datasets and their styles for a mix, and for preference pairs among the pre-LoRA datasets (phase 1
-// is next-token training).
-bool lora_phase_is_dpo(const StagePlan& plan, size_t pre_lora_stages);
-// lora/train's schema: Trainer::lora_schema and optimization/dpo/{beta, label_smoothing} for a DPO phase 2.
+// What lora/train's LoRA phase minimises, by the style of its datasets.
+enum class LoraObjective { NextToken, Dpo, Grpo };
+
+// The LoRA phase's objective from the post-LoRA datasets of `plan` (the stages after the first
+// `pre_lora_stages`): DPO when every one is contrastive, GRPO when every one is prompts, else next-token.
+// A UserError naming the datasets and their styles for a mix, and for pairs or prompts among the pre-LoRA
+// datasets (phase 1 is next-token training).
+LoraObjective lora_phase_objective(const StagePlan& plan, size_t pre_lora_stages);
+// lora/train's schema: Trainer::lora_schema, optimization/dpo/{beta, label_smoothing} for a DPO phase 2
+// and optimization/grpo/* for a GRPO one.
 ConfigSchema lora_train_schema();
-// The lora/train job: a trainer of its two phases, with a DpoPart when lora_phase_is_dpo.
+// The lora/train job: a trainer of its two phases, with the part of its LoRA phase's objective.
 std::unique_ptr<Trainer> make_lora_train(JobSpec spec, Config cfg, std::string out_dir);
 
 }  // namespace lt

@@ -28,6 +28,9 @@ struct DatasetEval {
   // CONTRASTIVE (dpo.hpp): DPO's figures; `loss` is their mean DPO loss per pair and `tokens` their
   // pairs (the weights of validation_score).
   DpoFigures dpo;
+  // PROMPTS (recipes/grpo_part.hpp): the rewards of a greedy completion of each prompt ({"reward",
+  // "reward/NAME", "completion_tokens"}); `loss` is minus the mean reward and `tokens` the prompts.
+  nlohmann::json figures;
 };
 
 struct ValResult {

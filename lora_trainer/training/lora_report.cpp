@@ -28,6 +28,8 @@ struct RunEvents {
   const json* transition = nullptr;  // the transition event
   const json* first_dpo = nullptr;   // the first and last phase-2 step lines with DPO's figures
   const json* last_dpo = nullptr;
+  const json* first_grpo = nullptr;  // and with GRPO's (their rollouts' rewards)
+  const json* last_grpo = nullptr;
 };
 
 RunEvents scan(const std::vector<json>& metrics, int64_t boundary_step) {
@@ -42,6 +44,10 @@ RunEvents scan(const std::vector<json>& metrics, int64_t boundary_step) {
       if (phase == 1 && e.contains(DpoFigures::kRewardMargin)) {
         if (!r.first_dpo) r.first_dpo = &e;
         r.last_dpo = &e;
+      }
+      if (phase == 1 && e.contains("rollout_tok_per_s")) {
+        if (!r.first_grpo) r.first_grpo = &e;
+        r.last_grpo = &e;
       }
     } else if (ev == "val") {
       if (step <= boundary_step) r.before = &e;
@@ -168,6 +174,34 @@ std::string tasks_table(const json* before, const json* after, bool with_before)
   return r.str();
 }
 
+// Prompts (GRPO): each figure of the val events' "rewards" (a greedy completion of each held-out prompt)
+// at the last validation before LoRA and the last one; then the step lines' mean reward of the rollouts,
+// first and last. "" when there are no prompts.
+std::string rewards_text(const RunEvents& ev, bool with_before) {
+  std::ostringstream r;
+  char line[256];
+  if (ev.after && ev.after->contains("rewards"))
+    for (auto& [name, figures] : (*ev.after)["rewards"].items())
+      for (auto& [what, value] : figures.items()) {
+        std::snprintf(line, sizeof line, "prompts %s %s (greedy):", name.c_str(), what.c_str());
+        r << line;
+        const json* b = ev.before;
+        if (with_before && b && b->contains("rewards") && (*b)["rewards"].contains(name) && (*b)["rewards"][name].contains(what)) {
+          std::snprintf(line, sizeof line, " %.3f %s ->", metric_value((*b)["rewards"][name][what]), label("before LoRA", b).c_str());
+          r << line;
+        }
+        std::snprintf(line, sizeof line, " %.3f %s\n", metric_value(value), label("after LoRA", ev.after).c_str());
+        r << line;
+      }
+  if (ev.first_grpo && ev.last_grpo) {
+    std::snprintf(line, sizeof line, "GRPO rollouts' mean reward: %.3f (step %lld) -> %.3f (step %lld)\n",
+                  metric_value((*ev.first_grpo)["reward"]), (long long)ev.first_grpo->value("step", int64_t(0)),
+                  metric_value((*ev.last_grpo)["reward"]), (long long)ev.last_grpo->value("step", int64_t(0)));
+    r << line;
+  }
+  return r.str();
+}
+
 }  // namespace
 
 // The two phases' lines: their steps, tokens and speed (phase 1: skipped, with where the base came from).
@@ -209,6 +243,7 @@ std::string write_lora_report(const LoraReportFacts& f) {
   r << perplexity_table(ev.before, ev.after, f.boundary_step > 0);
   r << tasks_table(ev.before, ev.after, f.boundary_step > 0);
   r << dpo_text(ev);
+  r << rewards_text(ev, f.boundary_step > 0);
   if (!ev.before && !ev.after) r << "validation: none recorded (training/validation is off)\n";
   r << "unigram baseline perplexity (validation under the training split's token frequencies):";
   char line[256];

@@ -108,12 +108,20 @@ void MetricsLog::log_train(const StepLine& l, StepWindow& window, int64_t tokens
 
 void MetricsLog::log_validation(int64_t step, int64_t tokens, int stage, const ValResult& v, bool stage_end) const {
   std::string per;
-  json per_json = json::object(), ppl_json = json::object(), dpo_json = json::object();
+  json per_json = json::object(), ppl_json = json::object(), dpo_json = json::object(), rewards_json = json::object();
   for (const auto& e : v.per_dataset) {
     per_json[e.name] = e.loss;
     if (e.style == DatasetStyle::CONTRASTIVE) {  // DPO's figures: no perplexity
       per += e.dpo.validation_text(e.name);
       e.dpo.add_to_val_event(dpo_json, e.name);
+    } else if (e.style == DatasetStyle::PROMPTS) {  // GRPO's rewards of greedy completions
+      per += " " + e.name;
+      for (const auto& [k, v] : e.figures.items()) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, " %s %.4f", k.c_str(), v.is_number() ? v.get<double>() : NAN);
+        per += buf;
+        rewards_json[e.name][k] = v;
+      }
     } else {
       char buf[160];
       std::snprintf(buf, sizeof buf, " %s %.4f (ppl %.1f)", e.name.c_str(), e.loss, std::exp(e.loss));
@@ -139,6 +147,7 @@ void MetricsLog::log_validation(int64_t step, int64_t tokens, int stage, const V
   json ev = {{"event", "val"}, {"step", step}, {"tokens", tokens}, {"stage", stage}, {"loss", v.loss},
              {"per_dataset", per_json}, {"perplexity", ppl_json}, {"stage_end", stage_end}};
   ev.update(dpo_json);  // reward_margin and accuracy by dataset, when there are preference pairs
+  if (!rewards_json.empty()) ev["rewards"] = rewards_json;  // GRPO's figures by prompts dataset
   if (!task_accuracy.empty()) {
     ev["task_accuracy"] = task_accuracy;
     ev["task_accuracy_norm"] = task_accuracy_norm;

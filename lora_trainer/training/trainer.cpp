@@ -76,7 +76,7 @@ Trainer::Trainer(JobSpec spec, Config cfg, std::string out_dir, const TrainingPl
 
 void Trainer::check_memory(int ranks, int ranks_here, std::optional<int> source_bytes) {
   bool pairs = false;
-  for (const auto& s : data_->datasets()) pairs = pairs || s.style == DatasetStyle::CONTRASTIVE;
+  for (const auto& s : data_->datasets()) pairs = pairs || s.style == DatasetStyle::CONTRASTIVE;  // GRPO's rows are single
   MemoryPlanInputs in = job_memory_inputs(model_, opts_, rt_, lora_.get(), full_stages_ > 0, pairs, ranks, ranks_here,
                                             runtime_memory_);
   in.loads_base = source_bytes.has_value();
@@ -262,6 +262,9 @@ void Trainer::check_measurable(const std::vector<Sampling>& datasets) const {
       throw UserError("dataset \"" + s.name + "\" is contrastive (preference pairs): it trains with DPO, in a `dpo/train` "
                       "job or the LoRA phase of a `lora/train` job (as its post-LoRA datasets), not in a " + spec_.kind +
                       " job");
+    else if (s.style == DatasetStyle::PROMPTS && !some_part_measures(parts_, s.style))
+      throw UserError("dataset \"" + s.name + "\" holds prompts: they train with GRPO, in a `grpo/train` job or the LoRA "
+                      "phase of a `lora/train` job (as its post-LoRA datasets), not in a " + spec_.kind + " job");
 }
 
 std::unique_ptr<Ema::Swap> Trainer::ema_weights() {

@@ -72,7 +72,7 @@ TEST_CASE("dataset mixtures are checked", "[config]") {
   CHECK_THROWS_WITH(c.apply_override(R"(training/dataset=[{"name":"a","rate":0.5}])"),
                     Contains("training/dataset") && Contains("sum to 1"));
   CHECK_THROWS_WITH(c.apply_override(R"(training/dataset=[{"name":"a","rate":1,"style":"csv"}])"),
-                    Contains("\"pmd\", \"padded\" or \"contrastive\""));
+                    Contains("\"pmd\", \"padded\", \"contrastive\" or \"prompts\""));
   CHECK_THROWS_WITH(c.apply_override(R"(training/dataset=[{"rate":1}])"), Contains("needs a \"name\""));
   CHECK_THROWS_WITH(c.apply_override(R"(training/dataset=[{"name":"a","rate":1,"weight":2}])"),
                     Contains("unknown field \"weight\""));

@@ -47,13 +47,14 @@ std::vector<std::string> cells(const std::string& line) {
   return out;
 }
 
-// "all", "LoRA", "continual", "dpo" or a backticked kind, comma-separated (config.md's group names).
+// "all", "LoRA", "continual", "dpo", "grpo" or a backticked kind, comma-separated (config.md's group names).
 std::set<std::string> kinds_of(const std::string& jobs) {
   static const std::map<std::string, std::set<std::string>> groups = {
-      {"all", {"train", "lora/train", "continual/train/benchmark", "continual/train/benchmark_lora", "dpo/train"}},
+      {"all", {"train", "lora/train", "continual/train/benchmark", "continual/train/benchmark_lora", "dpo/train", "grpo/train"}},
       {"LoRA", {"lora/train", "continual/train/benchmark_lora"}},
       {"continual", {"continual/train/benchmark", "continual/train/benchmark_lora"}},
-      {"dpo", {"dpo/train"}}};
+      {"dpo", {"dpo/train"}},
+      {"grpo", {"grpo/train"}}};
   std::set<std::string> out;
   std::stringstream in(jobs);
   for (std::string part; std::getline(in, part, ',');) {

@@ -139,7 +139,7 @@ TEST_CASE("lora/train refuses preference pairs mixed with text after the boundar
   auto mixed = test::launch({"run", "mixed", d.dir / "mixed.json", d.dir / "out"});
   INFO(mixed.out);
   CHECK(mixed.code == 2);
-  CHECK_THAT(mixed.out, Contains("training/post_lora_dataset mixes preference pairs with single rows") &&
+  CHECK_THAT(mixed.out, Contains("training/post_lora_dataset mixes datasets of different kinds") &&
                             Contains("\"prefs\" (contrastive), \"gen2\" (pmd)"));
   configure("lora/train", d.dir / "early.json",
             {R"(training/pre_lora_dataset=[[{"name":"prefs","rate":1,"style":"contrastive"}]])",
@@ -147,7 +147,7 @@ TEST_CASE("lora/train refuses preference pairs mixed with text after the boundar
   auto early = test::launch({"run", "early", d.dir / "early.json", d.dir / "out"});
   INFO(early.out);
   CHECK(early.code == 2);
-  CHECK_THAT(early.out, Contains("training/pre_lora_dataset has preference pairs: \"prefs\" (contrastive)") &&
+  CHECK_THAT(early.out, Contains("training/pre_lora_dataset has preference pairs or prompts: \"prefs\" (contrastive)") &&
                             Contains("Phase 1 trains every parameter on next-token prediction"));
   CHECK_THROWS_WITH(make_job(d, "mts", 2, {R"(optimization/lora/modules_to_save=["wte"])"}),
                     Contains("modules_to_save must be [] in a lora/train job whose post-LoRA datasets are preference pairs"));

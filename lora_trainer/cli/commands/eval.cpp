@@ -74,10 +74,12 @@ int eval(const EvalArgs& a) {
                                                          {"examples", r.examples}};
   if (!tasks.empty()) out["tokenizer"] = tokenizer;
   if (!a.per_example.empty()) write_file_atomic(a.per_example, per_example_json(tasks, a.tasks).dump() + "\n");
-  for (const auto& e : results)
-    out["datasets"][e.name] = e.style == DatasetStyle::CONTRASTIVE  // preference pairs: DPO's figures
-                                  ? e.dpo.to_json()
-                                  : nlohmann::json{{"loss", e.loss}, {"perplexity", std::exp(e.loss)}, {"tokens", e.tokens}};
+  for (const auto& e : results) {
+    nlohmann::json& d = out["datasets"][e.name];
+    if (e.style == DatasetStyle::CONTRASTIVE) d = e.dpo.to_json();  // preference pairs: DPO's figures
+    else if (e.style == DatasetStyle::PROMPTS) d = e.figures, d["prompts"] = e.tokens;  // GRPO's rewards
+    else d = nlohmann::json{{"loss", e.loss}, {"perplexity", std::exp(e.loss)}, {"tokens", e.tokens}};
+  }
   if (a.json) {
     std::cout << out.dump(2) << "\n";
     return 0;
@@ -85,9 +87,13 @@ int eval(const EvalArgs& a) {
   std::printf("%s (step %lld, %s state)\n%-20s %10s %12s %10s\n", a.checkpoint.c_str(), (long long)t->step(),
               state_kind_name(t->state_kind()).c_str(), "dataset", "loss", "perplexity", "tokens");
   for (const auto& e : results) {
-    if (e.style == DatasetStyle::CONTRASTIVE)
+    if (e.style == DatasetStyle::CONTRASTIVE) {
       std::fputs(e.dpo.eval_line(e.name).c_str(), stdout);
-    else
+    } else if (e.style == DatasetStyle::PROMPTS) {  // the rewards of a greedy completion of each prompt
+      std::printf("%-20s %lld prompts, greedy:", e.name.c_str(), (long long)e.tokens);
+      for (const auto& [k, v] : e.figures.items()) std::printf(" %s %.4f", k.c_str(), v.is_number() ? v.get<double>() : NAN);
+      std::printf("\n");
+    } else
       std::printf("%-20s %10.4f %12.2f %10lld\n", e.name.c_str(), e.loss, std::exp(e.loss), (long long)e.tokens);
   }
   if (!tasks.empty()) std::printf("%-20s %10s %10s %10s %12s   (tokenizer %s)\n", "task", "examples", "accuracy", "acc_norm",
@@ -109,7 +115,7 @@ Command add_eval(CLI::App& app) {
   sub->add_option("CHECKPOINT", a->checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
   // One value per --dataset (or a comma-separated list), so that key=value overrides after it stay overrides.
   sub->add_option("--dataset", a->datasets,
-                  "dataset name under data/dir, NAME:padded for a PADDED one, NAME:contrastive for preference pairs; repeat it or give a comma-separated "
+                  "dataset name under data/dir, NAME:padded for a PADDED one, NAME:contrastive for preference pairs, NAME:prompts for GRPO prompts (the rewards of greedy completions); repeat it or give a comma-separated "
                   "list (default: every dataset of the job)")
       ->allow_extra_args(false)->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   sub->add_option("--task", a->tasks,
