@@ -119,7 +119,7 @@ TEST_CASE("launcher: bad numbers and names on the command line exit 2 and write 
   CHECK_FALSE(fs::exists(dir / "data/inner/qa"));
   Result text_len = tokenize({"--name", "t", "--length", "16", dir / "qa.jsonl"});
   CHECK(text_len.code == 2);
-  CHECK_THAT(text_len.out, Contains("--length sets the row length of --format jsonl, chat and pairs"));
+  CHECK_THAT(text_len.out, Contains("--length sets the row length of --format jsonl, chat, pairs and prompts"));
   CHECK_FALSE(fs::exists(dir / "data/inner/t"));
   for (std::string bad : {"..", ".hidden", "a/b", ""}) {
     Result r = tokenize({"--format", "jsonl", "--name", bad, dir / "qa.jsonl"});

@@ -177,14 +177,16 @@ TEST_CASE("padded and PMD datasets mix in one stage", "[data]") {
   CHECK(padded_rows < 48);
 }
 
-TEST_CASE("eval dataset specs take the suffixes :padded and :contrastive and refuse any other suffix or a path", "[data]") {
+TEST_CASE("eval dataset specs take the suffixes :padded, :contrastive and :prompts and refuse any other suffix or a path", "[data]") {
   CHECK(parse_dataset_spec("code").name == "code");
   CHECK(parse_dataset_spec("code").style == DatasetStyle::PMD);
   CHECK(parse_dataset_spec("qa:padded").name == "qa");
   CHECK(parse_dataset_spec("qa:padded").style == DatasetStyle::PADDED);
   CHECK(parse_dataset_spec("prefs:contrastive").style == DatasetStyle::CONTRASTIVE);
+  CHECK(parse_dataset_spec("sums:prompts").name == "sums");
+  CHECK(parse_dataset_spec("sums:prompts").style == DatasetStyle::PROMPTS);
   CHECK_THROWS_WITH(parse_dataset_spec("en:weird"), lt::test::Contains("\":weird\" is not a style") &&
-                                                         lt::test::Contains("NAME:padded or NAME:contrastive"));
+                                                         lt::test::Contains("NAME:padded, NAME:contrastive or NAME:prompts"));
   CHECK_THROWS_WITH(parse_dataset_spec("../en"), lt::test::Contains("not a valid name"));
   CHECK_THROWS_WITH(parse_dataset_spec(".:padded"), lt::test::Contains("not a valid name"));
 }
