@@ -106,6 +106,11 @@ void GrpoPart::read_text_format(const PromptsDataset& ds) {
       if (std::find(stop_ids_.begin(), stop_ids_.end(), id) == stop_ids_.end()) stop_ids_.push_back(id);
 }
 
+RewardSet& GrpoPart::reward_set() {
+  if (!rewards_) rewards_ = std::make_unique<RewardSet>(opts_.rewards, opts_.max_completion_length, "optimization/grpo/rewards");
+  return *rewards_;
+}
+
 const PromptsDataset& GrpoPart::prompts(const Sampling& s) {
   const auto* ds = dynamic_cast<const PromptsDataset*>(&trainer_.data().open(s));
   if (!ds) throw std::logic_error("dataset " + s.name + " of style prompts did not open as one");
@@ -189,7 +194,6 @@ void GrpoPart::make_rollouts(int64_t first, int64_t count) {
   Distributed& dist = trainer_.dist();
   MixtureSampler& sampler = trainer_.data().sampler(trainer_.current_stage(), step);
   const Batch drawn = sampler.next_share(B / G, first / G, count / G);  // this rank's prompts
-  if (!rewards_) rewards_ = std::make_unique<RewardSet>(opts_.rewards, opts_.max_completion_length, "optimization/grpo/rewards");
   Rollouts& ro = rollouts_;
   if (opts_.num_iterations == 1) {  // made fresh each step (the restorable ones were allocated once)
     ro.inputs = torch::zeros({B, T}, torch::kLong);
@@ -199,7 +203,7 @@ void GrpoPart::make_rollouts(int64_t first, int64_t count) {
     ro.inputs.zero_();
     ro.targets.fill_(-1);
   }
-  const size_t K = rewards_->rewards().size();
+  const size_t K = reward_set().rewards().size();
   // [reward k, row] for k < K, then the total, then the completion's tokens, then the row's length: each
   // rank its rows, summed over the ranks so that every rank holds the global batch's.
   auto scores = torch::zeros({static_cast<int64_t>(K) + 3, B}, torch::kFloat64);
@@ -223,7 +227,7 @@ void GrpoPart::make_rollouts(int64_t first, int64_t count) {
     const uint64_t seed = mix64(trainer_.options().seed ^ mix64((static_cast<uint64_t>(step) << 24) ^ static_cast<uint64_t>(global_prompt)));
     const auto completions = complete(prompt, G, /*greedy=*/false, seed);
     const auto inputs = reward_inputs(ds, Split::Train, row, prompt, completions);
-    const auto per = rewards_->score(inputs);
+    const auto per = reward_set().score(inputs);
     const auto total = rewards_->combine(per);
     for (int64_t g = 0; g < G; ++g) {
       const int64_t r = first + p * G + g;
@@ -385,8 +389,7 @@ std::vector<DatasetEval> GrpoPart::measure(const std::vector<Sampling>& datasets
   Distributed& dist = trainer_.dist();
   const bool was_training = model->is_training();
   model->eval();
-  if (!rewards_) rewards_ = std::make_unique<RewardSet>(opts_.rewards, opts_.max_completion_length, "optimization/grpo/rewards");
-  const int64_t D = static_cast<int64_t>(datasets.size()), K = static_cast<int64_t>(rewards_->rewards().size());
+  const int64_t D = static_cast<int64_t>(datasets.size()), K = static_cast<int64_t>(reward_set().rewards().size());
   // [dataset, (each reward's sum) K, (its count) K, the total's sum, its count, prompts, completion tokens]
   auto sums = torch::zeros({D, 2 * K + 4}, torch::kFloat64);
   for (int64_t d = 0; d < D; ++d) {

@@ -128,6 +128,8 @@ class GrpoPart : public TrainerPart {
   // met), read once.
   void read_text_format(const PromptsDataset& ds);
   const PromptsDataset& prompts(const Sampling& s);
+  // The rewards, made when first asked for (a reward program starts then).
+  RewardSet& reward_set();
   nlohmann::json reward_figures(const std::vector<std::vector<double>>& per, const std::vector<double>& total) const;
 
   Trainer& trainer_;
