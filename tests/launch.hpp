@@ -2,14 +2,19 @@
 // background with extra environment variables (a rank started the way torchrun starts it).
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -93,6 +98,43 @@ inline int wait_exit(pid_t pid, double seconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return -1;
+}
+
+// A socket bound to 127.0.0.1:`port` (0: one the system picks), listening when `listen_too`; -1 when
+// the port is taken. *bound gets the port.
+inline int bind_loopback(int port, bool listen_too, int* bound = nullptr) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  socklen_t len = sizeof a;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || (listen_too && listen(fd, 16) != 0) ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  if (bound) *bound = ntohs(a.sin_port);
+  return fd;
+}
+
+// A port for ranks started by hand, rank 0 serving the store (torchrun's variables without its agent):
+// free now, and below the system's ephemeral range (net.ipv4.ip_local_port_range), where no other
+// program's bind to port 0 or outgoing connection can take it before rank 0 listens on it.
+inline int port_for_rank0() {
+  int low = 32768, high = 60999;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> low >> high;
+  std::mt19937 rng(static_cast<unsigned>(getpid()) ^ static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  const int first = 10000, last = std::max(first + 1000, low) - 1;
+  for (int tries = 0; tries < 200; ++tries) {
+    const int port = first + static_cast<int>(rng() % static_cast<unsigned>(last - first));
+    const int fd = bind_loopback(port, false);
+    if (fd >= 0) {
+      close(fd);
+      return port;
+    }
+  }
+  throw std::runtime_error("no free port in [" + std::to_string(first) + ", " + std::to_string(last) + "]");
 }
 
 // Digests of the tensors that define the training state (weights and optimizer), by name.

@@ -1,10 +1,8 @@
 #include "lora_trainer/cli/local_ranks.hpp"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +15,7 @@
 #include <memory>
 #include <thread>
 
+#include "lora_trainer/core/distributed.hpp"
 #include "lora_trainer/core/util.hpp"
 
 namespace lt {
@@ -28,24 +27,6 @@ std::atomic<int> g_forward_signal{0};
 extern "C" void lt_launcher_on_signal(int sig) { g_forward_signal.store(sig); }
 
 }  // namespace
-
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    throw std::runtime_error(std::string("no free TCP port on 127.0.0.1: ") + std::strerror(errno));
-  }
-  int port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
 
 namespace {
 
@@ -63,9 +44,61 @@ std::string describe_status(int status) {
 
 }  // namespace
 
+// The variables run_local_ranks sets for each rank; the launcher's own values of them are not passed on.
+static bool set_for_ranks(const std::string& entry) {
+  static const char* const names[] = {"RANK",        "LOCAL_RANK",  "WORLD_SIZE",
+                                      "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                      "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT"};
+  for (const char* n : names) {
+    const size_t len = std::strlen(n);
+    if (entry.compare(0, len, n) == 0 && entry.size() > len && entry[len] == '=') return true;
+  }
+  return false;
+}
+
+// In a child between fork and exec, where only async-signal-safe calls are allowed (the parent has the
+// store's threads): closes every descriptor above stderr, so that the ranks do not hold the store's
+// listening socket or the launcher's files.
+static void close_inherited_descriptors() {
+#ifdef SYS_close_range
+  if (syscall(SYS_close_range, 3U, ~0U, 0U) == 0) return;
+#endif
+  struct rlimit lim {};
+  const long last = getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < 65536
+                        ? static_cast<long>(lim.rlim_cur)
+                        : 65536;
+  for (long fd = 3; fd < last; ++fd) close(static_cast<int>(fd));
+}
+
 int run_local_ranks(int nproc, const std::vector<std::string>& args, double grace_s) {
-  int port = env_int("MASTER_PORT", 0);
-  if (port <= 0) port = free_port();
+  // The store the ranks meet at, served from here (as torchrun's agent serves it) on MASTER_PORT or on
+  // a port the system picks, so no other program can take it before the ranks start.
+  StoreServer store(env_int("MASTER_PORT", 0), grace_s);
+  const int port = store.port();
+
+  // Each rank's command line and environment, made before forking: the child only closes descriptors
+  // and execs.
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::string> inherited;
+  for (char** e = environ; *e; ++e)
+    if (!set_for_ranks(*e)) inherited.emplace_back(*e);
+  std::vector<std::vector<std::string>> rank_env(static_cast<size_t>(nproc), inherited);
+  std::vector<std::vector<char*>> rank_envp(static_cast<size_t>(nproc));
+  std::vector<std::string> cannot_start(static_cast<size_t>(nproc));
+  for (int r = 0; r < nproc; ++r) {
+    auto& env = rank_env[static_cast<size_t>(r)];
+    for (const std::string& v : {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
+                                 "WORLD_SIZE=" + std::to_string(nproc), "LOCAL_WORLD_SIZE=" + std::to_string(nproc),
+                                 std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
+                                 std::string("TORCHELASTIC_USE_AGENT_STORE=True"), std::string("TORCHELASTIC_RESTART_COUNT=0")})
+      env.push_back(v);
+    for (auto& v : env) rank_envp[static_cast<size_t>(r)].push_back(const_cast<char*>(v.c_str()));
+    rank_envp[static_cast<size_t>(r)].push_back(nullptr);
+    cannot_start[static_cast<size_t>(r)] = "error: cannot start rank " + std::to_string(r) + ": exec of /proc/self/exe failed\n";
+  }
+
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<pid_t> pids(static_cast<size_t>(nproc), -1);
@@ -73,17 +106,11 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
     pid_t pid = fork();
     if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
     if (pid == 0) {
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      std::vector<char*> argv;
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv("/proc/self/exe", argv.data());
-      std::fprintf(stderr, "error: cannot start rank %d: %s\n", r, std::strerror(errno));
+      close_inherited_descriptors();
+      execve("/proc/self/exe", argv.data(), rank_envp[static_cast<size_t>(r)].data());
+      const std::string& msg = cannot_start[static_cast<size_t>(r)];
+      ssize_t ignored = write(2, msg.data(), msg.size());
+      (void)ignored;
       _exit(127);
     }
     pids[static_cast<size_t>(r)] = pid;
@@ -95,6 +122,7 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
   std::vector<long> peak_kb(static_cast<size_t>(nproc), 0);  // each rank's peak resident memory
   double kill_at = 0;  // after a failure: when the ranks still running are killed
   bool killed = false;
+  std::vector<bool> killed_here(static_cast<size_t>(nproc), false);  // ranks this launcher killed
   while (running > 0) {
     if (int sig = g_forward_signal.exchange(0)) {
       for (pid_t p : pids)
@@ -114,8 +142,10 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
       if (code == 0) continue;
       std::fprintf(stderr, "rank %d %s%s\n", rank, describe_status(status).c_str(),
                    first_failure < 0 && running > 0 ? "; the other ranks will stop" : "");
-      // A rank that lost a peer: the peer's own failure, reaped a moment later, is the cause.
-      if (first_failure < 0 || (result == kExitLostRank && code != kExitLostRank)) {
+      // A rank that lost a peer: the peer's own failure, reaped a moment later, is the cause (not a
+      // rank this launcher killed for not stopping).
+      if (first_failure < 0 ||
+          (result == kExitLostRank && code != kExitLostRank && !killed_here[static_cast<size_t>(rank)])) {
         if (first_failure < 0) kill_at = now_seconds() + grace_s;
         first_failure = rank;
         result = code;
@@ -128,6 +158,7 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
           std::fprintf(stderr, "rank %zu did not stop within %.0f s after rank %d failed; killing it\n", i, grace_s,
                        first_failure);
           kill(pids[i], SIGKILL);
+          killed_here[i] = true;
         }
       killed = true;
     }

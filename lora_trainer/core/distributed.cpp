@@ -1,11 +1,16 @@
 #include "lora_trainer/core/distributed.hpp"
 
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef LT_WITH_NCCL
@@ -154,6 +159,77 @@ static bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
 
+// A TCPStore with `so`; without libuv where LibTorch asked for it but was built without it (the classic
+// backend: every rank does the same, so they still agree).
+static c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& addr, c10d::TCPStoreOptions so) {
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(addr, so);
+  } catch (const c10::Error& e) {
+    if (std::string(e.what()).find("libuv") == std::string::npos || !compat::store_without_libuv(so, 0)) throw;
+    return c10::make_intrusive<c10d::TCPStore>(addr, so);
+  }
+}
+
+struct StoreServer::Impl {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+};
+
+StoreServer::StoreServer(int port, double timeout_s) : impl_(std::make_unique<Impl>()) {
+  if (port < 0 || port > 65535)
+    throw UserError("MASTER_PORT=" + std::to_string(port) + " is not a TCP port: give one from 1 to 65535, or leave "
+                    "MASTER_PORT unset to let the system pick a free one");
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = true;
+  so.waitWorkers = false;  // the ranks count themselves in (their Gloo rendezvous waits for all)
+  so.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
+  try {
+    impl_->store = make_tcp_store("127.0.0.1", so);
+  } catch (const std::exception& e) {
+    throw UserError("cannot serve the ranks' store on port " + std::to_string(port) + " (MASTER_PORT): " +
+                    without_backtrace(e) + "\nLeave MASTER_PORT unset to let the system pick a free port, or give a "
+                    "port nothing else listens on");
+  }
+}
+
+StoreServer::~StoreServer() = default;
+
+int StoreServer::port() const { return static_cast<int>(impl_->store->getPort()); }
+
+namespace {
+
+// Ends the process with kExitLostRank and `message` unless it is destroyed within `seconds`: a rank
+// whose store address leads to a program that accepts the connection but never answers as a store
+// waits in c10d without any timeout of its own.
+class RendezvousWatchdog {
+ public:
+  RendezvousWatchdog(double seconds, std::string message)
+      : thread_([this, seconds, message = std::move(message)] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (done_cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
+          std::fprintf(stderr, "error: %s\n", message.c_str());
+          std::fflush(stdout);
+          std::fflush(stderr);
+          std::_Exit(kExitLostRank);
+        }) {}
+  ~RendezvousWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: started once the members it uses exist
+};
+
+}  // namespace
+
 std::unique_ptr<Distributed> Distributed::from_env(double timeout_s, c10::Device device) {
   auto d = std::make_unique<Distributed>();
   d->world_ = env_int("WORLD_SIZE", 1);
@@ -170,6 +246,23 @@ std::unique_ptr<Distributed> Distributed::from_env(double timeout_s, c10::Device
   if (port <= 0 || port > 65535)
     throw UserError("MASTER_PORT=" + std::to_string(port) + " is not a TCP port: give the same port, 1 to 65535, to every rank");
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
+  // torchrun's static rendezvous and `run --nproc` serve the store themselves and say so; every rank
+  // is then a client (torch.distributed's _create_c10d_store reads the same two variables).
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const bool agent_store = agent && std::string(agent) == "True";
+  const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const std::string attempt = restarts && *restarts ? restarts : "0";
+  const std::string where = "rank " + std::to_string(d->rank_) + " of " + std::to_string(d->world_) + ": rendezvous at " +
+                            addr + ":" + std::to_string(port);
+  const std::string check = "Check that every rank was started with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE, that " +
+                            std::string(agent_store ? "the process that started them serves the store there"
+                                                    : "rank 0 can listen on that port") +
+                            ", and distributed/timeout_s (" + std::to_string(static_cast<int>(timeout_s)) + " s).";
+  const double watchdog_s = 2 * timeout_s + 10;
+  RendezvousWatchdog watchdog(watchdog_s, where + " did not finish within " + std::to_string(static_cast<int>(watchdog_s)) +
+                                              " s (2 x distributed/timeout_s + 10 s): something there accepts connections "
+                                              "but does not answer as a c10d store, or the ranks cannot reach each other.\n" +
+                                              check);
   const double started = now_seconds();
   try {
     d->group_ = std::make_unique<Group>();
@@ -177,17 +270,14 @@ std::unique_ptr<Distributed> Distributed::from_env(double timeout_s, c10::Device
     d->group_->timeout = timeout;
     c10d::TCPStoreOptions so;
     so.port = static_cast<uint16_t>(port);
-    so.isServer = d->rank_ == 0;
+    so.isServer = d->rank_ == 0 && !agent_store;
     so.numWorkers = static_cast<size_t>(d->world_);
     so.waitWorkers = true;
     so.timeout = timeout;
-    try {
-      d->group_->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
-    } catch (const c10::Error& e) {
-      // Without libuv, the classic backend (every rank does the same, so they still agree).
-      if (std::string(e.what()).find("libuv") == std::string::npos || !compat::store_without_libuv(so, 0)) throw;
-      d->group_->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
-    }
+    auto tcp = make_tcp_store(addr, so);
+    // Under a starter's store, keys live where torch.distributed's ranks keep theirs.
+    if (agent_store) d->group_->store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + attempt, tcp);
+    else d->group_->store = tcp;
 #ifdef LT_WITH_NCCL
     // NCCL needs a GPU of its own for each rank of a machine; ranks sharing one (more ranks than
     // GPUs) reduce over Gloo through host memory instead.
@@ -211,13 +301,8 @@ std::unique_ptr<Distributed> Distributed::from_env(double timeout_s, c10::Device
   } catch (const UserError&) {
     throw;
   } catch (const std::exception& e) {
-    throw DistributedError("rank " + std::to_string(d->rank_) + " of " + std::to_string(d->world_) +
-                           ": rendezvous at " + addr + ":" + std::to_string(port) + " failed after " +
-                           std::to_string(static_cast<int>(now_seconds() - started)) + " s: " +
-                           without_backtrace(e) +
-                           "\nCheck that every rank was started with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE, that "
-                           "rank 0 can listen on that port, and distributed/timeout_s (" +
-                           std::to_string(static_cast<int>(timeout_s)) + " s).");
+    throw DistributedError(where + " failed after " + std::to_string(static_cast<int>(now_seconds() - started)) +
+                           " s: " + without_backtrace(e) + "\n" + check);
   }
   return d;
 }

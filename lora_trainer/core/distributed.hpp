@@ -3,8 +3,10 @@
 // A job is one process (rank 0 of 1, every collective a no-op) unless it was started by torchrun's
 // environment variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), by `run --nproc N`
 // (which sets them for N local ranks), or by anything else that sets them. The ranks meet through a
-// c10d::TCPStore served by rank 0 and talk over Gloo (NCCL for CUDA tensors in a CUDA build with
-// NCCL). Gloo refuses bf16 and AVG, so every reduction is a SUM in f32 or f64.
+// c10d::TCPStore, served by rank 0 or, where the environment says TORCHELASTIC_USE_AGENT_STORE=True
+// (torchrun's static rendezvous, `run --nproc`), by the process that started them (StoreServer); they
+// talk over Gloo (NCCL for CUDA tensors in a CUDA build with NCCL). Gloo refuses bf16 and AVG, so every
+// reduction is a SUM in f32 or f64.
 //
 // A collective that fails (a rank exited, or hung past distributed/timeout_s) throws DistributedError
 // naming the collective, this rank and the timeout; the launcher prints it and exits non-zero.
@@ -26,6 +28,28 @@ class Config;
 class DistributedError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// The exit status of a rank that could not meet the others, or whose collective failed because another
+// rank exited or hung (a DistributedError).
+constexpr int kExitLostRank = 3;
+
+// The store ranks meet at, served by the process that starts them, as torchrun's agent serves it:
+// `run --nproc N` makes one before starting its ranks and keeps it until they end, and gives them
+// MASTER_PORT = port() and TORCHELASTIC_USE_AGENT_STORE=True (every rank a client). It listens on
+// `port`, or with 0 on a port the system picks while listening, so that no other program can take the
+// port between its choice and its use. UserError when `port` cannot be listened on.
+class StoreServer {
+ public:
+  StoreServer(int port, double timeout_s);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // distributed/shard_optimizer: which AdamW moments ZeRO-1 splits across the ranks; its name in configs
@@ -59,9 +83,12 @@ class Distributed {
   // True when WORLD_SIZE in the environment asks for more than one rank.
   static bool requested_by_env();
   // Joins the group described by the environment: rendezvous at MASTER_ADDR:MASTER_PORT (rank 0
-  // serves the store), waiting at most `timeout_s` for every rank, which is also the limit on any one
-  // collective. `device` picks the backend (Gloo for CPU tensors). UserError for missing or
-  // inconsistent variables; DistributedError when the rendezvous fails.
+  // serves the store unless TORCHELASTIC_USE_AGENT_STORE=True says its starter does), waiting at most
+  // `timeout_s` for every rank, which is also the limit on any one collective. `device` picks the
+  // backend (Gloo for CPU tensors). UserError for missing or inconsistent variables; DistributedError
+  // when the rendezvous fails. A rendezvous still unfinished after 2 x timeout_s + 10 s (something at
+  // MASTER_PORT accepts connections but does not answer as a store) ends the process with
+  // kExitLostRank and a message naming the address.
   static std::unique_ptr<Distributed> from_env(double timeout_s, c10::Device device);
 
   int rank() const { return rank_; }

@@ -209,7 +209,7 @@ TEST_CASE("distributed: a rank that dies or hangs ends the others with a clear e
   // Two ranks started as torchrun starts them, each on its own.
   auto start_pair = [&](const std::string& name, pid_t* r0, pid_t* r1) {
     std::map<std::string, std::string> env = {{"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "2"},
-                                              {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(free_port())}};
+                                              {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(test::port_for_rank0())}};
     env["RANK"] = "0";
     *r0 = test::spawn({"run", name, cfg, dir / "out"}, env, dir / (name + ".0.log"));
     env["RANK"] = "1";
@@ -266,6 +266,80 @@ TEST_CASE("distributed: a rank that dies or hangs ends the others with a clear e
   }
 }
 
+TEST_CASE("distributed: run --nproc serves the ranks' store, and a port that is not a store ends a rank clearly",
+          "[distributed]") {
+  test::TempDir dir;
+  // A program listening on a port and never answering: the store's port taken by someone else.
+  int port = 0;
+  const int squatter = test::bind_loopback(0, true, &port);
+  REQUIRE(squatter >= 0);
+  const std::string cfg = lora_config(dir, {"distributed/timeout_s=2"});
+
+  SECTION("run --nproc asked for a taken MASTER_PORT refuses before starting a rank") {
+    const double t0 = now_seconds();
+    Result taken = launch({"run", "job", cfg, dir / "out", "--nproc", "2"}, "MASTER_PORT=" + std::to_string(port));
+    INFO(taken.out);
+    CHECK(taken.code == 2);
+    CHECK(now_seconds() - t0 < 10);
+    CHECK_THAT(taken.out, Contains("cannot serve the ranks' store on port " + std::to_string(port) + " (MASTER_PORT)") &&
+                              Contains("Leave MASTER_PORT unset"));
+    CHECK_THAT(taken.out, !Contains("started 2 ranks"));
+    CHECK_FALSE(std::filesystem::exists(dir / "out/checkpoints"));
+  }
+  SECTION("ranks started by hand whose MASTER_PORT leads elsewhere end within 2 x timeout + 10 s") {
+    // Rank 1 (rank 0 would serve the store) and a rank 0 told that its starter serves it: both clients.
+    std::map<std::string, std::string> env = {{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                              {"MASTER_PORT", std::to_string(port)}, {"RANK", "1"}};
+    const pid_t r1 = test::spawn({"run", "job", cfg, dir / "out"}, env, dir / "r1.log");
+    env["RANK"] = "0";
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+    const pid_t r0 = test::spawn({"run", "job", cfg, dir / "out"}, env, dir / "r0.log");
+    const double t0 = now_seconds();
+    const int c1 = test::wait_exit(r1, 60), c0 = test::wait_exit(r0, 10);
+    const double waited = now_seconds() - t0;
+    for (pid_t p : {r0, r1}) kill(p, SIGKILL);  // where a rank still hangs: not left behind
+    INFO(read_file(dir / "r1.log") << read_file(dir / "r0.log"));
+    CHECK(c1 == kExitLostRank);
+    CHECK(c0 == kExitLostRank);
+    CHECK(waited < 40);
+    const std::string at = "127.0.0.1:" + std::to_string(port);
+    CHECK_THAT(read_file(dir / "r1.log"), Contains("rank 1 of 2: rendezvous at " + at + " did not finish within 14 s") &&
+                                              Contains("does not answer as a c10d store") &&
+                                              Contains("rank 0 can listen on that port"));
+    CHECK_THAT(read_file(dir / "r0.log"), Contains("rank 0 of 2: rendezvous at " + at + " did not finish") &&
+                                              Contains("the process that started them serves the store there"));
+  }
+  close(squatter);
+}
+
+// torchrun's static rendezvous (--master_addr/--master_port, no --rdzv_backend) serves the store from its
+// agent and starts every rank as a client of it, as `run --nproc` does. Debian's python3-torch has it.
+TEST_CASE("distributed: torchrun starts the ranks of a job as run --nproc does, bit-identical", "[distributed][torchrun]") {
+  if (test::shell("torchrun --help >/dev/null 2>&1").code != 0) {
+    WARN("skipped: no working torchrun (apt-get install python3-torch provides one)");
+    return;
+  }
+  test::TempDir dir;
+  const std::string cfg = lora_config(dir);
+  Result nproc = launch({"run", "job", cfg, dir / "nproc", "--nproc", "2"});
+  INFO(nproc.out);
+  REQUIRE(nproc.code == 0);
+  // -r/-t: LibTorch 1.13's torchrun on Python 3.11 cannot parse its own default redirect setting.
+  std::string cmd = "timeout 300 torchrun --nnodes 1 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port " +
+                    std::to_string(test::port_for_rank0()) + " -r 2 -t 2 --no_python " + test::quote(LT_LAUNCHER) + " run job " +
+                    test::quote(cfg) + " " + test::quote(dir / "torchrun");
+  Result tr = test::shell(cmd);
+  INFO(tr.out);
+  REQUIRE(tr.code == 0);
+  for (const char* ckpt : {"pre_lora_checkpoint", "final/4096"}) {
+    INFO(ckpt);
+    auto a = test::state_digests(job_dir(dir, "nproc", "job") + "/" + ckpt);
+    REQUIRE(a.size() > 10);
+    CHECK(a == test::state_digests(job_dir(dir, "torchrun", "job") + "/" + ckpt));
+  }
+  CHECK(read_checkpoint_metadata(job_dir(dir, "torchrun", "job") + "/final/4096")["distributed"]["ranks"] == 2);
+}
+
 TEST_CASE("distributed: mistakes in the launch get a clear error and exit 2", "[distributed]") {
   test::TempDir dir;
   const std::string cfg = lora_config(dir);
@@ -296,7 +370,7 @@ TEST_CASE("distributed: mistakes in the launch get a clear error and exit 2", "[
   // rank 1 would start afresh. Both stop before training, with a message.
   REQUIRE(launch({"run", "job", cfg, dir / "seen"}).code == 0);
   std::map<std::string, std::string> env = {{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
-                                            {"MASTER_PORT", std::to_string(free_port())}};
+                                            {"MASTER_PORT", std::to_string(test::port_for_rank0())}};
   env["RANK"] = "0";
   pid_t r0 = test::spawn({"run", "job", cfg, dir / "seen"}, env, dir / "r0.log");
   env["RANK"] = "1";
