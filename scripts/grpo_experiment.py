@@ -15,9 +15,11 @@ For each seed:
 Writes OUT/results.md (the table), OUT/results.json (figures, times and the GRPO reward curves) and
 prints the table. A re-run with the same OUT reuses its datasets; every job is run again.
 
-  python3 scripts/grpo_experiment.py --out /tmp/grpo_exp [--seeds 1,2,3] [--binary build/lora_trainer]
+  python3 scripts/grpo_experiment.py --out /tmp/grpo_exp [--seeds 1,2,3] [--jobs 1] [--binary build/lora_trainer]
+      [--phase1-steps 800] [--lora-steps 400]
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import random
@@ -28,8 +30,7 @@ import time
 
 ARCH = ["architecture/n_layers=4", "architecture/d_model=128", "architecture/n_heads=4", "architecture/block_size=32",
         "architecture/vocab_size=257", "runtime/threads=1", "logging/tensorboard=false"]
-PHASE1_STEPS = 800                 # phase 1: steps of BATCH rows of 32 tokens
-LORA_STEPS, BATCH, G = 400, 64, 8  # the LoRA phase: steps of BATCH completions (BATCH / G prompts x G)
+BATCH, G = 64, 8  # a step: BATCH rows of 32 tokens (phase 1), BATCH completions (BATCH / G prompts x G)
 
 
 def die(msg):
@@ -123,7 +124,12 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--binary", default="build/lora_trainer")
+    ap.add_argument("--phase1-steps", type=int, default=800, help="phase 1's steps of 64 x 32 tokens")
+    ap.add_argument("--lora-steps", type=int, default=400, help="the LoRA phases' steps of 64 completions (or rows)")
+    ap.add_argument("--jobs", type=int, default=1, help="seeds run at once (each job runs one thread)")
     a = ap.parse_args()
+    if a.phase1_steps < 1 or a.lora_steps < 1 or a.jobs < 1:
+        die("--phase1-steps, --lora-steps and --jobs must be positive")
     if not os.access(a.binary, os.X_OK):
         die(a.binary + " is not an executable: build it first (cmake --build build), or give --binary")
     seeds = [int(s) for s in a.seeds.split(",")]
@@ -137,13 +143,13 @@ def main():
                      "optimization/lora/schedule=constant", "optimization/lora/warmup_pct=0",
                      "logging/report_interval=10", "logging/checkpoint_interval=100000",
                      "logging/validation_interval=100000", "training/validation=false", "eval/evaluations=[]"]
-    lora_tokens = LORA_STEPS * BATCH * 32
-    results = []
-    for seed in seeds:
+    lora_tokens = a.lora_steps * BATCH * 32
+
+    def one_seed(seed):
         base = ["training/seed=%d" % seed]
         grpo = "grpo_s%d" % seed
         t_grpo = run([a.binary, "run", grpo, cfg, a.out] + common + base + [
-            "training/pre_lora_tokens=[%d]" % (PHASE1_STEPS * BATCH * 32), "training/batch_size=%d" % BATCH,
+            "training/pre_lora_tokens=[%d]" % (a.phase1_steps * BATCH * 32), "training/batch_size=%d" % BATCH,
             "training/per_device_batch_size=%d" % BATCH,
             'training/pre_lora_dataset=[[{"name":"sums","rate":1}]]',
             "training/post_lora_tokens=[%d]" % lora_tokens,
@@ -166,11 +172,14 @@ def main():
         metrics = os.path.dirname(printed(os.path.join(a.out, grpo + ".log"), "metrics: "))
         ev = [e for e in train_events(metrics) if "reward" in e]
         curve = [(e["step"], e["reward"]) for e in ev]
-        results.append({"seed": seed, "before": before, "grpo": after_grpo, "sft": after_sft,
-                        "grpo_seconds": t_grpo, "sft_seconds": t_sft, "reward_curve": curve,
-                        "rollout_tok_per_s": statistics.mean(e["rollout_tok_per_s"] for e in ev) if ev else None})
         print("seed %d: exact match %.3f before, %.3f after GRPO, %.3f after next-token LoRA (%.0f s, %.0f s)" %
               (seed, before, after_grpo, after_sft, t_grpo, t_sft), flush=True)
+        return {"seed": seed, "before": before, "grpo": after_grpo, "sft": after_sft,
+                "grpo_seconds": t_grpo, "sft_seconds": t_sft, "reward_curve": curve,
+                "rollout_tok_per_s": statistics.mean(e["rollout_tok_per_s"] for e in ev) if ev else None}
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        results = list(pool.map(one_seed, seeds))
 
     def ms(key):
         v = [r[key] for r in results]
@@ -183,7 +192,7 @@ def main():
     with open(os.path.join(a.out, "results.md"), "w") as f:
         f.write(table)
     with open(os.path.join(a.out, "results.json"), "w") as f:
-        json.dump({"results": results, "phase1_steps": PHASE1_STEPS, "lora_steps": LORA_STEPS, "G": G,
+        json.dump({"results": results, "phase1_steps": a.phase1_steps, "lora_steps": a.lora_steps, "G": G,
                    "batch": BATCH}, f, indent=1)
     print(table)
 
