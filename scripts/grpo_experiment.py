@@ -3,20 +3,20 @@
 
 For each seed:
   1. `lora/train`, phase 1: a small GPT (4 layers, d 128, byte tokens) learns sums from text ("12+17=29"
-     lines: 750 of the 900 sums, shuffled into 20 documents) for 800 steps of 64 x 32 tokens, to partial
-     accuracy; then its LoRA phase is GRPO on the prompts "12+17=" of the same 750 sums: 8 completions a
+     lines: 750 of the 900 sums, shuffled into 20 documents) for 2,400 steps of 64 x 32 tokens
+     (--phase1-steps), to partial accuracy on held-out sums; then its LoRA phase is GRPO on the prompts "12+17=" of the same 750 sums: 8 completions a
      prompt at temperature 0.7, cut at the first newline, rewarded 1 when the text equals the sum
-     (exact_match), 400 steps of 64 completions.
+     (exact_match), 800 steps of 64 completions (--lora-steps).
   2. `lora/train` without phase one from the same pre_lora_checkpoint: next-token LoRA on the reference
      answers of the same prompts ("12+17=" -> "29\n"), the same adapters (rank 8), lr (1e-3) and tokens
-     (400 steps of 64 rows of 32).
+     (800 steps of 64 rows of 32).
   3. `eval --task` exact match (greedy, to the first newline) on the 150 held-out sums no run trained on:
      before (the pre_lora_checkpoint) and after each LoRA phase.
 Writes OUT/results.md (the table), OUT/results.json (figures, times and the GRPO reward curves) and
 prints the table. A re-run with the same OUT reuses its datasets; every job is run again.
 
-  python3 scripts/grpo_experiment.py --out /tmp/grpo_exp [--seeds 1,2,3] [--jobs 1] [--binary build/lora_trainer]
-      [--phase1-steps 800] [--lora-steps 400]
+  python3 scripts/grpo_experiment.py --out /tmp/grpo_exp [--seeds 1,2,3] [--jobs 3] [--binary build/lora_trainer]
+      [--phase1-steps 2400] [--lora-steps 800]
 """
 import argparse
 import concurrent.futures
@@ -124,9 +124,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--binary", default="build/lora_trainer")
-    ap.add_argument("--phase1-steps", type=int, default=800, help="phase 1's steps of 64 x 32 tokens")
-    ap.add_argument("--lora-steps", type=int, default=400, help="the LoRA phases' steps of 64 completions (or rows)")
-    ap.add_argument("--jobs", type=int, default=1, help="seeds run at once (each job runs one thread)")
+    ap.add_argument("--phase1-steps", type=int, default=2400, help="phase 1's steps of 64 x 32 tokens")
+    ap.add_argument("--lora-steps", type=int, default=800, help="the LoRA phases' steps of 64 completions (or rows)")
+    ap.add_argument("--jobs", type=int, default=3, help="seeds run at once (each job runs one thread)")
     a = ap.parse_args()
     if a.phase1_steps < 1 or a.lora_steps < 1 or a.jobs < 1:
         die("--phase1-steps, --lora-steps and --jobs must be positive")
