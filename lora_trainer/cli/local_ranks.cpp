@@ -44,14 +44,24 @@ std::string describe_status(int status) {
 
 }  // namespace
 
-// The variables run_local_ranks sets for each rank; the launcher's own values of them are not passed on.
-static bool set_for_ranks(const std::string& entry) {
-  static const char* const names[] = {"RANK",        "LOCAL_RANK",  "WORLD_SIZE",
-                                      "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                      "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT"};
-  for (const char* n : names) {
-    const size_t len = std::strlen(n);
-    if (entry.compare(0, len, n) == 0 && entry.size() > len && entry[len] == '=') return true;
+// What rank `rank` of `nproc` is told ("NAME=value"): where the launcher's store is, and that the
+// launcher serves it. The launcher's own values of these names are not passed on.
+static std::vector<std::string> rank_variables(int rank, int nproc, int port) {
+  return {"RANK=" + std::to_string(rank),
+          "LOCAL_RANK=" + std::to_string(rank),
+          "WORLD_SIZE=" + std::to_string(nproc),
+          "LOCAL_WORLD_SIZE=" + std::to_string(nproc),
+          "MASTER_ADDR=127.0.0.1",
+          "MASTER_PORT=" + std::to_string(port),
+          "TORCHELASTIC_USE_AGENT_STORE=True",
+          "TORCHELASTIC_RESTART_COUNT=0"};
+}
+
+// Whether environment entry `entry` ("NAME=value") sets one of the names in `variables`.
+static bool sets_one_of(const std::string& entry, const std::vector<std::string>& variables) {
+  for (const auto& v : variables) {
+    const size_t name = v.find('=') + 1;  // the name and its '='
+    if (entry.compare(0, name, v, 0, name) == 0) return true;
   }
   return false;
 }
@@ -81,19 +91,16 @@ int run_local_ranks(int nproc, const std::vector<std::string>& args, double grac
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  const std::vector<std::string> told = rank_variables(0, nproc, port);  // the names every rank is told
   std::vector<std::string> inherited;
   for (char** e = environ; *e; ++e)
-    if (!set_for_ranks(*e)) inherited.emplace_back(*e);
+    if (!sets_one_of(*e, told)) inherited.emplace_back(*e);
   std::vector<std::vector<std::string>> rank_env(static_cast<size_t>(nproc), inherited);
   std::vector<std::vector<char*>> rank_envp(static_cast<size_t>(nproc));
   std::vector<std::string> cannot_start(static_cast<size_t>(nproc));
   for (int r = 0; r < nproc; ++r) {
     auto& env = rank_env[static_cast<size_t>(r)];
-    for (const std::string& v : {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
-                                 "WORLD_SIZE=" + std::to_string(nproc), "LOCAL_WORLD_SIZE=" + std::to_string(nproc),
-                                 std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
-                                 std::string("TORCHELASTIC_USE_AGENT_STORE=True"), std::string("TORCHELASTIC_RESTART_COUNT=0")})
-      env.push_back(v);
+    for (const std::string& v : rank_variables(r, nproc, port)) env.push_back(v);
     for (auto& v : env) rank_envp[static_cast<size_t>(r)].push_back(const_cast<char*>(v.c_str()));
     rank_envp[static_cast<size_t>(r)].push_back(nullptr);
     cannot_start[static_cast<size_t>(r)] = "error: cannot start rank " + std::to_string(r) + ": exec of /proc/self/exe failed\n";

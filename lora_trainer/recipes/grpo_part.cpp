@@ -203,7 +203,8 @@ void GrpoPart::make_rollouts(int64_t first, int64_t count) {
     ro.inputs.zero_();
     ro.targets.fill_(-1);
   }
-  const size_t K = reward_set().rewards().size();
+  RewardSet& rewards = reward_set();
+  const size_t K = rewards.rewards().size();
   // [reward k, row] for k < K, then the total, then the completion's tokens, then the row's length: each
   // rank its rows, summed over the ranks so that every rank holds the global batch's.
   auto scores = torch::zeros({static_cast<int64_t>(K) + 3, B}, torch::kFloat64);
@@ -227,8 +228,8 @@ void GrpoPart::make_rollouts(int64_t first, int64_t count) {
     const uint64_t seed = mix64(trainer_.options().seed ^ mix64((static_cast<uint64_t>(step) << 24) ^ static_cast<uint64_t>(global_prompt)));
     const auto completions = complete(prompt, G, /*greedy=*/false, seed);
     const auto inputs = reward_inputs(ds, Split::Train, row, prompt, completions);
-    const auto per = reward_set().score(inputs);
-    const auto total = rewards_->combine(per);
+    const auto per = rewards.score(inputs);
+    const auto total = rewards.combine(per);
     for (int64_t g = 0; g < G; ++g) {
       const int64_t r = first + p * G + g;
       const auto& c = completions[static_cast<size_t>(g)];
@@ -389,7 +390,8 @@ std::vector<DatasetEval> GrpoPart::measure(const std::vector<Sampling>& datasets
   Distributed& dist = trainer_.dist();
   const bool was_training = model->is_training();
   model->eval();
-  const int64_t D = static_cast<int64_t>(datasets.size()), K = static_cast<int64_t>(reward_set().rewards().size());
+  RewardSet& rewards = reward_set();
+  const int64_t D = static_cast<int64_t>(datasets.size()), K = static_cast<int64_t>(rewards.rewards().size());
   // [dataset, (each reward's sum) K, (its count) K, the total's sum, its count, prompts, completion tokens]
   auto sums = torch::zeros({D, 2 * K + 4}, torch::kFloat64);
   for (int64_t d = 0; d < D; ++d) {
@@ -402,8 +404,8 @@ std::vector<DatasetEval> GrpoPart::measure(const std::vector<Sampling>& datasets
       const auto prompt = ds.prompt(Split::Val, row);
       if (static_cast<int64_t>(prompt.size()) + opts_.max_completion_length > trainer_.block_size()) return;
       const auto completions = complete(prompt, 1, /*greedy=*/true, 0);
-      const auto per = rewards_->score(reward_inputs(ds, Split::Val, row, prompt, completions));
-      const auto total = rewards_->combine(per);
+      const auto per = rewards.score(reward_inputs(ds, Split::Val, row, prompt, completions));
+      const auto total = rewards.combine(per);
       auto s = sums[d];
       for (int64_t k = 0; k < K; ++k)
         if (!std::isnan(per[static_cast<size_t>(k)][0])) {
@@ -430,7 +432,7 @@ std::vector<DatasetEval> GrpoPart::measure(const std::vector<Sampling>& datasets
     e.style = DatasetStyle::PROMPTS;
     e.figures["reward"] = ratio(s[2 * K].item<double>(), s[2 * K + 1].item<double>());
     for (int64_t k = 0; k < K; ++k)
-      e.figures["reward/" + rewards_->rewards()[static_cast<size_t>(k)].name] =
+      e.figures["reward/" + rewards.rewards()[static_cast<size_t>(k)].name] =
           ratio(s[k].item<double>(), s[K + k].item<double>());
     e.figures["completion_tokens"] = ratio(s[2 * K + 3].item<double>(), s[2 * K + 2].item<double>());
     e.loss = -e.figures["reward"].get<double>();
