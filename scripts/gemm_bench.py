@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """The f32 products of a linear layer on the CPU, OpenBLAS's sgemm (PyTorch's mm) beside oneDNN's
 (dnnl_sgemm, through ctypes), for the bench model's weights (configs/bench_block256.json: d 384, MLP
-1,536, vocabulary 50,257) and 1,024 tokens: the forward x W^T, x's gradient g W and W's gradient g^T x.
+1,536, vocabulary 50,257; or those of --weights) and 1,024 tokens (--tokens): the forward x W^T, x's gradient g W and W's gradient g^T x.
 Each figure is the lower quartile of N calls, the best of 3 rounds. It is what kernels/cpu_gemm.hpp's
 choice rests on (docs/performance.md, "oneDNN's sgemm").
 
-    /usr/bin/python3 scripts/gemm_bench.py [--tokens 1024] [--threads 2] [--out gemm.json]
+    /usr/bin/python3 scripts/gemm_bench.py [--tokens 1024] [--threads 2] [--weights 2048x2048,...] [--out gemm.json]
 
 Needs Debian's python3-torch and libdnnl (which Debian's LibTorch links). ONEDNN_MAX_CPU_ISA=AVX2 and
 OPENBLAS_CORETYPE=Haswell make both libraries use their AVX2 kernels on an AVX-512 CPU.
@@ -24,6 +24,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--weights", default="1152x384,384x384,1536x384,384x1536,50257x384",
+                    help="the weights' shapes, out x in, comma-separated (default: the GPT bench model's; "
+                         "configs/bench_llama.json's: 2048x2048,512x2048,8192x2048,2048x8192,128256x2048)")
     ap.add_argument("--out", default="gemm.json")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -46,7 +49,7 @@ def main():
 
     T = a.tokens
     rows = []
-    for out, inp in [(1152, 384), (384, 384), (1536, 384), (384, 1536), (50257, 384)]:
+    for out, inp in [tuple(int(v) for v in w.split("x")) for w in a.weights.split(",")]:
         X, W, G = torch.randn(T, inp), torch.randn(out, inp), torch.randn(T, out)
         Y, dX, dW = torch.empty(T, out), torch.empty(T, inp), torch.empty(out, inp)
         n = 5 if out > 10000 else 30

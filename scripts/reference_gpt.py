@@ -45,12 +45,37 @@ def layer_norm(x, w, b):
     return F.layer_norm(x.float(), (x.shape[-1],), w.float(), b.float(), 1e-5)
 
 
-class GPT:
-    """Parameters in a dict named as lora_trainer names them; a functional forward."""
+NF4_LEVELS = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+              -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+              0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0]
 
-    def __init__(self, cfg, params, sdpa=False, pad_vocab=False, merged=False):
-        a = cfg["architecture"]
-        self.L, self.H, self.C, self.T = a["n_layers"], a["n_heads"], a["d_model"], a["block_size"]
+
+class NF4Weight:
+    """A frozen weight in 4-bit NormalFloat as a plain script holds it (bitsandbytes' format without its
+    kernels): two codes a byte, an f32 absmax per block of 64, dequantized for every product."""
+
+    def __init__(self, w, block=64):
+        self.shape, self.dtype = w.shape, torch.float32
+        blocks = w.detach().float().reshape(-1, block)
+        self.absmax = blocks.abs().amax(1).clamp_min(1e-12)
+        levels = torch.tensor(NF4_LEVELS, device=w.device)
+        codes = ((blocks / self.absmax[:, None]).unsqueeze(-1) - levels).abs().argmin(-1).to(torch.uint8).reshape(-1, 2)
+        self.packed = (codes[:, 0] << 4) | codes[:, 1]
+        self.levels = levels
+
+    def dequantize(self, dtype):
+        codes = torch.stack([self.packed >> 4, self.packed & 15], -1).reshape(-1, 64).long()
+        return (self.levels[codes] * self.absmax[:, None]).reshape(self.shape).to(dtype)
+
+    def dim(self):
+        return len(self.shape)
+
+
+class Functional:
+    """Parameters in a dict named as lora_trainer names them; a functional forward. The frozen base of
+    phase 2 may be NF4Weight's."""
+
+    def __init__(self, params, sdpa=False, pad_vocab=False, merged=False):
         self.p = params
         self.lora = {}  # weight name -> (A, B)
         self.scale = 0.0
@@ -60,20 +85,55 @@ class GPT:
 
     def weight(self, name):
         w = self.p[name]
+        autocast = torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+        if isinstance(w, NF4Weight):
+            w = w.dequantize(torch.bfloat16 if autocast else torch.float32)
         if name in self.lora and self.merged:  # the reference framework's way: merge every step
             A, B = self.lora[name]
             w = w.float() + self.scale * (A @ B).t()
-        elif w.dtype != torch.float32 and not torch.is_autocast_enabled() and not torch.is_autocast_cpu_enabled():
+        elif w.dtype != torch.float32 and not autocast:
             w = w.float()
         return w
 
     def linear(self, x, prefix):
         name = prefix + ".weight"
-        y = F.linear(x, self.weight(name), self.p[prefix + ".bias"])
+        y = F.linear(x, self.weight(name), self.p.get(prefix + ".bias"))
         if name in self.lora and not self.merged:  # PEFT's way: the adapters beside the frozen layer
             A, B = self.lora[name]
             y = y + self.scale * ((x @ A) @ B)
         return y
+
+    def attention(self, q, k, v, mask):
+        if self.sdpa:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        att = torch.softmax(att.masked_fill(mask, float("-inf")).float(), -1).to(v.dtype)
+        return att @ v
+
+    def head_loss(self, x, W, targets):
+        if self.pad_vocab and W.shape[0] % 64:
+            V, Vp = W.shape[0], (W.shape[0] + 63) // 64 * 64
+            bias = torch.zeros(Vp, device=W.device)
+            bias[V:] = float("-inf")
+            logits = F.linear(x, torch.cat([W, W.new_zeros(Vp - V, W.shape[1])]), bias)
+        else:
+            logits = F.linear(x, W)
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
+
+
+class GPT(Functional):
+    """GPT-2: learned positions, LayerNorm, GELU MLP, the head tied to the embedding."""
+
+    def __init__(self, cfg, params, **kw):
+        super().__init__(params, **kw)
+        a = cfg["architecture"]
+        self.L, self.H, self.KV, self.C, self.T = a["n_layers"], a["n_heads"], a["n_heads"], a["d_model"], a["block_size"]
+
+    def is_block_matrix(self, name):
+        return name.startswith("h.")
+
+    def head_name(self):
+        return "wte.weight"
 
     def loss(self, idx, targets):
         B, T = idx.shape
@@ -84,28 +144,97 @@ class GPT:
             h = f"h.{i}."
             y = layer_norm(x, p[h + "ln_1.weight"], p[h + "ln_1.bias"])
             qkv = self.linear(y, h + "attn.c_attn").view(B, T, 3, self.H, self.C // self.H).permute(2, 0, 3, 1, 4)
-            q, k, v = qkv[0], qkv[1], qkv[2]
-            if self.sdpa:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:
-                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.C // self.H))
-                att = torch.softmax(att.masked_fill(mask, float("-inf")).float(), -1).to(v.dtype)
-                y = att @ v
+            y = self.attention(qkv[0], qkv[1], qkv[2], mask)
             y = y.transpose(1, 2).reshape(B, T, self.C)
             x = x + self.linear(y, h + "attn.c_proj").float()
             y = layer_norm(x, p[h + "ln_2.weight"], p[h + "ln_2.bias"])
             y = F.gelu(self.linear(y, h + "mlp.c_fc"))
             x = x + self.linear(y, h + "mlp.c_proj").float()
         x = layer_norm(x, p["ln_f.weight"], p["ln_f.bias"])
-        W = p["wte.weight"]
-        if self.pad_vocab and W.shape[0] % 64:
-            V, Vp = W.shape[0], (W.shape[0] + 63) // 64 * 64
-            bias = torch.zeros(Vp, device=W.device)
-            bias[V:] = float("-inf")
-            logits = F.linear(x, torch.cat([W, W.new_zeros(Vp - V, W.shape[1])]), bias)
-        else:
-            logits = F.linear(x, W)
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
+        return self.head_loss(x, self.weight("wte.weight"), targets)
+
+
+def rope_inv_freq(a, head_dim):
+    """transformers' default and llama3 rotary frequencies (modeling_rope_utils)."""
+    inv = 1.0 / (a["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    if a["rope_scaling"] == "linear":
+        return inv / a["rope_factor"]
+    if a["rope_scaling"] == "llama3":
+        factor, low, high, ctx = a["rope_factor"], a["rope_low_freq_factor"], a["rope_high_freq_factor"], a["rope_original_context"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > ctx / low, inv / factor, inv)
+        smooth = (ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= ctx / high) & (wavelen <= ctx / low)
+        return torch.where(medium, smoothed, scaled)
+    return inv
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), -1)
+
+
+class Llama(Functional):
+    """Llama / Qwen2 / Mistral as transformers' modeling_llama writes them: RMSNorm, rotary positions,
+    grouped-query attention (the key/value heads repeated for their query heads, repeat_kv; with SDPA
+    PyTorch 2.5's enable_gqa), SwiGLU, a head tied to the embedding or not."""
+
+    def __init__(self, cfg, params, **kw):
+        super().__init__(params, **kw)
+        a = cfg["architecture"]
+        self.L, self.H, self.C, self.T = a["n_layers"], a["n_heads"], a["d_model"], a["block_size"]
+        self.KV = a["n_kv_heads"] if a["n_kv_heads"] > 0 else self.H
+        self.eps = a["norm_eps"]
+        self.act = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[a["activation"]]
+        D = self.C // self.H
+        device = next(iter(params.values())).device
+        angles = torch.arange(self.T, dtype=torch.float32)[:, None] * rope_inv_freq(a, D)[None, :]
+        emb = torch.cat((angles, angles), -1).to(device)
+        self.cos, self.sin = emb.cos(), emb.sin()
+
+    def is_block_matrix(self, name):
+        return name.startswith("model.layers.")
+
+    def head_name(self):
+        return "lm_head.weight" if "lm_head.weight" in self.p else "model.embed_tokens.weight"
+
+    def rms_norm(self, x, w):
+        x = x.float()
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w.float()
+
+    def loss(self, idx, targets):
+        B, T = idx.shape
+        H, KV, D = self.H, self.KV, self.C // self.H
+        p = self.p
+        x = F.embedding(idx, p["model.embed_tokens.weight"]).float()
+        cos, sin = self.cos[:T], self.sin[:T]
+        mask = None if self.sdpa else torch.ones(T, T, dtype=torch.bool, device=idx.device).triu(1)
+        for i in range(self.L):
+            h = f"model.layers.{i}."
+            y = self.rms_norm(x, p[h + "input_layernorm.weight"])
+            q = self.linear(y, h + "self_attn.q_proj").view(B, T, H, D).transpose(1, 2)
+            k = self.linear(y, h + "self_attn.k_proj").view(B, T, KV, D).transpose(1, 2)
+            v = self.linear(y, h + "self_attn.v_proj").view(B, T, KV, D).transpose(1, 2)
+            q = (q.float() * cos + rotate_half(q.float()) * sin).to(v.dtype)
+            k = (k.float() * cos + rotate_half(k.float()) * sin).to(v.dtype)
+            if self.sdpa and KV != H and "enable_gqa" in F.scaled_dot_product_attention.__doc__:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            else:
+                if KV != H:  # repeat_kv
+                    k, v = k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
+                y = self.attention(q, k, v, mask)
+            y = y.transpose(1, 2).reshape(B, T, self.C)
+            x = x + self.linear(y, h + "self_attn.o_proj").float()
+            y = self.rms_norm(x, p[h + "post_attention_layernorm.weight"])
+            y = self.act(self.linear(y, h + "mlp.gate_proj")) * self.linear(y, h + "mlp.up_proj")
+            x = x + self.linear(y, h + "mlp.down_proj").float()
+        x = self.rms_norm(x, p["model.norm.weight"])
+        return self.head_loss(x, self.weight(self.head_name()), targets)
+
+
+def make_model(cfg, params, **kw):
+    return (Llama if cfg["architecture"].get("family", "gpt2") == "llama" else GPT)(cfg, params, **kw)
 
 
 def batch_and_micro(cfg):
@@ -180,7 +309,7 @@ def products_time(model, cfg, lora, device, reps=3):
 
     ops = []
     for name, w in model.p.items():
-        if w.dim() != 2 or not (name.startswith("h.") or name == "wte.weight"):
+        if w.dim() != 2 or not (model.is_block_matrix(name) or name == model.head_name()):
             continue
         out, inp = w.shape
         W, x, g = mk(out, inp), mk(N, inp), mk(N, out)
@@ -279,7 +408,7 @@ def main():
     bf16 = bench["precision"].startswith("bf16")
     state = load_weights(check["weights"], device)
     params = {k: v.detach().clone().to(device).requires_grad_(True) for k, v in state.items() if not k.startswith("check/")}
-    model = GPT(cfg, params, sdpa=sdpa, pad_vocab=args.pad_vocab, merged=args.lora == "merged")
+    model = make_model(cfg, params, sdpa=sdpa, pad_vocab=args.pad_vocab, merged=args.lora == "merged")
 
     with torch.no_grad(), torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
         inputs, targets = state["check/inputs"].to(device), state["check/targets"].to(device)
@@ -322,13 +451,19 @@ def main():
     r, alpha = lcfg["rank"], lcfg["alpha"]
     for k in params:  # f32 runs (no fast bf16) keep the base f32: casting per product would only cost time
         params[k] = params[k].detach().to(torch.bfloat16 if bf16 else torch.float32)
+    nf4 = lcfg.get("quantize_base", "bf16") == "nf4"
+    if nf4:  # QLoRA: the blocks' matrices as 4-bit NF4, dequantized for every product
+        for k, w in params.items():
+            if w.dim() == 2 and model.is_block_matrix(k):
+                params[k] = NF4Weight(w)
+    result["lora_base"] = "nf4 (dequantized per product in plain PyTorch)" if nf4 else ("bf16" if bf16 else "f32")
     model.p = params
     model.scale = alpha / r
     adapters = []
     targets = lcfg["target_modules"]
     for k, w in params.items():
         # "all-linear" (the default): every block's matrix, as PEFT takes it (not the embeddings, not the head)
-        linear = w.dim() == 2 and k.startswith("h.")
+        linear = w.dim() == 2 and model.is_block_matrix(k)
         if linear and (targets == ["all-linear"] or any(t in k for t in targets)):
             A = (torch.randn(w.shape[1], r, device=device) / r).requires_grad_(True)
             B = torch.zeros(r, w.shape[0], device=device, requires_grad=True)

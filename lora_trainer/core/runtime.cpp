@@ -56,8 +56,9 @@ static const OptionGroup<RuntimeOptions>& runtime_options() {
                "the f32 products of linear layers on the CPU (forward and the input's gradient): onednn (oneDNN's "
                "sgemm, the bench model's steps 8% faster than with OpenBLAS's on an AVX-512 CPU; needs a build that found "
                "libdnnl-dev), "
-               "libtorch (LibTorch's mm: OpenBLAS), or auto (onednn where this build has it). bf16 products and CUDA are "
-               "LibTorch's either way",
+               "libtorch (LibTorch's mm: OpenBLAS), or auto (onednn where this build has it and the CPU has AVX-512; "
+               "libtorch on a CPU with AVX2 only, where oneDNN's ran a 1B Llama's products at 0.34-1.11x OpenBLAS's speed). "
+               "bf16 products and CUDA are LibTorch's either way",
                enum_option("runtime/matmul", matmuls, &O::matmul), check_one_of(matmuls))
           .add("runtime/threads", OptType::Int, 0,
                "CPU threads for torch; 0 = every core (shared among the ranks of this machine)", &O::threads,
@@ -165,9 +166,13 @@ Runtime Runtime::from_config(const Config& cfg) {
   if (o.matmul == RuntimeOptions::Matmul::OneDnn && !onednn_available())
     throw UserError("runtime/matmul=onednn, but this build has no oneDNN (CMake found no libdnnl-dev when it was "
                     "configured); use runtime/matmul=auto or libtorch, or install libdnnl-dev and build again");
-  // The f32 CPU products of linear layers (kernels/cpu_gemm.hpp): oneDNN's wherever this build has it.
-  set_cpu_matmul(o.matmul != RuntimeOptions::Matmul::LibTorch && onednn_available() ? CpuMatmul::OneDnn
-                                                                                      : CpuMatmul::LibTorch);
+  // The f32 CPU products of linear layers (kernels/cpu_gemm.hpp): oneDNN's where chosen, or under auto where
+  // this build has it and the CPU has AVX-512. On the AVX2-only Zen 1 (docs/performance.md, "oneDNN's sgemm")
+  // oneDNN's sgemm ran a 1B Llama's products at 256 rows at 0.34-1.11x OpenBLAS's speed (x's gradient
+  // through down_proj 292 ms against 100), its LoRA step 7.3 s against 5.8.
+  const bool onednn = o.matmul == RuntimeOptions::Matmul::OneDnn ||
+                      (o.matmul == RuntimeOptions::Matmul::Auto && onednn_available() && __builtin_cpu_supports("avx512f"));
+  set_cpu_matmul(onednn ? CpuMatmul::OneDnn : CpuMatmul::LibTorch);
   return rt;
 }
 

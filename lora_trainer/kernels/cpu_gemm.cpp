@@ -42,9 +42,11 @@ bool onednn_gemm(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor
 // Autocast is on where its key is not excluded (what at::autocast::is_cpu_enabled reads, in 1.13 and 2.x).
 bool autocast_on() { return !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::AutocastCPU); }
 
-// Whether cpu_linear computes x W^T (+ b) itself.
+// Whether cpu_linear computes x W^T (+ b) itself (its products through cpu_gemm_out, oneDNN's or LibTorch's
+// sgemm as chosen): every f32 product on the CPU, so that the step's memory (the logits written over by the
+// loss, the gradients' layouts) does not depend on which library multiplies.
 bool takes_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b) {
-  return g_backend.load(std::memory_order_relaxed) == CpuMatmul::OneDnn && is_f32_cpu(x) && is_f32_cpu(W) && W.dim() == 2 &&
+  return is_f32_cpu(x) && is_f32_cpu(W) && W.dim() == 2 &&
          x.dim() >= 1 && x.size(-1) == W.size(1) && (!b.defined() || (is_f32_cpu(b) && b.dim() == 1 && b.size(0) == W.size(0))) &&
          !autocast_on();
 }

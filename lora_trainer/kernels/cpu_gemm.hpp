@@ -57,8 +57,8 @@ void cpu_sgemm(char trans_a, char trans_b, int64_t M, int64_t N, int64_t K, cons
 torch::Tensor cpu_gemm(const torch::Tensor& a, const torch::Tensor& b);
 
 // x W^T (+ b), what torch::linear computes, with its gradients: x's g W through cpu_gemm, W's g^T x and
-// b's sum as LibTorch computes them. torch::linear itself where oneDNN does not take the product (not
-// chosen, not f32 on the CPU, or under autocast).
+// b's sum as LibTorch computes them; the products oneDNN's or LibTorch's as chosen. torch::linear itself
+// where the product is not f32 on the CPU, or under autocast.
 torch::Tensor cpu_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b = {});
 
 }  // namespace lt

@@ -22,7 +22,7 @@ class LinearImpl : public torch::nn::Module, public LoraAdaptable {
   // Whether forward adds a plain LoRA adapter (one that is on, and not DoRA): base_forward + add_lora.
   bool plain_lora() const { return lora_on_ && lora_A().defined() && !lora_magnitude().defined(); }
   // Whether forward(x) merges that adapter into its frozen bf16 weight's f32 cast (frozen_lora_linear:
-  // an f32 step over a bf16 base) instead of adding it to base_forward: the same numbers up to rounding.
+  // an f32 step over a bf16 base, x with rows enough that it pays: layers.cpp), not base_forward + add_lora.
   bool merges_adapter(const torch::Tensor& x) const;
   void set_lora(torch::Tensor A, torch::Tensor B, double scale, torch::Tensor magnitude) override;
   void enable_lora(bool on) override { lora_on_ = on; }

@@ -159,7 +159,7 @@ TEST_CASE("cpu_linear of a single row leaves its bias as it was", "[kernels][cpu
     }
 }
 
-TEST_CASE("cpu_linear: oneDNN's node where it is chosen, LibTorch's linear, bit for bit, under runtime/matmul=libtorch and bf16 autocast",
+TEST_CASE("cpu_linear: its own node with oneDNN's or LibTorch's products (LibTorch's: linear's bits), LibTorch's linear under bf16 autocast",
           "[kernels][cpu_gemm][numerics]") {
   torch::manual_seed(6);
   const auto x = torch::randn({64, 96}).requires_grad_(true), W = torch::randn({80, 96}).requires_grad_(true), b = torch::randn({80});
@@ -174,10 +174,16 @@ TEST_CASE("cpu_linear: oneDNN's node where it is chosen, LibTorch's linear, bit 
     CHECK_THROWS_WITH(set_cpu_matmul(CpuMatmul::OneDnn), Contains("libdnnl-dev"));
   }
   {
+    // The same node, its products LibTorch's: linear's bits, gradients included.
     const Backend libtorch(CpuMatmul::LibTorch);
     const auto y = cpu_linear(x, W, b);
     CHECK(torch::equal(y, torch::linear(x, W, b)));
-    CHECK_THAT(y.grad_fn()->name(), !Contains("LinearBiasFn"));
+    CHECK_THAT(y.grad_fn()->name(), Contains("LinearBiasFn"));
+    const auto g = torch::randn_like(y);
+    const auto ours = torch::autograd::grad({y}, {x, W}, {g});
+    const auto theirs = torch::autograd::grad({torch::linear(x, W, b)}, {x, W}, {g});
+    CHECK(torch::equal(ours[0], theirs[0]));
+    CHECK(torch::equal(ours[1], theirs[1]));
   }
   {
     Runtime rt;

@@ -358,7 +358,7 @@ TEST_CASE("frozen_lora_linear: an adapter merged into the f32 cast of a bf16 wei
   CHECK_THROWS_WITH(frozen_lora_linear(x0, W.to(torch::kFloat32), b, A0, B0, scale), test::Contains("frozen_lora_linear"));
 }
 
-TEST_CASE("a layer with a bf16 base and an adapter merges it in an f32 step, not under bf16 autocast", "[frozen_base][lora][numerics]") {
+TEST_CASE("a layer with a bf16 base and an adapter merges it in an f32 step with the rows for it to pay, not under bf16 autocast", "[frozen_base][lora][numerics]") {
   torch::manual_seed(8);
   Linear layer(16, 24, true);
   {
@@ -368,12 +368,19 @@ TEST_CASE("a layer with a bf16 base and an adapter merges it in an f32 step, not
   }
   layer->freeze_weight(FrozenFormat::Bf16);
   layer->set_lora(torch::randn({16, 4}).requires_grad_(true), (torch::randn({4, 24}) * 0.1).requires_grad_(true), 2.0, {});
-  const auto x = torch::randn({2, 3, 16}).requires_grad_(true);
+  // 20 rows: the merge pays from 2 in out / (in + out) = 19.2 rows of x (layers.cpp's merge_pays).
+  const auto x = torch::randn({4, 5, 16}).requires_grad_(true);
   CHECK_FALSE(layer->merges_adapter(x));  // its bias trains (a module kept trainable): the bias needs its gradient
   // The bias frozen as transition_to_lora freezes it.
   layer->bias.set_data(layer->bias.detach().to(torch::kBFloat16));
   layer->bias.requires_grad_(false);
   CHECK(layer->merges_adapter(x));
+  // 19 rows: forming s (A B)^T twice would cost more than the adapter's rank-r products beside the layer.
+  const auto few = torch::randn({19, 16}).requires_grad_(true);
+  CHECK_FALSE(layer->merges_adapter(few));
+  CHECK_FALSE(layer->forward(few).grad_fn()->name().find("FrozenLora") != std::string::npos);
+  CHECK(torch::allclose(layer->forward(few), add_lora(few, layer->base_forward(few), layer->named_parameters()["lora_A"],
+                                                      layer->named_parameters()["lora_B"], 2.0), 1e-5, 1e-5));
   const auto y = layer->forward(x);
   REQUIRE(y.grad_fn());
   CHECK(y.grad_fn()->name().find("FrozenLora") != std::string::npos);
