@@ -15,6 +15,9 @@
 # swings for minutes at a time (a shared host), the fastest step is the least disturbed estimate of
 # each program's own speed (as timeit advises); each side times the same number of steps (--steps and
 # --warmup given here go to the reference too).
+# CONFIG may be of either family: configs/bench_block256.json (GPT-2), configs/bench_llama.json (Llama 3.2 1B's
+# width, 2 layers), configs/bench_qwen2.json (Qwen2.5 0.5B's, 4 layers); key=value settings go to both
+# sides (optimization/lora/quantize_base=nf4: QLoRA's LoRA phase, the reference's NF4 in plain PyTorch).
 # Usage: [PAIRS=N] scripts/bench.sh [CONFIG] [OUT_DIR] [key=value ...]   (CONFIG default: configs/demo.json)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The comparison a user would make: the same GPT and the same two-phase scheme written as an ordinary
+"""The comparison a user would make: the same model and the same two-phase scheme written as an ordinary
 plain-PyTorch script (on the CPU: Debian's python3-torch, the same LibTorch 1.13 as lora_trainer), timed
 the same way. Phase 2 applies LoRA either as the reference framework does (--lora merged: every step it
 forms W + (alpha/r) (A B)^T and runs the layer with the merged weight) or as a knowledgeable user writes it
@@ -10,6 +10,15 @@ BENCH_JSON is what `lora_trainer bench CONFIG --weights-out W.pt --out BENCH_JSO
 config (model, batch, optimizer, threads) and, in W.pt, the initial weights and a check batch. The
 script first checks that its loss on that batch from those weights equals lora_trainer's (within bf16
 tolerance), then times phase 1 and phase 2 and writes its figures as JSON.
+
+The model is the bench config's family: GPT-2 (`architecture/family=gpt2`) or the llama family
+(Llama, Qwen2, Mistral) as transformers' modeling_llama writes it: RMSNorm in f32, rotary positions
+(rotate_half, with the llama3 or linear frequency scaling), grouped-query attention (the key/value heads
+repeated for their query heads, repeat_kv; under SDPA PyTorch 2.5's enable_gqa), SwiGLU, biases on q/k/v
+where the config has them (Qwen2), the head tied to the embedding or not. With
+optimization/lora/quantize_base=nf4 the LoRA phase keeps the blocks' matrices as 4-bit NormalFloat
+(bitsandbytes' levels, blocks of 64, an f32 absmax each, two codes a byte) dequantized in plain PyTorch
+for every product: QLoRA on a machine without bitsandbytes' kernels.
 
 What it uses, as a plain PyTorch user would write it:
 - --device cpu (the default): bf16 autocast on the CPU (when the bench ran in bf16), attention as an

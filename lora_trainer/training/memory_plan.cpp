@@ -9,6 +9,7 @@
 #include "lora_trainer/core/memory.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
+#include "lora_trainer/kernels/cpu_gemm.hpp"
 #include "lora_trainer/peft/frozen_weight.hpp"
 #include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/training/lora_phase.hpp"
@@ -107,9 +108,11 @@ int64_t activations(const MemoryPlanInputs& in, const Shape& s, bool checkpointe
   // Checkpointed, the backward of a block holds its recomputed activations and their gradients; with
   // LibTorch 1.13, in f32, about one block more (kCheckpointedF32Extra; in the LoRA phase
   // kCheckpointedF32LoraExtra, with activation checkpointing: a sharded block's own recompute needs none).
+  // The LoRA phase's extra block came with oneDNN's products (runtime/matmul); with LibTorch's the rows
+  // alone hold (the Zen 1, 2026-11-30: one block more put the plan 33% over).
   const double extra = in.bf16                                ? 0.0
                        : !frozen                              ? kCheckpointedF32Extra
-                       : in.model.activation_checkpointing    ? kCheckpointedF32LoraExtra
+                       : in.model.activation_checkpointing && cpu_matmul() == CpuMatmul::OneDnn ? kCheckpointedF32LoraExtra
                                                               : 0.0;
   const double kept = checkpointed ? s.L * stream + (1.0 + extra) * block : s.L * block;
   return static_cast<int64_t>(kept + 2 * stream + block);  // + embeddings' output, final norm; one block's gradients
