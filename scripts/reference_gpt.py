@@ -64,7 +64,7 @@ class NF4Weight:
     kernels): two codes a byte, an f32 absmax per block of 64, dequantized for every product."""
 
     def __init__(self, w, block=64):
-        self.shape, self.dtype = w.shape, torch.float32
+        self.shape, self.block = w.shape, block
         blocks = w.detach().float().reshape(-1, block)
         self.absmax = blocks.abs().amax(1).clamp_min(1e-12)
         levels = torch.tensor(NF4_LEVELS, device=w.device)
@@ -73,7 +73,7 @@ class NF4Weight:
         self.levels = levels
 
     def dequantize(self, dtype):
-        codes = torch.stack([self.packed >> 4, self.packed & 15], -1).reshape(-1, 64).long()
+        codes = torch.stack([self.packed >> 4, self.packed & 15], -1).reshape(-1, self.block).long()
         return (self.levels[codes] * self.absmax[:, None]).reshape(self.shape).to(dtype)
 
     def dim(self):
@@ -136,7 +136,7 @@ class GPT(Functional):
     def __init__(self, cfg, params, **kw):
         super().__init__(params, **kw)
         a = cfg["architecture"]
-        self.L, self.H, self.KV, self.C, self.T = a["n_layers"], a["n_heads"], a["n_heads"], a["d_model"], a["block_size"]
+        self.L, self.H, self.C, self.T = a["n_layers"], a["n_heads"], a["d_model"], a["block_size"]
 
     def is_block_matrix(self, name):
         return name.startswith("h.")
@@ -184,6 +184,12 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), -1)
 
 
+def has_gqa_sdpa():
+    """F.scaled_dot_product_attention takes enable_gqa from PyTorch 2.5."""
+    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    return hasattr(F, "scaled_dot_product_attention") and (major, minor) >= (2, 5)
+
+
 class Llama(Functional):
     """Llama / Qwen2 / Mistral as transformers' modeling_llama writes them: RMSNorm, rotary positions,
     grouped-query attention (the key/value heads repeated for their query heads, repeat_kv; with SDPA
@@ -208,6 +214,10 @@ class Llama(Functional):
     def head_name(self):
         return "lm_head.weight" if "lm_head.weight" in self.p else "model.embed_tokens.weight"
 
+    def rope(self, t, cos, sin):
+        t = t.float()
+        return t * cos + rotate_half(t) * sin
+
     def rms_norm(self, x, w):
         x = x.float()
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w.float()
@@ -225,9 +235,8 @@ class Llama(Functional):
             q = self.linear(y, h + "self_attn.q_proj").view(B, T, H, D).transpose(1, 2)
             k = self.linear(y, h + "self_attn.k_proj").view(B, T, KV, D).transpose(1, 2)
             v = self.linear(y, h + "self_attn.v_proj").view(B, T, KV, D).transpose(1, 2)
-            q = (q.float() * cos + rotate_half(q.float()) * sin).to(v.dtype)
-            k = (k.float() * cos + rotate_half(k.float()) * sin).to(v.dtype)
-            if self.sdpa and KV != H and "enable_gqa" in F.scaled_dot_product_attention.__doc__:
+            q, k = self.rope(q, cos, sin).to(v.dtype), self.rope(k, cos, sin).to(v.dtype)
+            if self.sdpa and KV != H and has_gqa_sdpa():
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             else:
                 if KV != H:  # repeat_kv
