@@ -172,14 +172,20 @@ Runtime Runtime::from_config(const Config& cfg) {
   // through down_proj 292 ms against 100), its LoRA step 7.3 s against 5.8.
   const bool onednn = o.matmul == RuntimeOptions::Matmul::OneDnn ||
                       (o.matmul == RuntimeOptions::Matmul::Auto && onednn_available() && __builtin_cpu_supports("avx512f"));
-  set_cpu_matmul(onednn ? CpuMatmul::OneDnn : CpuMatmul::LibTorch);
+  // Attention's many small products (cpu_sgemm) under auto: oneDNN's wherever the build has it. On the Zen 1
+  // the GPT bench layer's causal attention (build/attention_bench) took 18.2 ms with them against 27.5.
+  const bool onednn_small = o.matmul == RuntimeOptions::Matmul::OneDnn || (o.matmul == RuntimeOptions::Matmul::Auto && onednn_available());
+  set_cpu_matmul(onednn ? CpuMatmul::OneDnn : CpuMatmul::LibTorch, onednn_small ? CpuMatmul::OneDnn : CpuMatmul::LibTorch);
   return rt;
 }
 
 std::string Runtime::describe() const {
   std::string s = std::string(device.is_cuda() ? "cuda" : "cpu") + ", " + std::to_string(threads) + " threads, " +
                   (bf16_autocast ? "bf16 autocast" : "f32");
-  if (!device.is_cuda() && !bf16_autocast) s += cpu_matmul() == CpuMatmul::OneDnn ? ", oneDNN products" : ", LibTorch products";
+  if (!device.is_cuda() && !bf16_autocast) {
+    s += cpu_matmul() == CpuMatmul::OneDnn ? ", oneDNN products" : ", LibTorch products";
+    if (cpu_small_matmul() != cpu_matmul()) s += cpu_small_matmul() == CpuMatmul::OneDnn ? " (attention's oneDNN)" : " (attention's LibTorch)";
+  }
   if (!device.is_cuda() && !bf16_autocast && threads > 1 && openblas_threading() == 1)
     s += " (OpenBLAS's pthreads build: its f32 products on one core; scripts/setup.sh selects its OpenMP build, "
          "libopenblas0-openmp, which uses them all)";

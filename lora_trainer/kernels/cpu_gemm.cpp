@@ -13,7 +13,8 @@ namespace lt {
 
 namespace {
 
-std::atomic<CpuMatmul> g_backend{onednn_available() ? CpuMatmul::OneDnn : CpuMatmul::LibTorch};
+std::atomic<CpuMatmul> g_backend{onednn_available() ? CpuMatmul::OneDnn : CpuMatmul::LibTorch};        // linear layers'
+std::atomic<CpuMatmul> g_small_backend{onednn_available() ? CpuMatmul::OneDnn : CpuMatmul::LibTorch};  // cpu_sgemm's
 
 bool is_f32_cpu(const torch::Tensor& t) { return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat32; }
 
@@ -117,13 +118,18 @@ GemmLayout gemm_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t c
 
 bool onednn_available() { return LT_HAVE_ONEDNN != 0; }
 
-void set_cpu_matmul(CpuMatmul backend) {
-  TORCH_CHECK(backend != CpuMatmul::OneDnn || onednn_available(),
+void set_cpu_matmul(CpuMatmul linear, CpuMatmul small) {
+  TORCH_CHECK((linear != CpuMatmul::OneDnn && small != CpuMatmul::OneDnn) || onednn_available(),
               "this build has no oneDNN (install Debian's libdnnl-dev and build again)");
-  g_backend.store(backend);
+  g_backend.store(linear);
+  g_small_backend.store(small);
 }
 
+void set_cpu_matmul(CpuMatmul both) { set_cpu_matmul(both, both); }
+
 CpuMatmul cpu_matmul() { return g_backend.load(); }
+
+CpuMatmul cpu_small_matmul() { return g_small_backend.load(); }
 
 void cpu_gemm_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
   if (onednn_gemm(out, a, b, accumulate)) return;
@@ -135,7 +141,7 @@ void cpu_sgemm(char trans_a, char trans_b, int64_t M, int64_t N, int64_t K, cons
                int64_t ldb, bool accumulate, float* c, int64_t ldc) {
   if (M == 0 || N == 0) return;
 #if LT_HAVE_ONEDNN
-  if (g_backend.load(std::memory_order_relaxed) == CpuMatmul::OneDnn && K > 0) {
+  if (g_small_backend.load(std::memory_order_relaxed) == CpuMatmul::OneDnn && K > 0) {
     const dnnl_status_t status = dnnl_sgemm(trans_a, trans_b, M, N, K, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
     TORCH_CHECK(status == dnnl_success, "oneDNN's sgemm failed (status ", static_cast<int>(status), ") on ", M, " x ", K,
                 " by ", K, " x ", N);
@@ -150,7 +156,8 @@ void cpu_sgemm(char trans_a, char trans_b, int64_t M, int64_t N, int64_t K, cons
     return torch::from_blob(const_cast<float*>(p), {rows, cols}, strides, f32);
   };
   torch::Tensor out = view(c, 'N', M, N, ldc);
-  cpu_gemm_out(out, view(a, trans_a, M, K, lda), view(b, trans_b, K, N, ldb), accumulate);
+  if (accumulate) out.addmm_(view(a, trans_a, M, K, lda), view(b, trans_b, K, N, ldb));
+  else at::mm_out(out, view(a, trans_a, M, K, lda), view(b, trans_b, K, N, ldb));
 }
 
 torch::Tensor cpu_gemm(const torch::Tensor& a, const torch::Tensor& b) {

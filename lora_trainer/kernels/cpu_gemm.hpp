@@ -9,7 +9,9 @@
 // (docs/performance.md, "oneDNN's sgemm"). So the weight gradient stays LibTorch's. The bf16 products (autocast) are LibTorch's, which
 // hands them to oneDNN already; CUDA is untouched.
 //
-// The choice is the process's (runtime/matmul, set by Runtime::from_config). Each product is the same
+// The choices are the process's (runtime/matmul, set by Runtime::from_config): one for the linear layers'
+// products, one for attention's many small ones (cpu_sgemm), where oneDNN measured faster on every CPU
+// so far (the AVX2-only Zen 1 too, where its large products are slower). Each product is the same
 // sgemm call at any thread count (oneDNN splits the output, not the inner dimension: the same bits on
 // 1 and 2 threads), so a resumed job computes what the uninterrupted one did.
 #pragma once
@@ -22,9 +24,12 @@ enum class CpuMatmul { LibTorch, OneDnn };
 
 // Whether this build has oneDNN's sgemm (LT_HAVE_ONEDNN).
 bool onednn_available();
-// The process's choice (default: OneDnn where available). set_cpu_matmul(OneDnn) without oneDNN throws.
-void set_cpu_matmul(CpuMatmul backend);
-CpuMatmul cpu_matmul();
+// The process's choices (default: OneDnn for both where available): `linear` for cpu_gemm_out, cpu_gemm
+// and cpu_linear, `small` for cpu_sgemm. Choosing OneDnn without oneDNN throws; one argument sets both.
+void set_cpu_matmul(CpuMatmul linear, CpuMatmul small);
+void set_cpu_matmul(CpuMatmul both);
+CpuMatmul cpu_matmul();        // the linear layers'
+CpuMatmul cpu_small_matmul();  // cpu_sgemm's
 
 // How a row-major sgemm reads a rows x cols f32 matrix in place, its element (r, c) at
 // r * row_stride + c * col_stride: trans 'N' (unit column stride, rows ld apart), 'T' (unit row stride:
@@ -46,7 +51,7 @@ void cpu_gemm_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tenso
 // C = op(A) op(B) (+ C with accumulate) on row-major f32 matrices given by pointer, op(A) M x K and
 // op(B) K x N, C M x N with row stride ldc; trans 'N' reads a matrix as stored (row stride ld), 'T' reads
 // the transpose of the stored one. For many small products (attention's), where LibTorch's views and
-// dispatch would cost more than the product: oneDNN's sgemm when chosen, else LibTorch's mm on views of
+// dispatch would cost more than the product: oneDNN's sgemm when chosen (cpu_small_matmul), else LibTorch's mm on views of
 // the operands (its BLAS call, at::native::cpublas::gemm, is not exported: one dispatch per product).
 // Inside a parallel region each call runs on its thread.
 void cpu_sgemm(char trans_a, char trans_b, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,

@@ -83,13 +83,13 @@ TEST_CASE("batched_matmul: 3-D stacks, and a gradient for one operand only", "[k
 TEST_CASE("batched_matmul: causal attention skips the blocks above the diagonal and computes what matmul computes", "[kernels][numerics]") {
   torch::manual_seed(6);
   // Each product through oneDNN's sgemm (where this build has it) and through LibTorch's mm.
-  const CpuMatmul before = cpu_matmul();
+  const CpuMatmul before = cpu_matmul(), before_small = cpu_small_matmul();
   std::vector<CpuMatmul> backends{CpuMatmul::LibTorch};
   if (onednn_available()) backends.push_back(CpuMatmul::OneDnn);
   // T over one block of 64 rows, not a multiple of it, exactly one, and under one.
   for (const CpuMatmul backend : backends)
   for (auto [B, T, C, H] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 150, 48, 2}, {1, 128, 32, 1}, {2, 64, 24, 3}, {1, 17, 16, 2}}) {
-    set_cpu_matmul(backend);
+    set_cpu_matmul(CpuMatmul::LibTorch, backend);
     INFO((backend == CpuMatmul::OneDnn ? "oneDNN" : "LibTorch") << " B " << B << " T " << T << " C " << C << " H " << H);
     auto x = torch::randn({B, T, 3 * C});
     auto g = torch::randn({B, H, T, C / H});
@@ -101,7 +101,7 @@ TEST_CASE("batched_matmul: causal attention skips the blocks above the diagonal 
     CHECK(close(ours.out, theirs.out));
     CHECK(close(ours.grad_qkv, theirs.grad_qkv));
   }
-  set_cpu_matmul(before);
+  set_cpu_matmul(before, before_small);
 }
 
 TEST_CASE("batched_matmul: the same bits with one thread and with two, all blocks or the causal ones", "[kernels][numerics]") {

@@ -6,22 +6,24 @@
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/kernels/cpu_gemm.hpp"
 #include "lora_trainer/models/layers.hpp"
+#include "lora_trainer/training/trainer.hpp"
 
 using namespace lt;
 using lt::test::Contains;
 
 namespace {
 
-bool close(const torch::Tensor& got, const torch::Tensor& want) {
+bool close_same_type(const torch::Tensor& got, const torch::Tensor& want) {
   return got.sizes() == want.sizes() && got.scalar_type() == want.scalar_type() &&
          (got - want).abs().max().item<double>() <= 1e-5 * std::max(1.0, want.abs().max().item<double>());
 }
 
 // The process's choice for the scope, restored after.
 struct Backend {
-  CpuMatmul before = cpu_matmul();
+  CpuMatmul before = cpu_matmul(), before_small = cpu_small_matmul();
+  Backend() = default;
   explicit Backend(CpuMatmul b) { set_cpu_matmul(b); }
-  ~Backend() { set_cpu_matmul(before); }
+  ~Backend() { set_cpu_matmul(before, before_small); }
 };
 
 // (rows, cols) with the given memory order: row-major, or the transpose of a row-major (cols, rows).
@@ -78,7 +80,7 @@ TEST_CASE("cpu_gemm_out: a b and a b added into out, for rows or columns in memo
             torch::Tensor out = wide ? whole.narrow(1, 3, s.N) : whole;
             cpu_gemm_out(out, a, b, accumulate);
             const auto want = accumulate ? before.narrow(1, wide ? 3 : 0, s.N) + at::mm(a, b) : at::mm(a, b);
-            CHECK(close(out, want));
+            CHECK(close_same_type(out, want));
             if (wide) {
               CHECK(torch::equal(whole.narrow(1, 0, 3), before.narrow(1, 0, 3)));
               CHECK(torch::equal(whole.narrow(1, 3 + s.N, 4), before.narrow(1, 3 + s.N, 4)));
@@ -107,7 +109,7 @@ TEST_CASE("cpu_gemm_out: operands oneDNN cannot read in place (no unit stride, a
   }
   // cpu_gemm keeps the leading dimensions.
   const auto x = torch::randn({2, 3, 15});
-  CHECK(close(cpu_gemm(x, b), torch::matmul(x, b)));
+  CHECK(close_same_type(cpu_gemm(x, b), torch::matmul(x, b)));
 }
 
 TEST_CASE("cpu_linear: the output and the gradients of x, W and b are torch::linear's", "[kernels][cpu_gemm][numerics]") {
@@ -125,11 +127,11 @@ TEST_CASE("cpu_linear: the output and the gradients of x, W and b are torch::lin
           return std::vector<torch::Tensor>{y.detach(), x.grad(), W.grad(), bias ? b.grad() : torch::Tensor()};
         };
         const auto ours = run(true), theirs = run(false);
-        CHECK(close(ours[0], theirs[0]));
+        CHECK(close_same_type(ours[0], theirs[0]));
         for (size_t i = 1; i < 4; ++i) {
           INFO("gradient " << i << " (x, W, b)");
           REQUIRE(ours[i].defined() == theirs[i].defined());
-          if (ours[i].defined()) CHECK(close(ours[i], theirs[i]));
+          if (ours[i].defined()) CHECK(close_same_type(ours[i], theirs[i]));
         }
       }
   // A matrix x gives a matrix that is no view (the fused loss may write its gradient over logits).
@@ -155,7 +157,7 @@ TEST_CASE("cpu_linear of a single row leaves its bias as it was", "[kernels][cpu
         y = cpu_linear(x, W, b);
       }
       CHECK(torch::equal(b.detach(), b0));
-      CHECK(close(y.detach(), torch::linear(x, W, b0)));
+      CHECK(close_same_type(y.detach(), torch::linear(x, W, b0)));
     }
 }
 
@@ -193,5 +195,31 @@ TEST_CASE("cpu_linear: its own node with oneDNN's or LibTorch's products (LibTor
     const auto want = torch::linear(x, W, b);
     CHECK(y.scalar_type() == torch::kBFloat16);
     CHECK(torch::equal(y, want));
+  }
+}
+
+TEST_CASE("runtime/matmul: auto takes oneDNN for attention's small products wherever the build has it, for the linear layers "
+          "only with AVX-512, and libtorch or onednn takes one library for both",
+          "[kernels][cpu_gemm][config]") {
+  const Backend restored;
+  Config cfg(Trainer::schema());
+  cfg.apply_override("runtime/device=cpu");
+  cfg.apply_override("runtime/threads=" + std::to_string(at::get_num_threads()));  // the process's, unchanged
+  constexpr CpuMatmul kOneDnn = CpuMatmul::OneDnn, kLibTorch = CpuMatmul::LibTorch;
+  const Runtime automatic = Runtime::from_config(cfg);
+  CHECK(cpu_small_matmul() == (onednn_available() ? kOneDnn : kLibTorch));
+  CHECK(cpu_matmul() == (onednn_available() && __builtin_cpu_supports("avx512f") ? kOneDnn : kLibTorch));
+  if (cpu_matmul() != cpu_small_matmul()) CHECK_THAT(automatic.describe(), Contains("LibTorch products (attention's oneDNN)"));
+  cfg.apply_override("runtime/matmul=libtorch");
+  CHECK_THAT(Runtime::from_config(cfg).describe(), Contains("LibTorch products") && !Contains("attention"));
+  CHECK(cpu_matmul() == kLibTorch);
+  CHECK(cpu_small_matmul() == kLibTorch);
+  cfg.apply_override("runtime/matmul=onednn");
+  if (onednn_available()) {
+    CHECK_THAT(Runtime::from_config(cfg).describe(), Contains("oneDNN products") && !Contains("attention"));
+    CHECK(cpu_matmul() == kOneDnn);
+    CHECK(cpu_small_matmul() == kOneDnn);
+  } else {
+    CHECK_THROWS_WITH(Runtime::from_config(cfg), Contains("libdnnl-dev"));
   }
 }
