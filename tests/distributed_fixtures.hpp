@@ -47,11 +47,6 @@ inline std::string distributed_lora_config(const TempDir& dir, const std::vector
   return distributed_config(dir, "lora/train", "lora.json", all);
 }
 
-// The checkpoints of job `name` run with OUT_DIR dir/out.
-inline std::string job_dir(const TempDir& dir, const std::string& out, const std::string& name = "job") {
-  return dir / (out + "/checkpoints/general/default/" + name);
-}
-
 // step -> loss of the "train" lines, and (step, dataset) -> loss of the "val" lines.
 struct Losses {
   std::map<int64_t, double> train;

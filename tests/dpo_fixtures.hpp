@@ -11,6 +11,9 @@
 
 namespace lt::test {
 
+// The preference pairs as a job samples them.
+inline const Sampling kPrefs{"prefs", 1.0, DatasetStyle::CONTRASTIVE};
+
 // Writes `records` (JSONL) and tokenizes them as the contrastive dataset `name` (byte tokenizer, a
 // quarter of the pairs for validation).
 inline TokenizeResult make_pairs(const TempDir& dir, const std::string& records, const std::string& name = "prefs") {

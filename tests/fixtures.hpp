@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,10 @@
 #include "lora_trainer/core/util.hpp"
 
 namespace lt::test {
+
+// The source tree and its test data (tests/data), whatever the working directory.
+inline const std::string kSourceDir = LT_SOURCE_DIR;
+inline const std::string kTestData = kSourceDir + "/tests/data";
 
 // A checkpoint's tensors as every reader sees them (export_tensors): with the frozen base that a LoRA
 // checkpoint refers to, read from where it is (bf16, its digest checked).
@@ -38,6 +43,18 @@ struct TempDir {
   std::string str() const { return path.string(); }
   std::string operator/(const std::string& rel) const { return (path / rel).string(); }
 };
+
+// The names of the tensors a checkpoint stores.
+inline std::set<std::string> stored_names(const std::string& checkpoint) {
+  std::set<std::string> out;
+  for (const auto& [n, t] : read_checkpoint_tensors(checkpoint)) out.insert(n);
+  return out;
+}
+
+// The checkpoints of job `name` of a run whose OUT_DIR is dir/`out`.
+inline std::string job_dir(const TempDir& dir, const std::string& out, const std::string& name = "job") {
+  return dir / (out + "/checkpoints/general/default/" + name);
+}
 
 // Deterministic pseudo-English text: enough structure for a loss to fall.
 inline std::string generated_text(uint64_t seed, size_t words) {

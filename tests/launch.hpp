@@ -22,6 +22,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "catch.hpp"
+
 #include "lora_trainer/formats/checkpoint.hpp"
 #include "lora_trainer/core/util.hpp"
 
@@ -151,6 +153,22 @@ inline std::vector<nlohmann::json> read_metrics_lines(const std::string& run_dir
   std::string line;
   while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
   return out;
+}
+
+// A refusal as the user sees it: exit 2, each of `words` in the output, and nothing of a library's own
+// (no JSON library message, "internal error" or bad_alloc).
+inline void refused(const Result& r, const std::vector<std::string>& words) {
+  INFO(r.out);
+  CHECK(r.code == 2);
+  for (const auto& w : words) CHECK_THAT(r.out, Contains(w));
+  CHECK(r.out.find("[json.exception") == std::string::npos);
+  CHECK(r.out.find("internal error") == std::string::npos);
+  CHECK(r.out.find("std::bad_alloc") == std::string::npos);
+}
+
+inline void succeeded(const Result& r) {
+  INFO(r.out);
+  CHECK(r.code == 0);
 }
 
 }  // namespace lt::test

@@ -13,7 +13,7 @@ using nlohmann::json;
 
 namespace lt {
 
-static std::string num(double v) {
+static std::string figure(double v) {  // 4 significant digits
   char b[32];
   std::snprintf(b, sizeof b, "%.4g", v);
   return b;
@@ -39,8 +39,8 @@ DivergenceGuard::DivergenceGuard(OnNonfinite policy, std::string job, std::strin
     : skip_(policy == OnNonfinite::Skip), job_(std::move(job)), job_dir_(std::move(job_dir)) {}
 
 void DivergenceGuard::on_nonfinite(int64_t step, double loss, double grad_norm, double lr, const MetricsLog& log) {
-  const std::string what = "step " + std::to_string(step) + " of job " + job_ + ": loss " + num(loss) +
-                           ", gradient norm " + num(grad_norm) + " at lr " + num(lr);
+  const std::string what = "step " + std::to_string(step) + " of job " + job_ + ": loss " + figure(loss) +
+                           ", gradient norm " + figure(grad_norm) + " at lr " + figure(lr);
   std::optional<std::string> latest;  // every rank sees OUT_DIR (run() checks), so every rank's message is true
   try {
     latest = read_latest(job_dir_);
@@ -56,8 +56,8 @@ void DivergenceGuard::on_nonfinite(int64_t step, double loss, double grad_norm, 
   std::printf("warning: skipped the update of %s (training/on_nonfinite=skip; %d in a row)\n", what.c_str(),
               skipped_in_a_row_);
   std::fflush(stdout);
-  log.event({{"event", "nonfinite"}, {"step", step}, {"loss", std::isfinite(loss) ? json(loss) : json(num(loss))},
-             {"grad_norm", std::isfinite(grad_norm) ? json(grad_norm) : json(num(grad_norm))}, {"lr", lr},
+  log.event({{"event", "nonfinite"}, {"step", step}, {"loss", std::isfinite(loss) ? json(loss) : json(figure(loss))},
+             {"grad_norm", std::isfinite(grad_norm) ? json(grad_norm) : json(figure(grad_norm))}, {"lr", lr},
              {"action", "skipped"}});
   if (skipped_in_a_row_ >= kMaxSkippedInARow)
     throw TrainingDiverged("training diverged: " + std::to_string(skipped_in_a_row_) + " steps in a row had a non-finite "

@@ -24,19 +24,19 @@
 
 namespace fs = std::filesystem;
 using lt::test::Contains;
+using lt::test::kSourceDir;
 using ojson = nlohmann::ordered_json;
 
 namespace {
 
-const std::string kSrc = LT_SOURCE_DIR;
 
 // A model directory: the small Qwen2-layout tokenizer (ChatML's <|im_start|>/<|im_end|> as added tokens)
 // with `template_file` of tests/data/chat_templates as its chat template.
 std::string model_dir(const lt::test::TempDir& tmp, const std::string& template_file, const std::string& name = "model") {
   const fs::path dir = tmp / name;
   fs::create_directories(dir);
-  fs::copy_file(kSrc + "/tests/data/hf_tokenizers/qwen2/tokenizer.json", dir / "tokenizer.json");
-  ojson config = {{"eos_token", "<|im_end|>"}, {"chat_template", lt::read_file(kSrc + "/tests/data/chat_templates/" + template_file)}};
+  fs::copy_file(kSourceDir + "/tests/data/hf_tokenizers/qwen2/tokenizer.json", dir / "tokenizer.json");
+  ojson config = {{"eos_token", "<|im_end|>"}, {"chat_template", lt::read_file(kSourceDir + "/tests/data/chat_templates/" + template_file)}};
   lt::write_file_atomic((dir / "tokenizer_config.json").string(), config.dump(1));
   return dir.string();
 }
@@ -86,7 +86,7 @@ TEST_CASE("chat: the loss mask is the assistant turns with their end-of-turn tok
 TEST_CASE("chat: {% generation %} tags and the prefix method mark the same tokens", "[chat]") {
   lt::test::TempDir tmp;
   const auto tagged = lt::ChatTemplate::from_model_dir(model_dir(tmp, "with_generation.jinja", "tagged"));
-  std::string source = lt::read_file(kSrc + "/tests/data/chat_templates/with_generation.jinja");
+  std::string source = lt::read_file(kSourceDir + "/tests/data/chat_templates/with_generation.jinja");
   for (const std::string tag : {"{%- generation %}", "{%- endgeneration %}"}) source.replace(source.find(tag), tag.size(), "");
   const lt::ChatTemplate untagged(source, "untagged", ojson::object());
   for (auto loss : {lt::ChatLoss::Assistant, lt::ChatLoss::LastAssistant}) {
@@ -111,7 +111,7 @@ TEST_CASE("chat: a template that rewrites earlier turns is refused for every tur
   CHECK(masked_runs(*tok, last) == std::vector<std::string>{"<think>\n\n</think>\n\nSix, café.<|im_end|>"});
 
   // A training copy of a template with {% generation %} tags, given as a file, marks every turn.
-  const std::string tagged_file = kSrc + "/tests/data/chat_templates/with_generation.jinja";
+  const std::string tagged_file = kSourceDir + "/tests/data/chat_templates/with_generation.jinja";
   const auto tagged = lt::ChatTemplate::from_model_dir(tmp.str() + "/model", tagged_file);
   const auto every = lt::tokenize_chat(*tok, tagged.for_training(conv, lt::ChatLoss::Assistant, ojson::object(), "x"), "x");
   CHECK(masked_runs(*tok, every) == std::vector<std::string>{"4.<|im_end|>", "Six, café.<|im_end|>"});
@@ -185,12 +185,12 @@ TEST_CASE("tokenize --format chat writes a PADDED dataset of the masks, and bad 
 TEST_CASE("sample --chat renders the user message with the chat template and prints the reply alone", "[chat][launcher]") {
   lt::test::TempDir tmp;
   // The imported test model (vocabulary 300) and the 259-token test tokenizer, with a ChatML template.
-  REQUIRE(lt::test::launch({"import-hf", kSrc + "/tests/data/hf_gpt2/model", tmp / "base"}).code == 0);
+  REQUIRE(lt::test::launch({"import-hf", kSourceDir + "/tests/data/hf_gpt2/model", tmp / "base"}).code == 0);
   const fs::path dir = tmp / "chat_model";
   fs::create_directories(dir);
-  fs::copy_file(kSrc + "/tests/data/hf_tokenizers/order/tokenizer.json", dir / "tokenizer.json");
+  fs::copy_file(kSourceDir + "/tests/data/hf_tokenizers/order/tokenizer.json", dir / "tokenizer.json");
   const ojson config = {{"eos_token", "<|endoftext|>"},
-                        {"chat_template", lt::read_file(kSrc + "/tests/data/chat_templates/with_generation.jinja")}};
+                        {"chat_template", lt::read_file(kSourceDir + "/tests/data/chat_templates/with_generation.jinja")}};
   lt::write_file_atomic((dir / "tokenizer_config.json").string(), config.dump(1));
   const ojson messages = ojson::parse(R"([{"role": "system", "content": "sys"}, {"role": "user", "content": "ab"}])");
   const std::string rendered = lt::ChatTemplate::from_model_dir(dir.string()).render(messages, true).text;
@@ -256,8 +256,8 @@ std::vector<std::pair<size_t, size_t>> prefix_spans(const lt::ChatTemplate& t, c
 }
 
 lt::ChatTemplate chat_template(const std::string& name) {
-  const ojson special = ojson::parse(lt::read_file(kSrc + "/tests/data/chat_templates/special_tokens.json"));
-  return lt::ChatTemplate(lt::read_file(kSrc + "/tests/data/chat_templates/" + name + ".jinja"), name,
+  const ojson special = ojson::parse(lt::read_file(kSourceDir + "/tests/data/chat_templates/special_tokens.json"));
+  return lt::ChatTemplate(lt::read_file(kSourceDir + "/tests/data/chat_templates/" + name + ".jinja"), name,
                           special.contains(name) ? special[name] : ojson::object());
 }
 

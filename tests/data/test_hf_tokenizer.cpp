@@ -30,12 +30,12 @@ using nlohmann::json;
 
 namespace {
 
-const std::string kData = std::string(LT_SOURCE_DIR) + "/tests/data/hf_tokenizers";
+const std::string kTokenizers = std::string(LT_SOURCE_DIR) + "/tests/data/hf_tokenizers";
 // order/: merges out of order, where merging one pair at a time (the library) differs from merging
 // every occurrence at once (Encoder.js, the gpt2 tokenizer); it has golden strings only.
 const std::vector<std::string> kStyles = {"gpt2", "llama3", "qwen2", "order"};
 
-json golden(const std::string& style) { return lt::read_json_file(kData + "/" + style + "/golden.json"); }
+json golden(const std::string& style) { return lt::read_json_file(kTokenizers + "/" + style + "/golden.json"); }
 
 std::vector<uint32_t> read_ids(const std::string& path) {
   const std::string bytes = lt::read_file(path);
@@ -47,7 +47,7 @@ std::vector<uint32_t> read_ids(const std::string& path) {
 // Writes DIR/tokenizer.json: the golden tokenizer of `style` with `edit` applied.
 std::string edited_tokenizer(const lt::test::TempDir& tmp, const std::string& name,
                              const std::function<void(json&)>& edit, const std::string& style = "gpt2") {
-  json j = lt::read_json_file(kData + "/" + style + "/tokenizer.json");
+  json j = lt::read_json_file(kTokenizers + "/" + style + "/tokenizer.json");
   edit(j);
   const std::string dir = tmp / name;
   fs::create_directories(dir);
@@ -61,8 +61,8 @@ TEST_CASE("hf tokenizer ids equal the tokenizers library's on the golden strings
   for (const auto& style : kStyles) {
     INFO("style " << style);
     const json g = golden(style);
-    auto tok = lt::make_tokenizer("hf:" + kData + "/" + style);
-    CHECK(tok->name() == "hf:" + kData + "/" + style);
+    auto tok = lt::make_tokenizer("hf:" + kTokenizers + "/" + style);
+    CHECK(tok->name() == "hf:" + kTokenizers + "/" + style);
     CHECK(tok->vocab_size() == g["vocab_size"].get<uint32_t>());
     CHECK(tok->eot_id() == g["eot_id"].get<uint32_t>());
     REQUIRE(g["strings"].size() >= 40);
@@ -73,7 +73,7 @@ TEST_CASE("hf tokenizer ids equal the tokenizers library's on the golden strings
     REQUIRE(g["files"].size() == (style == "order" ? 0 : 3));
     for (const auto& f : g["files"]) {
       INFO("file " << f["path"].get<std::string>());
-      const std::string text = lt::read_file(kData + "/" + f["path"].get<std::string>());
+      const std::string text = lt::read_file(kTokenizers + "/" + f["path"].get<std::string>());
       CHECK(tok->encode(text) == f["ids"].get<std::vector<uint32_t>>());
     }
   }
@@ -82,7 +82,7 @@ TEST_CASE("hf tokenizer ids equal the tokenizers library's on the golden strings
 TEST_CASE("hf tokenizer decode inverts encode, added tokens included", "[tokenizer][hf]") {
   for (const auto& style : kStyles) {
     INFO("style " << style);
-    auto tok = lt::make_tokenizer("hf:" + kData + "/" + style);
+    auto tok = lt::make_tokenizer("hf:" + kTokenizers + "/" + style);
     const json g = golden(style);  // a named value: a range-for over golden(style)[...] would dangle
     REQUIRE(g["strings"].size() >= 10);
     for (const auto& s : g["strings"]) {
@@ -92,7 +92,7 @@ TEST_CASE("hf tokenizer decode inverts encode, added tokens included", "[tokeniz
       CHECK(tok->decode(tok->encode(text)) == s.value("normalized", text));
     }
     for (const auto& f : g["files"]) {
-      const std::string text = lt::read_file(kData + "/" + f["path"].get<std::string>());
+      const std::string text = lt::read_file(kTokenizers + "/" + f["path"].get<std::string>());
       CHECK(tok->decode(tok->encode(text)) == text);
     }
     // An added token in the text is that token, as in the library.
@@ -104,7 +104,7 @@ TEST_CASE("hf tokenizer decode inverts encode, added tokens included", "[tokeniz
 
 TEST_CASE("hf tokenizer normalizers give the library's ids on text that NFC, NFD, NFKC and NFKD change", "[tokenizer][hf]") {
   const json g = golden("qwen2");
-  auto qwen = lt::make_tokenizer("hf:" + kData + "/qwen2");
+  auto qwen = lt::make_tokenizer("hf:" + kTokenizers + "/qwen2");
   // Qwen2's NFC: decomposed and composed text are the same ids, and the golden strings include text
   // NFC changes (decomposed accents, Hangul jamo, A + ring, Greek with combining accents).
   CHECK(qwen->encode("cafe\xcc\x81 A\xcc\x8a") == qwen->encode("caf\xc3\xa9 \xc3\x85"));
@@ -157,8 +157,8 @@ TEST_CASE("hf tokenizer reads a BPE model that leaves out its type, as older fil
 
 TEST_CASE("hf tokenizer end-of-text comes from tokenizer_config.json, else the known names", "[tokenizer][hf]") {
   // llama3/tokenizer_config.json names <|eot_id|> (2) although <|end_of_text|> (1) is also a token.
-  CHECK(lt::make_tokenizer("hf:" + kData + "/llama3")->eot_id() == 2);
-  CHECK(lt::make_tokenizer("hf:" + kData + "/gpt2")->eot_id() == 0);  // <|endoftext|>, no config
+  CHECK(lt::make_tokenizer("hf:" + kTokenizers + "/llama3")->eot_id() == 2);
+  CHECK(lt::make_tokenizer("hf:" + kTokenizers + "/gpt2")->eot_id() == 0);  // <|endoftext|>, no config
   lt::test::TempDir tmp;
   const std::string dir = edited_tokenizer(tmp, "no_eot", [](json& j) { j["added_tokens"] = json::array(); j["model"]["vocab"].erase("<|endoftext|>"); });
   REQUIRE_THROWS_WITH(lt::make_tokenizer("hf:" + dir), Contains("no end-of-text token"));
@@ -204,13 +204,13 @@ TEST_CASE("tokenize refuses WordPiece and Unigram tokenizers with exit 2 naming 
   lt::test::TempDir tmp;
   for (const auto& [dir, type] : std::vector<std::pair<std::string, std::string>>{
            {"wordpiece", "model type \"WordPiece\""}, {"unigram", "model type \"Unigram\""}}) {
-    auto r = lt::test::launch({"tokenize", kData + "/corpus", "--name", "x", "--data-dir", tmp.str(),
-                               "--tokenizer", "hf:" + kData + "/unsupported/" + dir});
+    auto r = lt::test::launch({"tokenize", kTokenizers + "/corpus", "--name", "x", "--data-dir", tmp.str(),
+                               "--tokenizer", "hf:" + kTokenizers + "/unsupported/" + dir});
     INFO(r.out);
     CHECK(r.code == 2);
     CHECK_THAT(r.out, Contains(type) && Contains("not supported"));
   }
-  auto r = lt::test::launch({"tokenize", kData + "/corpus", "--name", "x", "--data-dir", tmp.str(), "--tokenizer", "hf"});
+  auto r = lt::test::launch({"tokenize", kTokenizers + "/corpus", "--name", "x", "--data-dir", tmp.str(), "--tokenizer", "hf"});
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Contains("hf:DIR"));
 }
@@ -220,10 +220,10 @@ TEST_CASE("tokenize --tokenizer hf:DIR writes the library's ids, the tokenizer's
   for (const auto& style : {"gpt2", "llama3"}) {
     INFO("style " << style);
     const json g = golden(style);
-    const std::string tok_dir = kData + "/" + style;
+    const std::string tok_dir = kTokenizers + "/" + style;
     // One document, so the split is by tokens: train.bin + val.bin = its ids and the end-of-text.
     const json& file = g["files"][1];
-    auto r = lt::test::launch({"tokenize", kData + "/" + file["path"].get<std::string>(), "--name", style,
+    auto r = lt::test::launch({"tokenize", kTokenizers + "/" + file["path"].get<std::string>(), "--name", style,
                                "--data-dir", tmp.str(), "--tokenizer", "hf:" + tok_dir, "--val-fraction", "0.1"});
     INFO(r.out);
     REQUIRE(r.code == 0);
@@ -242,7 +242,7 @@ TEST_CASE("tokenize --tokenizer hf:DIR writes the library's ids, the tokenizer's
 
 TEST_CASE("hf tokenizer encodes a word of 300,000 letters in well under a minute", "[tokenizer][hf]") {
   // Merging one pair per scan of the word would take about 10^10 steps here.
-  auto tok = lt::make_tokenizer("hf:" + kData + "/llama3");
+  auto tok = lt::make_tokenizer("hf:" + kTokenizers + "/llama3");
   std::string text;
   for (int i = 0; i < 100000; ++i) text += "the";
   const auto start = std::chrono::steady_clock::now();
@@ -258,11 +258,11 @@ TEST_CASE("sample --tokenizer hf:DIR reads the prompt with that tokenizer", "[to
   // The imported test model has a vocabulary of 300: order/ (259) fits, llama3/ (701) does not.
   REQUIRE(lt::test::launch({"import-hf", std::string(LT_SOURCE_DIR) + "/tests/data/hf_gpt2/model", tmp / "base"}).code == 0);
   auto r = lt::test::launch({"sample", tmp / "base", "--prompt", "abab <|endoftext|>x", "--tokens", "5", "--temperature",
-                             "0", "--tokenizer", "hf:" + kData + "/order"});
+                             "0", "--tokenizer", "hf:" + kTokenizers + "/order"});
   INFO(r.out);
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Contains("abab <|endoftext|>x"));
-  r = lt::test::launch({"sample", tmp / "base", "--prompt", "ab", "--tokenizer", "hf:" + kData + "/llama3"});
+  r = lt::test::launch({"sample", tmp / "base", "--prompt", "ab", "--tokenizer", "hf:" + kTokenizers + "/llama3"});
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("outside the model's vocabulary of 300") && Contains("--tokenizer"));
 }

@@ -29,10 +29,10 @@
 
 namespace fs = std::filesystem;
 using lt::test::Contains;
+using lt::test::kSourceDir;
 
 namespace {
 
-const std::string kSourceDir = LT_SOURCE_DIR;
 const std::string kGpt2Dir = kSourceDir + "/datasets/tokenizer/gpt2";
 
 bool gpt2_files_present() {

@@ -26,12 +26,12 @@
 namespace fs = std::filesystem;
 using namespace lt;
 using lt::test::Contains;
+using lt::test::kSourceDir;
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
 namespace {
 
-const std::string kSrc = LT_SOURCE_DIR;
 
 std::vector<std::string> split_lines(const std::string& text) {
   std::vector<std::string> out;
@@ -40,7 +40,7 @@ std::vector<std::string> split_lines(const std::string& text) {
   if (b < text.size()) out.push_back(text.substr(b));
   return out;
 }
-const std::string kTemplates = kSrc + "/tests/data/chat_templates/";
+const std::string kTemplates = kSourceDir + "/tests/data/chat_templates/";
 
 // A GGUF file's string and u32 metadata (ggml/docs/gguf.md); the other values are skipped.
 struct GgufKv {
@@ -211,7 +211,7 @@ TEST_CASE("chat export: a job on conversations exports its template and stop tok
                                                                 : json::array({{{"role", "user"}, {"content", rec["prompt"]}},
                                                                                {{"role", "assistant"}, {"content", rec["completion"]}}}));
   write_file_atomic(tmp / "request.json", request.dump());
-  const lt::test::Result py = lt::test::shell("python3 " + lt::test::quote(kSrc + "/tests/tools/render_chat_template.py") + " " +
+  const lt::test::Result py = lt::test::shell("python3 " + lt::test::quote(kSourceDir + "/tests/tools/render_chat_template.py") + " " +
                                               lt::test::quote(tmp / "request.json"));
   if (py.code == 3) {
     WARN("skipped the jinja2 check: " << py.out);

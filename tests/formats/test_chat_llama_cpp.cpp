@@ -18,12 +18,12 @@
 
 namespace fs = std::filesystem;
 using lt::test::Contains;
+using lt::test::kSourceDir;
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
 namespace {
 
-const std::string kSrc = LT_SOURCE_DIR;
 
 struct Family {
   std::string package;        // @lenml/tokenizer-<package>
@@ -51,7 +51,7 @@ std::string sample_reply(const lt::test::TempDir& tmp, const std::string& ck, co
 }  // namespace
 
 TEST_CASE("llama.cpp's chat session on the exported GGUF replies as sample --chat does (Llama 3, Qwen2.5)", "[chat][launcher][gguf]") {
-  const std::string packages = kSrc + "/datasets/cache/llama_cpp/node_modules/@lenml/tokenizer-";
+  const std::string packages = kSourceDir + "/datasets/cache/llama_cpp/node_modules/@lenml/tokenizer-";
   for (const Family& f : {Family{"llama3", 128256, "<|eot_id|>", {128001, 128009}, 128009},
                           Family{"qwen2_5", 151665, "<|im_end|>", {151645, 151643}, 151645}}) {
     INFO(f.package);
@@ -112,7 +112,7 @@ TEST_CASE("llama.cpp's chat session on the exported GGUF replies as sample --cha
     CHECK(ours[2] == "Again? Hi!");
     const json request = {{"model", tmp / "gguf/model.gguf"}, {"max_tokens", 12}, {"conversations", conversations}};
     lt::write_file_atomic(tmp / "request.json", request.dump());
-    const lt::test::Result llama = lt::test::shell("node " + lt::test::quote(kSrc + "/tests/tools/llama_cpp_chat.mjs") + " " +
+    const lt::test::Result llama = lt::test::shell("node " + lt::test::quote(kSourceDir + "/tests/tools/llama_cpp_chat.mjs") + " " +
                                                    lt::test::quote(tmp / "request.json") + " 2>/dev/null");
     if (llama.code == 3) {
       WARN("skipped the llama.cpp chat check: node-llama-cpp is not installed (bash scripts/fetch_llama_cpp.sh)");

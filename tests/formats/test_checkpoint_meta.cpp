@@ -21,13 +21,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kFixture = fs::path(LT_SOURCE_DIR) / "tests/data/checkpoints/format1_lora";
+const fs::path kFormat1Lora = fs::path(LT_SOURCE_DIR) / "tests/data/checkpoints/format1_lora";
 
 // A copy of the fixture at `dir`, its metadata changed by `edit`.
 std::string edited_fixture(const std::string& dir, const std::function<void(json&)>& edit) {
   fs::create_directories(dir);
-  fs::copy_file(kFixture / "state.h5", fs::path(dir) / "state.h5");
-  json m = read_json_file((kFixture / "metadata.json").string());
+  fs::copy_file(kFormat1Lora / "state.h5", fs::path(dir) / "state.h5");
+  json m = read_json_file((kFormat1Lora / "metadata.json").string());
   edit(m);
   write_file_atomic(dir + "/metadata.json", m.dump(2));
   return dir;
@@ -36,7 +36,7 @@ std::string edited_fixture(const std::string& dir, const std::function<void(json
 }  // namespace
 
 TEST_CASE("checkpoint metadata: the fixture's fields read as typed values", "[checkpoint][format]") {
-  const CheckpointMeta ck = CheckpointMeta::read(kFixture.string());
+  const CheckpointMeta ck = CheckpointMeta::read(kFormat1Lora.string());
   CHECK(ck.kind == StateKind::Lora);
   CHECK(ck.step == 6);
   CHECK(ck.tokens == 768);

@@ -26,18 +26,6 @@ namespace {
 
 const std::string kTokenizers = std::string(LT_SOURCE_DIR) + "/tests/data/hf_tokenizers";
 
-// A refusal as the user sees it: exit 2, the words expected, nothing of a library's own.
-void refused(const Result& r, const std::vector<std::string>& words) {
-  INFO(r.out);
-  CHECK(r.code == 2);
-  for (const auto& w : words) CHECK_THAT(r.out, Contains(w));
-  CHECK(r.out.find("internal error") == std::string::npos);
-}
-
-void succeeded(const Result& r) {
-  INFO(r.out);
-  CHECK(r.code == 0);
-}
 
 // `src`'s tensors, edited, saved with its metadata as the checkpoint `dst`.
 std::string rewritten(const std::string& src, const std::string& dst, const std::function<void(NamedTensors&)>& edit) {

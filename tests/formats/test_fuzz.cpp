@@ -42,7 +42,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kData = std::string(LT_SOURCE_DIR) + "/tests/data";
 
 // The seeds a reader runs: LT_FUZZ_SEED alone when set, else `n` x LT_FUZZ_SCALE of them.
 std::vector<uint64_t> seeds(uint64_t n) {
@@ -281,7 +280,7 @@ TEST_CASE("fuzz: tokenizer.json and tokenizer_config.json", "[fuzz]") {
   const std::string dir = d / "tok";
   fs::create_directories(dir);
   for (const std::string style : {"gpt2", "llama3"}) {
-    const json tokenizer = read_json_file(kData + "/hf_tokenizers/" + style + "/tokenizer.json");
+    const json tokenizer = read_json_file(lt::test::kTestData + "/hf_tokenizers/" + style + "/tokenizer.json");
     const json config = {{"eos_token", style == "gpt2" ? "<|endoftext|>" : "<|eot_id|>"}, {"add_bos_token", false}};
     Tally t{style + " tokenizer.json"};
     for (uint64_t seed : seeds(style == "gpt2" ? 700 : 500)) {
@@ -458,8 +457,8 @@ TEST_CASE("fuzz: conversations and chat templates for tokenize --format chat", "
   test::TempDir d;
   const std::string model = d / "model";
   std::filesystem::create_directories(model);
-  std::filesystem::copy_file(kData + "/hf_tokenizers/qwen2/tokenizer.json", model + "/tokenizer.json");
-  const std::string source = read_file(kData + "/chat_templates/qwen3.jinja");
+  std::filesystem::copy_file(lt::test::kTestData + "/hf_tokenizers/qwen2/tokenizer.json", model + "/tokenizer.json");
+  const std::string source = read_file(lt::test::kTestData + "/chat_templates/qwen3.jinja");
   const json conversation = json::parse(R"({"messages": [{"role": "system", "content": "Be brief."},
       {"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "<think>x</think>Hello."},
       {"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
@@ -616,8 +615,8 @@ TEST_CASE("fuzz: a Hugging Face model's config.json for import-hf", "[fuzz]") {
   test::TempDir d;
   const std::string model = d / "model";
   fs::create_directories(model);
-  fs::copy_file(kData + "/hf_llama/model/model.safetensors", model + "/model.safetensors");
-  const json config = read_json_file(kData + "/hf_llama/model/config.json");
+  fs::copy_file(lt::test::kTestData + "/hf_llama/model/model.safetensors", model + "/model.safetensors");
+  const json config = read_json_file(lt::test::kTestData + "/hf_llama/model/config.json");
   Tally t{"config.json (import-hf)"};
   for (uint64_t seed : seeds(300)) {
     Mutator m(seed);

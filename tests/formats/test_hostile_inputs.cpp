@@ -30,28 +30,20 @@
 
 using namespace lt;
 using lt::test::Contains;
+using lt::test::kTestData;
+using lt::test::refused;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kData = std::string(LT_SOURCE_DIR) + "/tests/data";
 
-// A refusal as the user sees it: exit 2, the words expected, and nothing of a library's own.
-void refused(const test::Result& r, const std::vector<std::string>& words) {
-  INFO(r.out);
-  CHECK(r.code == 2);
-  for (const auto& w : words) CHECK_THAT(r.out, Contains(w));
-  CHECK(r.out.find("[json.exception") == std::string::npos);
-  CHECK(r.out.find("internal error") == std::string::npos);
-  CHECK(r.out.find("std::bad_alloc") == std::string::npos);
-}
 
 // DIR/tokenizer.json: the test tokenizer of `style` (tests/data/hf_tokenizers) with `edit` applied,
 // written as text by `dump` (so that a test can write what nlohmann would not).
 std::string tokenizer_dir(const test::TempDir& tmp, const std::string& name, const std::function<void(json&)>& edit,
                           const std::string& style = "gpt2") {
-  json j = read_json_file(kData + "/hf_tokenizers/" + style + "/tokenizer.json");
+  json j = read_json_file(kTestData + "/hf_tokenizers/" + style + "/tokenizer.json");
   edit(j);
   const std::string dir = tmp / name;
   fs::create_directories(dir);
@@ -63,8 +55,8 @@ std::string tokenizer_dir(const test::TempDir& tmp, const std::string& name, con
 std::string hf_model(const test::TempDir& tmp, const std::string& name, const std::function<void(json&)>& edit) {
   const std::string dir = tmp / name;
   fs::create_directories(dir);
-  fs::copy_file(kData + "/hf_llama/model/model.safetensors", dir + "/model.safetensors");
-  json c = read_json_file(kData + "/hf_llama/model/config.json");
+  fs::copy_file(kTestData + "/hf_llama/model/model.safetensors", dir + "/model.safetensors");
+  json c = read_json_file(kTestData + "/hf_llama/model/config.json");
   edit(c);
   write_file_atomic(dir + "/config.json", c.dump(2));
   return dir;
@@ -129,7 +121,7 @@ TEST_CASE("hostile: a size read from a file is checked before anything is alloca
   }
   SECTION("an HDF5 dataset whose dimensions state 4 TB the file does not hold") {
     const std::string ck = tmp / "ck";
-    REQUIRE(test::launch({"import-hf", kData + "/hf_gpt2/model", ck}).code == 0);
+    REQUIRE(test::launch({"import-hf", kTestData + "/hf_gpt2/model", ck}).code == 0);
     {  // a dataset of 10^6 x 10^6 floats, never written: its storage is never allocated
       hid_t f = H5Fopen((ck + "/state.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
       hsize_t dims[2] = {1000000, 1000000};
@@ -313,7 +305,7 @@ TEST_CASE("hostile: PEFT adapter_config.json fields that change the math are ref
 }
 
 TEST_CASE("hostile: valid text tokenizes whatever its runs of whitespace, and a runaway pattern is named", "[hostile][tokenizer]") {
-  const std::string llama3 = kData + "/hf_tokenizers/llama3";
+  const std::string llama3 = kTestData + "/hf_tokenizers/llama3";
   auto tok = make_tokenizer("hf:" + llama3);
   // 12 million spaces exceeded PCRE2's default match limit under Llama 3's \s*[\r\n]+ alternative.
   for (const std::string& text : {std::string(12'000'000, ' '), "a" + std::string(3'000'000, ' ') + "\n\nb",
@@ -345,7 +337,7 @@ TEST_CASE("hostile: valid text tokenizes whatever its runs of whitespace, and a 
 TEST_CASE("hostile: a damaged state.h5 is refused before HDF5 parses it, and one saved before that check still loads", "[hostile][checkpoint]") {
   test::TempDir tmp;
   const std::string ck = tmp / "ck";
-  REQUIRE(test::launch({"import-hf", kData + "/hf_gpt2/model", ck}).code == 0);
+  REQUIRE(test::launch({"import-hf", kTestData + "/hf_gpt2/model", ck}).code == 0);
   const json meta = read_json_file(ck + "/metadata.json");
   REQUIRE(meta.contains("state_h5"));
   const std::string state = read_file(ck + "/state.h5");

@@ -14,7 +14,7 @@ using lt::test::Contains;
 
 namespace {
 
-const std::string kGolden = std::string(LT_SOURCE_DIR) + "/tests/data/hf_gpt2";
+const std::string kGpt2Dir = std::string(LT_SOURCE_DIR) + "/tests/data/hf_gpt2";
 
 // A file with exactly this header text and this many data bytes (for damaged files).
 void write_raw(const std::string& path, const std::string& header, size_t data_bytes, int64_t header_len = -1) {
@@ -69,15 +69,15 @@ TEST_CASE("safetensors round trips every dtype bit for bit, with metadata", "[sa
 }
 
 TEST_CASE("safetensors reads what the real library wrote, one file or sharded bf16", "[safetensors]") {
-  SafetensorsFile f(kGolden + "/model/model.safetensors");
+  SafetensorsFile f(kGpt2Dir + "/model/model.safetensors");
   CHECK(f.entries().size() == 28);
   CHECK(f.metadata().at("format") == "pt");
   const auto& wte = f.entry("transformer.wte.weight");
   CHECK(wte.dtype == torch::kFloat32);
   CHECK(wte.shape == std::vector<int64_t>{300, 32});
   CHECK(f.entry("transformer.h.0.attn.c_attn.weight").shape == std::vector<int64_t>{32, 96});  // Conv1D: (in, out)
-  NamedTensors f32 = read_safetensors_model(kGolden + "/model");
-  NamedTensors bf16 = read_safetensors_model(kGolden + "/model_bf16_sharded");  // model.safetensors.index.json
+  NamedTensors f32 = read_safetensors_model(kGpt2Dir + "/model");
+  NamedTensors bf16 = read_safetensors_model(kGpt2Dir + "/model_bf16_sharded");  // model.safetensors.index.json
   REQUIRE(f32.size() == 28);
   REQUIRE(bf16.size() == 28);
   for (size_t i = 0; i < f32.size(); ++i) {

@@ -17,6 +17,7 @@
 
 using namespace lt;
 using lt::test::Contains;
+using lt::test::kPrefs;
 
 namespace {
 
@@ -42,7 +43,6 @@ const DpoStats& last_step(Trainer& t) {
   return dpo->last_step();
 }
 
-const Sampling kPrefs{"prefs", 1.0, DatasetStyle::CONTRASTIVE};
 
 // A plain checkpoint of a `train` job (2 steps on "gen"): the pretrained base.
 std::string make_base(const PrefData& d) {

@@ -14,6 +14,7 @@
 
 using namespace lt;
 using lt::test::Contains;
+using lt::test::kPrefs;
 using test::PrefData;
 
 namespace {
@@ -38,7 +39,6 @@ DpoPart& as_dpo(Trainer& t) {
   return *d;
 }
 
-const Sampling kPrefs{"prefs", 1.0, DatasetStyle::CONTRASTIVE};
 
 }  // namespace
 

@@ -25,7 +25,7 @@ bool have_cuda() {
 using Data = test::TwoDatasets;
 
 // 4 full steps on "gen", then 4 LoRA steps on "gen2" (128 tokens a step).
-std::unique_ptr<Trainer> make_lora(const Data& d, const std::string& name, const std::vector<std::string>& extra) {
+std::unique_ptr<Trainer> make_cuda_lora(const Data& d, const std::string& name, const std::vector<std::string>& extra) {
   return make_lora_train(
       test::job_spec(name), test::tiny_config(Trainer::lora_schema(), d.dir / "data", test::two_phase_overrides(512), extra),
       d.dir / "out");
@@ -39,15 +39,15 @@ TEST_CASE("runtime/device=cuda without a CUDA device is a clear error", "[cuda]"
     return;
   }
   Data d;
-  CHECK_THROWS_WITH(make_lora(d, "nocuda", {"runtime/device=cuda"}),
+  CHECK_THROWS_WITH(make_cuda_lora(d, "nocuda", {"runtime/device=cuda"}),
                     Contains("runtime/device=cuda, but no CUDA device is available"));
 }
 
 TEST_CASE("f32 training on CUDA follows the CPU's through both phases", "[cuda]") {
   if (!have_cuda()) return;
   Data d;
-  auto cpu = make_lora(d, "cpu", {"runtime/device=cpu", "runtime/precision=f32"});
-  auto gpu = make_lora(d, "gpu", {"runtime/device=cuda", "runtime/precision=f32"});
+  auto cpu = make_cuda_lora(d, "cpu", {"runtime/device=cpu", "runtime/precision=f32"});
+  auto gpu = make_cuda_lora(d, "gpu", {"runtime/device=cuda", "runtime/precision=f32"});
   REQUIRE(gpu->runtime().device.is_cuda());
   for (int i = 0; i < 8; ++i) {
     INFO("step " << i);
@@ -66,8 +66,8 @@ TEST_CASE("bf16 training on CUDA: the fused loss follows LibTorch's through both
     return;
   }
   Data d;
-  auto ours = make_lora(d, "fused", {"runtime/device=cuda", "runtime/precision=bf16", "runtime/loss=fused"});
-  auto theirs = make_lora(d, "libtorch", {"runtime/device=cuda", "runtime/precision=bf16", "runtime/loss=libtorch"});
+  auto ours = make_cuda_lora(d, "fused", {"runtime/device=cuda", "runtime/precision=bf16", "runtime/loss=fused"});
+  auto theirs = make_cuda_lora(d, "libtorch", {"runtime/device=cuda", "runtime/precision=bf16", "runtime/loss=libtorch"});
   for (int i = 0; i < 8; ++i) {
     INFO("step " << i);
     auto a = theirs->train_step(), b = ours->train_step();
@@ -84,17 +84,17 @@ TEST_CASE("bf16 training on CUDA resumes bit-identically in both phases", "[cuda
   INFO("runtime/loss=" << loss);
   const std::vector<std::string> on_gpu = {"runtime/device=cuda", "runtime/precision=bf16", "architecture/dropout=0.1",
                                            "runtime/loss=" + loss};
-  auto straight = make_lora(d, "straight", on_gpu);
+  auto straight = make_cuda_lora(d, "straight", on_gpu);
   std::vector<double> losses;
   for (int i = 0; i < 8; ++i) losses.push_back(straight->train_step().loss);
   for (int k : {2, 6}) {  // mid phase 1, mid phase 2
     const std::string name = "split" + std::to_string(k);
     {
-      auto first = make_lora(d, name, on_gpu);
+      auto first = make_cuda_lora(d, name, on_gpu);
       for (int i = 0; i < k; ++i) REQUIRE(first->train_step().loss == losses[static_cast<size_t>(i)]);
       first->save("ntoks/" + std::to_string(first->tokens()));
     }
-    auto resumed = make_lora(d, name, on_gpu);
+    auto resumed = make_cuda_lora(d, name, on_gpu);
     REQUIRE(resumed->restore_latest() == "ntoks/" + std::to_string(k * 128));
     for (int64_t i = resumed->step(); i < 8; ++i) {
       INFO("resumed at " << k << ", step " << i);

@@ -58,11 +58,7 @@ std::unique_ptr<Trainer> hf_job(const std::string& name, const Config& c, const 
   return std::make_unique<Trainer>(test::job_spec(name), c, out, TrainingPlan::from_lora_config(c));
 }
 
-std::set<std::string> stored_names(const std::string& checkpoint) {
-  std::set<std::string> out;
-  for (const auto& [n, t] : read_checkpoint_tensors(checkpoint)) out.insert(n);
-  return out;
-}
+using test::stored_names;
 
 // Flips one bit of the first tensor's data in every shard of a model directory: another base.
 void damage_values(const std::string& dir) {

@@ -26,11 +26,7 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
   return a;
 }
 
-std::set<std::string> stored_names(const std::string& checkpoint) {
-  std::set<std::string> out;
-  for (const auto& [n, t] : read_checkpoint_tensors(checkpoint)) out.insert(n);
-  return out;
-}
+using test::stored_names;
 
 // The tiny GPT's linear weights of the blocks: what quantize_base=nf4 quantizes.
 const std::vector<std::string> kBlockLinear = {"h.0.attn.c_attn.weight", "h.0.attn.c_proj.weight", "h.0.mlp.c_fc.weight",

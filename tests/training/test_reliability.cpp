@@ -44,10 +44,6 @@ std::string lora_config(const test::TempDir& dir, int pre, int post, const std::
   return dir / "lora.json";
 }
 
-std::string job_dir(const test::TempDir& dir, const std::string& name) {
-  return dir / ("out/checkpoints/general/default/" + name);
-}
-
 // The file offset of a dataset's data inside an HDF5 file (contiguous layout).
 haddr_t data_offset(const std::string& h5, const std::string& dataset) {
   hid_t f = H5Fopen(h5.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -74,7 +70,7 @@ bool all_finite(const std::string& checkpoint) {
   return true;
 }
 
-void edit_metadata(const std::string& checkpoint, const std::function<void(nlohmann::json&)>& edit) {
+void edit_metadata_json(const std::string& checkpoint, const std::function<void(nlohmann::json&)>& edit) {
   const std::string path = checkpoint + "/metadata.json";
   auto meta = nlohmann::json::parse(read_file(path));
   edit(meta);
@@ -87,13 +83,13 @@ TEST_CASE("reliability: a flipped byte in a tensor is found at every load, namin
   test::TempDir dir;
   std::string cfg = lora_config(dir, 5, 5);
   REQUIRE(launch({"run", "j", cfg, dir / "out"}).code == 0);
-  std::string ck = job_dir(dir, "j") + "/final/1280";
+  std::string ck = test::job_dir(dir, "out", "j") + "/final/1280";
   Result ok = launch({"inspect", "--verify", ck});
   CHECK(ok.code == 0);
   CHECK_THAT(ok.out, Contains("every CRC-32 matches"));
   // The base this LoRA checkpoint refers to (its pre_lora_checkpoint): a flipped byte there is found by
   // every reader of the LoRA checkpoint too, naming the base's file and tensor.
-  const std::string pre = job_dir(dir, "j") + "/pre_lora_checkpoint";
+  const std::string pre = test::job_dir(dir, "out", "j") + "/pre_lora_checkpoint";
   {
     const uint64_t at = data_offset(pre + "/state.h5", "params/h.0.attn.c_attn.weight") + 100;
     flip_byte(pre + "/state.h5", at);
@@ -121,7 +117,7 @@ TEST_CASE("reliability: a flipped byte in a tensor is found at every load, namin
   }
   // A job whose `latest` is damaged stops at the start, before anything is written over.
   REQUIRE(launch({"run", "k", cfg, dir / "out", "training/post_lora_tokens=[1280]", "logging/checkpoint_interval=2"}).code == 0);
-  std::string latest = job_dir(dir, "k") + "/" + *read_latest(job_dir(dir, "k"));
+  std::string latest = test::job_dir(dir, "out", "k") + "/" + *read_latest(test::job_dir(dir, "out", "k"));
   flip_byte(latest + "/state.h5", data_offset(latest + "/state.h5", "params/h.0.attn.c_attn.lora_A") + 8);
   Result again = launch({"run", "k", cfg, dir / "out", "training/post_lora_tokens=[1280]", "logging/checkpoint_interval=2"});
   CHECK(again.code == 2);
@@ -137,7 +133,7 @@ TEST_CASE("reliability: non-finite training stops naming step, loss, norm and lr
   CHECK_THAT(r.out, Contains("training diverged at step") && Contains("loss") && Contains("gradient norm") &&
                         Contains("lr 1e+30") && Contains("Lower optimization/lr"));
   CHECK_THAT(r.out, !Contains("internal error") && !Contains("json.exception"));
-  const std::string job = job_dir(dir, "boom");
+  const std::string job = test::job_dir(dir, "out", "boom");
   for (const auto& suffix : list_checkpoints(job)) {
     INFO(suffix);
     CHECK(all_finite(job + "/" + suffix));
@@ -151,14 +147,14 @@ TEST_CASE("reliability: non-finite training stops naming step, loss, norm and lr
   CHECK_THAT(skip.out, Contains("skipped the update of step 2") && Contains("10 steps in a row"));
   auto lines = test::read_metrics_lines(dir / "out/runs/general/default/skip");
   CHECK(std::count_if(lines.begin(), lines.end(), [](const nlohmann::json& e) { return e["event"] == "nonfinite"; }) == 10);
-  for (const auto& suffix : list_checkpoints(job_dir(dir, "skip"))) CHECK(all_finite(job_dir(dir, "skip") + "/" + suffix));
+  for (const auto& suffix : list_checkpoints(test::job_dir(dir, "out", "skip"))) CHECK(all_finite(test::job_dir(dir, "out", "skip") + "/" + suffix));
   // eval and sample of what was saved work; a finished skip run writes its report.
   Result finished = launch({"run", "skip2", cfg, dir / "out", "optimization/lr=1e30", "training/on_nonfinite=skip",
                             "training/pre_lora_tokens=[256]", "training/post_lora_tokens=[256]"});
   INFO(finished.out);
   CHECK(finished.code == 0);
   CHECK_THAT(finished.out, Contains("== report"));
-  std::string fin = job_dir(dir, "skip2") + "/final/512";
+  std::string fin = test::job_dir(dir, "out", "skip2") + "/final/512";
   CHECK(launch({"eval", fin}).code == 0);
   Result s = launch({"sample", fin, "--prompt", "the cat", "--tokens", "5"});
   CHECK((s.code == 0 || (s.code == 2 && s.out.find("not finite") != std::string::npos)));
@@ -179,7 +175,7 @@ TEST_CASE("reliability: a token id outside the vocabulary and inconsistent PADDE
   INFO(r.out);
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains(bin) && Contains("token id 300") && Contains("position 77") && Contains("257"));
-  CHECK(!fs::exists(job_dir(dir, "ids")));
+  CHECK(!fs::exists(test::job_dir(dir, "out", "ids")));
 
   // PADDED: a mask value other than 0/1, and meta.json disagreeing with shape.json.
   fs::create_directories(dir / "src");
@@ -210,7 +206,7 @@ TEST_CASE("reliability: damaged checkpoint metadata names the field", "[reliabil
   test::TempDir dir;
   std::string cfg = lora_config(dir, 5, 5);
   REQUIRE(launch({"run", "m", cfg, dir / "out"}).code == 0);
-  std::string ck = job_dir(dir, "m") + "/final/1280";
+  std::string ck = test::job_dir(dir, "out", "m") + "/final/1280";
   // cp and remove_tree, not std::filesystem's copy and remove_all: PyTorch's pip LibTorch exports its
   // own copies of those, which crash when they serve this program (see util.hpp).
   auto fresh_copy = [&] {
@@ -231,7 +227,7 @@ TEST_CASE("reliability: damaged checkpoint metadata names the field", "[reliabil
            {"kind", [](nlohmann::json& m) { m["kind"] = "full"; }},
        }) {
     fresh_copy();
-    edit_metadata(dir / "ck", d.edit);
+    edit_metadata_json(dir / "ck", d.edit);
     for (const auto& args : std::vector<std::vector<std::string>>{{"restore", "r", dir / "ck", dir / "out"},
                                                                    {"eval", dir / "ck"},
                                                                    {"export", dir / "ck", dir / "exp"}}) {
@@ -260,7 +256,7 @@ TEST_CASE("reliability: numbers out of range, NaN and misspellings are exit 2 na
   };
   std::string out = dir / "out";
   REQUIRE(launch({"run", "ok", cfg, out}).code == 0);
-  std::string ck = job_dir(dir, "ok") + "/final/1280";
+  std::string ck = test::job_dir(dir, "out", "ok") + "/final/1280";
   write_file_atomic(dir / "big.json", read_file(cfg).replace(read_file(cfg).find("\"lr\": 0.0006"), 12, "\"lr\": 1e999"));
   write_file_atomic(dir / "a-file", "x");
   for (const auto& c : std::vector<Case>{
@@ -297,14 +293,14 @@ TEST_CASE("reliability: skipping phase one needs a base, and the report says whi
   INFO(refused.out);
   CHECK(refused.code == 2);
   CHECK_THAT(refused.out, Contains("--restore") && Contains("training/allow_random_base"));
-  CHECK(!fs::exists(job_dir(dir, "nobase")));
+  CHECK(!fs::exists(test::job_dir(dir, "out", "nobase")));
   Result random = launch({"run", "rnd", cfg, dir / "out", "training/allow_random_base=true"});
   CHECK(random.code == 0);
   CHECK_THAT(random.out, Contains("randomly initialised") && !Contains("pretrained base"));
   // A base from another job: the report names it.
   std::string pre_cfg = lora_config(dir, 5, 5);
   REQUIRE(launch({"run", "pre", pre_cfg, dir / "out"}).code == 0);
-  std::string base = job_dir(dir, "pre") + "/pre_lora_checkpoint";
+  std::string base = test::job_dir(dir, "out", "pre") + "/pre_lora_checkpoint";
   cfg = lora_config(dir, 0, 5);
   Result ft = launch({"run", "ft", cfg, dir / "out", "--restore", base});
   INFO(ft.out);
@@ -313,12 +309,12 @@ TEST_CASE("reliability: skipping phase one needs a base, and the report says whi
   // Another job's plain state restored into a job with a phase one: said on screen, counters go on.
   std::string mid_cfg = lora_config(dir, 8, 2, {"logging/checkpoint_interval=3"});
   REQUIRE(launch({"run", "src", mid_cfg, dir / "out"}).code == 0);
-  Result branch = launch({"run", "dst", mid_cfg, dir / "out", "--restore", job_dir(dir, "src") + "/ntoks/384"});
+  Result branch = launch({"run", "dst", mid_cfg, dir / "out", "--restore", test::job_dir(dir, "out", "src") + "/ntoks/384"});
   INFO(branch.out);
   CHECK(branch.code == 0);
   CHECK_THAT(branch.out, Contains("loaded the plain state of job src at step 3") && Contains("continues from there"));
   // Branched past the boundary: the report claims no phase-1 speed it did not measure.
-  Result late = launch({"run", "late", mid_cfg, dir / "out", "--restore", job_dir(dir, "src") + "/ntoks/1152"});
+  Result late = launch({"run", "late", mid_cfg, dir / "out", "--restore", test::job_dir(dir, "out", "src") + "/ntoks/1152"});
   INFO(late.out);
   CHECK(late.code == 0);
   CHECK_THAT(late.out, Contains("loaded the lora state of job src at step 9") && Contains("not run by this run"));
@@ -329,7 +325,7 @@ TEST_CASE("reliability: killed with -9 again and again, mid-step and mid-save, a
   std::string cfg = lora_config(dir, 20, 20, {"logging/checkpoint_interval=1", "logging/validation_interval=5",
                                               "logging/report_interval=1"});
   REQUIRE(launch({"run", "clean", cfg, dir / "out"}).code == 0);
-  const auto want = test::state_digests(job_dir(dir, "clean") + "/final/5120");
+  const auto want = test::state_digests(test::job_dir(dir, "out", "clean") + "/final/5120");
   // Five kills, each once the run has reached a later step than the one before, then 0-10 ms later:
   // a save follows every step, so they land in steps, saves and validations (a timing taken from the
   // clean run would not survive a loaded machine).
@@ -337,8 +333,8 @@ TEST_CASE("reliability: killed with -9 again and again, mid-step and mid-save, a
   int kills = 0, target = 0;
   for (int k = 0; k < 5; ++k) {
     // Beyond the step the next run resumes from (a kill lands a few steps after its target).
-    auto latest = read_latest(job_dir(dir, "killed"));
-    const int resumes_at = latest ? read_checkpoint_metadata(job_dir(dir, "killed") + "/" + *latest)["step"].get<int>() : 0;
+    auto latest = read_latest(test::job_dir(dir, "out", "killed"));
+    const int resumes_at = latest ? read_checkpoint_metadata(test::job_dir(dir, "out", "killed") + "/" + *latest)["step"].get<int>() : 0;
     target = std::max(target, resumes_at) + std::uniform_int_distribution<int>(2, 6)(rng);
     const std::string log = dir / ("killed" + std::to_string(k) + ".log");
     pid_t pid = test::spawn({"run", "killed", cfg, dir / "out"}, {}, log);
@@ -359,6 +355,6 @@ TEST_CASE("reliability: killed with -9 again and again, mid-step and mid-save, a
   REQUIRE(end.code == 0);
   INFO("kills: " << kills);
   CHECK(kills == 5);
-  CHECK(test::state_digests(job_dir(dir, "killed") + "/final/5120") == want);
-  CHECK(launch({"inspect", "--verify", job_dir(dir, "killed") + "/final/5120"}).code == 0);
+  CHECK(test::state_digests(test::job_dir(dir, "out", "killed") + "/final/5120") == want);
+  CHECK(launch({"inspect", "--verify", test::job_dir(dir, "out", "killed") + "/final/5120"}).code == 0);
 }

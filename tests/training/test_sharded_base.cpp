@@ -25,7 +25,7 @@ namespace {
 // A LoRA job on byte tokens in f32: 4 full steps, then 8 LoRA steps of 12 rows (micro-batches of 2: 6
 // a rank on 2 ranks, 4 on 3), a checkpoint every 2 steps; validation every 4 steps on 8 rows, which 3
 // ranks do not share evenly (4 micro-batches: two ranks run one of theirs, one runs two).
-std::string config(const test::TempDir& dir, const std::vector<std::string>& extra = {}) {
+std::string base_config(const test::TempDir& dir, const std::vector<std::string>& extra = {}) {
   return test::distributed_lora_config(dir,
                                        {"training/batch_size=12", "training/per_device_batch_size=2", "training/pre_lora_tokens=[1536]",
                                         "training/post_lora_tokens=[3072]", "logging/validation_interval=4",
@@ -64,7 +64,7 @@ std::string sharded_equals_plain(const test::TempDir& dir, const std::string& cf
 
 TEST_CASE("sharded base: 2 and 3 ranks train the LoRA phase bit for bit as the unsharded base does", "[distributed][shard]") {
   test::TempDir dir;
-  const std::string cfg = config(dir);
+  const std::string cfg = base_config(dir);
   for (int ranks : {2, 3}) {
     INFO(ranks << " ranks");
     const std::string out = sharded_equals_plain(dir, cfg, ranks);
@@ -74,7 +74,7 @@ TEST_CASE("sharded base: 2 and 3 ranks train the LoRA phase bit for bit as the u
 
 TEST_CASE("sharded base: an NF4 base shards its codes and scales, bit for bit as unsharded", "[distributed][shard][qlora]") {
   test::TempDir dir;
-  const std::string cfg = config(dir, {"optimization/lora/quantize_base=nf4"});
+  const std::string cfg = base_config(dir, {"optimization/lora/quantize_base=nf4"});
   const std::string out = sharded_equals_plain(dir, cfg, 3);
   CHECK_THAT(out, Contains("of them NF4"));
   CHECK_THAT(out, Contains("sharded (distributed/shard_params)"));
@@ -82,7 +82,7 @@ TEST_CASE("sharded base: an NF4 base shards its codes and scales, bit for bit as
 
 TEST_CASE("sharded base: a job without phase one loads its base sharded (llama, DoRA, NF4 on 3 ranks)", "[distributed][shard][llama]") {
   test::TempDir dir;
-  const std::string cfg = config(dir, {"architecture/family=llama", "architecture/activation=silu", "architecture/n_kv_heads=1",
+  const std::string cfg = base_config(dir, {"architecture/family=llama", "architecture/activation=silu", "architecture/n_kv_heads=1",
                                        "architecture/d_ff=48", "architecture/tie_embeddings=false", "architecture/qkv_bias=true",
                                        "optimization/lora/dora=true"});
   run_ok({"run", "base", cfg, dir / "base"});
@@ -112,7 +112,7 @@ TEST_CASE("sharded base: a job without phase one loads its base sharded (llama, 
 
 TEST_CASE("sharded base: a resume is bit-identical, and a checkpoint continues on 2 -> 1 -> 3 ranks", "[distributed][shard]") {
   test::TempDir dir;
-  const std::string cfg = config(dir);
+  const std::string cfg = base_config(dir);
   run_ok({"run", "job", cfg, dir / "s", "--nproc", "2", "distributed/shard_params=lora"});
   const Losses ref = losses_of(dir, "s");
 
@@ -141,7 +141,7 @@ TEST_CASE("sharded base: a job with phase one started from an export shards its 
   // The export's weights are phase one's starting point, not yet frozen: the base is sharded when the
   // LoRA phase freezes it, as in a job that trains phase one from its own initialisation.
   test::TempDir dir;
-  const std::string cfg = config(dir);
+  const std::string cfg = base_config(dir);
   run_ok({"run", "job", cfg, dir / "s", "--nproc", "2"});
   run_ok({"export", job_dir(dir, "s") + "/pre_lora_checkpoint", dir / "start"});
   run_ok({"run", "job", cfg, dir / "plain", "--nproc", "2", "--restore", dir / "start"});
@@ -156,7 +156,7 @@ TEST_CASE("sharded base: a job with phase one started from an export shards its 
 
 TEST_CASE("sharded base: what it cannot do is refused with exit 2 before training", "[distributed][shard]") {
   test::TempDir dir;
-  const std::string cfg = config(dir);
+  const std::string cfg = base_config(dir);
   SECTION("a copy of the base in every checkpoint") {
     Result r = launch({"run", "job", cfg, dir / "a", "--nproc", "2", "distributed/shard_params=lora", "logging/save_frozen_base=true"});
     CHECK(r.code == 2);

@@ -26,7 +26,7 @@ using test::kRankTolerance;
 namespace {
 
 // 4 full steps then 8 LoRA steps of 12 rows, a checkpoint every 2 steps, validation every 4 on 8 rows.
-std::string config(const test::TempDir& dir, const std::vector<std::string>& extra = {}) {
+std::string params_config(const test::TempDir& dir, const std::vector<std::string>& extra = {}) {
   return test::distributed_lora_config(dir,
                                        {"training/batch_size=12", "training/pre_lora_tokens=[1536]",
                                         "training/post_lora_tokens=[3072]", "logging/validation_interval=4",
@@ -55,7 +55,7 @@ void check_close(const std::map<int64_t, double>& got, const std::map<int64_t, d
 TEST_CASE("sharded parameters: phase 1 and the LoRA phase on 2 ranks, bit for bit as unsharded", "[distributed][shard]") {
   test::TempDir dir;
   // One micro-batch a rank (6 rows), no clipping: the sums are the unsharded run's.
-  run_plain_and_sharded(dir, config(dir, {"training/per_device_batch_size=-1", "optimization/grad_clip=0"}));
+  run_plain_and_sharded(dir, params_config(dir, {"training/per_device_batch_size=-1", "optimization/grad_clip=0"}));
   const Losses a = losses_of(dir, "plain"), b = losses_of(dir, "sharded");
   CHECK(a.train.size() == 12);
   CHECK(a.train == b.train);
@@ -73,7 +73,7 @@ TEST_CASE("sharded parameters: phase 1 and the LoRA phase on 2 ranks, bit for bi
 TEST_CASE("sharded parameters: 3 ranks with gradient accumulation and clipping, within the rank tolerance", "[distributed][shard]") {
   test::TempDir dir;
   // Micro-batches of 2 (two a rank), the default clipping, 3 ranks: padding in every block's shards.
-  const std::string cfg = config(dir, {"training/per_device_batch_size=2"});
+  const std::string cfg = params_config(dir, {"training/per_device_batch_size=2"});
   run_ok({"run", "job", cfg, dir / "plain", "--nproc", "3"});
   run_ok({"run", "job", cfg, dir / "sharded", "--nproc", "3", "distributed/shard_params=all"});
   const Losses a = losses_of(dir, "plain"), b = losses_of(dir, "sharded");
@@ -94,7 +94,7 @@ TEST_CASE("sharded parameters: 3 ranks with gradient accumulation and clipping, 
 
 TEST_CASE("sharded parameters: a resume is bit-identical, and a checkpoint continues on 2 -> 1 -> 3 ranks", "[distributed][shard]") {
   test::TempDir dir;
-  const std::string cfg = config(dir, {"training/per_device_batch_size=-1", "optimization/grad_clip=0"});
+  const std::string cfg = params_config(dir, {"training/per_device_batch_size=-1", "optimization/grad_clip=0"});
   run_ok({"run", "job", cfg, dir / "s", "--nproc", "2", "distributed/shard_params=all"});
   const Losses ref = losses_of(dir, "s");
 

@@ -27,18 +27,6 @@ namespace {
 
 const std::string kTokenizers = std::string(LT_SOURCE_DIR) + "/tests/data/hf_tokenizers";
 
-void refused(const Result& r, const std::vector<std::string>& words) {
-  INFO(r.out);
-  CHECK(r.code == 2);
-  for (const auto& w : words) CHECK_THAT(r.out, Contains(w));
-  CHECK(r.out.find("internal error") == std::string::npos);
-  CHECK(r.out.find("[json.exception") == std::string::npos);
-}
-
-void succeeded(const Result& r) {
-  INFO(r.out);
-  CHECK(r.code == 0);
-}
 
 std::string copy_of(const std::string& src, const std::string& dst) {
   REQUIRE(shell("cp -r " + quote(src) + " " + quote(dst)).code == 0);
