@@ -28,6 +28,7 @@ void share_rows(Distributed& dist, const torch::Tensor& t, const std::string& wh
 GrpoPart::GrpoPart(Trainer& trainer, GrpoOptions options, bool after_next_token_phase)
     : trainer_(trainer), opts_(std::move(options)), lora_train_(after_next_token_phase) {
   RewardSet check(opts_.rewards, opts_.max_completion_length, "optimization/grpo/rewards");  // a bad spec fails now
+  trainer_.plan_rollouts(opts_.num_generations);  // counted, and refused if it does not fit, before a rollout
   if (opts_.num_iterations > 1) {  // the rollouts outlive a step: a checkpoint keeps them
     const int64_t B = trainer_.batch_size(), T = trainer_.block_size();
     rollouts_.inputs = torch::zeros({B, T}, torch::kLong);

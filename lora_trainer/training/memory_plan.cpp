@@ -120,9 +120,20 @@ int64_t activations(const MemoryPlanInputs& in, const Shape& s, bool checkpointe
 
 // The head's output and the loss's arrays: the fused loss keeps the logits and writes their gradient
 // into them; LibTorch's makes an f32 copy, its log-softmax and the gradient.
+// GRPO's loss reads log-probabilities (token_logps: an f32 copy over the temperature, its log-sum-exp, the
+// gradients), never the fused loss.
 int64_t logits(const MemoryPlanInputs& in, const Shape& s) {
   const double nv = static_cast<double>(s.N) * s.V;
-  return static_cast<int64_t>(in.fused_loss ? nv * s.act : nv * s.act + 3 * nv * 4);
+  return static_cast<int64_t>(in.fused_loss && in.rollout_rows == 0 ? nv * s.act : nv * s.act + 3 * nv * 4);
+}
+
+// GRPO's rollouts: the KV cache of rollout_rows completions of up to block_size positions (keys and
+// values of every layer, in the activations' dtype), held while they are generated, before the step's
+// activations and logits exist; what it needs beyond them.
+int64_t rollout_cache(const MemoryPlanInputs& in, const Shape& s, int64_t step) {
+  if (in.rollout_rows <= 0) return 0;
+  const int64_t cache = 2 * s.L * in.rollout_rows * in.model.kv_heads() * in.model.head_dim() * s.T * s.act;
+  return std::max<int64_t>(0, cache - step);
 }
 
 struct Builder {
@@ -212,10 +223,14 @@ PhaseMemory lora_phase(const MemoryPlanInputs& in) {
   b.state(zero1 ? "AdamW moments (2 x f32, 1/" + std::to_string(in.ranks) + ")" : "AdamW moments (2 x f32)",
           8 * (zero1 ? (trains + in.ranks - 1) / in.ranks : trains));
   if (in.ema) b.state("EMA (f32)", 4 * trains);
+  const int64_t step = activations(in, s, in.model.activation_checkpointing || sharded > 0, /*frozen=*/true) + logits(in, s);
   b.state("activations (" + std::to_string(s.B) + " x " + std::to_string(s.T) + " tokens a micro-batch" +
               (in.model.activation_checkpointing || sharded > 0 ? ", checkpointed)" : ")"),
           activations(in, s, in.model.activation_checkpointing || sharded > 0, /*frozen=*/true));
-  b.state("logits and loss", logits(in, s));
+  b.state(in.rollout_rows > 0 ? "logits and log-probabilities (unfused)" : "logits and loss", logits(in, s));
+  b.state("rollouts' KV cache (" + std::to_string(in.rollout_rows) + " completions x " + std::to_string(s.T) +
+              " positions), beyond the step's activations and logits",
+          rollout_cache(in, s, step));
   if (largest_quantized > 0)  // each product makes its weight whole in bf16, in the forward and the backward
     b.state(storage.shown() + " weights made whole for their products (two at a time)", 2 * 2 * largest_quantized);
   if (!in.bf16) {  // each product casts its frozen weight into one buffer, in blocks of rows of 64 MiB at most

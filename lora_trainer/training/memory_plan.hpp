@@ -13,7 +13,10 @@
 //   activations                        what a micro-batch's forward keeps for its backward, per block, or
 //                                      only each block's input with training/activation_checkpointing;
 //                                      attention's weights where attention is not fused
-//   logits and loss                    the head's output (N x V) and the loss's own arrays
+//   logits and loss                    the head's output (N x V) and the loss's own arrays (GRPO's
+//                                      log-probabilities unfused: f32 copies and their gradients)
+//   rollouts' KV cache                 GRPO: the keys and values of its completions generated at once,
+//                                      held before the step, where they exceed the step's activations
 //   casts, dequantization              bf16 copies autocast makes of f32 weights; an NF4 weight made
 //                                      whole for each product
 //   checkpoint save                    what a save gathers or fills in besides the state
@@ -64,6 +67,7 @@ struct MemoryPlanInputs {
   bool fused_loss = true, fused_attention = false;
   bool ema = false;
   bool reference_copy = false;  // dpo/train's full-parameter form: a frozen bf16 copy of the starting weights
+  int64_t rollout_rows = 0;     // GRPO: the completions generated at once (num_generations); 0 without rollouts
   ShardMode shard_optimizer = ShardMode::None, shard_params = ShardMode::None;
   bool cuda = false;                // the device is a GPU: the state lives there, the host holds the runtime
   int source_bytes = 2;             // bytes a value of the base a job starting in its LoRA phase loads (bf16: 2)

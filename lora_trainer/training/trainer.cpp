@@ -82,12 +82,19 @@ void Trainer::check_memory(int ranks, int ranks_here, std::optional<int> source_
   in.loads_base = source_bytes.has_value();
   in.source_bytes = source_bytes.value_or(2);
   in.reference_copy = reference_copy_;
+  in.rollout_rows = rollout_rows_;
   memory_plan_ = plan_memory(in);
   if (!memory_plan_.fits() && !plan_only) throw UserError(memory_plan_.refusal());
 }
 
 void Trainer::plan_reference_copy() {
   reference_copy_ = true;
+  const MemoryPlanInputs& was = memory_plan_.inputs;
+  check_memory(was.ranks, was.ranks_here, was.loads_base ? std::optional<int>(was.source_bytes) : std::nullopt);
+}
+
+void Trainer::plan_rollouts(int64_t rows) {
+  rollout_rows_ = rows;
   const MemoryPlanInputs& was = memory_plan_.inputs;
   check_memory(was.ranks, was.ranks_here, was.loads_base ? std::optional<int>(was.source_bytes) : std::nullopt);
 }

@@ -247,6 +247,9 @@ class Trainer : public RestorableJob {
   // full-parameter form) says so before it allocates it: the plan counts it from then on, and a job that
   // no longer fits is refused here (a UserError, unless plan_only).
   void plan_reference_copy();
+  // A part that generates `rows` completions at once before each step (GRPO's rollouts) and scores them
+  // with unfused log-probabilities says so the same way: the plan counts their KV cache and logits.
+  void plan_rollouts(int64_t rows);
 
 
  private:
@@ -348,6 +351,7 @@ class Trainer : public RestorableJob {
   std::unique_ptr<JobData> data_;
   MemoryPlan memory_plan_;
   bool reference_copy_ = false;  // plan_reference_copy
+  int64_t rollout_rows_ = 0;     // plan_rollouts
   int64_t runtime_memory_ = 0;  // the process's own memory before the model was made (memory_plan.hpp)
   Schedule schedule_;  // the full-parameter phase's, over its steps
   std::unique_ptr<LoraPhase> lora_;  // null when the plan has no LoRA phase

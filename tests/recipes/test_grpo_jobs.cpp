@@ -361,3 +361,51 @@ TEST_CASE("GRPO jobs refuse prompts where they cannot train and batches that are
     CHECK_THAT(r.out, Contains("optimization/grpo/rewards") && Contains("needs \"pattern\""));
   }
 }
+
+namespace {
+
+// The bytes of the LoRA phase's items whose name contains `what`.
+int64_t lora_item(const MemoryPlan& plan, const std::string& what) {
+  int64_t bytes = 0;
+  for (const auto& phase : plan.phases)
+    if (phase.name.find("LoRA") != std::string::npos)
+      for (const auto& item : phase.items)
+        if (item.what.find(what) != std::string::npos) bytes += item.host + item.device;
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("memory plan: GRPO counts its unfused log-probabilities, and its rollouts' KV cache where it outgrows the step",
+          "[memory][grpo]") {
+  GrpoData d;
+  auto t = make_job(d, "plan", 1);
+  const MemoryPlan& grpo = t->memory_plan();
+  MemoryPlanInputs in = grpo.inputs;
+  REQUIRE(in.rollout_rows == 4);  // num_generations, said by GrpoPart before any rollout
+  REQUIRE(!in.bf16);              // f32 on the CPU: 4 bytes a value
+  // The same job without rollouts: the fused loss keeps the logits (N x V x 4 bytes); GRPO's token_logps
+  // keeps them, an f32 copy, its log-sum-exp and the gradient: four times that.
+  MemoryPlanInputs plain = in;
+  plain.rollout_rows = 0;
+  const MemoryPlan next_token = plan_memory(plain);
+  REQUIRE(lora_item(next_token, "logits and loss") > 0);
+  CHECK(lora_item(grpo, "log-probabilities (unfused)") == 4 * lora_item(next_token, "logits and loss"));
+  // The tiny model's cache of 4 completions is smaller than its step: nothing beyond it.
+  CHECK(lora_item(grpo, "KV cache") == 0);
+  // 65,536 completions at once: 2 (keys, values) x layers x rows x d_model x block_size f32 values, held
+  // before the step, so the phase holds the cache where the step's activations and logits would be.
+  in.rollout_rows = 65536;
+  const ModelOptions& m = in.model;
+  const int64_t cache = 2 * m.n_layer * in.rollout_rows * m.kv_heads() * m.head_dim() * m.block_size * 4;
+  const MemoryPlan big = plan_memory(in);
+  CHECK(lora_item(big, "KV cache") ==
+        cache - lora_item(big, "activations (") - lora_item(big, "log-probabilities"));
+  // A machine between the two peaks: the job is refused, naming the cache.
+  in.host_memory = (grpo.host_peak() + big.host_peak()) / 2;
+  const MemoryPlan refused = plan_memory(in);
+  CHECK(!refused.fits());
+  CHECK_THAT(refused.refusal(), Contains("KV cache"));
+  in.rollout_rows = 4;
+  CHECK(plan_memory(in).fits());
+}
