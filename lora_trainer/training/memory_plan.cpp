@@ -223,14 +223,14 @@ PhaseMemory lora_phase(const MemoryPlanInputs& in) {
   b.state(zero1 ? "AdamW moments (2 x f32, 1/" + std::to_string(in.ranks) + ")" : "AdamW moments (2 x f32)",
           8 * (zero1 ? (trains + in.ranks - 1) / in.ranks : trains));
   if (in.ema) b.state("EMA (f32)", 4 * trains);
-  const int64_t step = activations(in, s, in.model.activation_checkpointing || sharded > 0, /*frozen=*/true) + logits(in, s);
+  const int64_t acts = activations(in, s, in.model.activation_checkpointing || sharded > 0, /*frozen=*/true), outs = logits(in, s);
   b.state("activations (" + std::to_string(s.B) + " x " + std::to_string(s.T) + " tokens a micro-batch" +
               (in.model.activation_checkpointing || sharded > 0 ? ", checkpointed)" : ")"),
-          activations(in, s, in.model.activation_checkpointing || sharded > 0, /*frozen=*/true));
-  b.state(in.rollout_rows > 0 ? "logits and log-probabilities (unfused)" : "logits and loss", logits(in, s));
+          acts);
+  b.state(in.rollout_rows > 0 ? "logits and log-probabilities (unfused)" : "logits and loss", outs);
   b.state("rollouts' KV cache (" + std::to_string(in.rollout_rows) + " completions x " + std::to_string(s.T) +
               " positions), beyond the step's activations and logits",
-          rollout_cache(in, s, step));
+          rollout_cache(in, s, acts + outs));
   if (largest_quantized > 0)  // each product makes its weight whole in bf16, in the forward and the backward
     b.state(storage.shown() + " weights made whole for their products (two at a time)", 2 * 2 * largest_quantized);
   if (!in.bf16) {  // each product casts its frozen weight into one buffer, in blocks of rows of 64 MiB at most
