@@ -20,6 +20,12 @@ bool is_f32_cpu(const torch::Tensor& t) { return t.defined() && t.device().is_cp
 
 GemmLayout layout(const torch::Tensor& t) { return gemm_layout(t.size(0), t.size(1), t.stride(0), t.stride(1)); }
 
+// C = a b (+ C), LibTorch's product.
+void libtorch_gemm_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
+  if (accumulate) out.addmm_(a, b);
+  else at::mm_out(out, a, b);
+}
+
 // C = a b (+ C), through oneDNN; false where it does not take these operands.
 bool onednn_gemm(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
 #if LT_HAVE_ONEDNN
@@ -132,9 +138,7 @@ CpuMatmul cpu_matmul() { return g_backend.load(); }
 CpuMatmul cpu_small_matmul() { return g_small_backend.load(); }
 
 void cpu_gemm_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
-  if (onednn_gemm(out, a, b, accumulate)) return;
-  if (accumulate) out.addmm_(a, b);
-  else at::mm_out(out, a, b);
+  if (!onednn_gemm(out, a, b, accumulate)) libtorch_gemm_out(out, a, b, accumulate);
 }
 
 void cpu_sgemm(char trans_a, char trans_b, int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
@@ -156,8 +160,7 @@ void cpu_sgemm(char trans_a, char trans_b, int64_t M, int64_t N, int64_t K, cons
     return torch::from_blob(const_cast<float*>(p), {rows, cols}, strides, f32);
   };
   torch::Tensor out = view(c, 'N', M, N, ldc);
-  if (accumulate) out.addmm_(view(a, trans_a, M, K, lda), view(b, trans_b, K, N, ldb));
-  else at::mm_out(out, view(a, trans_a, M, K, lda), view(b, trans_b, K, N, ldb));
+  libtorch_gemm_out(out, view(a, trans_a, M, K, lda), view(b, trans_b, K, N, ldb), accumulate);
 }
 
 torch::Tensor cpu_gemm(const torch::Tensor& a, const torch::Tensor& b) {

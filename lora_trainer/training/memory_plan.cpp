@@ -223,9 +223,10 @@ PhaseMemory lora_phase(const MemoryPlanInputs& in) {
   b.state(zero1 ? "AdamW moments (2 x f32, 1/" + std::to_string(in.ranks) + ")" : "AdamW moments (2 x f32)",
           8 * (zero1 ? (trains + in.ranks - 1) / in.ranks : trains));
   if (in.ema) b.state("EMA (f32)", 4 * trains);
-  const int64_t acts = activations(in, s, in.model.activation_checkpointing || sharded > 0, /*frozen=*/true), outs = logits(in, s);
+  const bool checkpointed = in.model.activation_checkpointing || sharded > 0;
+  const int64_t acts = activations(in, s, checkpointed, /*frozen=*/true), outs = logits(in, s);
   b.state("activations (" + std::to_string(s.B) + " x " + std::to_string(s.T) + " tokens a micro-batch" +
-              (in.model.activation_checkpointing || sharded > 0 ? ", checkpointed)" : ")"),
+              (checkpointed ? ", checkpointed)" : ")"),
           acts);
   b.state(in.rollout_rows > 0 ? "logits and log-probabilities (unfused)" : "logits and loss", outs);
   b.state("rollouts' KV cache (" + std::to_string(in.rollout_rows) + " completions x " + std::to_string(s.T) +

@@ -89,12 +89,15 @@ void Trainer::check_memory(int ranks, int ranks_here, std::optional<int> source_
 
 void Trainer::plan_reference_copy() {
   reference_copy_ = true;
-  const MemoryPlanInputs& was = memory_plan_.inputs;
-  check_memory(was.ranks, was.ranks_here, was.loads_base ? std::optional<int>(was.source_bytes) : std::nullopt);
+  check_memory_again();
 }
 
 void Trainer::plan_rollouts(int64_t rows) {
   rollout_rows_ = rows;
+  check_memory_again();
+}
+
+void Trainer::check_memory_again() {
   const MemoryPlanInputs& was = memory_plan_.inputs;
   check_memory(was.ranks, was.ranks_here, was.loads_base ? std::optional<int>(was.source_bytes) : std::nullopt);
 }

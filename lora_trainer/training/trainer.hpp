@@ -243,6 +243,8 @@ class Trainer : public RestorableJob {
   // own), loading a base of `source_bytes` a value when given. A UserError (MemoryPlan::refusal) when it
   // does not fit, unless plan_only.
   void check_memory(int ranks, int ranks_here, std::optional<int> source_bytes);
+  // check_memory with the ranks and load of the plan so far (after a part has said what it adds).
+  void check_memory_again();
   // A part that keeps a frozen bf16 copy of the model's starting weights (DPO's reference in its
   // full-parameter form) says so before it allocates it: the plan counts it from then on, and a job that
   // no longer fits is refused here (a UserError, unless plan_only).
