@@ -88,25 +88,27 @@ TEST_CASE("llama.cpp's chat session on the exported GGUF replies as sample --cha
     const std::string& conv = lt::test::kConversations;
     for (const std::string& o : std::vector<std::string>{
              "architecture/family=llama", "architecture/vocab_size=" + std::to_string(f.vocab), "architecture/block_size=128",
-             "architecture/activation=silu", "architecture/d_model=64", "training/pre_lora_tokens=[24576]",
-             "training/pre_lora_dataset=" + conv, "training/post_lora_tokens=[512]", "training/post_lora_dataset=" + conv,
+             "architecture/activation=silu", "architecture/d_model=64", "training/batch_size=2",
+             "training/pre_lora_tokens=[12288]", "training/pre_lora_dataset=" + conv, "training/post_lora_tokens=[256]",
+             "training/post_lora_dataset=" + conv,
              "optimization/lr=0.006", "training/warmup_pct=0.05", "data/pack=true", "training/allow_random_base=true"})
       args.push_back(o);
     REQUIRE(lt::test::launch(args).code == 0);
     auto r = lt::test::launch({"run", "chat", tmp / "chat.json", tmp / "out"});
     INFO(r.out);
     REQUIRE(r.code == 0);
-    const std::string ck = tmp / "out/checkpoints/general/default/chat/final/25088";
+    const std::string ck = tmp / "out/checkpoints/general/default/chat/final/12544";
     r = lt::test::launch({"export", ck, tmp / "gguf", "--format", "gguf", "--dtype", "float32"});
     INFO(r.out);
     REQUIRE(r.code == 0);
 
     const ojson hi = {{"role", "user"}, {"content", "Hi"}}, sys = {{"role", "system"}, {"content", "Be brief."}};
     std::vector<ojson> conversations = {ojson::array({hi}), ojson::array({sys, hi})};
-    const std::string first = sample_reply(tmp, ck, conversations[0], 12);
-    conversations.push_back(ojson::array({hi, {{"role", "assistant"}, {"content", first}}, hi}));
     std::vector<std::string> ours;
     for (const auto& c : conversations) ours.push_back(sample_reply(tmp, ck, c, 12));
+    // The second turn follows the model's own first reply.
+    conversations.push_back(ojson::array({hi, {{"role", "assistant"}, {"content", ours[0]}}, hi}));
+    ours.push_back(sample_reply(tmp, ck, conversations.back(), 12));
     CHECK(ours[0] == "Hello there!");  // learned, and different by what came before
     CHECK(ours[1] == "Yo.");
     CHECK(ours[2] == "Again? Hi!");
