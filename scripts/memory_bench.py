@@ -11,6 +11,8 @@ Runs, each as its own process, 2 steps of 8 x 256 tokens of a Llama (8 layers, d
   lora_ckpt   the same, checkpointed
   qlora       the same with optimization/lora/quantize_base=nf4
   sharded     lora on 2 ranks (--nproc 2) with distributed/shard_params=lora
+  grpo        lora with GRPO on prompts (64-byte prompts, 8 completions of up to 128 tokens a step,
+              all generated at once: the rollouts' KV cache, then unfused log-probabilities)
 and prints, from each run's `memory` event (metrics.jsonl), its peak allocated memory (the peak
 resident set less the mapped files' pages: anonymous memory) beside the plan's peak for a rank, and
 writes them to --out. Record the table in docs/memory.md with the CPU model (lscpu).
@@ -47,6 +49,14 @@ def main():
             "architecture/activation=silu", "architecture/tie_embeddings=false"]
     common = [f"data/dir={json.dumps(data)}", "logging/report_interval=1000", "logging/checkpoint_interval=1000",
               "training/validation=false", "training/batch_size=8"] + a.overrides
+    # Prompts for the GRPO form: arithmetic questions of 64 bytes, the answer in each record.
+    prompts = os.path.join(a.work, "prompts.jsonl")
+    with open(prompts, "w") as f:
+        for i in range(64):
+            f.write(json.dumps({"prompt": f"Question {i:3d}: what is {i} + {i % 7}? Answer with the number.".ljust(64),
+                                "answer": str(i + i % 7)}) + "\n")
+    subprocess.run([B, "tokenize", prompts, "--format", "prompts", "--name", "prompts", "--data-dir", data, "--tokenizer", "byte"],
+                   check=True, stdout=subprocess.DEVNULL)
     full_cfg, lora_cfg = os.path.join(a.work, "full.json"), os.path.join(a.work, "lora.json")
     subprocess.run([B, "configure", "train", full_cfg] + arch + common +
                    ["training/tokens=4096", 'training/dataset=[{"name":"text","rate":1}]'], check=True, stdout=subprocess.DEVNULL)
@@ -60,7 +70,10 @@ def main():
                 ("lora", lora_cfg, ["--restore", base]),
                 ("lora_ckpt", lora_cfg, ["--restore", base, "training/activation_checkpointing=true"]),
                 ("qlora", lora_cfg, ["--restore", base, "optimization/lora/quantize_base=nf4"]),
-                ("sharded", lora_cfg, ["--restore", base, "--nproc", "2", "distributed/shard_params=lora"])]
+                ("sharded", lora_cfg, ["--restore", base, "--nproc", "2", "distributed/shard_params=lora"]),
+                ("grpo", lora_cfg, ["--restore", base, 'training/post_lora_dataset=[[{"name":"prompts","rate":1,"style":"prompts"}]]',
+                                    "optimization/grpo/num_generations=8", "optimization/grpo/max_completion_length=128",
+                                    'optimization/grpo/rewards=[{"kind":"length"}]'])]
     r = {"cpu": platform.processor() or "", "runs": {}}
     try:
         r["cpu"] = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][0]
