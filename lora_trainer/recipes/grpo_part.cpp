@@ -28,7 +28,21 @@ void share_rows(Distributed& dist, const torch::Tensor& t, const std::string& wh
 GrpoPart::GrpoPart(Trainer& trainer, GrpoOptions options, bool after_next_token_phase)
     : trainer_(trainer), opts_(std::move(options)), lora_train_(after_next_token_phase) {
   RewardSet check(opts_.rewards, opts_.max_completion_length, "optimization/grpo/rewards");  // a bad spec fails now
-  trainer_.plan_rollouts(opts_.num_generations);  // counted, and refused if it does not fit, before a rollout
+  // Counted, and refused if it does not fit, before a rollout: the step's rows as long as the longest
+  // prompt and a whole completion (where the prompts cannot be read yet, as `plan` without the data, block_size).
+  int64_t longest = 0;
+  for (const Sampling& s : trainer_.data().datasets()) {
+    if (s.style != DatasetStyle::PROMPTS) continue;
+    try {
+      if (const auto* ds = dynamic_cast<const PromptsDataset*>(&trainer_.data().open(s)))
+        longest = std::max<int64_t>(longest, static_cast<int64_t>(ds->longest_prompt()));
+    } catch (const UserError&) {
+      longest = 0;  // the run's own opening says what is wrong
+      break;
+    }
+  }
+  trainer_.plan_rollouts(opts_.num_generations,
+                         longest > 0 ? std::min(trainer_.block_size(), longest + opts_.max_completion_length) : 0);
   if (opts_.num_iterations > 1) {  // the rollouts outlive a step: a checkpoint keeps them
     const int64_t B = trainer_.batch_size(), T = trainer_.block_size();
     rollouts_.inputs = torch::zeros({B, T}, torch::kLong);

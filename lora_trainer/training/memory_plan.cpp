@@ -186,7 +186,12 @@ PhaseMemory full_phase(const MemoryPlanInputs& in) {
 }
 
 PhaseMemory lora_phase(const MemoryPlanInputs& in) {
-  const Shape s = shape_of(in);
+  Shape s = shape_of(in);
+  // GRPO trains rows as long as the step's longest prompt and completion, and caches as many positions.
+  if (in.rollout_rows > 0 && in.rollout_width > 0 && in.rollout_width < s.T) {
+    s.T = in.rollout_width;
+    s.N = s.B * s.T;
+  }
   Builder b{in, {"phase 2 (LoRA)", {}}};
   const FrozenStorage& storage = frozen_storage(in.storage);
   int64_t bf16 = 0, quantized = 0, sharded = 0, trained = 0, largest_quantized = 0, n_quantized = 0, adapters = 0;

@@ -68,6 +68,8 @@ struct MemoryPlanInputs {
   bool ema = false;
   bool reference_copy = false;  // dpo/train's full-parameter form: a frozen bf16 copy of the starting weights
   int64_t rollout_rows = 0;     // GRPO: the completions generated at once (num_generations); 0 without rollouts
+  int64_t rollout_width = 0;    // GRPO: the positions of a step's rows and of a rollout's cache (the longest
+                                // prompt + max_completion_length, at most block_size); 0: block_size
   ShardMode shard_optimizer = ShardMode::None, shard_params = ShardMode::None;
   bool cuda = false;                // the device is a GPU: the state lives there, the host holds the runtime
   int source_bytes = 2;             // bytes a value of the base a job starting in its LoRA phase loads (bf16: 2)

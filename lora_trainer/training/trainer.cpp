@@ -83,6 +83,7 @@ void Trainer::check_memory(int ranks, int ranks_here, std::optional<int> source_
   in.source_bytes = source_bytes.value_or(2);
   in.reference_copy = reference_copy_;
   in.rollout_rows = rollout_rows_;
+  in.rollout_width = rollout_width_;
   memory_plan_ = plan_memory(in);
   if (!memory_plan_.fits() && !plan_only) throw UserError(memory_plan_.refusal());
 }
@@ -92,8 +93,9 @@ void Trainer::plan_reference_copy() {
   check_memory_again();
 }
 
-void Trainer::plan_rollouts(int64_t rows) {
+void Trainer::plan_rollouts(int64_t rows, int64_t width) {
   rollout_rows_ = rows;
+  rollout_width_ = width;
   check_memory_again();
 }
 

@@ -250,8 +250,9 @@ class Trainer : public RestorableJob {
   // no longer fits is refused here (a UserError, unless plan_only).
   void plan_reference_copy();
   // A part that generates `rows` completions at once before each step (GRPO's rollouts) and scores them
-  // with unfused log-probabilities says so the same way: the plan counts their KV cache and logits.
-  void plan_rollouts(int64_t rows);
+  // with unfused log-probabilities says so the same way: the plan counts their KV cache and logits, and
+  // the step's rows as `width` positions long (0: block_size).
+  void plan_rollouts(int64_t rows, int64_t width);
 
 
  private:
@@ -353,7 +354,7 @@ class Trainer : public RestorableJob {
   std::unique_ptr<JobData> data_;
   MemoryPlan memory_plan_;
   bool reference_copy_ = false;  // plan_reference_copy
-  int64_t rollout_rows_ = 0;     // plan_rollouts
+  int64_t rollout_rows_ = 0, rollout_width_ = 0;  // plan_rollouts
   int64_t runtime_memory_ = 0;  // the process's own memory before the model was made (memory_plan.hpp)
   Schedule schedule_;  // the full-parameter phase's, over its steps
   std::unique_ptr<LoraPhase> lora_;  // null when the plan has no LoRA phase

@@ -384,20 +384,36 @@ TEST_CASE("memory plan: GRPO counts its unfused log-probabilities, and its rollo
   MemoryPlanInputs in = grpo.inputs;
   REQUIRE(in.rollout_rows == 4);  // num_generations, said by GrpoPart before any rollout
   REQUIRE(!in.bf16);              // f32 on the CPU: 4 bytes a value
-  // The same job without rollouts: the fused loss keeps the logits (N x V x 4 bytes); GRPO's token_logps
-  // keeps them, an f32 copy, its log-sum-exp and the gradient: four times that.
+  // A step's rows are as long as the longest prompt and a whole completion (max_completion_length 4),
+  // shorter than block_size here: the plan counts that many positions.
+  int64_t longest = 0;
+  for (const Sampling& s : t->data().datasets())
+    if (s.style == DatasetStyle::PROMPTS)
+      longest = std::max<int64_t>(longest, dynamic_cast<const PromptsDataset&>(t->data().open(s)).longest_prompt());
+  const int64_t width = longest + 4;
+  REQUIRE(width < in.model.block_size);
+  CHECK(in.rollout_width == width);
+  // The same job without rollouts, its rows that long: the same activations; the fused loss keeps the
+  // logits (N x V x 4 bytes); GRPO's token_logps keeps them, an f32 copy, its log-sum-exp and the
+  // gradient: four times that.
   MemoryPlanInputs plain = in;
   plain.rollout_rows = 0;
+  plain.model.block_size = width;
   const MemoryPlan next_token = plan_memory(plain);
   REQUIRE(lora_item(next_token, "logits and loss") > 0);
+  CHECK(lora_item(grpo, "activations (") == lora_item(next_token, "activations ("));
   CHECK(lora_item(grpo, "log-probabilities (unfused)") == 4 * lora_item(next_token, "logits and loss"));
+  // Counted as block_size long, the step holds more.
+  MemoryPlanInputs whole = in;
+  whole.rollout_width = 0;
+  CHECK(lora_item(plan_memory(whole), "activations (") > lora_item(grpo, "activations ("));
   // The tiny model's cache of 4 completions is smaller than its step: nothing beyond it.
   CHECK(lora_item(grpo, "KV cache") == 0);
-  // 65,536 completions at once: 2 (keys, values) x layers x rows x d_model x block_size f32 values, held
+  // 65,536 completions at once: 2 (keys, values) x layers x rows x d_model x width f32 values, held
   // before the step, so the phase holds the cache where the step's activations and logits would be.
   in.rollout_rows = 65536;
   const ModelOptions& m = in.model;
-  const int64_t cache = 2 * m.n_layer * in.rollout_rows * m.kv_heads() * m.head_dim() * m.block_size * 4;
+  const int64_t cache = 2 * m.n_layer * in.rollout_rows * m.kv_heads() * m.head_dim() * width * 4;
   const MemoryPlan big = plan_memory(in);
   CHECK(lora_item(big, "KV cache") ==
         cache - lora_item(big, "activations (") - lora_item(big, "log-probabilities"));
