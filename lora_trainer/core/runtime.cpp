@@ -32,7 +32,7 @@ static auto enum_option(const std::string& key, std::vector<std::string> names, 
 static const OptionGroup<RuntimeOptions>& runtime_options() {
   using O = RuntimeOptions;
   static const std::vector<std::string> devices = {"auto", "cpu", "cuda"}, precisions = {"auto", "bf16", "f32"},
-                                        attentions = {"auto", "fused", "manual"}, losses = {"auto", "fused", "libtorch"},
+                                        attentions = {"auto", "fused", "manual"}, losses = {"auto", "fused", "chunked", "libtorch"},
                                         matmuls = {"auto", "onednn", "libtorch"};
   static const auto g =
       OptionGroup<O>()
@@ -47,10 +47,12 @@ static const OptionGroup<RuntimeOptions>& runtime_options() {
                "kernel measured slower)",
                enum_option("runtime/attention", attentions, &O::attention), check_one_of(attentions))
           .add("runtime/loss", OptType::String, "auto",
-               "the loss's kernels for bf16 logits: fused (this project's: reads the bf16 logits once, writes the bf16 "
-               "gradient, no f32 copy; on the CPU, and on CUDA in a build with the CUDA kernels), libtorch (log_softmax + "
-               "nll_loss over an f32 copy of the logits), or auto (fused where it can run: on the CPU, and on CUDA in a build with the kernels; else libtorch). f32 logits always "
-               "take libtorch's",
+               "the loss's kernels: fused (this project's: reads the logits once, writes their gradient over them, no "
+               "f32 copy; on the CPU, and on CUDA in a build with the CUDA kernels), chunked (fused, and a head that "
+               "takes no gradient, as the LoRA phase's frozen head and every validation, computes its loss over blocks "
+               "of 4,096 columns of the vocabulary: the logits never whole), libtorch (log_softmax + nll_loss over an "
+               "f32 copy of the logits), or auto (chunked on the CPU; fused on CUDA in a build with the kernels, else "
+               "libtorch)",
                enum_option("runtime/loss", losses, &O::loss), check_one_of(losses))
           .add("runtime/matmul", OptType::String, "auto",
                "the f32 products of linear layers on the CPU (forward and the input's gradient): onednn (oneDNN's "

@@ -18,7 +18,7 @@ struct RuntimeOptions {
   enum class Device { Auto, Cpu, Cuda } device = Device::Auto;           // runtime/device
   enum class Precision { Auto, Bf16, F32 } precision = Precision::Auto;  // runtime/precision
   enum class Attention { Auto, Fused, Manual } attention = Attention::Auto;  // runtime/attention
-  enum class Loss { Auto, Fused, LibTorch } loss = Loss::Auto;           // runtime/loss
+  enum class Loss { Auto, Fused, Chunked, LibTorch } loss = Loss::Auto;  // runtime/loss
   enum class Matmul { Auto, OneDnn, LibTorch } matmul = Matmul::Auto;     // runtime/matmul
   int64_t threads = 0;  // runtime/threads: 0 = every core (shared among this machine's ranks)
   static RuntimeOptions from_config(const Config& cfg);

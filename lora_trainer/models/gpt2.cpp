@@ -4,6 +4,7 @@
 
 #include "lora_trainer/models/activation_checkpointing.hpp"
 #include "lora_trainer/kernels/cross_entropy.hpp"
+#include "lora_trainer/kernels/head_loss.hpp"
 
 namespace lt {
 
@@ -122,7 +123,10 @@ torch::Tensor GPTImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& t
   // (B * T, C): the head then makes (B * T, V or padded V) logits (bf16 under autocast) that are no view,
   // so the loss may write its gradient over them.
   auto x = hidden(idx, segments).flatten(0, 1);
-  auto logits = output_logits(x, wte->output_weight(x), /*padded=*/true);
+  auto W = wte->output_weight(x);
+  if (opts_.chunked_loss_on(idx.device()) && chunked_head_loss_applies(W))  // a frozen head: no logits whole
+    return chunked_head_loss_sum(x, W, targets.reshape({-1}), product_dtype(x));
+  auto logits = output_logits(x, W, /*padded=*/true);
   return cross_entropy_sum(logits, targets.reshape({-1}), opts_.fused_loss_on(idx.device()), /*overwrite_logits=*/true);
 }
 

@@ -21,6 +21,11 @@ torch::Tensor LinearImpl::base_weight(const torch::Tensor& x) const {
   return frozen_ ? frozen_->for_matmul(x) : weight_for(weight, x);
 }
 
+torch::Tensor LinearImpl::plain_weight(const torch::Tensor& x) const {
+  if (bias.defined() || (lora_on_ && lora_A().defined())) return {};
+  return frozen_ ? frozen_->for_matmul(x) : weight;
+}
+
 torch::Tensor LinearImpl::base_forward(const torch::Tensor& x) const {
   return frozen_ ? frozen_->linear(x, bias) : lora_linear(x, base_weight(x), bias, {}, {}, 0.0);
 }
@@ -279,6 +284,11 @@ struct TrainedHeadFn : public torch::autograd::Function<TrainedHeadFn> {
 };
 
 }  // namespace
+
+torch::ScalarType product_dtype(const torch::Tensor& x) {
+  const auto type = x.device().type();
+  return compat::autocast_enabled(type) ? compat::autocast_dtype(type) : x.scalar_type();
+}
 
 torch::Tensor output_logits(const torch::Tensor& x, const torch::Tensor& W, bool padded) {
   const int64_t V = W.size(0);

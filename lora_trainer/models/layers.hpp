@@ -32,6 +32,9 @@ class LinearImpl : public torch::nn::Module, public LoraAdaptable {
   // W for the matmul with x: the stored one from its FrozenWeight once frozen (bf16: lora_linear's
   // frozen_linear casts it), else the parameter itself.
   torch::Tensor base_weight(const torch::Tensor& x) const;
+  // W alone when the layer's output is x W^T (no adapter on, no bias): the stored one once frozen (as
+  // its storage makes it for a product), else the parameter; undefined otherwise.
+  torch::Tensor plain_weight(const torch::Tensor& x) const;
   torch::Tensor weight, bias;  // bias undefined when built without one
 
  private:
@@ -157,5 +160,8 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& rope);
 // that softmax gives them no weight and no gradient; `padded` keeps them (for the loss), else the V
 // real columns are returned.
 torch::Tensor output_logits(const torch::Tensor& x, const torch::Tensor& W, bool padded);
+
+// The dtype x's products are computed in: autocast's where it is on for x's device, else x's own.
+torch::ScalarType product_dtype(const torch::Tensor& x);
 
 }  // namespace lt

@@ -2,6 +2,7 @@
 
 #include "lora_trainer/models/activation_checkpointing.hpp"
 #include "lora_trainer/kernels/cross_entropy.hpp"
+#include "lora_trainer/kernels/head_loss.hpp"
 
 namespace lt {
 
@@ -130,7 +131,12 @@ torch::Tensor LlamaImpl::forward_cached(const torch::Tensor& idx, KvCache& cache
 
 torch::Tensor LlamaImpl::loss_sum(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& segments) {
   // (B * T, C) in, so the logits are no view and the loss may write its gradient over them (gpt2.cpp).
-  auto z = logits(hidden(idx, segments).flatten(0, 1), /*padded=*/true);
+  auto x = hidden(idx, segments).flatten(0, 1);
+  if (opts_.chunked_loss_on(idx.device())) {  // a frozen head without an adapter: no logits whole
+    auto W = lm_head ? lm_head->plain_weight(x) : model->embed_tokens->output_weight(x);
+    if (W.defined() && chunked_head_loss_applies(W)) return chunked_head_loss_sum(x, W, targets.reshape({-1}), product_dtype(x));
+  }
+  auto z = logits(x, /*padded=*/true);
   return cross_entropy_sum(z, targets.reshape({-1}), opts_.fused_loss_on(idx.device()), /*overwrite_logits=*/true);
 }
 

@@ -171,8 +171,13 @@ bool ModelOptions::fused_attention_on(const torch::Device& device) const {
 bool ModelOptions::fused_loss_on(const torch::Device& device) const {
   // auto: fused on the CPU, and on CUDA where the build has the kernels (1.20x the step of GPT-2 124M
   // on an H200, 6 GB less GPU memory: docs/performance.md); LibTorch's loss on CUDA without them.
-  if (loss == Loss::Auto) return !device.is_cuda() || cuda_loss_kernels_built();
+  if (loss == Loss::Auto || loss == Loss::Chunked) return !device.is_cuda() || cuda_loss_kernels_built();
   return loss == Loss::Fused;
+}
+
+bool ModelOptions::chunked_loss_on(const torch::Device& device) const {
+  // auto: on the CPU (kernels/head_loss.hpp; docs/performance.md); on CUDA where asked for.
+  return loss == Loss::Chunked || (loss == Loss::Auto && !device.is_cuda());
 }
 
 // Settings from a file (an HF config.json with vocab_size 10^12) are refused before anything is

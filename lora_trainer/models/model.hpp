@@ -70,6 +70,9 @@ struct ModelOptions {
   int64_t ff() const { return d_ff > 0 ? d_ff : 4 * d_model; }
   bool fused_attention_on(const torch::Device& device) const;
   bool fused_loss_on(const torch::Device& device) const;
+  // Whether a head that takes no gradient computes its loss over blocks of the vocabulary, the logits never
+  // whole (kernels/head_loss.hpp); heads that train take the fused (or LibTorch's) loss.
+  bool chunked_loss_on(const torch::Device& device) const;
   // A UserError naming the architecture/ key of the first inconsistency.
   void validate() const;
   static ModelOptions from_config(const Config& cfg);

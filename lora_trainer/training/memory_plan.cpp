@@ -10,6 +10,7 @@
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/core/torch_compat.hpp"
 #include "lora_trainer/kernels/cpu_gemm.hpp"
+#include "lora_trainer/kernels/head_loss.hpp"
 #include "lora_trainer/peft/frozen_weight.hpp"
 #include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/training/lora_phase.hpp"
@@ -49,10 +50,11 @@ constexpr ActivationRow kActivationRows[] = {
 constexpr double kCheckpointedF32Extra = 0.0;
 constexpr double kCheckpointedF32LoraExtra = 0.0;
 #else
-// A checkpointed f32 backward keeps about one block more than the rows predict (AVX2 Zen 1: full-parameter,
-// 2026-11-29, the plan 16% under the measured peak without it, 3% over with it; the LoRA phase, 2026-11-30,
-// 18% under with one thread (OMP_NUM_THREADS=1, as ctest runs it), 13% under with two); bf16's need none.
-constexpr double kCheckpointedF32Extra = 1.0;
+// A checkpointed f32 backward keeps more than the rows predict: full-parameter, about half a block (AVX2
+// Zen 1: 2026-11-29 the run peaked at 399 MB, 2026-11-30 at 352-371 MB, where the rows alone say 357 MB
+// and one block more 411 MB); the LoRA phase about one block (2026-11-30, 18% under without it with one
+// thread (OMP_NUM_THREADS=1, as ctest runs it), 13% under with two); bf16's need none.
+constexpr double kCheckpointedF32Extra = 0.5;
 constexpr double kCheckpointedF32LoraExtra = 1.0;
 // LibTorch 1.13 (Debian 12), 2026-11-29: the plan within -6% to +6% of every fitted run.
 constexpr ActivationRow kActivationRows[] = {
@@ -125,6 +127,32 @@ int64_t activations(const MemoryPlanInputs& in, const Shape& s, bool checkpointe
 int64_t logits(const MemoryPlanInputs& in, const Shape& s) {
   const double nv = static_cast<double>(s.N) * s.V;
   return static_cast<int64_t>(in.fused_loss && in.rollout_rows == 0 ? nv * s.act : nv * s.act + 3 * nv * 4);
+}
+
+// The chunked head + loss (kernels/head_loss.hpp) of a head that takes no gradient: one block of logits
+// (N x 4,096; N x 1,024 in f32 for d_model 4,096), W's block cast where the head is stored in another dtype (a bf16 head in an f32 step), x's
+// gradient (N x C, f32) kept from the forward, the block's product p W_b in bf16; LibTorch's f32
+// operations on a block where there are no row kernels (CUDA).
+int64_t chunked_logits(const MemoryPlanInputs& in, const Shape& s) {
+  const int64_t columns = head_loss_columns(s.V, s.C, /*cast=*/!in.bf16);
+  int64_t bytes = s.N * columns * s.act + 4 * s.N * s.C;
+  if (!in.bf16) bytes += columns * s.C * 4;
+  else bytes += 2 * s.N * s.C;
+  if (in.cuda) bytes += 2 * 4 * s.N * columns;
+  return bytes;
+}
+
+// Whether the LoRA phase's head takes no gradient, so that its loss is chunked where the runtime chunks
+// it: no adapter on it and it does not train (modules_to_save; trainable token rows of a tied head).
+bool head_frozen(const MemoryPlanInputs& in) {
+  const PlannedParam* head = nullptr;
+  for (const auto& p : in.params) {
+    const bool vocabulary = p.shape.size() == 2 && p.shape[0] == in.model.vocab_size;
+    if (vocabulary && (!head || p.name.find("lm_head") != std::string::npos)) head = &p;
+  }
+  if (!head) return false;
+  const bool tied = head->name.find("lm_head") == std::string::npos;
+  return !head->trains && head->adapter == 0 && !(tied && in.token_rows > 0);
 }
 
 // GRPO's rollouts: the KV cache of rollout_rows completions of up to block_size positions (keys and
@@ -229,11 +257,15 @@ PhaseMemory lora_phase(const MemoryPlanInputs& in) {
           8 * (zero1 ? (trains + in.ranks - 1) / in.ranks : trains));
   if (in.ema) b.state("EMA (f32)", 4 * trains);
   const bool checkpointed = in.model.activation_checkpointing || sharded > 0;
-  const int64_t acts = activations(in, s, checkpointed, /*frozen=*/true), outs = logits(in, s);
+  const bool chunked = in.chunked_loss && in.rollout_rows == 0 && in.rows_per_sample == 1 && head_frozen(in);
+  const int64_t acts = activations(in, s, checkpointed, /*frozen=*/true), outs = chunked ? chunked_logits(in, s) : logits(in, s);
   b.state("activations (" + std::to_string(s.B) + " x " + std::to_string(s.T) + " tokens a micro-batch" +
               (checkpointed ? ", checkpointed)" : ")"),
           acts);
-  b.state(in.rollout_rows > 0 ? "logits and log-probabilities (unfused)" : "logits and loss", outs);
+  b.state(in.rollout_rows > 0 ? "logits and log-probabilities (unfused)"
+          : chunked          ? "logits and loss (chunked: 4,096 columns at a time, x's gradient)"
+                             : "logits and loss",
+          outs);
   b.state("rollouts' KV cache (" + std::to_string(in.rollout_rows) + " completions x " + std::to_string(s.T) +
               " positions), beyond the step's activations and logits",
           rollout_cache(in, s, acts + outs));
@@ -241,8 +273,9 @@ PhaseMemory lora_phase(const MemoryPlanInputs& in) {
     b.state(storage.shown() + " weights made whole for their products (two at a time)", 2 * 2 * largest_quantized);
   if (!in.bf16) {  // each product casts its frozen weight into one buffer, in blocks of rows of 64 MiB at most
     int64_t largest_frozen = 0;
-    for (const auto& p : in.params)
-      if (!p.trains && !p.quantized && p.shape.size() == 2) largest_frozen = std::max(largest_frozen, p.numel);
+    for (const auto& p : in.params)  // a chunked head casts its own blocks (chunked_logits); the embedding's is a lookup
+      if (!p.trains && !p.quantized && p.shape.size() == 2 && !(chunked && p.shape[0] == s.V))
+        largest_frozen = std::max(largest_frozen, p.numel);
     b.state("f32 cast of a frozen weight (one buffer, 64 MiB at most)", std::min(kFrozenCastBlockBytes, 4 * largest_frozen));
   }
   if (in.loads_base) {
@@ -488,6 +521,7 @@ MemoryPlanInputs job_memory_inputs(CausalLM& model, const TrainingOptions& opts,
   in.rows_per_sample = pairs ? 2 : 1;
   in.bf16 = rt.bf16_autocast;
   in.fused_loss = in.model.fused_loss_on(rt.device);
+  in.chunked_loss = in.model.chunked_loss_on(rt.device);
   in.fused_attention = in.model.fused_attention_on(rt.device);
   in.ema = opts.optimizer.ema_decay > 0;
   in.shard_optimizer = opts.shard_optimizer;

@@ -14,7 +14,8 @@
 //                                      only each block's input with training/activation_checkpointing;
 //                                      attention's weights where attention is not fused
 //   logits and loss                    the head's output (N x V) and the loss's own arrays (GRPO's
-//                                      log-probabilities unfused: f32 copies and their gradients)
+//                                      log-probabilities unfused: f32 copies and their gradients); a
+//                                      frozen head's chunked loss: one block of N x 4,096 and x's gradient
 //   rollouts' KV cache                 GRPO: the keys and values of its completions generated at once,
 //                                      held before the step, where they exceed the step's activations
 //   casts, dequantization              bf16 copies autocast makes of f32 weights; an NF4 weight made
@@ -65,6 +66,7 @@ struct MemoryPlanInputs {
   int ranks_here = 1;       // of them on this machine
   bool bf16 = false;        // bf16 autocast (runtime/precision)
   bool fused_loss = true, fused_attention = false;
+  bool chunked_loss = false;  // a head that takes no gradient computes its loss in blocks (runtime/loss)
   bool ema = false;
   bool reference_copy = false;  // dpo/train's full-parameter form: a frozen bf16 copy of the starting weights
   int64_t rollout_rows = 0;     // GRPO: the completions generated at once (num_generations); 0 without rollouts

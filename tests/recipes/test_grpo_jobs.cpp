@@ -393,11 +393,12 @@ TEST_CASE("memory plan: GRPO counts its unfused log-probabilities, and its rollo
   const int64_t width = longest + 4;
   REQUIRE(width < in.model.block_size);
   CHECK(in.rollout_width == width);
-  // The same job without rollouts, its rows that long: the same activations; the fused loss keeps the
-  // logits (N x V x 4 bytes); GRPO's token_logps keeps them, an f32 copy, its log-sum-exp and the
-  // gradient: four times that.
+  // The same job without rollouts, its rows that long: the same activations; the fused loss with the
+  // logits whole keeps them (N x V x 4 bytes); GRPO's token_logps keeps them, an f32 copy, its
+  // log-sum-exp and the gradient: four times that.
   MemoryPlanInputs plain = in;
   plain.rollout_rows = 0;
+  plain.chunked_loss = false;
   plain.model.block_size = width;
   const MemoryPlan next_token = plan_memory(plain);
   REQUIRE(lora_item(next_token, "logits and loss") > 0);
