@@ -96,7 +96,7 @@ Result head_loss(const torch::Tensor& x_in, const torch::Tensor& W, const torch:
   if (device.is_cpu()) {
     const int64_t* tp = t.data_ptr<int64_t>();
     for (int64_t i = 0; i < N; ++i)
-      TORCH_CHECK(tp[i] < V, "cross_entropy_sum: target ", tp[i], " in row ", i, " is outside the vocabulary of ", V);
+      TORCH_CHECK(tp[i] < V, "chunked_head_loss_sum: target ", tp[i], " in row ", i, " is outside the vocabulary of ", V);
   }
   auto f32 = x.options().dtype(torch::kFloat32);
   auto m = torch::full({N}, -std::numeric_limits<float>::infinity(), f32);
