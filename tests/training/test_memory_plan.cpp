@@ -87,14 +87,13 @@ TEST_CASE("memory plan: its state items are the bytes the job holds, each frozen
 TEST_CASE("memory plan: a frozen head's chunked loss holds one block of logits and x's gradient, a head that trains the whole logits", "[memory][loss]") {
   test::TempDir dir;
   const int64_t N = 128, V = 128256, C = 4096;  // the 8B job: 1 x 128 tokens, Llama 3's vocabulary
-  auto logits_item = [&](const std::vector<std::string>& extra) {
-    std::vector<std::string> o = kNoPhaseOne;
-    o.insert(o.end(), extra.begin(), extra.end());
-    const MemoryPlan plan = planned_8b(dir / "data", o)->memory_plan();
-    INFO(plan.text());
-    return std::make_pair(item(plan, "phase 2", "logits and loss"), plan.inputs);
-  };
-  const auto [chunked, in] = logits_item({"runtime/device=cpu", "runtime/loss=chunked"});
+  std::vector<std::string> o = kNoPhaseOne;
+  o.insert(o.end(), {"runtime/device=cpu", "runtime/loss=chunked"});
+  const MemoryPlan plan = planned_8b(dir / "data", o)->memory_plan();
+  INFO(plan.text());
+  const MemoryPlanInputs& in = plan.inputs;
+  REQUIRE(in.chunked_loss);
+  const MemoryItem chunked = item(plan, "phase 2", "logits and loss");
   const int64_t act = in.bf16 ? 2 : 4;
   // A block of 4,096 columns (in f32 1,024: the bf16 head's block cast, 16 MiB); x's gradient in f32;
   // under bf16 the block's product.
@@ -102,11 +101,16 @@ TEST_CASE("memory plan: a frozen head's chunked loss holds one block of logits a
   const int64_t columns = in.bf16 ? 4096 : 1024;
   CHECK(chunked.host == N * columns * act + 4 * N * C + (in.bf16 ? 2 * N * C : columns * C * 4));
   CHECK(chunked.host < N * V * act / 2);
-  // The logits whole: asked for, or a head that trains (modules_to_save).
-  CHECK(logits_item({"runtime/device=cpu", "runtime/loss=fused"}).first.host == N * V * act);
-  const auto trained = logits_item({"runtime/device=cpu", "runtime/loss=chunked", R"(optimization/lora/modules_to_save=["lm_head"])"}).first;
-  CHECK(trained.what == "logits and loss");
-  CHECK(trained.host == N * V * act);
+  // The logits whole: asked for (runtime/loss=fused), or a head that trains (modules_to_save).
+  MemoryPlanInputs fused = in;
+  fused.chunked_loss = false;
+  CHECK(item(plan_memory(fused), "phase 2", "logits and loss").host == N * V * act);
+  MemoryPlanInputs trained = in;
+  for (auto& p : trained.params)
+    if (p.name == "lm_head.weight") p.trains = true;
+  const MemoryItem whole = item(plan_memory(trained), "phase 2", "logits and loss");
+  CHECK(whole.what == "logits and loss");
+  CHECK(whole.host == N * V * act);
 }
 
 TEST_CASE("memory plan: the 8B QLoRA job fits a 24 GB machine, its bf16 and full-parameter forms are refused with what would fit", "[memory]") {
