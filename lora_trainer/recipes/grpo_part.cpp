@@ -34,8 +34,7 @@ GrpoPart::GrpoPart(Trainer& trainer, GrpoOptions options, bool after_next_token_
   for (const Sampling& s : trainer_.data().datasets()) {
     if (s.style != DatasetStyle::PROMPTS) continue;
     try {
-      if (const auto* ds = dynamic_cast<const PromptsDataset*>(&trainer_.data().open(s)))
-        longest = std::max<int64_t>(longest, static_cast<int64_t>(ds->longest_prompt()));
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(opened_prompts(s).longest_prompt()));
     } catch (const UserError&) {
       longest = 0;  // the run's own opening says what is wrong
       break;
@@ -126,11 +125,16 @@ RewardSet& GrpoPart::reward_set() {
   return *rewards_;
 }
 
-const PromptsDataset& GrpoPart::prompts(const Sampling& s) {
+const PromptsDataset& GrpoPart::opened_prompts(const Sampling& s) const {
   const auto* ds = dynamic_cast<const PromptsDataset*>(&trainer_.data().open(s));
   if (!ds) throw std::logic_error("dataset " + s.name + " of style prompts did not open as one");
-  read_text_format(*ds);
   return *ds;
+}
+
+const PromptsDataset& GrpoPart::prompts(const Sampling& s) {
+  const PromptsDataset& ds = opened_prompts(s);
+  read_text_format(ds);
+  return ds;
 }
 
 std::vector<uint32_t> GrpoPart::cut_at_stop(const std::vector<uint32_t>& c) const {

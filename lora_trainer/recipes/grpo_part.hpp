@@ -127,6 +127,8 @@ class GrpoPart : public TrainerPart {
   // The tokenizer that decodes the completions and the ids that stop them (of the first prompts dataset
   // met), read once.
   void read_text_format(const PromptsDataset& ds);
+  // A dataset of style prompts as opened (opened_prompts), and with its text format read (prompts).
+  const PromptsDataset& opened_prompts(const Sampling& s) const;
   const PromptsDataset& prompts(const Sampling& s);
   // The rewards, made when first asked for (a reward program starts then).
   RewardSet& reward_set();

@@ -133,8 +133,10 @@ int64_t logits(const MemoryPlanInputs& in, const Shape& s) {
 // (N x 4,096; N x 1,024 in f32 for d_model 4,096), W's block cast where the head is stored in another dtype (a bf16 head in an f32 step), x's
 // gradient (N x C, f32) kept from the forward, the block's product p W_b in bf16; LibTorch's f32
 // operations on a block where there are no row kernels (CUDA).
+int64_t chunked_columns(const MemoryPlanInputs& in, const Shape& s) { return head_loss_columns(s.V, s.C, /*cast=*/!in.bf16); }
+
 int64_t chunked_logits(const MemoryPlanInputs& in, const Shape& s) {
-  const int64_t columns = head_loss_columns(s.V, s.C, /*cast=*/!in.bf16);
+  const int64_t columns = chunked_columns(in, s);
   int64_t bytes = s.N * columns * s.act + 4 * s.N * s.C;
   if (!in.bf16) bytes += columns * s.C * 4;
   else bytes += 2 * s.N * s.C;
@@ -263,7 +265,7 @@ PhaseMemory lora_phase(const MemoryPlanInputs& in) {
               (checkpointed ? ", checkpointed)" : ")"),
           acts);
   b.state(in.rollout_rows > 0 ? "logits and log-probabilities (unfused)"
-          : chunked          ? "logits and loss (chunked: 4,096 columns at a time, x's gradient)"
+          : chunked          ? "logits and loss (chunked: " + std::to_string(chunked_columns(in, s)) + " columns at a time, x's gradient)"
                              : "logits and loss",
           outs);
   b.state("rollouts' KV cache (" + std::to_string(in.rollout_rows) + " completions x " + std::to_string(s.T) +
