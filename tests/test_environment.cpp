@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "lora_trainer/core/runtime.hpp"
+
 namespace {
 
 // This process's command line, as execv wants it.
@@ -35,7 +37,10 @@ std::vector<std::string> command_line() {
 struct TestEnvironment {
   TestEnvironment() {
     const char* spec = std::getenv("LT_TEST_ENV");
-    if (!spec || !*spec) return;
+    if (!spec || !*spec) {
+      lt::follow_onednn_isa_cap();  // ONEDNN_MAX_CPU_ISA: bf16 products as that CPU runs them
+      return;
+    }
     bool changed = false;
     const std::string s = spec;
     for (size_t start = 0; start <= s.size();) {
@@ -55,7 +60,10 @@ struct TestEnvironment {
       }
       start = end + 1;
     }
-    if (!changed) return;  // started again already (or ctest's environment had them)
+    if (!changed) {  // started again already (or ctest's environment had them)
+      lt::follow_onednn_isa_cap();
+      return;
+    }
     std::vector<std::string> args = command_line();
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());

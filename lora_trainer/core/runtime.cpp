@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <malloc.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
@@ -85,6 +86,20 @@ static bool onednn_capped_below_bf16() {
          isa.find("AVX10") == std::string::npos;
 }
 
+// Whether the cap is below oneDNN's first ISA with bf16 products (AVX512_CORE, which emulates them).
+static bool onednn_capped_below_avx512() {
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (!cap || !*cap) cap = std::getenv("DNNL_MAX_CPU_ISA");
+  if (!cap || !*cap) return false;
+  std::string isa(cap);
+  for (char& c : isa) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return (isa.rfind("SSE", 0) == 0 || isa.rfind("AVX", 0) == 0) && isa.rfind("AVX512", 0) != 0 && isa.rfind("AVX10", 0) != 0;
+}
+
+void follow_onednn_isa_cap() {
+  if (onednn_capped_below_avx512()) at::globalContext().setUserEnabledMkldnn(false);
+}
+
 bool cpu_has_fast_bf16() {
   if (onednn_capped_below_bf16()) return false;
   std::ifstream in("/proc/cpuinfo");
@@ -102,6 +117,23 @@ static int openblas_threading() {
   using GetParallel = int (*)();
   auto fn = reinterpret_cast<GetParallel>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
   return fn ? fn() : -1;
+}
+
+BlasPacking blas_packing(int threads) {
+  BlasPacking b;
+  b.threads = std::max(1, threads);
+  using CoreName = char* (*)();
+  using NumThreads = int (*)();
+  auto fn = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  const char* core = fn ? fn() : nullptr;
+  if (!core) return b;
+  // OpenBLAS's OpenMP build follows OpenMP's thread count at each call, unless it started with one.
+  if (auto n = reinterpret_cast<NumThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads")); n && n() == 1) b.threads = 1;
+  const std::string name = core;
+  if (name == "Haswell" || name == "Zen" || name == "Cooperlake") b.depth = 320;
+  else if (name == "Sandybridge") b.depth = 384;
+  else if (name == "SkylakeX") b.depth = 448;
+  return b;
 }
 
 // The f32 matmuls (phase 1 and the LoRA phase on a CPU without fast bf16) are OpenBLAS's. Its OpenMP
@@ -141,6 +173,7 @@ MappedLargeAllocations::~MappedLargeAllocations() {
 
 Runtime Runtime::from_config(const Config& cfg) {
   keep_freed_memory();
+  follow_onednn_isa_cap();
   Runtime rt;
   const RuntimeOptions o = RuntimeOptions::from_config(cfg);
   using Device = RuntimeOptions::Device;

@@ -68,6 +68,29 @@ class MappedLargeAllocations {
   MappedLargeAllocations& operator=(const MappedLargeAllocations&) = delete;
 };
 
+// What the BLAS under LibTorch's f32 products on the CPU keeps of them (OpenBLAS: the one Debian's LibTorch
+// links). Its multi-threaded sgemm packs a block of up to `depth` values of the inner dimension by the
+// output's columns, each thread its share of the columns into its own buffer of `buffer` bytes, which the
+// library keeps for the life of the process: a weight gradient g^T x (the inner dimension the tokens)
+// leaves 4 x min(tokens, depth) x the weight's rows, at most `buffer` a thread. depth by OpenBLAS's kernel
+// (openblas_get_corename, measured with 0.3.21): 320 (Haswell, Zen, Cooperlake), 384 (Sandybridge),
+// 448 (SkylakeX), else 512; 512 where the BLAS is not OpenBLAS (its own buffers are not known: the plan
+// errs up). `threads`: the threads its products run on, the process's (`threads`, runtime/threads) unless
+// the library was started with one (OPENBLAS_NUM_THREADS=1 or OMP_NUM_THREADS=1; its pthreads build here).
+struct BlasPacking {
+  int64_t depth = 512;
+  int64_t buffer = int64_t{128} << 20;
+  int threads = 1;
+};
+BlasPacking blas_packing(int threads);
+
+// LibTorch sends bf16 products on the CPU to oneDNN by its own look at the CPU (AVX-512), also where
+// ONEDNN_MAX_CPU_ISA caps oneDNN below every bf16 kernel (AVX2, SSE41: to run another CPU's kernels,
+// docs/platforms.md), and oneDNN then refuses them ("could not create a primitive descriptor
+// iterator"). Under such a cap this leaves them to LibTorch's own kernels, as on a CPU without AVX-512.
+// Runtime::from_config calls it; so does the test binary, before any test.
+void follow_onednn_isa_cap();
+
 // True when this CPU has native bf16 matrix instructions (AMX-BF16 or AVX512-BF16) and oneDNN is not
 // capped below them (ONEDNN_MAX_CPU_ISA=AVX2, say, runs the products as a CPU without them would).
 bool cpu_has_fast_bf16();

@@ -83,14 +83,28 @@ torch::Tensor linear_forward(const torch::Tensor& x, const torch::Tensor& W, con
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Gradients: x's g W (cpu_gemm), W's g^T x and b's column sums (LibTorch's, as linear's backward).
+// W's gradient g^T x (LibTorch's mm) in blocks of kWeightGradRows rows of W, each block's rows the same
+// sums over the tokens as one product's.
+torch::Tensor weight_grad(const torch::Tensor& g2, const torch::Tensor& x2) {
+  const int64_t rows = g2.size(1);
+  if (rows <= kWeightGradRows) return torch::mm(g2.t(), x2);
+  torch::Tensor dW = torch::empty({rows, x2.size(1)}, x2.options());
+  for (int64_t b = 0; b < rows; b += kWeightGradRows) {
+    const int64_t n = std::min(kWeightGradRows, rows - b);
+    torch::Tensor block = dW.narrow(0, b, n);  // whole rows: contiguous
+    torch::mm_out(block, g2.narrow(1, b, n).t(), x2);
+  }
+  return dW;
+}
+
+// Gradients: x's g W (cpu_gemm), W's g^T x (weight_grad) and b's column sums (LibTorch's, as linear's backward).
 variable_list linear_backward(AutogradContext* ctx, const variable_list& grad, size_t inputs) {
   const auto saved = ctx->get_saved_variables();
   const torch::Tensor &x = saved[0], &W = saved[1];
   const torch::Tensor g2 = rows_of(grad[0]);
   variable_list out(inputs);
   if (ctx->needs_input_grad(0)) out[0] = cpu_gemm(grad[0], W);
-  if (ctx->needs_input_grad(1)) out[1] = torch::mm(g2.t(), rows_of(x));
+  if (ctx->needs_input_grad(1)) out[1] = weight_grad(g2, rows_of(x));
   if (inputs == 3 && ctx->needs_input_grad(2)) out[2] = g2.sum(0);
   return out;
 }

@@ -66,4 +66,10 @@ torch::Tensor cpu_gemm(const torch::Tensor& a, const torch::Tensor& b);
 // where the product is not f32 on the CPU, or under autocast.
 torch::Tensor cpu_linear(const torch::Tensor& x, const torch::Tensor& W, const torch::Tensor& b = {});
 
+// cpu_linear makes W's gradient g^T x in blocks of this many rows of W. OpenBLAS's threaded sgemm packs a
+// block of up to 320-512 tokens by the product's output columns (W's rows) into per-thread buffers that
+// it keeps for the life of the process (core/runtime.hpp, BlasPacking): one product over a 128,256-row
+// head left 131-230 MB there, a block of 8,192 rows 8-17 MB. Each value is the same sum over the tokens.
+constexpr int64_t kWeightGradRows = 8192;
+
 }  // namespace lt

@@ -144,6 +144,31 @@ int64_t chunked_logits(const MemoryPlanInputs& in, const Shape& s) {
   return bytes;
 }
 
+// OpenBLAS's packing of the f32 weight gradients g^T x on the CPU (BlasPacking): 4 x min(tokens, depth)
+// x the product's output columns, each thread its share in its own buffer; the library keeps the pages
+// until the process ends, so a LoRA phase after phase 1 still holds phase 1's, and the widest product
+// counts. A weight's gradient (out x in) is made in blocks of kWeightGradRows of its rows (cpu_linear):
+// columns min(out, 8,192), in rows; an adapter's A (in x rank, LibTorch's autograd) in columns by rank
+// rows (its B's, rank by out, packs rank columns). One thread keeps a block whole only where it has more
+// rows than depth (else it packs a few columns at a time), at most its one buffer.
+int64_t blas_packing(const MemoryPlanInputs& in, int64_t tokens, bool phase_one) {
+  if (in.cuda || in.bf16 || in.blas.depth <= 0) return 0;
+  const int64_t depth = std::min(tokens, in.blas.depth);
+  int64_t most = 0;
+  for (const auto& p : in.params) {
+    if (p.shape.size() != 2) continue;
+    const bool whole = phase_one || p.trains;
+    if (!whole && p.adapter == 0) continue;
+    const int64_t columns = whole ? std::min(p.shape[0], kWeightGradRows) : p.shape[1];
+    const int64_t rows = whole ? p.shape[1] : 0;  // an adapter's: its rank
+    const int64_t packed = 4 * depth * columns;
+    most = std::max(most, in.blas.threads > 1   ? std::min(packed, in.blas.threads * in.blas.buffer)
+                          : rows > in.blas.depth ? std::min(packed, in.blas.buffer)
+                                                 : 0);
+  }
+  return most;
+}
+
 // Whether the LoRA phase's head takes no gradient, so that its loss is chunked where the runtime chunks
 // it: no adapter on it and it does not train (modules_to_save; trainable token rows of a tied head).
 bool head_frozen(const MemoryPlanInputs& in) {
@@ -211,6 +236,7 @@ PhaseMemory full_phase(const MemoryPlanInputs& in) {
             2 * (in.model.activation_checkpointing || sharded ? largest : linear));
   }
   if (zero1) b.host("checkpoint save (the other ranks' moments, gathered)", 8 * held - 8 * ((held + in.ranks - 1) / in.ranks));
+  b.host("BLAS packing, kept (widest f32 weight gradient)", blas_packing(in, s.N, /*phase_one=*/true));
   b.host("runtime (LibTorch, threads)", in.runtime);
   return b.phase;
 }
@@ -290,6 +316,8 @@ PhaseMemory lora_phase(const MemoryPlanInputs& in) {
     }
     b.host("what the load left in the heap (tensors under 1 MiB read and dropped)", left);
   }
+  const int64_t packed = std::max(blas_packing(in, s.N, /*phase_one=*/false), in.phase_one ? blas_packing(in, shape_of(in).N, true) : 0);
+  b.host("BLAS packing, kept (widest f32 weight gradient)", packed);
   b.host("runtime (LibTorch, threads)", in.runtime);
   return b.phase;
 }
@@ -503,83 +531,6 @@ std::string MemoryPlan::refusal() const {
     out += ".";
   }
   return out + " `lora_trainer plan` itemizes the plan (docs/memory.md).";
-}
-
-int64_t runtime_memory() {
-  // 68 MB on the CPU build here, a little above the 46-57 MB the runs' fit gives it (the threads'
-  // caches included), so the plan errs up (docs/memory.md).
-  return ProcessMemory::now().anonymous;
-}
-
-MemoryPlanInputs job_memory_inputs(CausalLM& model, const TrainingOptions& opts, const Runtime& rt, const LoraPhase* lora,
-                                   bool phase_one, bool pairs, int ranks, int ranks_here, int64_t runtime) {
-  MemoryPlanInputs in;
-  in.model = model->options();
-  in.phase_one = phase_one;
-  in.lora_phase = lora != nullptr;
-  in.ranks = std::max(1, ranks);
-  in.ranks_here = std::max(1, std::min(ranks_here, in.ranks));
-  in.rows = opts.rank_rows(in.ranks, true).micro_batch;
-  in.rows_per_sample = pairs ? 2 : 1;
-  in.bf16 = rt.bf16_autocast;
-  in.fused_loss = in.model.fused_loss_on(rt.device);
-  in.chunked_loss = in.model.chunked_loss_on(rt.device);
-  in.fused_attention = in.model.fused_attention_on(rt.device);
-  in.ema = opts.optimizer.ema_decay > 0;
-  in.shard_optimizer = opts.shard_optimizer;
-  in.shard_params = opts.shard_params;
-  in.cuda = rt.device.is_cuda();
-  in.runtime = runtime;
-  in.host_memory = machine_memory();
-  in.device_memory = rt.device_memory();
-  const NamedTensors params = base_params(*model);
-  std::set<std::string> quantized, shardable;
-  if (lora) {
-    in.storage = lora->quantize_base();
-    in.token_rows = static_cast<int64_t>(lora->options().token_ids.size());
-    quantized = lora->quantized_weights();
-    if (in.shard_params != ShardMode::None && in.ranks > 1) shardable = lora->frozen_block_weights();
-  }
-  for (size_t i = 0; i < params.size(); ++i) {
-    const auto& [name, p] = params[i];
-    PlannedParam q;
-    q.name = name;
-    q.shape = p.sizes().vec();
-    q.numel = p.numel();
-    q.in_block = model->block_of(name) >= 0;
-    q.linear = p.dim() == 2;
-    if (lora) {
-      const LoraPhase::Selection& sel = lora->selection();
-      q.trains = sel.saved[i];
-      q.quantized = quantized.count(name) > 0;
-      q.sharded = shardable.count(name) > 0;
-      if (sel.targets[i]) q.adapter = lora->options().rank * (q.shape[0] + q.shape[1]) + (lora->options().dora ? q.shape[0] : 0);
-    }
-    in.params.push_back(std::move(q));
-  }
-  return in;
-}
-
-MeasuredMemory measure_memory(const MemoryPlan& plan, const Runtime& rt) {
-  const ProcessMemory now = ProcessMemory::now();
-  MeasuredMemory m;
-  m.peak_allocated = now.peak_allocated();
-  m.peak_resident = now.peak;
-  m.mapped_files = now.file;
-  m.plan_host = plan.rank_host_peak();
-  m.device_peak = rt.device_peak_bytes();
-  m.plan_device = plan.device_peak();
-  m.line = "memory: peak " + format_bytes(m.peak_allocated) + " allocated on the host (plan " + format_bytes(m.plan_host) + "), " +
-           format_bytes(m.mapped_files) + " of mapped files";
-  if (rt.device.is_cuda())
-    m.line += "; " + format_bytes(m.device_peak) + " on the GPU (plan " + format_bytes(m.plan_device) + ")";
-  return m;
-}
-
-nlohmann::json MeasuredMemory::event(int64_t step) const {
-  return {{"event", "memory"},       {"step", step},          {"peak_allocated", peak_allocated},
-          {"peak_resident", peak_resident}, {"mapped_files", mapped_files}, {"plan_host", plan_host},
-          {"device_peak", device_peak}, {"plan_device", plan_device}};
 }
 
 }  // namespace lt

@@ -21,6 +21,8 @@
 //   casts, dequantization              bf16 copies autocast makes of f32 weights; an NF4 weight made
 //                                      whole for each product
 //   checkpoint save                    what a save gathers or fills in besides the state
+//   BLAS's packing                     f32 on the CPU: what OpenBLAS keeps of the widest weight gradient
+//                                      (BlasPacking), from the job's first product to its end
 //   runtime                            the process's own allocations (LibTorch, threads)
 // A job that starts in its LoRA phase from a base has a `load` too: the frozen base as it fills, plus
 // the tensor being read and converted. The coefficients of the activations were measured on this
@@ -34,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lora_trainer/core/distributed.hpp"
+#include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/models/model.hpp"
 #include "lora_trainer/peft/frozen_storage.hpp"
 
@@ -77,6 +80,7 @@ struct MemoryPlanInputs {
   int source_bytes = 2;             // bytes a value of the base a job starting in its LoRA phase loads (bf16: 2)
   bool loads_base = false;          // the job starts in its LoRA phase from a base (a `load` entry)
   int64_t runtime = 0;              // the process's own allocations (LibTorch, threads), on the host
+  BlasPacking blas;                 // what the BLAS keeps of the f32 products on the CPU (blas_packing)
   int64_t host_memory = 0;          // the machine's memory (each machine's, with ranks on several)
   int64_t device_memory = 0;        // each GPU's memory; 0 on the CPU
 };
@@ -122,28 +126,5 @@ struct MemoryPlan {
 };
 
 MemoryPlan plan_memory(const MemoryPlanInputs& inputs);
-
-// A run's measured peaks beside its plan's, at its end: the host's (the peak resident set less mapped
-// files' pages) and, on a GPU, LibTorch's allocator's.
-struct MeasuredMemory {
-  int64_t peak_allocated = 0, peak_resident = 0, mapped_files = 0, plan_host = 0, device_peak = 0, plan_device = 0;
-  std::string line;  // "memory: peak 1.02 GB allocated on the host (plan 1.05 GB), 120 MB of mapped files"
-  nlohmann::json event(int64_t step) const;  // the `memory` event of metrics.jsonl
-};
-MeasuredMemory measure_memory(const MemoryPlan& plan, const Runtime& rt);
-
-class LoraPhase;
-struct Runtime;
-struct TrainingOptions;
-
-// A job's inputs, from its parts: the model's parameters (their shapes: no value is read), the trainer's
-// options and runtime, its LoRA phase's selection (null without one), whether it has a full-parameter
-// phase and trains on preference pairs, over `ranks` ranks of which `ranks_here` share this machine;
-// `runtime`: the process's own memory (runtime_memory() before the model was made).
-MemoryPlanInputs job_memory_inputs(CausalLM& model, const TrainingOptions& opts, const Runtime& rt, const LoraPhase* lora,
-                                   bool phase_one, bool pairs, int ranks, int ranks_here, int64_t runtime);
-// What the process holds of its own before a job's first tensor: its anonymous memory now (LibTorch's
-// libraries loaded, the config read).
-int64_t runtime_memory();
 
 }  // namespace lt

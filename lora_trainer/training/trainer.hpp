@@ -65,7 +65,7 @@
 #include "lora_trainer/training/provenance.hpp"
 #include "lora_trainer/training/sharded_params.hpp"
 #include "lora_trainer/training/lora_phase.hpp"
-#include "lora_trainer/training/memory_plan.hpp"
+#include "lora_trainer/training/job_memory.hpp"
 #include "lora_trainer/peft/lora.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/training/step_loss.hpp"
@@ -355,7 +355,7 @@ class Trainer : public RestorableJob {
   MemoryPlan memory_plan_;
   bool reference_copy_ = false;  // plan_reference_copy
   int64_t rollout_rows_ = 0, rollout_width_ = 0;  // plan_rollouts
-  int64_t runtime_memory_ = 0;  // the process's own memory before the model was made (memory_plan.hpp)
+  int64_t runtime_memory_ = 0;  // the process's own memory before the model was made (job_memory.hpp)
   Schedule schedule_;  // the full-parameter phase's, over its steps
   std::unique_ptr<LoraPhase> lora_;  // null when the plan has no LoRA phase
   int full_stages_ = 0;              // the plan's first stages, those of the full-parameter phase

@@ -3,10 +3,14 @@
 // oneDNN does not take is LibTorch's own product, and runtime/matmul=libtorch gives linear's bits.
 #include "catch.hpp"
 
+#include <fstream>
+#include <string>
+
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/kernels/cpu_gemm.hpp"
 #include "lora_trainer/models/layers.hpp"
 #include "lora_trainer/training/trainer.hpp"
+#include "rounding.hpp"
 
 using namespace lt;
 using lt::test::Contains;
@@ -140,6 +144,41 @@ TEST_CASE("cpu_linear: the output and the gradients of x, W and b are torch::lin
   CHECK_FALSE(y.is_view());
 }
 
+namespace {
+
+// The process's resident anonymous memory (RssAnon), bytes.
+int64_t anonymous_resident() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("RssAnon:", 0) == 0) return 1024 * std::stoll(line.substr(8));
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("cpu_linear: a weight of many rows has its gradient in blocks of rows, and OpenBLAS keeps no block of all its rows",
+          "[kernels][cpu_gemm]") {
+  // W's gradient g^T x as one product over a 65,536-row weight packs 4 x min(tokens, 320-512) x 65,536
+  // bytes (67-134 MB) into OpenBLAS's buffers, which the library keeps; in blocks of kWeightGradRows,
+  // 4 x 320-512 x 8,192 (10-17 MB).
+  torch::manual_seed(9);
+  const int64_t V = 8 * kWeightGradRows, C = 512, N = 256;  // C > 512 rows: one thread packs whole blocks too
+  const auto x0 = torch::randn({N, C}), W0 = torch::randn({V, C}) * 0.02, g = torch::randn({N, V});
+  auto W = W0.clone().requires_grad_(true);
+  // What the product leaves resident beyond W's gradient: the output and the backward's temporaries are
+  // allocations of over 32 MiB, which glibc maps and unmaps (no runtime here keeps freed memory).
+  const int64_t before = anonymous_resident();
+  cpu_linear(x0, W).backward(g);
+  const int64_t left = anonymous_resident() - before - W.grad().nbytes();
+  INFO("left resident beyond W's gradient: " << left / 1e6 << " MB");
+  CHECK(left < 4 * 512 * kWeightGradRows + (8 << 20));
+  // Each value a sum of N products, in an order the BLAS picks by the product's width: within rounding
+  // of the one product's (tests/rounding.hpp).
+  const auto g_t = g.t().contiguous(), x_t = x0.t().contiguous();
+  CHECK(test::outside_bound(W.grad(), torch::mm(g_t, x0), test::linear_rounding_bound(g_t, x_t)) == "");
+}
+
 TEST_CASE("cpu_linear of a single row leaves its bias as it was", "[kernels][cpu_gemm]") {
   // One row is what generation's every new token is (a KV cache's step, or a one-token prompt): the
   // output buffer, the bias broadcast over the rows, was the bias itself for one row, and the product
@@ -205,6 +244,7 @@ TEST_CASE("runtime/matmul: auto takes oneDNN for attention's small products wher
   Config cfg(Trainer::schema());
   cfg.apply_override("runtime/device=cpu");
   cfg.apply_override("runtime/threads=" + std::to_string(at::get_num_threads()));  // the process's, unchanged
+  cfg.apply_override("runtime/precision=f32");  // describe() names the f32 products' library (a bf16 CPU's auto is bf16)
   constexpr CpuMatmul kOneDnn = CpuMatmul::OneDnn, kLibTorch = CpuMatmul::LibTorch;
   const Runtime automatic = Runtime::from_config(cfg);
   CHECK(cpu_small_matmul() == (onednn_available() ? kOneDnn : kLibTorch));

@@ -196,13 +196,19 @@ TEST_CASE("lora/train with DPO through the launcher: DPO figures in metrics and 
   split("two", train2, val2);
   REQUIRE(train1.size() == 10);
   REQUIRE(train2.size() == 10);
+  // The two runs' parameters differ in their last bits from the first step (2 ranks sum the gradients in
+  // another order), and Adam's steps at lr 0.01 grow that. A reward margin is beta times a difference of
+  // four sums of up to block_size (32) log-probabilities of up to ln 257 each: 1e-5 of that scale (3.6e-3)
+  // holds what the CPUs' kernels give (2.4e-4 with AVX-512's oneDNN products), where a rank that
+  // computed the margin otherwise would be off by tenths.
+  const double margin_tolerance = 1e-5 * 0.5 * 4 * 32 * std::log(257.0);
   for (size_t i = 0; i < 10; ++i) {
     INFO("step " << i + 1 << ": " << train1[i].dump() << "\n" << train2[i].dump());
     CHECK(train1[i].contains("reward_margin") == (i >= 4));  // phase 1's lines have no DPO figures
     CHECK(std::abs(train1[i]["loss"].get<double>() - train2[i]["loss"].get<double>()) <= 1e-4 * (1 + train1[i]["loss"].get<double>()));
     if (i >= 4)
       for (const char* k : {"reward_margin", "accuracy"})
-        CHECK(std::abs(train1[i][k].get<double>() - train2[i][k].get<double>()) <= 1e-4 * (1 + std::abs(train1[i][k].get<double>())));
+        CHECK(std::abs(train1[i][k].get<double>() - train2[i][k].get<double>()) <= (k[0] == 'r' ? margin_tolerance : 0.0));
   }
   CHECK(train1[4]["loss"].get<double>() == Approx(std::log(2.0)).epsilon(1e-12));  // adapters at B = 0
   CHECK(train1[4]["reward_margin"].get<double>() == 0.0);
@@ -215,7 +221,7 @@ TEST_CASE("lora/train with DPO through the launcher: DPO figures in metrics and 
     CHECK(val1[i]["perplexity"].contains("gen"));
     CHECK_FALSE(val1[i]["perplexity"].contains("prefs"));
     if (i < 2) CHECK(val1[i]["per_dataset"]["prefs"].get<double>() == Approx(std::log(2.0)).epsilon(1e-12));
-    CHECK(std::abs(val1[i]["reward_margin"]["prefs"].get<double>() - val2[i]["reward_margin"]["prefs"].get<double>()) <= 1e-4);
+    CHECK(std::abs(val1[i]["reward_margin"]["prefs"].get<double>() - val2[i]["reward_margin"]["prefs"].get<double>()) <= margin_tolerance);
     CHECK(val1[i]["accuracy"]["prefs"] == val2[i]["accuracy"]["prefs"]);
   }
   CHECK(val1.back()["reward_margin"]["prefs"].get<double>() > 0);

@@ -379,11 +379,11 @@ int64_t lora_item(const MemoryPlan& plan, const std::string& what) {
 TEST_CASE("memory plan: GRPO counts its unfused log-probabilities, and its rollouts' KV cache where it outgrows the step",
           "[memory][grpo]") {
   GrpoData d;
-  auto t = make_job(d, "plan", 1);
+  auto t = make_job(d, "plan", 1, {"runtime/precision=f32"});
   const MemoryPlan& grpo = t->memory_plan();
   MemoryPlanInputs in = grpo.inputs;
   REQUIRE(in.rollout_rows == 4);  // num_generations, said by GrpoPart before any rollout
-  REQUIRE(!in.bf16);              // f32 on the CPU: 4 bytes a value
+  REQUIRE(!in.bf16);              // f32 (also on a CPU whose auto is bf16): 4 bytes a value
   // A step's rows are as long as the longest prompt and a whole completion (max_completion_length 4),
   // shorter than block_size here: the plan counts that many positions.
   int64_t longest = 0;
