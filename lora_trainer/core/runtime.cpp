@@ -73,26 +73,27 @@ void add_runtime_options(ConfigSchema& s) { runtime_options().declare(s); }
 
 RuntimeOptions RuntimeOptions::from_config(const Config& cfg) { return runtime_options().read(cfg); }
 
-// Whether oneDNN, which runs LibTorch's bf16 products on the CPU, has been capped below its bf16 kernels
-// (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA before oneDNN 2.0: e.g. AVX2 or AVX512_CORE, to run the
-// kernels of another CPU; docs/platforms.md): then bf16 products are as slow as on a CPU without it.
-static bool onednn_capped_below_bf16() {
+// oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA, or DNNL_MAX_CPU_ISA before oneDNN 2.0: e.g. AVX2 or AVX512_CORE,
+// to run the kernels of another CPU; docs/platforms.md), upper-case; "" without one.
+static std::string onednn_isa_cap() {
   const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
   if (!cap || !*cap) cap = std::getenv("DNNL_MAX_CPU_ISA");
-  if (!cap || !*cap) return false;
-  std::string isa(cap);
+  std::string isa(cap ? cap : "");
   for (char& c : isa) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return isa != "ALL" && isa.find("BF16") == std::string::npos && isa.find("AMX") == std::string::npos &&
+  return isa;
+}
+
+// Whether oneDNN, which runs LibTorch's bf16 products on the CPU, has been capped below its bf16 kernels:
+// then bf16 products are as slow as on a CPU without them.
+static bool onednn_capped_below_bf16() {
+  const std::string isa = onednn_isa_cap();
+  return !isa.empty() && isa != "ALL" && isa.find("BF16") == std::string::npos && isa.find("AMX") == std::string::npos &&
          isa.find("AVX10") == std::string::npos;
 }
 
 // Whether the cap is below oneDNN's first ISA with bf16 products (AVX512_CORE, which emulates them).
 static bool onednn_capped_below_avx512() {
-  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
-  if (!cap || !*cap) cap = std::getenv("DNNL_MAX_CPU_ISA");
-  if (!cap || !*cap) return false;
-  std::string isa(cap);
-  for (char& c : isa) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const std::string isa = onednn_isa_cap();
   return (isa.rfind("SSE", 0) == 0 || isa.rfind("AVX", 0) == 0) && isa.rfind("AVX512", 0) != 0 && isa.rfind("AVX10", 0) != 0;
 }
 
