@@ -91,7 +91,10 @@ TEST_CASE("llama.cpp's chat session on the exported GGUF replies as sample --cha
              "architecture/activation=silu", "architecture/d_model=64", "training/batch_size=2",
              "training/pre_lora_tokens=[12288]", "training/pre_lora_dataset=" + conv, "training/post_lora_tokens=[256]",
              "training/post_lora_dataset=" + conv,
-             "optimization/lr=0.006", "training/warmup_pct=0.05", "data/pack=true", "training/allow_random_base=true"})
+             "optimization/lr=0.006", "training/warmup_pct=0.05", "data/pack=true", "training/allow_random_base=true",
+             // f32 on every CPU: under bf16 autocast (LibTorch 2.6, a Zen 5) the Qwen2.5 model did not learn its
+             // first reply in these steps ("Again?!" for "Hello there!")
+             "runtime/precision=f32"})
       args.push_back(o);
     REQUIRE(lt::test::launch(args).code == 0);
     auto r = lt::test::launch({"run", "chat", tmp / "chat.json", tmp / "out"});
