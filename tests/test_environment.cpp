@@ -34,33 +34,36 @@ std::vector<std::string> command_line() {
   return args;
 }
 
+// Sets each NAME=value of `spec` (LT_TEST_ENV's form); whether any was not already so.
+bool set_environment(const char* spec) {
+  bool changed = false;
+  const std::string s = spec;
+  for (size_t start = 0; start <= s.size();) {
+    size_t end = s.find(',', start);
+    if (end == std::string::npos) end = s.size();
+    const std::string item = s.substr(start, end - start);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::fprintf(stderr, "LT_TEST_ENV: \"%s\" is not NAME=value (in \"%s\")\n", item.c_str(), spec);
+      std::exit(2);
+    }
+    const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
+    const char* now = std::getenv(name.c_str());
+    if (!now || value != now) {
+      setenv(name.c_str(), value.c_str(), 1);
+      changed = true;
+    }
+    start = end + 1;
+  }
+  return changed;
+}
+
 struct TestEnvironment {
   TestEnvironment() {
     const char* spec = std::getenv("LT_TEST_ENV");
-    if (!spec || !*spec) {
-      lt::follow_onednn_isa_cap();  // ONEDNN_MAX_CPU_ISA: bf16 products as that CPU runs them
-      return;
-    }
-    bool changed = false;
-    const std::string s = spec;
-    for (size_t start = 0; start <= s.size();) {
-      size_t end = s.find(',', start);
-      if (end == std::string::npos) end = s.size();
-      const std::string item = s.substr(start, end - start);
-      const size_t eq = item.find('=');
-      if (eq == std::string::npos || eq == 0) {
-        std::fprintf(stderr, "LT_TEST_ENV: \"%s\" is not NAME=value (in \"%s\")\n", item.c_str(), spec);
-        std::exit(2);
-      }
-      const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
-      const char* now = std::getenv(name.c_str());
-      if (!now || value != now) {
-        setenv(name.c_str(), value.c_str(), 1);
-        changed = true;
-      }
-      start = end + 1;
-    }
-    if (!changed) {  // started again already (or ctest's environment had them)
+    // Unchanged: started again already (or ctest's environment had them). ONEDNN_MAX_CPU_ISA then makes
+    // bf16 products run as that CPU runs them.
+    if (!spec || !*spec || !set_environment(spec)) {
       lt::follow_onednn_isa_cap();
       return;
     }

@@ -21,7 +21,6 @@ struct MeasuredMemory {
 MeasuredMemory measure_memory(const MemoryPlan& plan, const Runtime& rt);
 
 class LoraPhase;
-struct Runtime;
 struct TrainingOptions;
 
 // A job's inputs, from its parts: the model's parameters (their shapes: no value is read), the trainer's

@@ -151,8 +151,8 @@ int64_t chunked_logits(const MemoryPlanInputs& in, const Shape& s) {
 // columns min(out, 8,192), in rows; an adapter's A (in x rank, LibTorch's autograd) in columns by rank
 // rows (its B's, rank by out, packs rank columns). One thread keeps a block whole only where it has more
 // rows than depth (else it packs a few columns at a time), at most its one buffer.
-int64_t blas_packing(const MemoryPlanInputs& in, int64_t tokens, bool phase_one) {
-  if (in.cuda || in.bf16 || in.blas.depth <= 0) return 0;
+int64_t kept_packing(const MemoryPlanInputs& in, int64_t tokens, bool phase_one) {
+  if (in.cuda || in.bf16) return 0;
   const int64_t depth = std::min(tokens, in.blas.depth);
   int64_t most = 0;
   for (const auto& p : in.params) {
@@ -160,7 +160,7 @@ int64_t blas_packing(const MemoryPlanInputs& in, int64_t tokens, bool phase_one)
     const bool whole = phase_one || p.trains;
     if (!whole && p.adapter == 0) continue;
     const int64_t columns = whole ? std::min(p.shape[0], kWeightGradRows) : p.shape[1];
-    const int64_t rows = whole ? p.shape[1] : 0;  // an adapter's: its rank
+    const int64_t rows = whole ? p.shape[1] : 0;  // an adapter's A: its rank, never more than depth
     const int64_t packed = 4 * depth * columns;
     most = std::max(most, in.blas.threads > 1   ? std::min(packed, in.blas.threads * in.blas.buffer)
                           : rows > in.blas.depth ? std::min(packed, in.blas.buffer)
@@ -236,7 +236,7 @@ PhaseMemory full_phase(const MemoryPlanInputs& in) {
             2 * (in.model.activation_checkpointing || sharded ? largest : linear));
   }
   if (zero1) b.host("checkpoint save (the other ranks' moments, gathered)", 8 * held - 8 * ((held + in.ranks - 1) / in.ranks));
-  b.host("BLAS packing, kept (widest f32 weight gradient)", blas_packing(in, s.N, /*phase_one=*/true));
+  b.host("BLAS packing, kept (widest f32 weight gradient)", kept_packing(in, s.N, /*phase_one=*/true));
   b.host("runtime (LibTorch, threads)", in.runtime);
   return b.phase;
 }
@@ -316,7 +316,7 @@ PhaseMemory lora_phase(const MemoryPlanInputs& in) {
     }
     b.host("what the load left in the heap (tensors under 1 MiB read and dropped)", left);
   }
-  const int64_t packed = std::max(blas_packing(in, s.N, /*phase_one=*/false), in.phase_one ? blas_packing(in, shape_of(in).N, true) : 0);
+  const int64_t packed = std::max(kept_packing(in, s.N, /*phase_one=*/false), in.phase_one ? kept_packing(in, shape_of(in).N, true) : 0);
   b.host("BLAS packing, kept (widest f32 weight gradient)", packed);
   b.host("runtime (LibTorch, threads)", in.runtime);
   return b.phase;

@@ -3,9 +3,7 @@
 // oneDNN does not take is LibTorch's own product, and runtime/matmul=libtorch gives linear's bits.
 #include "catch.hpp"
 
-#include <fstream>
-#include <string>
-
+#include "lora_trainer/core/memory.hpp"
 #include "lora_trainer/core/runtime.hpp"
 #include "lora_trainer/kernels/cpu_gemm.hpp"
 #include "lora_trainer/models/layers.hpp"
@@ -144,19 +142,6 @@ TEST_CASE("cpu_linear: the output and the gradients of x, W and b are torch::lin
   CHECK_FALSE(y.is_view());
 }
 
-namespace {
-
-// The process's resident anonymous memory (RssAnon), bytes.
-int64_t anonymous_resident() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("RssAnon:", 0) == 0) return 1024 * std::stoll(line.substr(8));
-  return -1;
-}
-
-}  // namespace
-
 TEST_CASE("cpu_linear: a weight of many rows has its gradient in blocks of rows, and OpenBLAS keeps no block of all its rows",
           "[kernels][cpu_gemm]") {
   // W's gradient g^T x as one product over a 65,536-row weight packs 4 x min(tokens, 320-512) x 65,536
@@ -168,9 +153,9 @@ TEST_CASE("cpu_linear: a weight of many rows has its gradient in blocks of rows,
   auto W = W0.clone().requires_grad_(true);
   // What the product leaves resident beyond W's gradient: the output and the backward's temporaries are
   // allocations of over 32 MiB, which glibc maps and unmaps (no runtime here keeps freed memory).
-  const int64_t before = anonymous_resident();
+  const int64_t before = ProcessMemory::now().anonymous;
   cpu_linear(x0, W).backward(g);
-  const int64_t left = anonymous_resident() - before - W.grad().nbytes();
+  const int64_t left = ProcessMemory::now().anonymous - before - W.grad().nbytes();
   INFO("left resident beyond W's gradient: " << left / 1e6 << " MB");
   CHECK(left < 4 * 512 * kWeightGradRows + (8 << 20));
   // Each value a sum of N products, in an order the BLAS picks by the product's width: within rounding
