@@ -73,6 +73,9 @@ def main():
     ap.add_argument("--block", type=int, default=128)
     ap.add_argument("--skip", default="", help="stages to leave out, comma-separated: import, copies, export, resume")
     ap.add_argument("--nproc", type=int, default=1, help="ranks of the lora stage (run --nproc N; default 1)")
+    ap.add_argument("--cold", action="store_true",
+                    help="drop the page cache before the read and before each job (root: writes /proc/sys/vm/drop_caches), "
+                         "so that both read the files from the disk")
     ap.add_argument("overrides", nargs="*", help="key=value settings for the jobs (after --)")
     a = ap.parse_args()
     B = a.binary
@@ -106,6 +109,17 @@ def main():
     except (OSError, IndexError):
         pass
 
+    def cold():
+        if not a.cold:
+            return
+        os.sync()
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+        except OSError as e:
+            sys.exit(f"scale_bench.py: --cold needs to write /proc/sys/vm/drop_caches (root): {e}")
+
+    cold()
     t0 = time.time()
     for f in weights:
         with open(f, "rb") as fh:
@@ -120,10 +134,12 @@ def main():
     if "import" not in skip:
         imported = os.path.join(a.work, "imported")
         shutil.rmtree(imported, ignore_errors=True)
+        cold()
         s, rss, rc = measure([B, "import-hf", model, imported], os.path.join(logs, "import.log"))
         r["import"] = {"seconds": s, "peak_rss": rss, "checkpoint_bytes": dir_bytes(imported), "exit": rc}
 
     ranks = ["--nproc", str(a.nproc)] if a.nproc > 1 else []
+    cold()
     s, rss, rc = measure([B, "run", "lora", cfg, out, "--restore", model] + ranks + job, os.path.join(logs, "lora.log"))
     jobdir = os.path.join(out, "checkpoints", "general", "default", "lora")
     loaded = grep(os.path.join(logs, "lora.log"), "loaded ")
@@ -148,6 +164,7 @@ def main():
 
     first = f"ntoks/{a.batch * a.block}"
     if "resume" not in skip:
+        cold()
         s, rss, rc = measure([B, "restore", "resumed", os.path.join(jobdir, first), out], os.path.join(logs, "resume.log"))
         r["resume"] = {"seconds": s, "peak_rss": rss, "exit": rc,
                        "base_line": (grep(os.path.join(logs, "resume.log"), "frozen base of") or [""])[0]}
@@ -155,12 +172,14 @@ def main():
     if "export" not in skip:
         hf = os.path.join(a.work, "exported_hf")
         shutil.rmtree(hf, ignore_errors=True)
+        cold()
         s, rss, rc = measure([B, "export", "--format", "hf", os.path.join(jobdir, "final", str(tokens)), hf],
                              os.path.join(logs, "export.log"))
         r["export"] = {"seconds": s, "peak_rss": rss, "exit": rc, "bytes": dir_bytes(hf),
                        "line": (grep(os.path.join(logs, "export.log"), "exported ") or [""])[0]}
 
     if "copies" not in skip:
+        cold()
         s, rss, rc = measure([B, "run", "copies", cfg, out, "--restore", model, "logging/save_frozen_base=true"] + job,
                              os.path.join(logs, "copies.log"))
         r["copies"] = {"seconds": s, "peak_rss": rss, "exit": rc, "checkpoint_bytes": dir_bytes(

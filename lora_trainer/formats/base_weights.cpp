@@ -66,6 +66,9 @@ class HfWeights : public BaseWeights {
   torch::Tensor read(const std::string& name) const override {
     return map_.read(name, [this](const std::string& n) { return model_.tensor(n); }).contiguous();
   }
+  torch::Tensor peek(const std::string& name) const override {
+    return map_.read(name, [this](const std::string& n) { return model_.view(n); }).contiguous();
+  }
   void prefetch(const std::string& name) const override {
     const auto it = map_.of.find(name);
     if (it != map_.of.end()) model_.prefetch(it->second.hf_name);

@@ -35,6 +35,10 @@ class BaseWeights {
   // Our parameter `name`, on the CPU, contiguous, in the dtype the source stores it in (CRC-checked for
   // a checkpoint; an HF model's tied lm_head is checked against the embedding once, when first read).
   virtual torch::Tensor read(const std::string& name) const = 0;
+  // The same values for a reader that converts, quantizes or copies them and keeps nothing of them: a
+  // model directory's are its files' mapped pages, read-only, without a copy (valid while this source
+  // lives; never written to, never kept: a kept one is cloned first). Else read(name).
+  virtual torch::Tensor peek(const std::string& name) const { return read(name); }
   // A hint that `name` is read next: a model directory's files start reading its pages in the
   // background while the caller works on the tensor before (for a checkpoint, nothing).
   virtual void prefetch(const std::string& name) const {}

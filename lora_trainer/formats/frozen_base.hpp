@@ -48,9 +48,12 @@ std::string locate_frozen_base(const FrozenBaseRef& ref, const std::string& chec
 // at a time, each through `take` (name, tensor), and checks the digest of all of them against the
 // recorded one. `model` names the whole base's parameters and shapes (the source must hold exactly the
 // model: a modules_to_save parameter is in it too, and skipped). A UserError names the base, what
-// differs, and how to point at a moved one. Returns where the base was read from.
+// differs, and how to point at a moved one. Returns where the base was read from. A `take` that keeps
+// the tensors gets copies of their own (Take::Keeps); one that converts, quantizes or copies them
+// (Take::Copies) may get a model directory's read-only mapped pages, valid only during the call.
+enum class Take { Copies, Keeps };
 std::string read_frozen_base(const FrozenBaseRef& ref, const std::string& checkpoint_dir, const std::string& moved_to,
                       ModelFamily family, const NamedTensors& model,
-                      const std::function<void(const std::string&, const torch::Tensor&)>& take);
+                      const std::function<void(const std::string&, const torch::Tensor&)>& take, Take how);
 
 }  // namespace lt

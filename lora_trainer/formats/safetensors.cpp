@@ -183,6 +183,34 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
   return *it;
 }
 
+namespace {
+
+#ifdef MADV_POPULATE_READ
+constexpr int kPopulateRead = MADV_POPULATE_READ;
+#else
+constexpr int kPopulateRead = 22;  // Linux's value, where the C library's headers predate it
+#endif
+
+// The mapped pages read are the page cache's, not this process's: dropped from the mapping so that
+// reading a model tensor by tensor does not hold the whole file resident (in RSS) meanwhile.
+void drop_mapped_pages(const uint8_t* from, uint64_t bytes) {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(from) / page * page;
+  const uintptr_t last = reinterpret_cast<uintptr_t>(from) + bytes;
+  ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+}  // namespace
+
+torch::Tensor SafetensorsFile::view(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  uint8_t* from = static_cast<uint8_t*>(map_) + data_start_ + e.begin;
+  const uint64_t bytes = e.end - e.begin;
+  if (bytes == 0 || reinterpret_cast<uintptr_t>(from) % c10::elementSize(e.dtype) != 0) return tensor(name);
+  return torch::from_blob(from, e.shape, [from, bytes](void*) { drop_mapped_pages(from, bytes); },
+                          torch::TensorOptions().dtype(e.dtype));
+}
+
 torch::Tensor SafetensorsFile::tensor(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
   auto t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
@@ -196,25 +224,26 @@ torch::Tensor SafetensorsFile::tensor(const std::string& name) const {
     at::parallel_for(0, (n + kPiece - 1) / kPiece, 1, [&](int64_t b, int64_t end) {
       for (int64_t i = b; i < end; ++i) std::memcpy(to + i * kPiece, from + i * kPiece, std::min(kPiece, n - i * kPiece));
     });
-    // The mapped pages read are the page cache's, not this process's: drop them from the mapping so
-    // that reading a model tensor by tensor does not hold the whole file resident (in RSS) meanwhile.
-    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-    const uintptr_t first = reinterpret_cast<uintptr_t>(from) / page * page;
-    const uintptr_t last = reinterpret_cast<uintptr_t>(from) + (e.end - e.begin);
-    ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+    drop_mapped_pages(from, e.end - e.begin);
   }
   return t;
 }
 
 void SafetensorsFile::prefetch(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
-  // A byte of every page read: the page faults read the file (the kernel's readahead widening the
-  // reads as they go on in order). madvise's WILLNEED would not do: it starts a readahead window's
-  // worth, a few hundred KB, not the tensor.
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const volatile uint8_t* from = static_cast<const uint8_t*>(map_) + data_start_ + e.begin;
+  const uint8_t* from = static_cast<const uint8_t*>(map_) + data_start_ + e.begin;
+  // The pages read and mapped in one call (Linux 5.14+): the kernel's readahead widens the reads as they
+  // go on in order, and no page faults one at a time. madvise's WILLNEED would not do: it starts a
+  // readahead window's worth, not the tensor.
+  const uintptr_t first = reinterpret_cast<uintptr_t>(from) / page * page;
+  if (::madvise(reinterpret_cast<void*>(first), reinterpret_cast<uintptr_t>(from) + (e.end - e.begin) - first,
+                kPopulateRead) == 0)
+    return;
+  // An older kernel: a byte of every page read, the page faults read the file.
+  const volatile uint8_t* at_page = from;
   uint8_t sink = 0;
-  for (uint64_t at = 0; at < e.end - e.begin; at += page) sink ^= from[at];
+  for (uint64_t at = 0; at < e.end - e.begin; at += page) sink ^= at_page[at];
   (void)sink;
 }
 
@@ -356,6 +385,11 @@ const SafetensorsEntry& SafetensorsModel::entry(const std::string& name) const {
 torch::Tensor SafetensorsModel::tensor(const std::string& name) const {
   entry(name);  // a UserError when absent
   return files_[file_of_.at(name)]->tensor(name);
+}
+
+torch::Tensor SafetensorsModel::view(const std::string& name) const {
+  entry(name);  // a UserError when absent
+  return files_[file_of_.at(name)]->view(name);
 }
 
 void SafetensorsModel::prefetch(const std::string& name) const {

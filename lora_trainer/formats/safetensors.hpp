@@ -53,7 +53,12 @@ class SafetensorsFile {
   const SafetensorsEntry& entry(const std::string& name) const;  // UserError when absent
   // A copy of the tensor on the CPU (the mapping may go away).
   torch::Tensor tensor(const std::string& name) const;
-  // Reads the tensor's pages into the page cache (and this mapping), a byte of each: for a reader that
+  // The tensor's values where the file is mapped, without a copy: for a reader that converts,
+  // quantizes or copies them and keeps nothing of them. Read-only (the pages are; a write is a crash),
+  // valid while this file is open; when the tensor is released its pages leave this process's mapping
+  // (they stay in the page cache). A copy (tensor()) where the values are not aligned to their dtype.
+  torch::Tensor view(const std::string& name) const;
+  // Reads the tensor's pages into the page cache and this mapping (madvise's MADV_POPULATE_READ): for a reader that
   // knows what it takes next, on another thread, to overlap the disk with its work on the one before.
   void prefetch(const std::string& name) const;
 
@@ -100,6 +105,8 @@ class SafetensorsModel {
   const SafetensorsEntry& entry(const std::string& name) const;  // UserError when absent
   // A copy on the CPU, in the file's dtype; the mapped pages it was read from are released.
   torch::Tensor tensor(const std::string& name) const;
+  // SafetensorsFile::view: the mapped values, read-only, never to be kept.
+  torch::Tensor view(const std::string& name) const;
   // SafetensorsFile::prefetch on a thread of its own (the hint can wait for the disk's queue), one at a
   // time: the caller goes on at once.
   void prefetch(const std::string& name) const;

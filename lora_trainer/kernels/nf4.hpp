@@ -44,6 +44,8 @@ uint8_t nf4_code(float x);
 const std::array<float, 256>& dynamic_map_values();
 // The index of the nearest entry of dynamic_map_values() to x (in [-1, 1]), as bitsandbytes' dQuantize.
 uint8_t dynamic_map_code(float x);
+// codes[i] = dynamic_map_code(x[i] * scale) for i < n, vectorised (the double quantization's loop).
+void dynamic_map_codes(const float* x, float scale, int64_t n, uint8_t* codes);
 
 // A weight stored as NF4.
 // The bytes a double-quantized NF4 storage of `shape` holds (Nf4Tensor::bytes() of one): its codes, the

@@ -20,16 +20,23 @@
 #define LT_VECTOR_ISAS 1
 #define LT_TARGET_AVX512 __attribute__((target("arch=x86-64-v4")))
 #define LT_TARGET_AVX2 __attribute__((target("arch=x86-64-v3")))
+// GCC's generic tuning never gathers; a kernel that looks values up in a table (an index per lane) is
+// vectorised with gathers for AVX-512 tuned as for a CPU whose gathers are fast (AVX-512 CPUs' are).
+#define LT_TARGET_AVX512_GATHERS __attribute__((target("arch=x86-64-v4,tune=skylake-avx512")))
 #else
 #define LT_VECTOR_ISAS 0
 #define LT_TARGET_AVX512
 #define LT_TARGET_AVX2
+#define LT_TARGET_AVX512_GATHERS
 #endif
 #define LT_VECTOR_KERNEL __attribute__((always_inline)) inline
 
-#define LT_VECTOR_DISPATCH(name)                                                                    \
+#define LT_VECTOR_DISPATCH(name) LT_VECTOR_DISPATCH_AS(name, LT_TARGET_AVX512)
+// The same, its AVX-512 build gathering (LT_TARGET_AVX512_GATHERS).
+#define LT_VECTOR_DISPATCH_GATHERS(name) LT_VECTOR_DISPATCH_AS(name, LT_TARGET_AVX512_GATHERS)
+#define LT_VECTOR_DISPATCH_AS(name, avx512_target)                                                  \
   template <typename... Args>                                                                      \
-  LT_TARGET_AVX512 auto name##_avx512(Args... args) {                                              \
+  avx512_target auto name##_avx512(Args... args) {                                                 \
     return name(args...);                                                                          \
   }                                                                                                \
   template <typename... Args>                                                                      \

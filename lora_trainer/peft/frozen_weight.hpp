@@ -61,7 +61,8 @@ class FrozenWeight {
   // W's shape.
   virtual std::vector<int64_t> shape() const = 0;
   // Stores W (bf16 values of this shape) in place of what is stored: bf16 copies it into the parameter,
-  // nf4 quantizes it (a restore reading a base that a checkpoint refers to).
+  // nf4 quantizes it (a restore reading a base that a checkpoint refers to). W may be a model file's
+  // read-only mapped pages, valid only during the call (BaseWeights::peek): a storage copies what it keeps.
   virtual void assign(const torch::Tensor& W) = 0;
   // The tensors that keep W where the parameter does not (a checkpoint saves and loads them in place),
   // by a field name: none for bf16 (the parameter holds it); nf4: its codes and scales (Nf4Tensor's

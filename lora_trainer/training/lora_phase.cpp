@@ -182,7 +182,8 @@ void LoraPhase::load_frozen_base(const CheckpointMeta& ck) {
                                                auto storage = storages.find(name);
                                                if (storage != storages.end()) storage->second->assign(t.to(device_));
                                                else frozen.at(name).copy_(t);
-                                             });
+                                             },
+                                             Take::Copies);
   // Said when the job runs (run()): `eval` and `sample` print their results alone.
   char note[160];
   std::snprintf(note, sizeof note, " (%.2f GB in bf16, digest %s verified, %.1f s)", ref.bytes / 1e9, ref.digest.c_str(),
@@ -272,7 +273,7 @@ LoraPhase::BaseLoad LoraPhase::load_base(const std::function<torch::Tensor(const
     const torch::Tensor t = read(name);  // cast once below (no copy when it is already the dtype it lives in), placed
     if (prefetch && i + 1 < params.size()) prefetch(params[i + 1].first);  // read while this one is stored
     if (to_shard.count(name)) {
-      layers.at(name)->frozen()->assign(t.to(device_));
+      layers.at(name)->frozen()->assign(t.to(device_));  // which copies what it keeps
       (to_quantize.count(name) ? out.quantized : out.bf16) += 1;
       continue;
     }
@@ -280,11 +281,12 @@ LoraPhase::BaseLoad LoraPhase::load_base(const std::function<torch::Tensor(const
       p.set_data(t.to(device_, torch::kBFloat16));
       layers.at(name)->freeze_weight(quantize_as);  // its bf16 values quantized, the parameter a stand-in
       ++out.quantized;
-      continue;
+    } else {
+      const bool bf16 = freezes(i, name) && t.scalar_type() == torch::kBFloat16;
+      out.bf16 += bf16 ? 1 : 0;
+      p.set_data(t.to(device_, bf16 ? torch::kBFloat16 : torch::kFloat32));
     }
-    const bool bf16 = freezes(i, name) && t.scalar_type() == torch::kBFloat16;
-    out.bf16 += bf16 ? 1 : 0;
-    p.set_data(t.to(device_, bf16 ? torch::kBFloat16 : torch::kFloat32));
+    if (p.is_alias_of(t)) p.set_data(p.detach().clone());  // kept as it came: not the source's pages
   }
   out.sharded = static_cast<int64_t>(to_shard.size());
   if (out.bf16 > 0) out.text += "; the weights the LoRA phase freezes are kept in bf16 from the start";

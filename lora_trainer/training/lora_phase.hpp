@@ -98,7 +98,8 @@ class LoraPhase {
   void shard_base();
 
   // A job that starts in the phase loads its base (`read(name)` gives each base parameter in the source's
-  // dtype, one at a time) in the form the phase keeps it, on its device: the blocks' linear weights
+  // dtype, one at a time, perhaps its file's read-only mapped pages (BaseWeights::peek): nothing keeps
+  // them, a value kept as it came is copied) in the form the phase keeps it, on its device: the blocks' linear weights
   // quantized (quantize_base) or sharded as they come, so the whole base is never in memory in bf16 nor
   // on one rank; the weights the phase freezes kept in bf16 when the source stores bf16 (one stored wider
   // is float32 until the transition rounds it, so that `eval` of a float32 model measures it as it is);

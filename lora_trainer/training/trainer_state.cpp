@@ -221,7 +221,7 @@ void Trainer::load_weights_from(const BaseWeights& src) {
   LoraPhase::BaseLoad loaded;
   if (lora_ && boundary_step_ == 0) {  // the LoRA phase's base, stored as the phase keeps it as it comes
     check_memory(dist_.world_size(), memory_plan_.inputs.ranks_here, src.dtype() == "bfloat16" ? 2 : 4);
-    loaded = lora_->load_base([&](const std::string& name) { return src.read(name); },
+    loaded = lora_->load_base([&](const std::string& name) { return src.peek(name); },
                               [&](const std::string& name) { src.prefetch(name); });
   } else {
     // Read in the source's dtype, cast once to float32 (no copy when it is already), placed; phase 1's
@@ -229,12 +229,13 @@ void Trainer::load_weights_from(const BaseWeights& src) {
     const NamedTensors params = base_params(*model_);
     for (size_t i = 0; i < params.size(); ++i) {
       const auto& [name, p] = params[i];
-      const torch::Tensor t = src.read(name);
+      const torch::Tensor t = src.peek(name);  // perhaps the file's own pages: converted or copied, never kept
       if (i + 1 < params.size()) src.prefetch(params[i + 1].first);  // read while this one is placed
       if (sharded_params_ && sharded_params_->contains(name))
         sharded_params_->piece(name).copy_(sharded_params_->local_part(name, t.to(torch::kFloat32)));
       else
         p.set_data(t.to(rt_.device, torch::kFloat32));
+      if (p.is_alias_of(t)) p.set_data(p.detach().clone());
     }
   }
   if (weights_pending_) model_->to(rt_.device);  // the buffers

@@ -7,6 +7,7 @@
 
 #include "lora_trainer/formats/safetensors.hpp"
 #include "fixtures.hpp"
+#include "lora_trainer/core/memory.hpp"
 #include "lora_trainer/core/outputs.hpp"
 
 using namespace lt;
@@ -86,6 +87,45 @@ TEST_CASE("safetensors reads what the real library wrote, one file or sharded bf
     CHECK(bf16[i].second.scalar_type() == torch::kBFloat16);
     CHECK(torch::equal(bf16[i].second, f32[i].second.to(torch::kBFloat16)));
   }
+}
+
+TEST_CASE("a tensor viewed in place has the file's values, its pages leave the process when it is released, and an "
+          "unaligned one is a copy", "[safetensors]") {
+  test::TempDir d;
+  auto gen = at::detail::createCPUGenerator(3);
+  const auto big = torch::randn({16, 1 << 20}, gen);  // 64 MiB of f32
+  const auto small = torch::randn({5, 3}, gen).to(torch::kBFloat16);
+  const std::string path = d / "m.safetensors";
+  write_safetensors(path, {{"big", big}, {"small", small}});
+  const SafetensorsFile f(path);
+  const int64_t before = ProcessMemory::now().file;
+  {
+    const torch::Tensor v = f.view("big");
+    REQUIRE(v.sizes() == big.sizes());
+    CHECK(torch::equal(v, big));  // every page read: in this process's mapping now
+    const int64_t held = ProcessMemory::now().file - before;
+    INFO("mapped pages held while viewed: " << held / 1e6 << " MB");
+    CHECK(held > (int64_t(56) << 20));
+  }
+  const int64_t after = ProcessMemory::now().file - before;
+  INFO("mapped pages held after the view is released: " << after / 1e6 << " MB");
+  CHECK(after < (int64_t(8) << 20));
+  CHECK(torch::equal(f.view("small"), small));
+  // A header whose length leaves the data at an odd offset: the f32 values are not aligned to 4 bytes,
+  // so they are copied (the same values).
+  const std::string odd = d / "odd.safetensors";
+  const std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  REQUIRE((8 + header.size()) % 4 != 0);
+  std::string bytes(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(bytes.data(), &n, 8);
+  const float values[2] = {1.5f, -2.25f};
+  bytes += header + std::string(reinterpret_cast<const char*>(values), sizeof values);
+  write_file_atomic(odd, bytes);
+  const SafetensorsFile g(odd);
+  const torch::Tensor w = g.view("w");
+  CHECK(reinterpret_cast<uintptr_t>(w.data_ptr()) % 4 == 0);
+  CHECK(torch::equal(w, torch::tensor({1.5f, -2.25f})));
 }
 
 TEST_CASE("a damaged safetensors file is an error naming the file and the tensor", "[safetensors]") {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "lora_trainer/kernels/nf4.hpp"
 
@@ -137,6 +138,31 @@ TEST_CASE("NF4 double quantization: bitsandbytes' signed dynamic map, each entry
     const float mid = (m[k] + m[k + 1]) * 0.5f;
     const int c = dynamic_map_code(mid);
     CHECK((c == k || c == k + 1));
+  }
+}
+
+TEST_CASE("NF4 double quantization's vectorised search gives the scalar search's code for every value", "[nf4][numerics]") {
+  const auto& m = dynamic_map_values();
+  std::vector<float> x;
+  for (int k = 0; k < 256; ++k) {  // every entry, the midpoints, and a value either side of each
+    x.push_back(m[k]);
+    x.push_back(std::nextafter(m[k], -2.0f));
+    x.push_back(std::nextafter(m[k], 2.0f));
+    if (k < 255) x.push_back((m[k] + m[k + 1]) * 0.5f);
+  }
+  for (float v : {0.0f, -0.0f, 1.0f, -1.0f, 1e-30f, -1e-30f, std::numeric_limits<float>::quiet_NaN()}) x.push_back(v);
+  auto gen = at::detail::createCPUGenerator(11);
+  const auto u = torch::rand({100003}, gen, torch::kFloat32).mul_(2.0).sub_(1.0).contiguous();
+  x.insert(x.end(), u.data_ptr<float>(), u.data_ptr<float>() + u.numel());
+  const auto tiny = torch::randn({4099}, gen, torch::kFloat32).mul_(1e-5).contiguous();  // the smallest exponents
+  x.insert(x.end(), tiny.data_ptr<float>(), tiny.data_ptr<float>() + tiny.numel());
+  for (float scale : {1.0f, 0.5f, 1.0f / 3.0f}) {
+    std::vector<uint8_t> codes(x.size());
+    dynamic_map_codes(x.data(), scale, static_cast<int64_t>(x.size()), codes.data());
+    size_t other = 0;
+    for (size_t i = 0; i < x.size(); ++i) other += codes[i] != dynamic_map_code(x[i] * scale);
+    INFO("scale " << scale << ", " << x.size() << " values");
+    CHECK(other == 0);
   }
 }
 

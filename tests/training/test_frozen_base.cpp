@@ -78,6 +78,35 @@ void damage_values(const std::string& dir) {
 
 }  // namespace
 
+TEST_CASE("a job with phase one starts from a float32 Hugging Face directory: its weights its own, not the file's pages, and trained",
+          "[frozen_base][huggingface]") {
+  // The load reads the files' mapped pages in place (BaseWeights::peek); a float32 tensor kept as it
+  // came is copied, so the optimizer can write it and the files may go once the load is done.
+  test::TempDir d;
+  test::make_byte_dataset(d / "data", "gen", 1);
+  const std::string hf = test::hf_golden("llama") + "/model";  // float32
+  const Config c = hf_lora_config(hf, d / "data", {"training/pre_lora_tokens=[640]", R"(training/pre_lora_dataset=[[{"name":"gen","rate":1}]])",
+                                                   "training/post_lora_tokens=[640]"});
+  auto t = hf_job("two_phase", c, d / "out");
+  t->restore_from_path(hf);
+  NamedTensors expected;
+  for (const auto& [n, p] : base_params(*t->model())) expected.emplace_back(n, torch::empty(p.sizes()));
+  const NamedTensors file = from_hf(ModelFamily::Llama, read_safetensors_model(hf), expected, hf);
+  const auto params = base_params(*t->model());
+  REQUIRE(params.size() == file.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    INFO(params[i].first);
+    CHECK(params[i].second.scalar_type() == torch::kFloat32);
+    CHECK(torch::equal(params[i].second, file[i].second));
+  }
+  t->run();
+  // Phase one trained every weight in place.
+  for (size_t i = 0; i < params.size(); ++i) {
+    INFO(params[i].first);
+    CHECK_FALSE(torch::equal(params[i].second.to(torch::kFloat32), file[i].second));
+  }
+}
+
 TEST_CASE("a LoRA job starts from a Hugging Face directory: its tensors in bf16 as loaded, no random draw, no phase-one optimizer",
           "[frozen_base][huggingface]") {
   test::TempDir d;

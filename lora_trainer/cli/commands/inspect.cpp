@@ -19,7 +19,8 @@ struct InspectArgs {
 // The frozen base a LoRA checkpoint refers to, read from where it is and checked against its digest.
 std::string verify_frozen_base(const CheckpointMeta& ck, const std::string& base) {
   size_t tensors = 0;
-  const std::string where = read_referenced_base(ck, base, [&](const std::string&, const torch::Tensor&) { ++tensors; });
+  const std::string where =
+      read_referenced_base(ck, base, [&](const std::string&, const torch::Tensor&) { ++tensors; }, Take::Copies);
   return "frozen base " + where + ": " + std::to_string(tensors) + " tensors read; the digest of their bf16 values matches "
          "the one recorded (" + (ck.frozen_base ? ck.frozen_base->digest : std::string()) + ")";
 }
