@@ -25,7 +25,8 @@ needs none of the first three: they run on the CPU, and the copies' size does no
 device; without resume, the load is timed once). --nproc N
 runs the `lora` stage as N data-parallel ranks on this machine (`run --nproc N`), and reports each rank's
 peak RSS as the launcher prints it (with `-- distributed/shard_params=lora`: the base sharded). Record the
-figures in docs/performance.md with the CPU model (lscpu).
+figures in docs/performance.md with the CPU model (lscpu). --cold (root) drops the page cache before the
+read and before each stage, so that both read the files from the disk.
 """
 import argparse
 import json
