@@ -37,7 +37,7 @@ class BaseWeights {
   virtual torch::Tensor read(const std::string& name) const = 0;
   // The same values for a reader that converts, quantizes or copies them and keeps nothing of them: a
   // model directory's are its files' mapped pages, read-only, without a copy (valid while this source
-  // lives; never written to, never kept: a kept one is cloned first). Else read(name).
+  // lives; never written to, never kept: one kept as it came, is_mapped_view, is cloned first). Else read(name).
   virtual torch::Tensor peek(const std::string& name) const { return read(name); }
   // A hint that `name` is read next: a model directory's files start reading its pages in the
   // background while the caller works on the tensor before (for a checkpoint, nothing).

@@ -200,6 +200,16 @@ void drop_mapped_pages(const uint8_t* from, uint64_t bytes) {
   ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
+// A view's storage: its pages, dropped from the mapping when the last tensor on them goes.
+struct MappedRange {
+  const uint8_t* from;
+  uint64_t bytes;
+};
+void release_mapped_view(void* context) {
+  std::unique_ptr<MappedRange> range(static_cast<MappedRange*>(context));
+  drop_mapped_pages(range->from, range->bytes);
+}
+
 }  // namespace
 
 torch::Tensor SafetensorsFile::view(const std::string& name) const {
@@ -207,8 +217,14 @@ torch::Tensor SafetensorsFile::view(const std::string& name) const {
   uint8_t* from = static_cast<uint8_t*>(map_) + data_start_ + e.begin;
   const uint64_t bytes = e.end - e.begin;
   if (bytes == 0 || reinterpret_cast<uintptr_t>(from) % c10::elementSize(e.dtype) != 0) return tensor(name);
-  return torch::from_blob(from, e.shape, [from, bytes](void*) { drop_mapped_pages(from, bytes); },
-                          torch::TensorOptions().dtype(e.dtype));
+  return at::for_blob(from, e.shape)
+      .context(new MappedRange{from, bytes}, &release_mapped_view)
+      .options(torch::TensorOptions().dtype(e.dtype))
+      .make_tensor();
+}
+
+bool is_mapped_view(const torch::Tensor& t) {
+  return t.defined() && t.has_storage() && t.storage().data_ptr().get_deleter() == &release_mapped_view;
 }
 
 torch::Tensor SafetensorsFile::tensor(const std::string& name) const {

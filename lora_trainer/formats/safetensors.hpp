@@ -71,6 +71,10 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// True when t's values are a file's mapped pages (SafetensorsFile::view, or a tensor sharing them: a
+// conversion to the dtype they already have): read-only, for the reader to copy if it keeps them.
+bool is_mapped_view(const torch::Tensor& t);
+
 // Every tensor of a file, in name order.
 NamedTensors read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 

@@ -13,6 +13,7 @@
 #include "lora_trainer/core/util.hpp"
 #include "lora_trainer/formats/adapter_source.hpp"
 #include "lora_trainer/formats/base_weights.hpp"
+#include "lora_trainer/formats/safetensors.hpp"
 #include "lora_trainer/peft/block_shard.hpp"
 
 namespace fs = std::filesystem;
@@ -286,7 +287,7 @@ LoraPhase::BaseLoad LoraPhase::load_base(const std::function<torch::Tensor(const
       out.bf16 += bf16 ? 1 : 0;
       p.set_data(t.to(device_, bf16 ? torch::kBFloat16 : torch::kFloat32));
     }
-    if (p.is_alias_of(t)) p.set_data(p.detach().clone());  // kept as it came: not the source's pages
+    if (is_mapped_view(p)) p.set_data(p.detach().clone());  // kept as it came: not the file's pages
   }
   out.sharded = static_cast<int64_t>(to_shard.size());
   if (out.bf16 > 0) out.text += "; the weights the LoRA phase freezes are kept in bf16 from the start";

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "lora_trainer/formats/checkpoint.hpp"
+#include "lora_trainer/formats/safetensors.hpp"
 #include "lora_trainer/training/trainer.hpp"
 #include "lora_trainer/core/util.hpp"
 
@@ -235,7 +236,7 @@ void Trainer::load_weights_from(const BaseWeights& src) {
         sharded_params_->piece(name).copy_(sharded_params_->local_part(name, t.to(torch::kFloat32)));
       else
         p.set_data(t.to(rt_.device, torch::kFloat32));
-      if (p.is_alias_of(t)) p.set_data(p.detach().clone());
+      if (is_mapped_view(p)) p.set_data(p.detach().clone());
     }
   }
   if (weights_pending_) model_->to(rt_.device);  // the buffers

@@ -106,6 +106,10 @@ TEST_CASE("a tensor viewed in place has the file's values, its pages leave the p
     const int64_t held = ProcessMemory::now().file - before;
     INFO("mapped pages held while viewed: " << held / 1e6 << " MB");
     CHECK(held > (int64_t(56) << 20));
+    CHECK(is_mapped_view(v));
+    CHECK(is_mapped_view(v.to(torch::kFloat32)));  // the same pages: a reader keeping it must copy
+    CHECK_FALSE(is_mapped_view(v.to(torch::kBFloat16)));
+    CHECK_FALSE(is_mapped_view(f.tensor("big")));
   }
   const int64_t after = ProcessMemory::now().file - before;
   INFO("mapped pages held after the view is released: " << after / 1e6 << " MB");
@@ -125,6 +129,7 @@ TEST_CASE("a tensor viewed in place has the file's values, its pages leave the p
   const SafetensorsFile g(odd);
   const torch::Tensor w = g.view("w");
   CHECK(reinterpret_cast<uintptr_t>(w.data_ptr()) % 4 == 0);
+  CHECK_FALSE(is_mapped_view(w));
   CHECK(torch::equal(w, torch::tensor({1.5f, -2.25f})));
 }
 
