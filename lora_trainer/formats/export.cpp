@@ -127,7 +127,7 @@ ModelOptions checkpoint_model_options(const CheckpointMeta& ck) {
 }
 
 std::string read_referenced_base(const CheckpointMeta& ck, const std::string& base,
-                                 const std::function<void(const std::string&, const torch::Tensor&)>& take, Take how) {
+                                 const TakeTensor& take, Take how) {
   const FrozenBaseRef ref = ck.frozen_base ? *ck.frozen_base : FrozenBaseRef::from_json(json(), ck.dir);  // names the field
   const ModelOptions options = checkpoint_model_options(ck);
   CausalLM model = make_model(options);  // the parameters' names and shapes (allocated, never touched)
@@ -192,8 +192,13 @@ NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema, const std::s
   NamedTensors all = read_checkpoint_tensors(ck);
   if (ck.frozen_base) {
     if (base_values) {
-      read_referenced_base(ck, base, [&](const std::string& n, const torch::Tensor& t) { all.emplace_back(kParamsPrefix + n, t); },
-                           Take::Keeps);
+      read_referenced_base(
+          ck, base,
+          [&](const std::string& n, const torch::Tensor& t) -> std::optional<uint32_t> {
+            all.emplace_back(kParamsPrefix + n, t);
+            return std::nullopt;
+          },
+          Take::Keeps);
     } else {
       for (const auto& [n, shape] : ck.frozen_base->tensors) all.emplace_back(kParamsPrefix + n, torch::empty(shape, torch::kBFloat16));
     }

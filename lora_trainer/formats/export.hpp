@@ -73,7 +73,7 @@ NamedTensors export_tensors(const CheckpointMeta& ck, bool use_ema, const std::s
 // (read_frozen_base); returns where it was read from. The one reader of a referenced base outside a job
 // (export, inspect --verify).
 std::string read_referenced_base(const CheckpointMeta& ck, const std::string& base,
-                                 const std::function<void(const std::string&, const torch::Tensor&)>& take, Take how);
+                                 const TakeTensor& take, Take how);
 
 // A checkpoint's model options, from its saved (resolved) config (keys an older checkpoint lacks had
 // their defaults); a UserError when it has none.

@@ -124,7 +124,7 @@ std::string locate_frozen_base(const FrozenBaseRef& ref, const std::string& chec
 
 std::string read_frozen_base(const FrozenBaseRef& ref, const std::string& checkpoint_dir, const std::string& moved_to,
                       ModelFamily family, const NamedTensors& model,
-                      const std::function<void(const std::string&, const torch::Tensor&)>& take, Take how) {
+                      const TakeTensor& take, Take how) {
   const std::string where = locate_frozen_base(ref, checkpoint_dir, moved_to);
   for (const auto& [n, shape] : ref.tensors) {
     auto it = std::find_if(model.begin(), model.end(), [&](const auto& p) { return p.first == n; });
@@ -147,8 +147,9 @@ std::string read_frozen_base(const FrozenBaseRef& ref, const std::string& checkp
     const std::string& n = it->first;
     const torch::Tensor t = (how == Take::Keeps ? src->read(n) : src->peek(n)).to(torch::kBFloat16);
     if (std::next(it) != ref.tensors.end()) src->prefetch(std::next(it)->first);  // read while this one is taken
-    d.add(n, t);
-    take(n, t);
+    const std::optional<uint32_t> crc = take(n, t);
+    if (crc) d.add(n, *crc);
+    else d.add(n, t);
   }
   if (d.hex() != ref.digest)
     throw UserError("the frozen base at " + where + " is not the one " + checkpoint_dir + " was trained on: the digest "

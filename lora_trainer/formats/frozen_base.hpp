@@ -15,7 +15,10 @@
 // re-saved in another form with the same values still matches, a changed value does not.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,10 +53,13 @@ std::string locate_frozen_base(const FrozenBaseRef& ref, const std::string& chec
 // model: a modules_to_save parameter is in it too, and skipped). A UserError names the base, what
 // differs, and how to point at a moved one. Returns where the base was read from. A `take` that keeps
 // the tensors gets copies of their own (Take::Keeps); one that converts, quantizes or copies them
-// (Take::Copies) may get a model directory's read-only mapped pages, valid only during the call.
+// (Take::Copies) may get a model directory's read-only mapped pages, valid only during the call. It
+// returns the CRC-32 of the tensor's bf16 values when it computed it (a storage's values_crc), which the
+// digest then takes instead of computing it again; else none.
 enum class Take { Copies, Keeps };
+using TakeTensor = std::function<std::optional<uint32_t>(const std::string& name, const torch::Tensor& bf16)>;
 std::string read_frozen_base(const FrozenBaseRef& ref, const std::string& checkpoint_dir, const std::string& moved_to,
                       ModelFamily family, const NamedTensors& model,
-                      const std::function<void(const std::string&, const torch::Tensor&)>& take, Take how);
+                      const TakeTensor& take, Take how);
 
 }  // namespace lt

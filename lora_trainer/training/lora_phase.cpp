@@ -179,10 +179,14 @@ void LoraPhase::load_frozen_base(const CheckpointMeta& ck) {
   torch::NoGradGuard ng;
   const std::string where = read_frozen_base(ref, ck.dir, options_.frozen_base_path, model_->options().family,
                                              base_params(*model_),
-                                             [&](const std::string& name, const torch::Tensor& t) {
+                                             [&](const std::string& name, const torch::Tensor& t) -> std::optional<uint32_t> {
                                                auto storage = storages.find(name);
-                                               if (storage != storages.end()) storage->second->assign(t.to(device_));
-                                               else frozen.at(name).copy_(t);
+                                               if (storage == storages.end()) {
+                                                 frozen.at(name).copy_(t);
+                                                 return std::nullopt;
+                                               }
+                                               storage->second->assign(t.to(device_));
+                                               return storage->second->values_crc();  // of the same bf16 values
                                              },
                                              Take::Copies);
   // Said when the job runs (run()): `eval` and `sample` print their results alone.

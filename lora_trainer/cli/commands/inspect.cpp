@@ -20,7 +20,10 @@ struct InspectArgs {
 std::string verify_frozen_base(const CheckpointMeta& ck, const std::string& base) {
   size_t tensors = 0;
   const std::string where =
-      read_referenced_base(ck, base, [&](const std::string&, const torch::Tensor&) { ++tensors; }, Take::Copies);
+      read_referenced_base(ck, base, [&](const std::string&, const torch::Tensor&) -> std::optional<uint32_t> {
+        ++tensors;
+        return std::nullopt;
+      }, Take::Copies);
   return "frozen base " + where + ": " + std::to_string(tensors) + " tensors read; the digest of their bf16 values matches "
          "the one recorded (" + (ck.frozen_base ? ck.frozen_base->digest : std::string()) + ")";
 }
