@@ -191,14 +191,16 @@ constexpr int kPopulateRead = MADV_POPULATE_READ;
 constexpr int kPopulateRead = 22;  // Linux's value, where the C library's headers predate it
 #endif
 
-// The mapped pages read are the page cache's, not this process's: dropped from the mapping so that
-// reading a model tensor by tensor does not hold the whole file resident (in RSS) meanwhile.
-void drop_mapped_pages(const uint8_t* from, uint64_t bytes) {
+// madvise over the pages that hold [from, from + bytes) of a mapping; its result.
+int advise_pages(const uint8_t* from, uint64_t bytes, int advice) {
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t first = reinterpret_cast<uintptr_t>(from) / page * page;
-  const uintptr_t last = reinterpret_cast<uintptr_t>(from) + bytes;
-  ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  return ::madvise(reinterpret_cast<void*>(first), reinterpret_cast<uintptr_t>(from) + bytes - first, advice);
 }
+
+// The mapped pages read are the page cache's, not this process's: dropped from the mapping so that
+// reading a model tensor by tensor does not hold the whole file resident (in RSS) meanwhile.
+void drop_mapped_pages(const uint8_t* from, uint64_t bytes) { advise_pages(from, bytes, MADV_DONTNEED); }
 
 // A view's storage: its pages, dropped from the mapping when the last tensor on them goes.
 struct MappedRange {
@@ -247,16 +249,13 @@ torch::Tensor SafetensorsFile::tensor(const std::string& name) const {
 
 void SafetensorsFile::prefetch(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint8_t* from = static_cast<const uint8_t*>(map_) + data_start_ + e.begin;
   // The pages read and mapped in one call (Linux 5.14+): the kernel's readahead widens the reads as they
   // go on in order, and no page faults one at a time. madvise's WILLNEED would not do: it starts a
   // readahead window's worth, not the tensor.
-  const uintptr_t first = reinterpret_cast<uintptr_t>(from) / page * page;
-  if (::madvise(reinterpret_cast<void*>(first), reinterpret_cast<uintptr_t>(from) + (e.end - e.begin) - first,
-                kPopulateRead) == 0)
-    return;
+  if (advise_pages(from, e.end - e.begin, kPopulateRead) == 0) return;
   // An older kernel: a byte of every page read, the page faults read the file.
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const volatile uint8_t* at_page = from;
   uint8_t sink = 0;
   for (uint64_t at = 0; at < e.end - e.begin; at += page) sink ^= at_page[at];

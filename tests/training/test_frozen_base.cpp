@@ -76,6 +76,13 @@ void damage_values(const std::string& dir) {
   }
 }
 
+// The Llama directory's tensors under the job's base parameter names, in their order, in float32.
+NamedTensors file_values(Trainer& t, const std::string& dir) {
+  NamedTensors expected;
+  for (const auto& [n, p] : base_params(*t.model())) expected.emplace_back(n, torch::empty(p.sizes()));
+  return from_hf(ModelFamily::Llama, read_safetensors_model(dir), expected, dir);
+}
+
 }  // namespace
 
 TEST_CASE("a job with phase one starts from a float32 Hugging Face directory: its weights its own, not the file's pages, and trained",
@@ -89,9 +96,7 @@ TEST_CASE("a job with phase one starts from a float32 Hugging Face directory: it
                                                    "training/post_lora_tokens=[640]"});
   auto t = hf_job("two_phase", c, d / "out");
   t->restore_from_path(hf);
-  NamedTensors expected;
-  for (const auto& [n, p] : base_params(*t->model())) expected.emplace_back(n, torch::empty(p.sizes()));
-  const NamedTensors file = from_hf(ModelFamily::Llama, read_safetensors_model(hf), expected, hf);
+  const NamedTensors file = file_values(*t, hf);
   const auto params = base_params(*t->model());
   REQUIRE(params.size() == file.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -118,9 +123,7 @@ TEST_CASE("a LoRA job starts from a Hugging Face directory: its tensors in bf16 
   CHECK(t->trainable().empty());
   t->restore_from_path(kHfBf16);
   // Every tensor is the file's, in bf16 from the start, except the one that trains (f32).
-  NamedTensors expected;
-  for (const auto& [n, p] : base_params(*t->model())) expected.emplace_back(n, torch::empty(p.sizes()));
-  const NamedTensors file = from_hf(ModelFamily::Llama, read_safetensors_model(kHfBf16), expected, kHfBf16);
+  const NamedTensors file = file_values(*t, kHfBf16);
   const auto params = base_params(*t->model());
   REQUIRE(params.size() == file.size());
   for (size_t i = 0; i < params.size(); ++i) {
